@@ -1,0 +1,103 @@
+"""Limits and consumed budget: restored on every load, only ever grown (invariant 4)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tether.errors import InvalidInput
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """The bounds a run may consume."""
+
+    max_steps: int = 20
+    max_spend_usd: float = 1.0
+    max_tool_calls: int = 40
+    max_elapsed_ms: int = 600_000
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_steps": self.max_steps,
+            "max_spend_usd": self.max_spend_usd,
+            "max_tool_calls": self.max_tool_calls,
+            "max_elapsed_ms": self.max_elapsed_ms,
+        }
+
+    def extended(self, grant: Limits | None = None) -> Limits:
+        """The default continuation grant of SPEC §6, or ``grant`` where given."""
+        if grant is not None:
+            return grant
+        return Limits(
+            max_steps=self.max_steps + 4,
+            max_spend_usd=round(self.max_spend_usd * 1.5, 6),
+            max_tool_calls=self.max_tool_calls + 4,
+            max_elapsed_ms=math.ceil(self.max_elapsed_ms * 1.5),
+        )
+
+
+class LimitsInput(BaseModel):
+    """Limits as a caller may pass them; every field optional, all positive."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_steps: int | None = Field(default=None, gt=0, le=100_000)
+    max_spend_usd: float | None = Field(default=None, gt=0, le=1_000_000)
+    max_tool_calls: int | None = Field(default=None, gt=0, le=1_000_000)
+    max_elapsed_ms: int | None = Field(default=None, gt=0, le=30 * 86_400_000)
+
+    def over(self, base: Limits) -> Limits:
+        return replace(base, **self.model_dump(exclude_none=True))
+
+
+def parse_limits(data: Any, base: Limits | None = None) -> Limits:
+    """Validate caller-supplied limits (a mapping or ``Limits``) over ``base``."""
+    base = base or Limits()
+    if data is None:
+        return base
+    if isinstance(data, Limits):
+        data = data.to_json()
+    try:
+        return LimitsInput.model_validate(data).over(base)
+    except ValidationError as exc:
+        raise InvalidInput(f"invalid limits: {exc.errors(include_url=False)}") from exc
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """What a run has consumed so far. Never reset; resumption restores it from the row."""
+
+    steps: int = 0
+    spend_usd: float = 0.0
+    tool_calls: int = 0
+    elapsed_ms: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "spend_usd": self.spend_usd,
+            "tool_calls": self.tool_calls,
+            "elapsed_ms": self.elapsed_ms,
+        }
+
+    def check_before_model_call(self, limits: Limits) -> str | None:
+        """The halt reason if another model call would exceed a bound, else None."""
+        if self.steps >= limits.max_steps:
+            return "max_steps"
+        if self.spend_usd >= limits.max_spend_usd:
+            return "max_spend"
+        if self.elapsed_ms >= limits.max_elapsed_ms:
+            return "max_elapsed"
+        return None
+
+    def check_before_tool_call(self, limits: Limits) -> str | None:
+        """The halt reason if another tool call would exceed a bound, else None."""
+        if self.tool_calls >= limits.max_tool_calls:
+            return "max_tool_calls"
+        if self.elapsed_ms >= limits.max_elapsed_ms:
+            return "max_elapsed"
+        return None

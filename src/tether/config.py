@@ -1,0 +1,76 @@
+"""Settings from the environment (SPEC §5), validated once with clear errors."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tether.budget import Limits
+from tether.errors import ConfigError
+
+DEFAULT_DATABASE_URL = "sqlite:///./tether.db"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything configurable; ``from_env`` reads SPEC §5's variables."""
+
+    database_url: str = DEFAULT_DATABASE_URL
+    model: str | None = None
+    sandbox_url: str | None = None
+    webhook_url: str | None = None
+    heartbeat_timeout_s: float = 90.0
+    reaper_interval_s: float = 60.0
+    suspension_ttl_min: float = 30.0
+    retention_days: float = 30.0
+    max_recovery_attempts: int = 2
+    default_limits: Limits = field(default_factory=Limits)
+    # The most a continuation may grant in one go (SPEC §6: "within a configured cap").
+    grant_cap: Limits = field(
+        default_factory=lambda: Limits(
+            max_steps=200, max_spend_usd=50.0, max_tool_calls=400, max_elapsed_ms=86_400_000
+        )
+    )
+    reaper_batch: int = 20
+    purge_batch: int = 200
+
+    @property
+    def suspension_ttl_s(self) -> float:
+        return self.suspension_ttl_min * 60.0
+
+    @property
+    def retention_s(self) -> float:
+        return self.retention_days * 86_400.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Settings from ``env`` (default ``os.environ``); a malformed value is an error."""
+        env = os.environ if env is None else env
+        return cls(
+            database_url=env.get("TETHER_DATABASE_URL") or DEFAULT_DATABASE_URL,
+            model=env.get("TETHER_MODEL") or None,
+            sandbox_url=env.get("TETHER_SANDBOX_URL") or None,
+            webhook_url=env.get("TETHER_WEBHOOK_URL") or None,
+            heartbeat_timeout_s=_positive(env, "TETHER_HEARTBEAT_TIMEOUT_S", 90.0),
+            reaper_interval_s=_positive(env, "TETHER_REAPER_INTERVAL_S", 60.0),
+            suspension_ttl_min=_positive(env, "TETHER_SUSPENSION_TTL_MIN", 30.0),
+            retention_days=_positive(env, "TETHER_RETENTION_DAYS", 30.0),
+            max_recovery_attempts=int(
+                _positive(env, "TETHER_MAX_RECOVERY_ATTEMPTS", 2, whole=True)
+            ),
+        )
+
+
+def _positive(env: Mapping[str, str], name: str, default: float, *, whole: bool = False) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError as exc:
+        kind = "a whole number" if whole else "a number"
+        raise ConfigError(f"{name} must be {kind}, got {raw!r}") from exc
+    if value < 0 or (value == 0 and name != "TETHER_MAX_RECOVERY_ATTEMPTS"):
+        raise ConfigError(f"{name} must be positive, got {raw!r}")
+    return value

@@ -1,0 +1,67 @@
+"""The one abstract model call every adapter implements.
+
+Messages are stored and exchanged in OpenAI chat format (provider-neutral for us): a list
+of ``{"role": "system"|"user"|"assistant"|"tool", ...}`` dicts, assistant tool calls as
+``{"id", "type": "function", "function": {"name", "arguments": JSON-string}}`` and tool
+results as ``{"role": "tool", "tool_call_id", "content"}``. Adapters translate at the edge.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Usage:
+    """Token usage the provider reported for one call."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolSpec:
+    """A tool as the model sees it: name, description and JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI Chat Completions ``tools`` entry for this tool."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelResponse:
+    """One model turn: the assistant message (OpenAI format), its usage, and the model name
+    used for pricing."""
+
+    message: Message
+    usage: Usage
+    model: str
+
+
+class Model(ABC):
+    """A chat model with tool calling. One call, no hidden state: everything the model knows
+    is in ``messages``, so a resumed run gets exactly what the model saw before."""
+
+    name: str = "model"
+
+    @abstractmethod
+    async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        """Ask for the next assistant turn given the whole history and the tools."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, most models hold nothing
+        """Release clients the adapter holds."""

@@ -1,0 +1,102 @@
+"""A deterministic model that replays a script: used by tests, benchmarks and the demo.
+
+The turn it plays is the number of assistant messages already in the history, so a run
+resumed in another process gets the same next turn (the model keeps no hidden state).
+Script file: ``{"model": "scripted", "turns": [{"content": "...", "tool_calls":
+[{"id"?, "name", "arguments": {...} | "raw string"}], "usage": {"input_tokens",
+"output_tokens"}}, ...]}``. Past the last turn it answers with a fixed final message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tether.errors import ConfigError
+from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
+
+
+class ScriptedCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = None
+    name: str
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+
+
+class ScriptedTurn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    content: str | None = None
+    tool_calls: list[ScriptedCall] = Field(default_factory=list)
+    usage: dict[str, int] = Field(
+        default_factory=lambda: {"input_tokens": 1000, "output_tokens": 100}
+    )
+
+
+class Script(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "scripted"
+    turns: list[ScriptedTurn]
+    final: str = "I have nothing more to do."
+
+
+class ScriptedModel(Model):
+    """Replays ``turns`` in order, one per assistant message already in the history."""
+
+    def __init__(
+        self,
+        turns: Sequence[ScriptedTurn | dict[str, Any]],
+        *,
+        model: str = "scripted",
+        final: str = "I have nothing more to do.",
+    ) -> None:
+        try:
+            self.script = Script.model_validate(
+                {"model": model, "turns": list(turns), "final": final}
+            )
+        except ValidationError as exc:
+            raise ConfigError(f"invalid script: {exc.errors(include_url=False)}") from exc
+        self.name = f"scripted:{model}"
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ScriptedModel:
+        """Load a JSON script; a missing or malformed file is a clear ``ConfigError``."""
+        try:
+            data = json.loads(Path(path).read_text())
+            script = Script.model_validate(data)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read script {path}: {exc}") from exc
+        return cls(script.turns, model=script.model, final=script.final)
+
+    async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        index = sum(1 for m in messages if m.get("role") == "assistant")
+        if index >= len(self.script.turns):
+            turn = ScriptedTurn(content=self.script.final, usage={"input_tokens": 10})
+        else:
+            turn = self.script.turns[index]
+        message: Message = {"role": "assistant", "content": turn.content}
+        if turn.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id or f"call_{index}_{i}",
+                    "type": "function",
+                    "function": {
+                        "name": call.name,
+                        "arguments": call.arguments
+                        if isinstance(call.arguments, str)
+                        else json.dumps(call.arguments),
+                    },
+                }
+                for i, call in enumerate(turn.tool_calls)
+            ]
+        usage = Usage(
+            input_tokens=turn.usage.get("input_tokens", 0),
+            output_tokens=turn.usage.get("output_tokens", 0),
+        )
+        return ModelResponse(message=message, usage=usage, model=self.script.model)

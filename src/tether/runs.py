@@ -1,0 +1,192 @@
+"""The run record, its states, and the one transition table (SPEC §1)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tether.budget import Budget, Limits
+
+
+class RunState(str, enum.Enum):
+    """States of a run; each value is the string stored in the database."""
+
+    # A live owner carries it, or it waits (owner NULL) for a worker to claim it.
+    RUNNING = "running"
+    # A tool call awaits a human decision; the pending request and token hash are stored.
+    SUSPENDED = "suspended"
+    # A budget bound, an expired approval window or lost permission stopped it; the
+    # owner may continue it deliberately.
+    HALTED = "halted"
+    # The model gave its final answer. Terminal.
+    ANSWERED = "answered"
+    # It cannot go on (unreconcilable write, recovery exhausted, error). Terminal.
+    FAILED = "failed"
+    # Its owner cancelled it. Terminal.
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({RunState.ANSWERED, RunState.FAILED, RunState.CANCELLED})
+
+# Every legal transition, in one place. The store enforces each one as a conditional
+# UPDATE whose WHERE clause names the expected state.
+TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
+    RunState.RUNNING: frozenset(
+        {
+            RunState.SUSPENDED,
+            RunState.HALTED,
+            RunState.ANSWERED,
+            RunState.FAILED,
+            RunState.CANCELLED,
+            RunState.RUNNING,  # a new owner claims it (lease epoch + 1)
+        }
+    ),
+    RunState.SUSPENDED: frozenset({RunState.RUNNING, RunState.HALTED, RunState.CANCELLED}),
+    RunState.HALTED: frozenset({RunState.RUNNING, RunState.CANCELLED}),
+    RunState.ANSWERED: frozenset(),
+    RunState.FAILED: frozenset(),
+    RunState.CANCELLED: frozenset(),
+}
+
+
+def can_transition(src: RunState, dst: RunState) -> bool:
+    """Whether the table allows ``src`` → ``dst``."""
+    return dst in TRANSITIONS[src]
+
+
+class HaltReason(str, enum.Enum):
+    """Why a run is halted; the stored string."""
+
+    MAX_STEPS = "max_steps"
+    MAX_SPEND = "max_spend"
+    MAX_TOOL_CALLS = "max_tool_calls"
+    MAX_ELAPSED = "max_elapsed"
+    SUSPENSION_EXPIRED = "suspension_expired"
+    NO_LONGER_PERMITTED = "no_longer_permitted"
+
+
+class FailReason(str, enum.Enum):
+    """Why a run failed; the stored string."""
+
+    UNRECONCILABLE = "unreconcilable"
+    RECOVERY_EXHAUSTED = "recovery_exhausted"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    """Proof of ownership: every step write is conditional on both fields (invariant 8)."""
+
+    run_id: str
+    owner: str
+    epoch: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pending:
+    """The tool call a suspended run waits on, as stored: what the human is asked to approve."""
+
+    tool_call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    preview: dict[str, Any] | None
+    digest: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tool_call_id": self.tool_call_id,
+            "tool": self.tool,
+            "arguments": self.arguments,
+            "preview": self.preview,
+            "digest": self.digest,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Pending:
+        return cls(
+            tool_call_id=data["tool_call_id"],
+            tool=data["tool"],
+            arguments=dict(data["arguments"]),
+            preview=data.get("preview"),
+            digest=data.get("digest"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """A run as stored (without its messages). Times are epoch seconds of the DB clock."""
+
+    id: str
+    user_id: str
+    question: str
+    route: dict[str, Any]
+    state: RunState
+    step: int
+    limits: Limits
+    budget: Budget
+    scope_snapshot: dict[str, Any]
+    scope_resolved_at: float
+    pending: Pending | None
+    suspended_at: float | None
+    expires_at: float | None
+    halt_reason: str | None
+    fail_reason: str | None
+    recovery_attempts: int
+    owner: str | None
+    lease_epoch: int
+    heartbeat_at: float | None
+    versions: dict[str, Any]
+    message_count: int
+    started_at: float
+    updated_at: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Run:
+        pending = row["pending"]
+        return cls(
+            id=row["id"],
+            user_id=row["user_id"],
+            question=row["question"],
+            route=dict(row["route"] or {}),
+            state=RunState(row["state"]),
+            step=row["step"],
+            limits=Limits(
+                max_steps=row["max_steps"],
+                max_spend_usd=row["max_spend_usd"],
+                max_tool_calls=row["max_tool_calls"],
+                max_elapsed_ms=row["max_elapsed_ms"],
+            ),
+            budget=Budget(
+                steps=row["steps"],
+                spend_usd=row["spend_usd"],
+                tool_calls=row["tool_calls"],
+                elapsed_ms=row["elapsed_ms"],
+            ),
+            scope_snapshot=dict(row["scope_snapshot"] or {}),
+            scope_resolved_at=row["scope_resolved_at"],
+            pending=Pending.from_json(pending) if pending else None,
+            suspended_at=row["suspended_at"],
+            expires_at=row["expires_at"],
+            halt_reason=row["halt_reason"],
+            fail_reason=row["fail_reason"],
+            recovery_attempts=row["recovery_attempts"],
+            owner=row["owner"],
+            lease_epoch=row["lease_epoch"],
+            heartbeat_at=row["heartbeat_at"],
+            versions=dict(row["versions"] or {}),
+            message_count=row["message_count"],
+            started_at=row["started_at"],
+            updated_at=row["updated_at"],
+        )
+
+    def lease(self) -> Lease:
+        """The lease this record shows; only meaningful right after a claim."""
+        if self.owner is None:
+            raise ValueError("run has no owner")
+        return Lease(run_id=self.id, owner=self.owner, epoch=self.lease_epoch)

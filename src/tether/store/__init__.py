@@ -1,0 +1,22 @@
+"""The store: engine by URL, schema, migrations and every database operation."""
+
+from __future__ import annotations
+
+from tether.store.migrate import SchemaStatus, ensure_schema, schema_status, upgrade
+from tether.store.queries import Intent, Snapshot, Store, idempotency_key
+from tether.store.records import CallStatus, Decision, Event, LedgerEntry
+
+__all__ = [
+    "CallStatus",
+    "Decision",
+    "Event",
+    "Intent",
+    "LedgerEntry",
+    "SchemaStatus",
+    "Snapshot",
+    "Store",
+    "ensure_schema",
+    "idempotency_key",
+    "schema_status",
+    "upgrade",
+]

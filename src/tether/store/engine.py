@@ -1,0 +1,93 @@
+"""The SQLAlchemy engine for a ``TETHER_DATABASE_URL``, with each backend's dialect hooks.
+
+SQLite: WAL, ``synchronous=FULL``, a busy timeout, and every transaction opened with
+``BEGIN IMMEDIATE`` so two writers serialise at BEGIN instead of failing at COMMIT.
+PostgreSQL: psycopg 3, ``synchronous_commit=on``. ``db_now()`` is the one clock.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+
+from tether.errors import ConfigError
+
+
+class db_now(FunctionElement[float]):
+    """The database's current time in epoch seconds (invariant 11: one clock)."""
+
+    type = sa.Float()
+    inherit_cache = True
+
+
+@compiles(db_now, "postgresql")
+def _now_pg(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+
+@compiles(db_now, "sqlite")
+def _now_sqlite(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+def normalize_url(url: str) -> str:
+    """Map the URLs users write (``postgresql://``) to the driver we ship (psycopg 3)."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
+    if url.startswith("postgresql://"):
+        return "postgresql+psycopg://" + url[len("postgresql://") :]
+    if url.startswith(("postgresql+psycopg://", "sqlite:///")):
+        return url
+    raise ConfigError(
+        f"unsupported database URL {url!r}: use sqlite:///PATH or postgresql://USER@HOST/DB"
+    )
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def create_db_engine(url: str) -> Engine:
+    """An engine for ``url`` with the dialect hooks of its backend installed."""
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        return _sqlite_engine(url)
+    return sa.create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=10,
+        max_overflow=20,
+        connect_args={"options": "-c synchronous_commit=on"},
+    )
+
+
+def _sqlite_engine(url: str) -> Engine:
+    path = url[len("sqlite:///") :]
+    if path and path != ":memory:":
+        Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(
+        url, connect_args={"timeout": 30.0, "check_same_thread": False}, pool_size=10
+    )
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let us issue BEGIN ourselves (pysqlite's own transaction handling is bypassed).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine

@@ -1,0 +1,100 @@
+"""Records the store returns besides the run itself: ledger entries, decisions, events."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class CallStatus(str, enum.Enum):
+    """A ledger entry's status, as Jepsen records operations; the stored string."""
+
+    # Written with the assistant turn, before the tool runs.
+    INTENT = "intent"
+    # The tool returned a result.
+    OK = "ok"
+    # The tool failed definitely (it did not take effect), or was refused before running.
+    ERROR = "error"
+    # The call failed ambiguously (timeout, dropped connection, 5xx): it may have taken
+    # effect. Reconciled before the loop goes on.
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerEntry:
+    """One tool call in the ledger, keyed by ``"{run_id}:{tool_call_id}"``."""
+
+    idempotency_key: str
+    run_id: str
+    tool_call_id: str
+    seq: int
+    tool: str
+    arguments: dict[str, Any]
+    effect: str
+    status: CallStatus
+    result: Any
+    intent_at: float
+    outcome_at: float | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> LedgerEntry:
+        return cls(
+            idempotency_key=row["idempotency_key"],
+            run_id=row["run_id"],
+            tool_call_id=row["tool_call_id"],
+            seq=row["seq"],
+            tool=row["tool"],
+            arguments=dict(row["arguments"]),
+            effect=row["effect"],
+            status=CallStatus(row["status"]),
+            result=row["result"],
+            intent_at=row["intent_at"],
+            outcome_at=row["outcome_at"],
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """A human decision that used a token: what, who, when (DB clock), and the digest of the
+    preview it was given on."""
+
+    run_id: str
+    tool_call_id: str
+    decision: str
+    by: str
+    at: float
+    digest: str | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Decision:
+        return cls(
+            run_id=row["run_id"],
+            tool_call_id=row["tool_call_id"],
+            decision=row["decision"],
+            by=row["decided_by"],
+            at=row["decided_at"],
+            digest=row["digest"],
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """One entry of the human trace. Never used to rebuild state (invariant 1)."""
+
+    id: int
+    run_id: str
+    at: float
+    kind: str
+    data: dict[str, Any]
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Event:
+        return cls(
+            id=row["id"],
+            run_id=row["run_id"],
+            at=row["at"],
+            kind=row["kind"],
+            data=dict(row["data"]),
+        )

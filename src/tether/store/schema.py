@@ -1,0 +1,138 @@
+"""The tables (SQLAlchemy Core), one definition for SQLite and PostgreSQL.
+
+Times that decide anything are stored as epoch seconds (double precision) written from
+the database's clock (``db_now()``), so expiry, staleness and retention compare plain
+numbers on both backends and no worker clock is ever consulted (invariant 11).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+# An auto-incrementing 64-bit key: BIGINT on PostgreSQL, INTEGER (the rowid alias) on SQLite.
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+_TERMINAL_OR_HALTED = "state IN ('halted', 'answered', 'failed', 'cancelled')"
+
+
+def _partial(table: sa.Table, name: str, *cols: str, where: str, unique: bool = False) -> sa.Index:
+    """An index on ``table`` restricted to the rows ``where`` holds, on both backends."""
+    clause = sa.text(where)
+    columns = [table.c[col] for col in cols]
+    return sa.Index(name, *columns, unique=unique, postgresql_where=clause, sqlite_where=clause)
+
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("user_id", sa.String(128), nullable=False),
+    sa.Column("question", sa.Text, nullable=False),
+    sa.Column("route", sa.JSON, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("step", sa.Integer, nullable=False, server_default="0"),
+    # Limits.
+    sa.Column("max_steps", sa.Integer, nullable=False),
+    sa.Column("max_spend_usd", sa.Float, nullable=False),
+    sa.Column("max_tool_calls", sa.Integer, nullable=False),
+    sa.Column("max_elapsed_ms", sa.BigInteger, nullable=False),
+    # Consumed budget: only ever grown (invariant 4).
+    sa.Column("steps", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("spend_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("tool_calls", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("elapsed_ms", sa.BigInteger, nullable=False, server_default="0"),
+    # A snapshot of the user's permissions, not a reference, and when it was taken.
+    sa.Column("scope_snapshot", sa.JSON, nullable=False),
+    sa.Column("scope_resolved_at", sa.Float, nullable=False),
+    # Suspension: the pending call with its preview and digest; the token's hash only.
+    sa.Column("pending", sa.JSON, nullable=True),
+    sa.Column("pending_token_hash", sa.String(64), nullable=True),
+    sa.Column("suspended_at", sa.Float, nullable=True),
+    sa.Column("expires_at", sa.Float, nullable=True),
+    sa.Column("halt_reason", sa.String(32), nullable=True),
+    sa.Column("fail_reason", sa.String(32), nullable=True),
+    sa.Column("recovery_attempts", sa.Integer, nullable=False, server_default="0"),
+    # The lease: only (owner, lease_epoch) may write the run's steps (invariant 8).
+    sa.Column("owner", sa.String(128), nullable=True),
+    sa.Column("lease_epoch", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("heartbeat_at", sa.Float, nullable=True),
+    sa.Column("versions", sa.JSON, nullable=False),
+    # Number of stored messages: the next message's seq, so appends never read the list.
+    sa.Column("message_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+
+# Partial indexes: the reaper, the worker queue, expiry and retention each scan only the
+# rows in their state, so their cost does not grow with the number of finished runs.
+_partial(runs, "runs_orphan_scan", "heartbeat_at", where="state = 'running' AND owner IS NOT NULL")
+_partial(runs, "runs_ready", "updated_at", where="state = 'running' AND owner IS NULL")
+_partial(
+    runs, "runs_suspended_token", "pending_token_hash", where="state = 'suspended'", unique=True
+)
+_partial(runs, "runs_suspended_expiry", "expires_at", where="state = 'suspended'")
+_partial(runs, "runs_retention", "updated_at", where=_TERMINAL_OR_HALTED)
+sa.Index("runs_user", runs.c.user_id, runs.c.started_at)
+
+run_messages = sa.Table(
+    "run_messages",
+    metadata,
+    sa.Column(
+        "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    ),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("message", sa.JSON, nullable=False),
+)
+
+run_events = sa.Table(
+    "run_events",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column(
+        "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("kind", sa.String(64), nullable=False),
+    sa.Column("data", sa.JSON, nullable=False),
+)
+sa.Index("run_events_run", run_events.c.run_id, run_events.c.id)
+
+# The tool-call ledger, as Jepsen records operations: the intent is written before the
+# tool runs (with the assistant turn), the outcome (ok / error / unknown) after.
+tool_calls = sa.Table(
+    "tool_calls",
+    metadata,
+    sa.Column("idempotency_key", sa.String(200), primary_key=True),
+    sa.Column(
+        "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("tool_call_id", sa.String(128), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("tool", sa.String(128), nullable=False),
+    sa.Column("arguments", sa.JSON, nullable=False),
+    sa.Column("effect", sa.String(8), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("result", sa.JSON, nullable=True),
+    sa.Column("intent_at", sa.Float, nullable=False),
+    sa.Column("outcome_at", sa.Float, nullable=True),
+)
+sa.Index("tool_calls_run", tool_calls.c.run_id, tool_calls.c.seq)
+
+# Every decision that used a token, kept for as long as the run, so a used token answers
+# already_resumed with the decision that used it (SPEC §6).
+decisions = sa.Table(
+    "decisions",
+    metadata,
+    sa.Column("token_hash", sa.String(64), primary_key=True),
+    sa.Column(
+        "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("tool_call_id", sa.String(128), nullable=False),
+    sa.Column("decision", sa.String(16), nullable=False),
+    sa.Column("decided_by", sa.String(128), nullable=False),
+    sa.Column("decided_at", sa.Float, nullable=False),
+    sa.Column("digest", sa.String(64), nullable=True),
+)
+sa.Index("decisions_run", decisions.c.run_id, decisions.c.tool_call_id)

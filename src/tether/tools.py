@@ -1,0 +1,253 @@
+"""Tools declared from typed Python functions.
+
+pydantic validates the arguments and gives the JSON schema the model sees. A tool has an
+effect (read or write), may need confirmation, and may have a ``preview`` (the artefact a
+human approves; its digest is SHA-256 of canonical JSON), a ``guard`` (a business check
+that can refuse) and a ``reconcile`` (finds a write's outcome by its idempotency key).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from tether.errors import TetherError
+from tether.messages import canonical_json
+from tether.models.base import ToolSpec
+from tether.scope import Scope
+
+T = TypeVar("T")
+
+
+class Effect(str, enum.Enum):
+    """Whether a tool changes the world; the stored string."""
+
+    READ = "read"  # no external effect: safe to run again after a crash
+    WRITE = "write"  # an external effect: at most once per tool call id (invariant 2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolContext:
+    """What a tool learns about the call it serves."""
+
+    run_id: str
+    user_id: str
+    tool_call_id: str
+    idempotency_key: str
+    scope: Scope
+    confirmed: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuardResult:
+    """A guard's verdict: ``ok``, or a refusal with its ``reason``."""
+
+    ok: bool
+    reason: str | None = None
+
+    @classmethod
+    def allow(cls) -> GuardResult:
+        return cls(ok=True)
+
+    @classmethod
+    def refuse(cls, reason: str) -> GuardResult:
+        return cls(ok=False, reason=reason)
+
+
+class ReconcileKind(str, enum.Enum):
+    """What reconciliation learned about a write whose outcome was not recorded."""
+
+    FOUND = "found"  # it took effect; ``result`` is what it returned
+    ABSENT = "absent"  # confirmed: it did not take effect
+    UNKNOWN = "unknown"  # cannot tell
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reconciled:
+    """The answer of a tool's ``reconcile(key, ctx)``."""
+
+    kind: ReconcileKind
+    result: Any = None
+
+    @classmethod
+    def found(cls, result: Any) -> Reconciled:
+        return cls(kind=ReconcileKind.FOUND, result=result)
+
+    @classmethod
+    def absent(cls) -> Reconciled:
+        return cls(kind=ReconcileKind.ABSENT)
+
+    @classmethod
+    def unknown(cls, reason: str = "") -> Reconciled:
+        return cls(kind=ReconcileKind.UNKNOWN, result=reason)
+
+
+class ToolFailed(TetherError):
+    """A tool failed definitely: the call did not take effect. The model sees the error."""
+
+    code = "tool_error"
+
+
+class OutcomeUnknown(TetherError):
+    """A write failed ambiguously (timeout, dropped connection, 5xx): it may have taken
+    effect. tether reconciles it by idempotency key before the loop goes on."""
+
+    code = "outcome_unknown"
+
+
+class InvalidToolArguments(TetherError):
+    """The model's arguments do not fit the tool's schema; the model sees why."""
+
+    code = "invalid_arguments"
+
+
+Preview = Callable[[Any, Scope], Any]
+Guard = Callable[[Any, Scope, ToolContext], Any]
+Reconcile = Callable[[str, ToolContext], Any]
+Permitted = Callable[[Any, Scope], Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tool:
+    """A tool the model may call. Build it with ``@tool``."""
+
+    name: str
+    description: str
+    args_model: type[BaseModel]
+    fn: Callable[..., Any]
+    takes_context: bool
+    effect: Effect = Effect.READ
+    needs_confirmation: bool = False
+    # The downstream deduplicates by idempotency key (a repeated key returns the first
+    # result), so reconciling may re-issue the call with the same key.
+    dedupes: bool = False
+    preview: Preview | None = None
+    guard: Guard | None = None
+    reconcile: Reconcile | None = None
+    permitted: Permitted | None = None
+    version: str = "1"
+
+    def spec(self) -> ToolSpec:
+        """The tool as the model sees it."""
+        schema = self.args_model.model_json_schema()
+        schema.pop("title", None)
+        return ToolSpec(name=self.name, description=self.description, parameters=schema)
+
+    def validate(self, raw: Any) -> BaseModel:
+        """Validate the model's arguments; ``InvalidToolArguments`` says what is wrong."""
+        if not isinstance(raw, dict):
+            raise InvalidToolArguments(
+                f"arguments of {self.name} must be a JSON object, got {raw!r:.200}"
+            )
+        try:
+            return self.args_model.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
+                for err in exc.errors(include_url=False)
+            )
+            raise InvalidToolArguments(f"invalid arguments for {self.name}: {problems}") from exc
+
+    async def call(self, args: BaseModel, ctx: ToolContext) -> Any:
+        """Run the tool's function."""
+        kwargs = args.model_dump()
+        if self.takes_context:
+            return await _maybe_await(self.fn(ctx, **kwargs))
+        return await _maybe_await(self.fn(**kwargs))
+
+    async def render_preview(self, args: BaseModel, scope: Scope) -> dict[str, Any] | None:
+        """The artefact the human approves, or None if the tool has no preview."""
+        if self.preview is None:
+            return None
+        return cast(dict[str, Any], await _maybe_await(self.preview(args, scope)))
+
+    async def check_guard(self, args: BaseModel, scope: Scope, ctx: ToolContext) -> GuardResult:
+        """Run the guard; a tool without one allows everything."""
+        if self.guard is None:
+            return GuardResult.allow()
+        verdict = await _maybe_await(self.guard(args, scope, ctx))
+        return verdict if isinstance(verdict, GuardResult) else GuardResult.allow()
+
+    async def is_permitted(self, args: BaseModel, scope: Scope) -> bool:
+        """Whether ``scope`` still allows this call; tools without a check allow it."""
+        if self.permitted is None:
+            return True
+        return bool(await _maybe_await(self.permitted(args, scope)))
+
+    async def find_outcome(self, key: str, ctx: ToolContext) -> Reconciled:
+        """Ask the tool whether the write with ``key`` took effect."""
+        if self.reconcile is None:
+            return Reconciled.unknown(f"{self.name} has no reconcile")
+        answer = await _maybe_await(self.reconcile(key, ctx))
+        if not isinstance(answer, Reconciled):
+            raise TypeError(f"reconcile of {self.name} must return Reconciled")
+        return answer
+
+
+def digest(preview: Any) -> str:
+    """SHA-256 of the canonical JSON of a preview."""
+    return hashlib.sha256(canonical_json(preview).encode()).hexdigest()
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    effect: Effect | str = Effect.READ,
+    needs_confirmation: bool = False,
+    dedupes: bool = False,
+    preview: Preview | None = None,
+    guard: Guard | None = None,
+    reconcile: Reconcile | None = None,
+    permitted: Permitted | None = None,
+    version: str = "1",
+) -> Any:
+    """Declare a tool from a typed function. A first parameter annotated ``ToolContext``
+    receives the call's context; every other parameter is an argument the model gives."""
+
+    def build(func: Callable[..., Any]) -> Tool:
+        hints = get_type_hints(func)
+        params = list(inspect.signature(func).parameters.values())
+        takes_context = bool(params) and hints.get(params[0].name) is ToolContext
+        fields: dict[str, Any] = {}
+        for param in params[1:] if takes_context else params:
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise TypeError(f"tool {func.__name__}: *args/**kwargs are not supported")
+            annotation = hints.get(param.name, Any)
+            default = ... if param.default is param.empty else param.default
+            fields[param.name] = (annotation, default)
+        tool_name = name or func.__name__
+        model = create_model(
+            f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+        )
+        doc = inspect.getdoc(func) or ""
+        return Tool(
+            name=tool_name,
+            description=description or doc or tool_name,
+            args_model=model,
+            fn=func,
+            takes_context=takes_context,
+            effect=Effect(effect),
+            needs_confirmation=needs_confirmation,
+            dedupes=dedupes,
+            preview=preview,
+            guard=guard,
+            reconcile=reconcile,
+            permitted=permitted,
+            version=version,
+        )
+
+    return build(fn) if fn is not None else build
+
+
+async def _maybe_await(value: Awaitable[T] | T) -> T:
+    if inspect.isawaitable(value):
+        return await value
+    return value
