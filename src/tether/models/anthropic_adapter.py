@@ -1,0 +1,250 @@
+"""The ``anthropic:`` adapter: the Anthropic Messages API.
+
+tether keeps history in OpenAI chat format; this module translates it to Messages at the
+edge (system prompt apart, tool calls as ``tool_use`` blocks, tool results as
+``tool_result`` blocks in a user turn) and the reply back. Retries and timeouts are the
+SDK's own (``max_retries``, ``timeout``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any, cast
+
+import anthropic
+from anthropic.types import Message as AnthropicMessage
+from anthropic.types import MessageParam, ToolParam
+
+from tether.errors import ConfigError, ModelError
+from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
+
+log = logging.getLogger(__name__)
+
+# Local proxies that speak Messages accept any key, but the SDK insists on one.
+PLACEHOLDER_API_KEY = "not-set"
+
+Block = dict[str, Any]
+
+
+def to_anthropic_messages(messages: Sequence[Message]) -> tuple[str, list[dict[str, Any]]]:
+    """OpenAI-format history as ``(system, messages)`` for the Messages API.
+
+    System messages are joined into ``system``; consecutive messages of one role (tool
+    results included, which travel in a user turn) are merged, as the API requires
+    alternating roles. Messages left with no content are dropped, as the API rejects them.
+    """
+    system: list[str] = []
+    turns: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role == "system":
+            text = _text_of(message.get("content"))
+            if text:
+                system.append(text)
+            continue
+        api_role, blocks = _blocks_of(message)
+        if not blocks:
+            continue
+        if turns and turns[-1]["role"] == api_role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": api_role, "content": blocks})
+    return "\n\n".join(system), turns
+
+
+def _blocks_of(message: Message) -> tuple[str, list[Block]]:
+    """The Messages role and content blocks of one non-system OpenAI-format message."""
+    role = message.get("role")
+    if role == "tool":
+        result: Block = {
+            "type": "tool_result",
+            "tool_use_id": message["tool_call_id"],
+            "content": _text_of(message.get("content")),
+        }
+        return "user", [result]
+    blocks: list[Block] = []
+    text = _text_of(message.get("content"))
+    if text:
+        blocks.append({"type": "text", "text": text})
+    if role == "assistant":
+        blocks.extend(_tool_use_block(call) for call in message.get("tool_calls") or [])
+        return "assistant", blocks
+    if role == "user":
+        return "user", blocks
+    raise ModelError(f"cannot send a message with role {role!r} to Anthropic")
+
+
+def _tool_use_block(call: dict[str, Any]) -> Block:
+    function = call["function"]
+    raw = function.get("arguments") or "{}"
+    try:
+        arguments = json.loads(raw)
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        # Messages needs an object; a history that holds anything else cannot be replayed.
+        raise ModelError(
+            f"tool call {call.get('id')!r} has arguments that are not a JSON object: {raw!r}"
+        )
+    return {"type": "tool_use", "id": call["id"], "name": function["name"], "input": arguments}
+
+
+def _text_of(content: Any) -> str:
+    """Text of an OpenAI ``content``: a string, None, or a list of ``text`` parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "")
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return str(content)
+
+
+def to_anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """The ``tools`` entries for a Messages request."""
+    return [
+        {
+            "name": tool.name,
+            "description": tool.description,
+            # The API requires an object schema even for a tool without arguments.
+            "input_schema": tool.parameters or {"type": "object", "properties": {}},
+        }
+        for tool in tools
+    ]
+
+
+def from_anthropic_response(response: AnthropicMessage, model: str) -> ModelResponse:
+    """A Messages reply as a plain OpenAI-format assistant message with its usage.
+
+    Input tokens include cache reads and writes: the price table has no cache rates, so
+    spend errs high and budgets still hold. ``model`` is the name that was requested.
+    """
+    texts: list[str] = []
+    tool_calls: list[dict[str, Any]] = []
+    for block in response.content:
+        if block.type == "text":
+            texts.append(block.text)
+        elif block.type == "tool_use":
+            tool_calls.append(
+                {
+                    "id": block.id,
+                    "type": "function",
+                    "function": {"name": block.name, "arguments": json.dumps(block.input)},
+                }
+            )
+    message: Message = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    usage = response.usage
+    input_tokens = (
+        usage.input_tokens
+        + (usage.cache_creation_input_tokens or 0)
+        + (usage.cache_read_input_tokens or 0)
+    )
+    return ModelResponse(
+        message=message,
+        usage=Usage(input_tokens=input_tokens, output_tokens=usage.output_tokens),
+        model=model,
+    )
+
+
+def model_error_from(exc: anthropic.AnthropicError, name: str, timeout_s: float) -> ModelError:
+    """A ``ModelError`` whose message names the HTTP status and the provider's message."""
+    if isinstance(exc, anthropic.APIStatusError):
+        detail = _provider_message(exc.body) or exc.message
+        return ModelError(
+            f"{name} failed with HTTP {exc.status_code}: {detail}",
+            status=exc.status_code,
+        )
+    if isinstance(exc, anthropic.APITimeoutError):
+        return ModelError(f"{name} timed out after {timeout_s:g}s")
+    if isinstance(exc, anthropic.APIConnectionError):
+        return ModelError(f"{name} could not be reached: {exc.message}")
+    return ModelError(f"{name} failed: {exc}")
+
+
+def _provider_message(body: object) -> str | None:
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return cast(str, inner["message"])
+        if isinstance(inner, str):
+            return inner
+    if isinstance(body, str) and body:
+        return body
+    return None
+
+
+class AnthropicModel(Model):
+    """A Claude model reached through the Messages API."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 2,
+        max_tokens: int = 4096,
+        client: anthropic.AsyncAnthropic | None = None,
+    ) -> None:
+        self.model = model
+        self.name = f"anthropic:{model}"
+        self.timeout_s = timeout_s
+        self.max_tokens = max_tokens
+        self._owns_client = client is None
+        self._client = client or self._make_client(base_url, api_key, timeout_s, max_retries)
+
+    def _make_client(
+        self, base_url: str | None, api_key: str | None, timeout_s: float, max_retries: int
+    ) -> anthropic.AsyncAnthropic:
+        resolved_base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
+        has_credentials = bool(
+            api_key or os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")
+        )
+        if not has_credentials:
+            # The SDK would only fail at the first request; say so now, clearly.
+            if not resolved_base:
+                raise ConfigError(
+                    f"{self.name} needs an API key: set ANTHROPIC_API_KEY, or "
+                    "ANTHROPIC_BASE_URL for a local server that needs none"
+                )
+            api_key = PLACEHOLDER_API_KEY
+        return anthropic.AsyncAnthropic(
+            api_key=api_key,
+            base_url=resolved_base,
+            timeout=timeout_s,
+            max_retries=max_retries,
+        )
+
+    async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        """One Messages call; provider failures become ``ModelError``."""
+        system, turns = to_anthropic_messages(messages)
+        try:
+            response = await self._client.messages.create(
+                model=self.model,
+                max_tokens=self.max_tokens,
+                messages=cast("list[MessageParam]", turns),
+                system=system or anthropic.omit,
+                tools=(
+                    cast("list[ToolParam]", to_anthropic_tools(tools)) if tools else anthropic.omit
+                ),
+            )
+        except anthropic.AnthropicError as exc:
+            error = model_error_from(exc, self.name, self.timeout_s)
+            log.warning(error.message, extra={"action": "model_error", "model": self.name})
+            raise error from exc
+        return from_anthropic_response(response, self.model)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client this adapter created; an injected one is the caller's."""
+        if self._owns_client:
+            await self._client.close()

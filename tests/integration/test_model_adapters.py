@@ -1,0 +1,697 @@
+"""The OpenAI and Anthropic adapters against loopback servers that speak each API.
+
+The official SDKs do the HTTP, so these tests prove what actually goes over the wire
+(tool results, system prompt, tool schemas) and how provider failures surface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from tether.errors import ConfigError, ModelError
+from tether.models.anthropic_adapter import AnthropicModel, to_anthropic_messages
+from tether.models.base import Message, ToolSpec, Usage
+from tether.models.openai_adapter import OpenAIChatModel
+from tether.models.pricing import spend_usd
+
+READY_DEADLINE_S = 10.0
+
+# --- fake servers -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recorded:
+    """One request the fake server received."""
+
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reply:
+    """A scripted answer; with ``hold`` the server waits for the event before answering."""
+
+    status: int = 200
+    body: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    hold: threading.Event | None = None
+
+
+class FakeLLMServer:
+    """A uvicorn server on a loopback port, in a thread, that answers one POST path with
+    scripted replies and records every request it gets."""
+
+    def __init__(self, path: str) -> None:
+        self.requests: list[Recorded] = []
+        self._replies: deque[Reply] = deque()
+        self._lock = threading.Lock()
+        app = FastAPI()
+        app.add_api_route(path, self._handle, methods=["POST"])
+        app.add_api_route("/healthz", self._healthz, methods=["GET"])
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", ws="none", http="h11")
+        self._server = uvicorn.Server(config)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        # Listening before uvicorn starts: early connections wait in the backlog.
+        self._sock.listen(64)
+        self.port: int = self._sock.getsockname()[1]
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def script(self, *replies: Reply) -> None:
+        with self._lock:
+            self._replies.extend(replies)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.requests.clear()
+            self._replies.clear()
+
+    async def _healthz(self) -> dict[str, bool]:
+        return {"ok": True}
+
+    async def _handle(self, request: Request) -> JSONResponse:
+        body = await request.json()
+        with self._lock:
+            self.requests.append(Recorded(headers=dict(request.headers), body=body))
+            reply = self._replies.popleft() if self._replies else None
+        if reply is None:
+            return JSONResponse({"error": {"message": "no reply scripted"}}, status_code=599)
+        if reply.hold is not None:
+            await asyncio.to_thread(reply.hold.wait, READY_DEADLINE_S)
+        return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+
+    def start(self) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + READY_DEADLINE_S
+        with httpx.Client(timeout=1.0) as client:
+            while True:
+                try:
+                    if client.get(f"{self.url}/healthz").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline or not self._thread.is_alive():
+                    raise RuntimeError("fake LLM server did not become ready")
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(READY_DEADLINE_S)
+        self._sock.close()
+        assert not self._thread.is_alive(), "fake LLM server did not stop"
+
+
+def openai_completion(
+    *,
+    content: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    prompt_tokens: int = 10,
+    completion_tokens: int = 5,
+    model: str = "gpt-4o-mini-2024-07-18",
+) -> dict[str, Any]:
+    """A Chat Completions response body."""
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def anthropic_message(
+    content: list[dict[str, Any]],
+    *,
+    input_tokens: int = 10,
+    output_tokens: int = 5,
+    model: str = "claude-haiku-4-5-20251001",
+) -> dict[str, Any]:
+    """A Messages response body."""
+    has_tool_use = any(block["type"] == "tool_use" for block in content)
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": "tool_use" if has_tool_use else "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+    }
+
+
+# --- fixtures ---------------------------------------------------------------------------
+
+LOOKUP = ToolSpec(
+    name="lookup_order",
+    description="Look up an order by its id.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "order_id": {"type": "string", "description": "e.g. A-1001"},
+            "include_lines": {"type": "boolean"},
+        },
+        "required": ["order_id"],
+        "additionalProperties": False,
+    },
+)
+SYSTEM = "You are a careful support agent."
+
+
+@pytest.fixture(autouse=True)
+def no_provider_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep a developer's real keys and endpoints out of these tests."""
+    for name in (
+        "OPENAI_API_KEY",
+        "OPENAI_BASE_URL",
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "ANTHROPIC_AUTH_TOKEN",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def openai_server_process() -> Iterator[FakeLLMServer]:
+    server = FakeLLMServer("/v1/chat/completions")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def anthropic_server_process() -> Iterator[FakeLLMServer]:
+    server = FakeLLMServer("/v1/messages")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def openai_server(openai_server_process: FakeLLMServer) -> FakeLLMServer:
+    openai_server_process.reset()
+    return openai_server_process
+
+
+@pytest.fixture
+def anthropic_server(anthropic_server_process: FakeLLMServer) -> FakeLLMServer:
+    anthropic_server_process.reset()
+    return anthropic_server_process
+
+
+@pytest.fixture
+async def gpt(openai_server: FakeLLMServer) -> AsyncIterator[OpenAIChatModel]:
+    model = OpenAIChatModel(
+        "gpt-4o-mini", base_url=f"{openai_server.url}/v1", api_key="sk-test", max_retries=0
+    )
+    yield model
+    await model.aclose()
+
+
+@pytest.fixture
+async def claude(anthropic_server: FakeLLMServer) -> AsyncIterator[AnthropicModel]:
+    model = AnthropicModel(
+        "claude-haiku-4-5", base_url=anthropic_server.url, api_key="sk-ant-test", max_retries=0
+    )
+    yield model
+    await model.aclose()
+
+
+def unused_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+# --- OpenAI -----------------------------------------------------------------------------
+
+
+async def test_openai_tool_call_round_trip_sends_tool_result_and_returns_text(
+    gpt: OpenAIChatModel, openai_server: FakeLLMServer
+) -> None:
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "lookup_order", "arguments": '{"order_id": "A-1001"}'},
+    }
+    openai_server.script(
+        Reply(body=openai_completion(tool_calls=[call])),
+        Reply(body=openai_completion(content="Order A-1001 has shipped.")),
+    )
+    history: list[Message] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Where is order A-1001?"},
+    ]
+
+    first = await gpt.request(history, [LOOKUP])
+    assert first.message == {"role": "assistant", "content": None, "tool_calls": [call]}
+    history.append(first.message)
+    history.append({"role": "tool", "tool_call_id": "call_1", "content": '{"status": "shipped"}'})
+    final = await gpt.request(history, [LOOKUP])
+
+    assert final.message == {"role": "assistant", "content": "Order A-1001 has shipped."}
+    assert json.loads(json.dumps(final.message)) == final.message
+    sent = openai_server.requests[1].body
+    assert sent["model"] == "gpt-4o-mini"
+    assert sent["messages"][2]["tool_calls"] == [call]
+    assert sent["messages"][3] == {
+        "role": "tool",
+        "tool_call_id": "call_1",
+        "content": '{"status": "shipped"}',
+    }
+
+
+async def test_openai_sends_tool_schema_as_specified_and_omits_empty_tools(
+    gpt: OpenAIChatModel, openai_server: FakeLLMServer
+) -> None:
+    openai_server.script(
+        Reply(body=openai_completion(content="a")), Reply(body=openai_completion(content="b"))
+    )
+    messages: list[Message] = [{"role": "user", "content": "hi"}]
+
+    await gpt.request(messages, [LOOKUP])
+    await gpt.request(messages, [])
+
+    with_tools, without_tools = (r.body for r in openai_server.requests)
+    assert with_tools["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup_order",
+                "description": "Look up an order by its id.",
+                "parameters": LOOKUP.parameters,
+            },
+        }
+    ]
+    assert "tools" not in without_tools
+
+
+async def test_openai_usage_prices_under_the_requested_model_name(
+    gpt: OpenAIChatModel, openai_server: FakeLLMServer
+) -> None:
+    openai_server.script(
+        Reply(body=openai_completion(content="ok", prompt_tokens=1000, completion_tokens=500))
+    )
+
+    resp = await gpt.request([{"role": "user", "content": "hi"}], [])
+
+    assert resp.usage == Usage(input_tokens=1000, output_tokens=500)
+    # The server echoes a dated name; pricing keys on the name that was asked for.
+    assert resp.model == "gpt-4o-mini"
+    assert spend_usd(resp.model, resp.usage) == pytest.approx((1000 * 0.15 + 500 * 0.60) / 1e6)
+
+
+async def test_openai_missing_usage_counts_as_zero(
+    gpt: OpenAIChatModel, openai_server: FakeLLMServer
+) -> None:
+    body = openai_completion(content="ok")
+    del body["usage"]
+    openai_server.script(Reply(body=body))
+
+    resp = await gpt.request([{"role": "user", "content": "hi"}], [])
+
+    assert resp.usage == Usage(input_tokens=0, output_tokens=0)
+
+
+async def test_openai_400_becomes_model_error_with_status_and_provider_message(
+    gpt: OpenAIChatModel, openai_server: FakeLLMServer
+) -> None:
+    error = {
+        "error": {
+            "message": "Invalid schema for function 'lookup_order'.",
+            "type": "invalid_request_error",
+            "param": "tools[0]",
+            "code": "invalid_function_parameters",
+        }
+    }
+    openai_server.script(Reply(status=400, body=error))
+
+    with pytest.raises(ModelError) as caught:
+        await gpt.request([{"role": "user", "content": "hi"}], [LOOKUP])
+
+    assert "400" in caught.value.message
+    assert "Invalid schema for function 'lookup_order'." in caught.value.message
+    assert caught.value.code == "model_error"
+    assert type(caught.value.__cause__).__name__ == "BadRequestError"
+
+
+async def test_openai_500_without_retries_becomes_model_error_after_one_attempt(
+    gpt: OpenAIChatModel, openai_server: FakeLLMServer
+) -> None:
+    openai_server.script(Reply(status=500, body={"error": {"message": "upstream exploded"}}))
+
+    with pytest.raises(ModelError, match=r"HTTP 500: upstream exploded"):
+        await gpt.request([{"role": "user", "content": "hi"}], [])
+
+    assert len(openai_server.requests) == 1
+
+
+async def test_openai_sdk_retries_a_500_when_retries_are_allowed(
+    openai_server: FakeLLMServer,
+) -> None:
+    openai_server.script(
+        Reply(status=500, body={"error": {"message": "blip"}}, headers={"retry-after-ms": "1"}),
+        Reply(body=openai_completion(content="recovered")),
+    )
+    model = OpenAIChatModel("gpt-4o-mini", base_url=f"{openai_server.url}/v1", max_retries=1)
+    try:
+        resp = await model.request([{"role": "user", "content": "hi"}], [])
+    finally:
+        await model.aclose()
+
+    assert resp.message["content"] == "recovered"
+    assert len(openai_server.requests) == 2
+
+
+async def test_openai_timeout_becomes_model_error(openai_server: FakeLLMServer) -> None:
+    release = threading.Event()
+    openai_server.script(Reply(body=openai_completion(content="late"), hold=release))
+    model = OpenAIChatModel(
+        "gpt-4o-mini", base_url=f"{openai_server.url}/v1", timeout_s=0.2, max_retries=0
+    )
+    try:
+        with pytest.raises(ModelError, match=r"timed out after 0\.2s"):
+            await model.request([{"role": "user", "content": "hi"}], [])
+    finally:
+        release.set()
+        await model.aclose()
+
+
+async def test_openai_unreachable_server_becomes_model_error() -> None:
+    model = OpenAIChatModel(
+        "gpt-4o-mini", base_url=f"http://127.0.0.1:{unused_port()}/v1", max_retries=0
+    )
+    try:
+        with pytest.raises(ModelError, match="could not be reached") as caught:
+            await model.request([{"role": "user", "content": "hi"}], [])
+    finally:
+        await model.aclose()
+    assert type(caught.value.__cause__).__name__ == "APIConnectionError"
+
+
+async def test_openai_reads_base_url_and_key_from_the_environment(
+    openai_server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", f"{openai_server.url}/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    openai_server.script(Reply(body=openai_completion(content="ok")))
+    model = OpenAIChatModel("gpt-4o-mini", max_retries=0)
+    try:
+        await model.request([{"role": "user", "content": "hi"}], [])
+    finally:
+        await model.aclose()
+
+    assert model.name == "openai:gpt-4o-mini"
+    assert openai_server.requests[0].headers["authorization"] == "Bearer sk-from-env"
+
+
+async def test_openai_local_server_needs_no_key(openai_server: FakeLLMServer) -> None:
+    openai_server.script(Reply(body=openai_completion(content="ok")))
+    model = OpenAIChatModel("llama3", base_url=f"{openai_server.url}/v1", max_retries=0)
+    try:
+        resp = await model.request([{"role": "user", "content": "hi"}], [])
+    finally:
+        await model.aclose()
+
+    assert resp.message["content"] == "ok"
+    assert openai_server.requests[0].headers["authorization"] == "Bearer not-set"
+
+
+def test_openai_without_key_or_base_url_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        OpenAIChatModel("gpt-4o-mini")
+
+
+# --- Anthropic --------------------------------------------------------------------------
+
+
+async def test_anthropic_tool_call_round_trip_sends_tool_result_and_system(
+    claude: AnthropicModel, anthropic_server: FakeLLMServer
+) -> None:
+    anthropic_server.script(
+        Reply(
+            body=anthropic_message(
+                [
+                    {"type": "text", "text": "Let me look that up."},
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_01",
+                        "name": "lookup_order",
+                        "input": {"order_id": "A-1001"},
+                    },
+                ]
+            )
+        ),
+        Reply(body=anthropic_message([{"type": "text", "text": "Order A-1001 has shipped."}])),
+    )
+    history: list[Message] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Where is order A-1001?"},
+    ]
+
+    first = await claude.request(history, [LOOKUP])
+    assert first.message == {
+        "role": "assistant",
+        "content": "Let me look that up.",
+        "tool_calls": [
+            {
+                "id": "toolu_01",
+                "type": "function",
+                "function": {"name": "lookup_order", "arguments": '{"order_id": "A-1001"}'},
+            }
+        ],
+    }
+    history.append(first.message)
+    history.append({"role": "tool", "tool_call_id": "toolu_01", "content": '{"status": "shipped"}'})
+    final = await claude.request(history, [LOOKUP])
+
+    assert final.message == {"role": "assistant", "content": "Order A-1001 has shipped."}
+    sent = anthropic_server.requests[1].body
+    assert sent["system"] == SYSTEM
+    assert sent["model"] == "claude-haiku-4-5"
+    assert sent["max_tokens"] == 4096
+    assert sent["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Where is order A-1001?"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Let me look that up."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_01",
+                    "name": "lookup_order",
+                    "input": {"order_id": "A-1001"},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_01",
+                    "content": '{"status": "shipped"}',
+                }
+            ],
+        },
+    ]
+
+
+async def test_anthropic_sends_tool_schema_as_input_schema(
+    claude: AnthropicModel, anthropic_server: FakeLLMServer
+) -> None:
+    anthropic_server.script(
+        Reply(body=anthropic_message([{"type": "text", "text": "a"}])),
+        Reply(body=anthropic_message([{"type": "text", "text": "b"}])),
+    )
+    messages: list[Message] = [{"role": "user", "content": "hi"}]
+
+    await claude.request(messages, [LOOKUP])
+    await claude.request(messages, [])
+
+    with_tools, without_tools = (r.body for r in anthropic_server.requests)
+    assert with_tools["tools"] == [
+        {
+            "name": "lookup_order",
+            "description": "Look up an order by its id.",
+            "input_schema": LOOKUP.parameters,
+        }
+    ]
+    assert "tools" not in without_tools
+    assert "system" not in without_tools
+
+
+async def test_anthropic_usage_prices_under_the_requested_model_name(
+    claude: AnthropicModel, anthropic_server: FakeLLMServer
+) -> None:
+    anthropic_server.script(
+        Reply(
+            body=anthropic_message(
+                [{"type": "text", "text": "ok"}], input_tokens=1000, output_tokens=500
+            )
+        )
+    )
+
+    resp = await claude.request([{"role": "user", "content": "hi"}], [])
+
+    assert resp.usage == Usage(input_tokens=1000, output_tokens=500)
+    assert resp.model == "claude-haiku-4-5"
+    assert spend_usd(resp.model, resp.usage) == pytest.approx((1000 * 1.00 + 500 * 5.00) / 1e6)
+
+
+async def test_anthropic_400_becomes_model_error_with_status_and_provider_message(
+    claude: AnthropicModel, anthropic_server: FakeLLMServer
+) -> None:
+    error = {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "messages: roles must alternate"},
+    }
+    anthropic_server.script(Reply(status=400, body=error))
+
+    with pytest.raises(ModelError) as caught:
+        await claude.request([{"role": "user", "content": "hi"}], [])
+
+    assert "HTTP 400" in caught.value.message
+    assert "messages: roles must alternate" in caught.value.message
+    assert type(caught.value.__cause__).__name__ == "BadRequestError"
+
+
+async def test_anthropic_500_without_retries_becomes_model_error_after_one_attempt(
+    claude: AnthropicModel, anthropic_server: FakeLLMServer
+) -> None:
+    error = {"type": "error", "error": {"type": "api_error", "message": "Internal server error"}}
+    anthropic_server.script(Reply(status=500, body=error))
+
+    with pytest.raises(ModelError, match=r"HTTP 500: Internal server error"):
+        await claude.request([{"role": "user", "content": "hi"}], [])
+
+    assert len(anthropic_server.requests) == 1
+
+
+async def test_anthropic_unreachable_server_becomes_model_error() -> None:
+    model = AnthropicModel(
+        "claude-haiku-4-5", base_url=f"http://127.0.0.1:{unused_port()}", max_retries=0
+    )
+    try:
+        with pytest.raises(ModelError, match="could not be reached"):
+            await model.request([{"role": "user", "content": "hi"}], [])
+    finally:
+        await model.aclose()
+
+
+async def test_anthropic_reads_base_url_and_key_from_the_environment(
+    anthropic_server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", anthropic_server.url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-from-env")
+    anthropic_server.script(Reply(body=anthropic_message([{"type": "text", "text": "ok"}])))
+    model = AnthropicModel("claude-haiku-4-5", max_retries=0)
+    try:
+        await model.request([{"role": "user", "content": "hi"}], [])
+    finally:
+        await model.aclose()
+
+    assert model.name == "anthropic:claude-haiku-4-5"
+    assert anthropic_server.requests[0].headers["x-api-key"] == "sk-ant-from-env"
+
+
+def test_anthropic_without_key_or_base_url_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="ANTHROPIC_API_KEY"):
+        AnthropicModel("claude-haiku-4-5")
+
+
+# --- Anthropic translation (pure) -------------------------------------------------------
+
+
+def test_parallel_tool_results_and_a_following_user_message_share_one_user_turn() -> None:
+    calls = [
+        {
+            "id": f"toolu_{i}",
+            "type": "function",
+            "function": {"name": "lookup_order", "arguments": json.dumps({"order_id": f"A-{i}"})},
+        }
+        for i in (1, 2)
+    ]
+    system, turns = to_anthropic_messages(
+        [
+            {"role": "system", "content": "Rule one."},
+            {"role": "system", "content": [{"type": "text", "text": "Rule two."}]},
+            {"role": "user", "content": "Compare A-1 and A-2."},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "toolu_1", "content": "shipped"},
+            {"role": "tool", "tool_call_id": "toolu_2", "content": "pending"},
+            {"role": "user", "content": "Be brief."},
+        ]
+    )
+
+    assert system == "Rule one.\n\nRule two."
+    assert [turn["role"] for turn in turns] == ["user", "assistant", "user"]
+    assert [block["id"] for block in turns[1]["content"]] == ["toolu_1", "toolu_2"]
+    assert turns[2]["content"] == [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "shipped"},
+        {"type": "tool_result", "tool_use_id": "toolu_2", "content": "pending"},
+        {"type": "text", "text": "Be brief."},
+    ]
+
+
+def test_empty_assistant_turns_are_dropped_and_neighbours_merge() -> None:
+    _, turns = to_anthropic_messages(
+        [
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": "two"},
+        ]
+    )
+
+    assert turns == [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}],
+        }
+    ]
+
+
+def test_tool_call_arguments_that_are_not_an_object_are_a_model_error() -> None:
+    bad_call = {
+        "id": "toolu_9",
+        "type": "function",
+        "function": {"name": "lookup_order", "arguments": "not json"},
+    }
+
+    with pytest.raises(ModelError, match="toolu_9"):
+        to_anthropic_messages([{"role": "assistant", "content": None, "tool_calls": [bad_call]}])
