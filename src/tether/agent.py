@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tether.errors import ConfigError
+from tether.models.base import Model
 from tether.scope import ScopeResolver, open_scope
 from tether.tools import Tool
 
@@ -21,6 +23,8 @@ class Agent:
     tools: tuple[Tool, ...] = ()
     resolve_scope: ScopeResolver = field(default=open_scope)
     version: str = "1"
+    # The model to use when TETHER_MODEL is not set (the demo's scripted model).
+    default_model: Callable[[], Model] | None = None
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]

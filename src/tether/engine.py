@@ -15,7 +15,7 @@ from tether.agent import Agent
 from tether.budget import Limits, parse_limits
 from tether.config import Settings
 from tether.errors import InvalidInput, NotFound
-from tether.loop import Outcome, Services, StopKind
+from tether.loop import Outcome, Services, StopKind, hash_token
 from tether.models.base import Message, Model
 from tether.notify import LogNotifier, Notifier
 from tether.resume import (
@@ -206,6 +206,16 @@ class Engine:
             "expired": expired,
             "purged": purged,
         }
+
+    async def owner_of_token(self, token: str) -> str | None:
+        """The user whose run a token belongs to (pending or used), for the operator CLI."""
+        run, used = await hop(self.store.find_by_token, hash_token(token))
+        if run is not None:
+            return run.user_id
+        if used is not None:
+            owner = await hop(self.store.get_run, used.run_id)
+            return owner.user_id if owner else None
+        return None
 
     # -- reading -------------------------------------------------------------------------
 

@@ -19,7 +19,6 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -33,7 +32,7 @@ from tether.messages import ToolCall, pending_tool_calls, tool_calls_of, tool_re
 from tether.models.base import Message, Model
 from tether.models.pricing import spend_usd
 from tether.notify import Notice, Notifier
-from tether.runs import Lease, Pending, Run, RunState
+from tether.runs import Lease, Pending, Run, RunState, iso
 from tether.scope import Scope
 from tether.store import CallStatus, Decision, Intent, Snapshot, Store, idempotency_key
 from tether.tools import (
@@ -117,13 +116,6 @@ class Resolution:
 def hash_token(token: str) -> str:
     """The SHA-256 of a token: the only form of it that is stored."""
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-def iso(epoch: float | None) -> str | None:
-    """Epoch seconds of the DB clock as ISO-8601 UTC."""
-    if epoch is None:
-        return None
-    return datetime.fromtimestamp(epoch, UTC).isoformat()
 
 
 def error_content(code: str, message: str) -> dict[str, str]:

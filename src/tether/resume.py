@@ -24,9 +24,9 @@ from tether.errors import (
     UnknownOrExpired,
 )
 from tether.failpoints import fail
-from tether.loop import CallVerdict, Driver, Outcome, Services, StopKind, hash_token, iso
+from tether.loop import CallVerdict, Driver, Outcome, Services, StopKind, hash_token
 from tether.messages import pending_tool_calls
-from tether.runs import Run
+from tether.runs import Run, iso
 from tether.store import Decision
 
 log = logging.getLogger(__name__)

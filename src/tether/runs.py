@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from tether.budget import Budget, Limits
@@ -190,3 +191,35 @@ class Run:
         if self.owner is None:
             raise ValueError("run has no owner")
         return Lease(run_id=self.id, owner=self.owner, epoch=self.lease_epoch)
+
+
+def iso(epoch: float | None) -> str | None:
+    """Epoch seconds of the database clock as ISO-8601 UTC."""
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, UTC).isoformat()
+
+
+def run_to_json(run: Run) -> dict[str, Any]:
+    """A run as SPEC §6 shapes it, without its messages."""
+    pending = None
+    if run.pending is not None and run.state is RunState.SUSPENDED:
+        pending = {
+            "tool": run.pending.tool,
+            "arguments": run.pending.arguments,
+            "preview": run.pending.preview,
+            "expires_at": iso(run.expires_at),
+        }
+    return {
+        "id": run.id,
+        "user_id": run.user_id,
+        "question": run.question,
+        "state": run.state.value,
+        "step": run.step,
+        "halt_reason": run.halt_reason,
+        "fail_reason": run.fail_reason,
+        "budget": {"limits": run.limits.to_json(), "consumed": run.budget.to_json()},
+        "pending": pending,
+        "created_at": iso(run.started_at),
+        "updated_at": iso(run.updated_at),
+    }

@@ -1,0 +1,7 @@
+"""``python -m tether``: the CLI."""
+
+from __future__ import annotations
+
+from tether.cli import main
+
+main()

@@ -1,0 +1,207 @@
+"""The core engine on both backends: runs, budgets, suspension, fencing, arguments."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import kit
+import pytest
+import sqlalchemy as sa
+
+from tether import MemoryNotifier, StopKind
+from tether.errors import LeaseLost
+from tether.loop import hash_token
+from tether.store import Intent, Store
+from tether.store.schema import metadata
+
+
+async def test_scripted_run_answers_and_messages_read_back_identical(db_url: str) -> None:
+    engine = kit.engine(db_url, script_name="standard")
+    outcome = await engine.ask("dana", "do the thing")
+    assert outcome.kind is StopKind.SUSPENDED
+    token = engine.services.notifier.last().token  # type: ignore[attr-defined]
+    await engine.resume_after_confirmation(token, "approve", "dana")
+    final = await engine.run_until_stop(outcome.run_id)
+    assert final.kind is StopKind.ANSWERED
+    before = (await engine.get_run(outcome.run_id)).messages
+    engine.close()
+
+    reopened = kit.engine(db_url)
+    after = await reopened.get_run(outcome.run_id)
+    reopened.close()
+    assert after.messages == before
+    assert [m["role"] for m in after.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert after.run.state.value == "answered"
+    assert after.messages[-1]["content"] == "done"
+
+
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [
+        ({"max_steps": 1}, "max_steps"),
+        ({"max_spend_usd": 0.002}, "max_spend"),
+        ({"max_tool_calls": 1}, "max_tool_calls"),
+        ({"max_elapsed_ms": 40}, "max_elapsed"),
+    ],
+)
+async def test_each_budget_bound_halts_with_its_reason_and_survives_reopen(
+    db_url: str, limits: dict[str, float], reason: str
+) -> None:
+    kit.set_world("lookup_ms", "60")
+    engine = kit.engine(db_url)
+    outcome = await engine.ask("dana", "go", limits=limits)
+    assert outcome.kind is StopKind.HALTED
+    assert outcome.reason == reason
+    halted = (await engine.get_run(outcome.run_id)).run
+    engine.close()
+
+    reopened = kit.engine(db_url)
+    again = (await reopened.get_run(outcome.run_id)).run
+    reopened.close()
+    assert again.state.value == "halted"
+    assert again.halt_reason == reason
+    assert again.budget == halted.budget
+    assert again.budget.steps >= 1
+    assert again.budget.spend_usd > 0
+
+
+async def test_suspension_stores_only_the_tokens_hash(db_url: str) -> None:
+    notifier = MemoryNotifier()
+    engine = kit.engine(db_url, script_name="send", notifier=notifier)
+    first = await engine.ask("dana", "send it")
+    second = await engine.ask("dana", "send it again")
+    assert first.kind is second.kind is StopKind.SUSPENDED
+    tokens = [n.token for n in notifier.notices]
+    assert len(set(tokens)) == 2
+    for token in tokens:
+        assert len(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))) >= 32
+    dump = _dump_database(engine.store)
+    engine.close()
+    for token in tokens:
+        assert token not in dump
+        assert hash_token(token) in dump
+
+
+async def test_a_writer_whose_lease_was_taken_cannot_append_or_execute(db_url: str) -> None:
+    engine = kit.engine(db_url, script_name="write_once", heartbeat_timeout_s=0.001)
+    run = await engine.start_run("dana", "write")
+    stale = engine.store.claim_ready("worker-a", run.id)
+    assert stale is not None
+    taker = kit.engine(db_url, script_name="write_once", heartbeat_timeout_s=0.001)
+    kit.poll_until(lambda: engine.store.now() - (stale.heartbeat_at or 0) > 0.01)
+    recovered = await taker.recover_orphans()
+    assert [o.run_id for o in recovered] == [run.id]
+    message_count = len(engine.store.messages(run.id))
+
+    with pytest.raises(LeaseLost):
+        engine.store.persist_turn(
+            stale.lease(),
+            message={"role": "assistant", "content": "late"},
+            spend_usd=0.0,
+            elapsed_ms=0,
+            intents=[Intent(tool_call_id="x", tool="write_once", arguments={}, effect="write")],
+            final=False,
+            event={},
+        )
+    assert len(engine.store.messages(run.id)) == message_count
+    assert engine.store.ledger(run.id) == []
+
+    # The stale worker's driver is fenced before it can run a write.
+    from tether.resume import start_driver
+
+    taken = engine.store.claim_ready("worker-b", run.id)
+    assert taken is not None
+    driver = await start_driver(engine.services, taken)
+    engine.store.claim_orphans(owner="thief", stale_after_s=-1, max_attempts=9, batch=5)
+    outcome = await driver.drive()
+    assert outcome.kind is StopKind.LEASE_LOST
+    assert kit.effects() == []
+    engine.close()
+    taker.close()
+
+
+async def test_invalid_tool_arguments_reach_the_model_as_an_error(db_url: str) -> None:
+    turns = [
+        {"tool_calls": [{"name": "lookup", "arguments": {"query": 3}}]},
+        {"tool_calls": [{"name": "lookup", "arguments": "{not json"}]},
+        {"tool_calls": [{"name": "nope", "arguments": {}}]},
+        {"content": "ok"},
+    ]
+    engine = kit.engine(db_url, turns=turns)
+    outcome = await engine.ask("dana", "go")
+    assert outcome.kind is StopKind.ANSWERED
+    results = [m for m in (await engine.get_run(outcome.run_id)).messages if m["role"] == "tool"]
+    errors = [json.loads(m["content"])["error"] for m in results]
+    assert errors == ["invalid_arguments", "invalid_arguments", "unknown_tool"]
+    assert "query" in json.loads(results[0]["content"])["message"]
+    engine.close()
+
+
+async def test_bytes_written_per_step_do_not_grow_with_history(db_url: str) -> None:
+    kit.set_world("pad", "8192")
+    turns = [{"tool_calls": [{"name": "lookup", "arguments": {"query": "q"}}]}] * 80
+    engine = kit.engine(db_url, turns=[*turns, {"content": "done"}])
+    per_step: list[int] = []
+    written = [0]
+
+    @sa.event.listens_for(engine.store.engine, "before_cursor_execute")
+    def count(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if statement.lstrip().upper().startswith(("INSERT", "UPDATE")):
+            written[0] += len(statement) + _param_bytes(parameters)
+
+    run = await engine.start_run("dana", "go", limits={"max_steps": 200, "max_tool_calls": 200})
+    original = engine.store.persist_tool_result
+
+    def persist(*args, **kwargs):  # type: ignore[no-untyped-def]
+        before = written[0]
+        original(*args, **kwargs)
+        per_step.append(written[0] - before)
+
+    engine.store.persist_tool_result = persist  # type: ignore[method-assign]
+    outcome = await engine.run_until_stop(run.id)
+    assert outcome.kind is StopKind.ANSWERED
+    assert len(per_step) == 80
+    early, late = per_step[5:10], per_step[-5:]
+    assert max(late) <= max(early) * 1.05
+    assert min(early) > 8192
+    engine.close()
+
+
+def _param_bytes(parameters: object) -> int:
+    """Bytes of the bound values sent with a statement (psycopg's JSON wrapper unwrapped)."""
+    if isinstance(parameters, dict):
+        values = list(parameters.values())
+    elif isinstance(parameters, list | tuple):
+        values = [v for p in parameters for v in _values(p)]
+    else:
+        values = [parameters]
+    return sum(len(str(getattr(v, "obj", v))) for v in values)
+
+
+def _values(params: object) -> list[object]:
+    if isinstance(params, dict):
+        return list(params.values())
+    if isinstance(params, list | tuple):
+        return list(params)
+    return [params]
+
+
+def _dump_database(store: Store) -> str:
+    parts = []
+    with store.engine.connect() as conn:
+        for table in metadata.sorted_tables:
+            for row in conn.execute(sa.select(table)):
+                parts.append(json.dumps([str(v) for v in row], default=str))
+    return "\n".join(parts)

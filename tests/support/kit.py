@@ -1,0 +1,318 @@
+"""Test kit: a test agent whose tools write to their own downstream table (so tests can
+count external effects per idempotency key), scripts, a webhook receiver, subprocess
+helpers and polls with deadlines. Imported by tests and by the worker subprocesses
+(``--agent kit:agent``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from tether import Agent, Engine, GuardResult, Reconciled, Scope, ScriptedModel, ToolContext, tool
+from tether.config import Settings
+from tether.notify import MemoryNotifier
+from tether.tools import OutcomeUnknown
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+
+# -- the downstream: its own SQLite file, shared by every process of a test -----------------
+
+
+def _db() -> sqlite3.Connection:
+    conn = sqlite3.connect(os.environ["KIT_EFFECTS_DB"], timeout=30, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS effects (id INTEGER PRIMARY KEY, key TEXT, tool TEXT,"
+        " item TEXT)"
+    )
+    conn.execute("CREATE TABLE IF NOT EXISTS world (name TEXT PRIMARY KEY, value TEXT)")
+    conn.execute("CREATE TABLE IF NOT EXISTS failures (tool TEXT PRIMARY KEY, kind TEXT)")
+    return conn
+
+
+def world(name: str, default: str = "") -> str:
+    with _db() as conn:
+        row = conn.execute("SELECT value FROM world WHERE name = ?", (name,)).fetchone()
+        return str(row[0]) if row else default
+
+
+def set_world(name: str, value: str) -> None:
+    conn = _db()
+    conn.execute("INSERT OR REPLACE INTO world (name, value) VALUES (?, ?)", (name, value))
+    conn.close()
+
+
+def inject_failure(tool_name: str, kind: str) -> None:
+    """One-shot: the next call of ``tool_name`` commits then fails ambiguously
+    (``after_commit``) or fails ambiguously without committing (``before_commit``)."""
+    conn = _db()
+    conn.execute("INSERT OR REPLACE INTO failures (tool, kind) VALUES (?, ?)", (tool_name, kind))
+    conn.close()
+
+
+def effects(key: str | None = None) -> list[tuple[str, str, str]]:
+    """Effects applied downstream, optionally for one idempotency key."""
+    conn = _db()
+    query = "SELECT key, tool, item FROM effects"
+    rows = conn.execute(
+        query + (" WHERE key = ?" if key else "") + " ORDER BY id", (key,) if key else ()
+    ).fetchall()
+    conn.close()
+    return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+
+def _apply(ctx: ToolContext, tool_name: str, item: str, *, dedupe: bool) -> dict[str, Any]:
+    conn = _db()
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        failure = conn.execute("SELECT kind FROM failures WHERE tool = ?", (tool_name,)).fetchone()
+        if failure:
+            conn.execute("DELETE FROM failures WHERE tool = ?", (tool_name,))
+        if failure and failure[0] == "before_commit":
+            conn.execute("COMMIT")
+            raise OutcomeUnknown("downstream timed out")
+        first = conn.execute(
+            "SELECT item FROM effects WHERE key = ? ORDER BY id LIMIT 1", (ctx.idempotency_key,)
+        ).fetchone()
+        if not (dedupe and first):
+            conn.execute(
+                "INSERT INTO effects (key, tool, item) VALUES (?, ?, ?)",
+                (ctx.idempotency_key, tool_name, item),
+            )
+        conn.execute("COMMIT")
+        if failure and failure[0] == "after_commit":
+            raise OutcomeUnknown("downstream answered 503 after committing")
+        return {"done": tool_name, "item": first[0] if dedupe and first else item}
+    finally:
+        conn.close()
+
+
+def _find(key: str, _ctx: ToolContext) -> Reconciled:
+    found = effects(key)
+    if found:
+        return Reconciled.found({"done": found[0][1], "item": found[0][2]})
+    return Reconciled.absent()
+
+
+@tool
+def lookup(query: str) -> dict[str, Any]:
+    """Look something up (a read); ``lookup_ms`` in the world makes it take that long."""
+    work_ms = int(world("lookup_ms", "0"))
+    if work_ms:
+        time.sleep(work_ms / 1000)  # simulated work, so elapsed-time budgets are exercised
+    return {"query": query, "answer": f"about {query}", "pad": "x" * int(world("pad", "0"))}
+
+
+@tool(effect="write", dedupes=True)
+def record(ctx: ToolContext, item: str) -> dict[str, Any]:
+    """Record an item downstream; the downstream deduplicates by idempotency key."""
+    return _apply(ctx, "record", item, dedupe=True)
+
+
+@tool(effect="write", reconcile=_find)
+def write_once(ctx: ToolContext, item: str) -> dict[str, Any]:
+    """Write downstream without deduplication; reconciled by looking the key up."""
+    return _apply(ctx, "write_once", item, dedupe=False)
+
+
+@tool(effect="write")
+def blind_write(ctx: ToolContext, item: str) -> dict[str, Any]:
+    """A write that can be neither reconciled nor re-issued."""
+    return _apply(ctx, "blind_write", item, dedupe=False)
+
+
+def _preview(args: Any, scope: Scope) -> dict[str, Any]:
+    return {"item": args.item, "price": world("price", "100")}
+
+
+def _guard(args: Any, scope: Scope, ctx: ToolContext) -> GuardResult:
+    if world("hold") == "1":
+        return GuardResult.refuse("the account is on hold")
+    return GuardResult.allow()
+
+
+def _permitted(args: Any, scope: Scope) -> bool:
+    return bool(scope.permissions.get("can_send", True))
+
+
+@tool(
+    effect="write",
+    needs_confirmation=True,
+    dedupes=True,
+    reconcile=_find,
+    preview=_preview,
+    guard=_guard,
+    permitted=_permitted,
+)
+def send(ctx: ToolContext, item: str) -> dict[str, Any]:
+    """Send an item: a write a human must confirm."""
+    return _apply(ctx, "send", item, dedupe=True)
+
+
+async def resolve(user_id: str) -> Scope:
+    """Scope from the downstream's world table: ``perm:USER`` = "0" revokes sending."""
+    return Scope(
+        user_id=user_id,
+        permissions={"can_send": world(f"perm:{user_id}", "1") == "1"},
+        approvers=frozenset({"boss"}),
+    )
+
+
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"name": name, "arguments": arguments}
+
+
+SCRIPTS: dict[str, list[dict[str, Any]]] = {
+    # read; a deduplicating write with a read in the same turn; a confirmed send; answer.
+    "standard": [
+        {"tool_calls": [call("lookup", query="x")]},
+        {"tool_calls": [call("record", item="a"), call("lookup", query="y")]},
+        {"tool_calls": [call("send", item="b")]},
+        {"content": "done"},
+    ],
+    "write_once": [
+        {"tool_calls": [call("write_once", item="w")]},
+        {"content": "done"},
+    ],
+    "blind": [
+        {"tool_calls": [call("blind_write", item="z")]},
+        {"content": "done"},
+    ],
+    "send": [
+        {"tool_calls": [call("send", item="b")]},
+        {"content": "done"},
+    ],
+    "answer": [{"content": "forty-two"}],
+}
+
+
+def script(name: str | None = None) -> ScriptedModel:
+    return ScriptedModel(SCRIPTS[name or os.environ.get("KIT_SCRIPT", "standard")])
+
+
+def agent() -> Agent:
+    """The test agent; its scripted model is chosen by ``KIT_SCRIPT``."""
+    return Agent(
+        name="kit",
+        system_prompt="You are a test agent.",
+        tools=(lookup, record, write_once, blind_write, send),
+        resolve_scope=resolve,
+        default_model=script,
+    )
+
+
+def engine(
+    url: str,
+    *,
+    script_name: str = "standard",
+    turns: list[dict[str, Any]] | None = None,
+    notifier: MemoryNotifier | None = None,
+    **settings: Any,
+) -> Engine:
+    """An in-process engine on ``url`` for the test agent."""
+    model = ScriptedModel(turns) if turns is not None else script(script_name)
+    return Engine(
+        agent=agent(),
+        model=model,
+        settings=Settings(database_url=url, **settings),
+        notifier=notifier or MemoryNotifier(),
+    )
+
+
+# -- polls, subprocesses, webhooks -----------------------------------------------------------
+
+
+def poll_until(
+    predicate: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.05, what: str = ""
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def tether_env(url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+    env.update(
+        {
+            "TETHER_DATABASE_URL": url,
+            "PYTHONPATH": str(ROOT / "tests" / "support"),
+            "TETHER_HEARTBEAT_TIMEOUT_S": "0.3",
+            "TETHER_REAPER_INTERVAL_S": "3600",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def tether(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run the ``tether`` CLI in a new process with the test agent."""
+    return subprocess.run(
+        [PYTHON, "-m", "tether", *args, "--agent", "kit:agent"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+class NoticeReceiver:
+    """A local webhook receiver: collects the suspension notices tether POSTs."""
+
+    def __init__(self) -> None:
+        self.notices: list[dict[str, Any]] = []
+        received = self.notices
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                received.append(json.loads(self.rfile.read(length)))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/notices"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> NoticeReceiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+    def token_for(self, run_id: str) -> str:
+        for notice in reversed(self.notices):
+            if notice["run_id"] == run_id:
+                return str(notice["token"])
+        raise LookupError(run_id)
+
+
+@contextmanager
+def receiver() -> Iterator[NoticeReceiver]:
+    with NoticeReceiver() as r:
+        yield r

@@ -1,0 +1,111 @@
+"""Tools from typed functions, digests, failpoints, message helpers, the scripted model."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tether import ToolContext, tool
+from tether.errors import ConfigError, FailpointError
+from tether.failpoints import POINTS, fail, parse, set_failpoint
+from tether.loop import diff_previews
+from tether.messages import pending_tool_calls
+from tether.models.base import Usage
+from tether.models.pricing import DEFAULT_PRICE, price_for, spend_usd
+from tether.models.scripted import ScriptedModel
+from tether.tools import Effect, InvalidToolArguments, digest
+
+
+@tool(effect="write", needs_confirmation=True)
+def send_quote(ctx: ToolContext, quote_id: str, copies: int = 1) -> dict[str, str]:
+    """Send a quote."""
+    return {"sent": quote_id}
+
+
+def test_a_tool_from_a_typed_function_has_a_schema_and_effect() -> None:
+    spec = send_quote.spec()
+    assert spec.name == "send_quote"
+    assert spec.description == "Send a quote."
+    assert spec.parameters["properties"]["quote_id"]["type"] == "string"
+    assert spec.parameters["required"] == ["quote_id"]
+    assert "ctx" not in spec.parameters["properties"]
+    assert send_quote.effect is Effect.WRITE and send_quote.needs_confirmation
+
+
+@pytest.mark.parametrize("raw", [{"quote_id": 5}, {}, {"quote_id": "Q", "extra": 1}, "Q", None])
+def test_bad_arguments_are_refused_with_a_reason(raw: object) -> None:
+    with pytest.raises(InvalidToolArguments, match="send_quote"):
+        send_quote.validate(raw)
+
+
+@given(st.dictionaries(st.text(max_size=5), st.integers(), max_size=6))
+def test_the_digest_ignores_key_order(preview: dict[str, int]) -> None:
+    reordered = dict(reversed(list(preview.items())))
+    assert digest(preview) == digest(reordered)
+    assert len(digest(preview)) == 64
+
+
+def test_the_digest_sees_a_changed_value() -> None:
+    assert digest({"total": 100}) != digest({"total": 101})
+
+
+def test_diff_lists_changed_paths() -> None:
+    before = {"tier": "silver", "lines": [{"price": 10}], "total": 10}
+    after = {"tier": "gold", "lines": [{"price": 9}], "total": 10}
+    assert diff_previews(before, after) == [
+        {"path": "lines[0].price", "before": 10, "after": 9},
+        {"path": "tier", "before": "silver", "after": "gold"},
+    ]
+
+
+def test_pending_tool_calls_are_the_last_turns_unanswered_ones() -> None:
+    messages = [
+        {"role": "user", "content": "x"},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": "a", "function": {"name": "t", "arguments": "{}"}},
+                {"id": "b", "function": {"name": "t", "arguments": "{}"}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "a", "content": "ok"},
+    ]
+    assert [c.id for c in pending_tool_calls(messages)] == ["b"]
+    assert (
+        pending_tool_calls([*messages, {"role": "tool", "tool_call_id": "b", "content": ""}]) == []
+    )
+
+
+def test_failpoints_parse_and_fire() -> None:
+    assert parse("after_intent=crash,after_tool_commit:send=error") == {
+        ("after_intent", None): "crash",
+        ("after_tool_commit", "send"): "error",
+    }
+    with pytest.raises(ConfigError):
+        parse("nowhere=crash")
+    with pytest.raises(ConfigError):
+        parse("after_intent=explode")
+    set_failpoint("after_claim", "error", tool="send")
+    fail("after_claim", "other")  # a different tool: nothing happens
+    with pytest.raises(FailpointError):
+        fail("after_claim", "send")
+    assert "after_claim" in POINTS and "after_resume_execute" in POINTS
+
+
+def test_an_unknown_model_gets_the_default_price() -> None:
+    assert price_for("no-such-model") == DEFAULT_PRICE
+    assert spend_usd("scripted", Usage(input_tokens=1_000_000, output_tokens=0)) == 1.0
+
+
+async def test_the_scripted_model_plays_the_turn_for_the_history() -> None:
+    model = ScriptedModel([{"content": "one"}, {"tool_calls": [{"name": "t", "arguments": {}}]}])
+    first = await model.request([{"role": "user", "content": "x"}], [])
+    assert first.message["content"] == "one"
+    second = await model.request([{"role": "user"}, {"role": "assistant", "content": "one"}], [])
+    assert second.message["tool_calls"][0]["id"] == "call_1_0"
+
+
+def test_a_malformed_script_is_a_config_error(tmp_path: object) -> None:
+    with pytest.raises(ConfigError):
+        ScriptedModel([{"contents": "typo"}])
