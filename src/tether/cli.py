@@ -252,3 +252,12 @@ def _owner(engine: Engine, run_id: str) -> str:
 
         raise NotFound("no such run")
     return run.user_id
+
+
+@app.command()
+def demo() -> None:
+    """Tell the whole story with real runs: suspension and approval, a crash, a budget
+    halt, and the stale approval refused. Exits non-zero if any scene differs."""
+    from tether.demo import main as run_demo
+
+    raise typer.Exit(run_demo())

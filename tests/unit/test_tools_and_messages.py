@@ -109,3 +109,22 @@ async def test_the_scripted_model_plays_the_turn_for_the_history() -> None:
 def test_a_malformed_script_is_a_config_error(tmp_path: object) -> None:
     with pytest.raises(ConfigError):
         ScriptedModel([{"contents": "typo"}])
+
+
+async def test_the_scripted_model_can_use_an_earlier_tool_result() -> None:
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "draft", "arguments": {}}]},
+            {"tool_calls": [{"name": "send", "arguments": {"quote_id": "${draft.quote_id}"}}]},
+        ]
+    )
+    history = [
+        {"role": "user", "content": "x"},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "c1", "function": {"name": "draft", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": '{"quote_id": "Q-1001"}'},
+    ]
+    response = await model.request(history, [])
+    assert response.message["tool_calls"][0]["function"]["arguments"] == '{"quote_id": "Q-1001"}'

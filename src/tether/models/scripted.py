@@ -5,11 +5,16 @@ resumed in another process gets the same next turn (the model keeps no hidden st
 Script file: ``{"model": "scripted", "turns": [{"content": "...", "tool_calls":
 [{"id"?, "name", "arguments": {...} | "raw string"}], "usage": {"input_tokens",
 "output_tokens"}}, ...]}``. Past the last turn it answers with a fixed final message.
+
+An argument value ``"${TOOL.FIELD}"`` is replaced by FIELD of the latest result of a call
+to TOOL in the history (e.g. ``{"quote_id": "${draft_quote.quote_id}"}``), so a script can
+use what an earlier tool returned, as a real model would.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tether.errors import ConfigError
 from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
+
+
+_REFERENCE = re.compile(r"^\$\{([A-Za-z0-9_\-]+)\.([A-Za-z0-9_\-]+)\}$")
 
 
 class ScriptedCall(BaseModel):
@@ -90,7 +98,7 @@ class ScriptedModel(Model):
                         "name": call.name,
                         "arguments": call.arguments
                         if isinstance(call.arguments, str)
-                        else json.dumps(call.arguments),
+                        else json.dumps(_resolve(call.arguments, messages)),
                     },
                 }
                 for i, call in enumerate(turn.tool_calls)
@@ -100,3 +108,28 @@ class ScriptedModel(Model):
             output_tokens=turn.usage.get("output_tokens", 0),
         )
         return ModelResponse(message=message, usage=usage, model=self.script.model)
+
+
+def _resolve(arguments: dict[str, Any], messages: list[Message]) -> dict[str, Any]:
+    """Replace ``"${TOOL.FIELD}"`` values with FIELD of TOOL's latest result."""
+    resolved: dict[str, Any] = {}
+    for key, value in arguments.items():
+        match = _REFERENCE.match(value) if isinstance(value, str) else None
+        resolved[key] = _lookup(messages, match.group(1), match.group(2)) if match else value
+    return resolved
+
+
+def _lookup(messages: list[Message], tool: str, field: str) -> Any:
+    names = {
+        call.get("id"): (call.get("function") or {}).get("name")
+        for m in messages
+        if m.get("role") == "assistant"
+        for call in m.get("tool_calls") or []
+    }
+    for message in reversed(messages):
+        if message.get("role") == "tool" and names.get(message.get("tool_call_id")) == tool:
+            try:
+                return json.loads(message.get("content") or "").get(field)
+            except (ValueError, AttributeError):
+                return None
+    return None
