@@ -453,6 +453,7 @@ class Driver:
             reason="unreconcilable",
             elapsed_ms=self._elapsed(),
             event={"tool_call_id": call.id, "tool": call.name},
+            unknown_call=call.id,
         )
         return Outcome(run_id=self.run.id, kind=StopKind.FAILED, reason="unreconcilable")
 

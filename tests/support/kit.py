@@ -72,6 +72,13 @@ def effects(key: str | None = None) -> list[tuple[str, str, str]]:
     return [(str(a), str(b), str(c)) for a, b, c in rows]
 
 
+def effects_reset() -> None:
+    """Forget every effect (between rounds of one test)."""
+    conn = _db()
+    conn.execute("DELETE FROM effects")
+    conn.close()
+
+
 def _apply(ctx: ToolContext, tool_name: str, item: str, *, dedupe: bool) -> dict[str, Any]:
     conn = _db()
     try:

@@ -374,8 +374,25 @@ class Store:
             {"reason": reason, **event},
         )
 
-    def fail(self, lease: Lease, *, reason: str, elapsed_ms: int, event: dict[str, Any]) -> None:
-        """running → failed with ``reason``; kept with its ledger for a person to inspect."""
+    def fail(
+        self,
+        lease: Lease,
+        *,
+        reason: str,
+        elapsed_ms: int,
+        event: dict[str, Any],
+        unknown_call: str | None = None,
+    ) -> None:
+        """running → failed with ``reason``; kept with its ledger for a person to inspect.
+        ``unknown_call`` names a call whose outcome could not be learnt: its ledger entry
+        is recorded ``unknown`` in the same transaction."""
+        unknown = None
+        if unknown_call is not None:
+            unknown = {
+                "b_key": idempotency_key(lease.run_id, unknown_call),
+                "b_status": CallStatus.UNKNOWN.value,
+                "b_result": "unreconcilable",
+            }
         self._leave_running(
             lease,
             RunState.FAILED,
@@ -383,6 +400,7 @@ class Store:
             elapsed_ms,
             "failed",
             {"reason": reason, **event},
+            ledger_outcome=unknown,
         )
 
     def suspend(
@@ -721,6 +739,7 @@ class Store:
         elapsed_ms: int,
         kind: str,
         event: dict[str, Any],
+        ledger_outcome: dict[str, Any] | None = None,
     ) -> None:
         with self.engine.begin() as conn:
             result = conn.execute(
@@ -737,6 +756,8 @@ class Store:
             )
             if result.rowcount != 1:
                 raise LeaseLost("this worker no longer owns the run", run_id=lease.run_id)
+            if ledger_outcome is not None:
+                conn.execute(_RECORD_OUTCOME, ledger_outcome)
             self._event(conn, lease.run_id, kind, event)
 
     @staticmethod
