@@ -52,7 +52,7 @@ async def test_approval_executes_once_and_the_run_keeps_its_spent_budget(db_url:
 
 
 async def test_twenty_concurrent_approvals_from_threads_resume_once(db_url: str) -> None:
-    engine, run_id, token = await _suspended(db_url)
+    engine, _, token = await _suspended(db_url)
     engine.close()
     results: list[object] = []
     barrier = threading.Barrier(20)

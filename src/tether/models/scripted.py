@@ -24,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tether.errors import ConfigError
 from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
 
-
 _REFERENCE = re.compile(r"^\$\{([A-Za-z0-9_\-]+)\.([A-Za-z0-9_\-]+)\}$")
 
 
