@@ -170,9 +170,8 @@ async def test_an_expired_suspension_halts_and_its_token_stops_working(db_url: s
 async def test_an_approval_racing_the_expiry_sweep_is_decided_once(db_url: str) -> None:
     for _ in range(5):
         engine, run_id, token = await _suspended(db_url, suspension_ttl_min=0.003)
-        kit.poll_until(
-            lambda: engine.store.now() > (engine.store.get_run(run_id).expires_at or 0) - 0.05
-        )
+        deadline = (engine.store.get_run(run_id).expires_at or 0) - 0.05
+        kit.poll_until(lambda s=engine.store, d=deadline: s.now() > d)
         approval, expired = await asyncio.gather(
             engine.resume_after_confirmation(token, "approve", "dana"),
             engine.expire_suspended(),
