@@ -26,6 +26,7 @@ from tether.resume import (
     hop,
     purge_retained,
     recover_orphans,
+    reissue_notices,
     resume_after_confirmation,
     start_driver,
 )
@@ -194,9 +195,11 @@ class Engine:
         return await purge_retained(self.services)
 
     async def reap(self) -> dict[str, Any]:
-        """One reaper pass: recover orphans, expire suspensions, purge past retention."""
+        """One reaper pass: recover orphans, expire suspensions, re-send undelivered
+        notices, purge past retention."""
         recovered = await self.recover_orphans()
         expired = await self.expire_suspended()
+        reissued = await reissue_notices(self.services)
         purged = await self.purge_retained()
         return {
             "recovered": [o.run_id for o in recovered if o.kind is StopKind.RELEASED],
@@ -204,6 +207,7 @@ class Engine:
                 o.run_id: o.kind.value for o in recovered if o.kind is not StopKind.RELEASED
             },
             "expired": expired,
+            "notices_reissued": reissued,
             "purged": purged,
         }
 

@@ -207,7 +207,8 @@ class Driver:
             if not calls:
                 log.info("answered", extra={"run_id": self.run.id, "action": "answered"})
                 return Outcome(run_id=self.run.id, kind=StopKind.ANSWERED)
-            fail("after_intent")
+            for call in calls:  # `after_intent:TOOL` fires for a turn that calls TOOL
+                fail("after_intent", call.name)
 
     async def process_call(self, call: ToolCall) -> Outcome | None:
         """Process one unanswered call: reconcile, suspend, refuse or execute it. Returns an
@@ -295,7 +296,7 @@ class Driver:
             preview=preview,
             expires_at=iso(expires_at) or "",
         )
-        await self._notify(notice)
+        await deliver(self.s, notice)
         log.info("suspended", extra={"run_id": self.run.id, "action": "suspended"})
         return Outcome(run_id=self.run.id, kind=StopKind.SUSPENDED, notice=notice)
 
@@ -432,7 +433,9 @@ class Driver:
         if found.kind is ReconcileKind.FOUND:
             await self.store_result(call, found.result, CallStatus.OK, counted=True)
         elif tool.dedupes:
-            return await self.execute(call, tool, args, confirmed=confirmed, reissue=True)
+            stop = await self.execute(call, tool, args, confirmed=confirmed, reissue=True)
+            if stop is not None:
+                return stop
         elif found.kind is ReconcileKind.ABSENT:
             await self.store_result(
                 call,
@@ -591,13 +594,6 @@ class Driver:
         )
         return delta
 
-    async def _notify(self, notice: Notice) -> None:
-        try:
-            await self.s.notifier.send(notice)
-        except Exception:
-            # The suspension is durable; the notice can be re-sent from the stored request.
-            log.exception("notice failed", extra={"run_id": self.run.id, "action": "notify"})
-
     async def _hop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """One thread hop for one store transaction."""
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -620,6 +616,19 @@ class Driver:
             if not await self._hop(self.s.store.heartbeat, self.lease):
                 log.warning("heartbeat refused", extra={"run_id": self.run.id, "action": "beat"})
                 return
+
+
+async def deliver(services: Services, notice: Notice) -> None:
+    """Send a suspension notice and record its delivery. A notice that fails stays
+    unrecorded, and the reaper re-issues it with a fresh token (``reissue_notices``)."""
+    try:
+        delivered = await services.notifier.send(notice)
+    except Exception:
+        log.exception("notice failed", extra={"run_id": notice.run_id, "action": "notify"})
+        return
+    if delivered is False:
+        return
+    await asyncio.to_thread(services.store.mark_notified, notice.run_id, hash_token(notice.token))
 
 
 def diff_previews(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:

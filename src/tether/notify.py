@@ -36,9 +36,10 @@ class Notice:
 
 
 class Notifier(Protocol):
-    """Where suspension notices go."""
+    """Where suspension notices go. ``send`` returns False (or raises) when the notice
+    was not delivered; the reaper then re-issues it with a fresh token."""
 
-    async def send(self, notice: Notice) -> None: ...
+    async def send(self, notice: Notice) -> bool | None: ...
 
 
 class LogNotifier:

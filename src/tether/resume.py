@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -24,8 +25,17 @@ from tether.errors import (
     UnknownOrExpired,
 )
 from tether.failpoints import fail
-from tether.loop import CallVerdict, Driver, Outcome, Services, StopKind, hash_token
+from tether.loop import (
+    CallVerdict,
+    Driver,
+    Outcome,
+    Services,
+    StopKind,
+    deliver,
+    hash_token,
+)
 from tether.messages import pending_tool_calls
+from tether.notify import Notice
 from tether.runs import Run, iso
 from tether.store import Decision
 
@@ -220,6 +230,43 @@ async def _recover(driver: Driver) -> Outcome:
         if stop is not None:
             return stop
     return await driver.release("recovered")
+
+
+async def reissue_notices(services: Services) -> list[str]:
+    """Re-send suspension notices that were never delivered (the process died between the
+    durable suspension and the notice, or the webhook was unreachable), each with a fresh
+    token. Safe twice: each swap is conditional on the undelivered token's hash."""
+    fresh: dict[str, str] = {}
+
+    def new_hash() -> str:
+        token = secrets.token_urlsafe(32)
+        digest = hash_token(token)
+        fresh[digest] = token
+        return digest
+
+    reissued = await hop(
+        services.store.reissue_unnotified,
+        older_than_s=services.settings.heartbeat_timeout_s,
+        batch=services.settings.reaper_batch,
+        new_hashes=new_hash,
+    )
+    for run, token_hash in reissued:
+        token = fresh[token_hash]
+        assert run.pending is not None
+        await deliver(
+            services,
+            Notice(
+                run_id=run.id,
+                user_id=run.user_id,
+                token=token,
+                approve_url=services.approve_url(token),
+                tool=run.pending.tool,
+                arguments=run.pending.arguments,
+                preview=run.pending.preview,
+                expires_at=iso(run.expires_at) or "",
+            ),
+        )
+    return [run.id for run, _ in reissued]
 
 
 async def continue_run(

@@ -21,7 +21,7 @@ class WebhookNotifier:
         self.attempts = attempts
         self.timeout_s = timeout_s
 
-    async def send(self, notice: Notice) -> None:
+    async def send(self, notice: Notice) -> bool:
         delay = 0.2
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
             for attempt in range(1, self.attempts + 1):
@@ -29,16 +29,17 @@ class WebhookNotifier:
                     response = await client.post(self.url, json=notice.to_json())
                     if response.status_code < 500:
                         response.raise_for_status()
-                        return
+                        return True
                 except httpx.HTTPStatusError:
                     log.error(
                         "webhook refused the notice",
                         extra={"run_id": notice.run_id, "action": "webhook"},
                     )
-                    return
+                    return False
                 except httpx.HTTPError:
                     pass
                 if attempt < self.attempts:
                     await asyncio.sleep(delay)
                     delay *= 2
         log.error("webhook unreachable", extra={"run_id": notice.run_id, "action": "webhook"})
+        return False

@@ -21,6 +21,8 @@ from typing import Any
 from tether import Agent, Engine, GuardResult, Reconciled, Scope, ScriptedModel, ToolContext, tool
 from tether.config import Settings
 from tether.notify import MemoryNotifier
+
+__all__ = ["MemoryNotifier"]
 from tether.tools import OutcomeUnknown
 
 ROOT = Path(__file__).resolve().parents[2]

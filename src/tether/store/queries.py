@@ -9,7 +9,7 @@ back, so a fenced-out worker leaves nothing behind (invariant 8).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -425,6 +425,7 @@ class Store:
                     pending_token_hash=token_hash,
                     suspended_at=db_now(),
                     expires_at=db_now() + ttl_s,
+                    notified_at=None,
                     elapsed_ms=runs.c.elapsed_ms + elapsed_ms,
                     updated_at=db_now(),
                 )
@@ -523,6 +524,56 @@ class Store:
                 {"decision": decision, "by": approver, "tool_call_id": run.pending.tool_call_id},
             )
             return run
+
+    def mark_notified(self, run_id: str, token_hash: str) -> None:
+        """Record that the notice for this suspension's token was delivered."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                runs.update()
+                .where(runs.c.id == run_id, runs.c.pending_token_hash == token_hash)
+                .values(notified_at=db_now())
+            )
+
+    def reissue_unnotified(
+        self, *, older_than_s: float, batch: int, new_hashes: Callable[[], str]
+    ) -> list[tuple[Run, str]]:
+        """Give suspended runs whose notice was never delivered a fresh token hash.
+
+        Safe: the old token reached nobody (its notice was not delivered), the window
+        (``expires_at``) is unchanged, and each swap is conditional on the old hash, so a
+        concurrent reaper or approval cannot be overtaken. Returns (run, new hash) pairs.
+        """
+        out: list[tuple[Run, str]] = []
+        with self.engine.begin() as conn:
+            due = (
+                sa.select(runs.c.id, runs.c.pending_token_hash)
+                .where(
+                    runs.c.state == RunState.SUSPENDED.value,
+                    runs.c.notified_at.is_(None),
+                    runs.c.suspended_at < db_now() - older_than_s,
+                    runs.c.expires_at > db_now(),
+                )
+                .order_by(runs.c.suspended_at)
+                .limit(batch)
+            )
+            if not self.sqlite:
+                due = due.with_for_update(skip_locked=True)
+            for run_id, old_hash in conn.execute(due).all():
+                new_hash = new_hashes()
+                row = conn.execute(
+                    runs.update()
+                    .where(
+                        runs.c.id == run_id,
+                        runs.c.state == RunState.SUSPENDED.value,
+                        runs.c.pending_token_hash == old_hash,
+                    )
+                    .values(pending_token_hash=new_hash, suspended_at=db_now())
+                    .returning(runs)
+                ).first()
+                if row is not None:
+                    self._event(conn, run_id, "notice_reissued", {})
+                    out.append((Run.from_row(row._mapping), new_hash))
+        return out
 
     def claim_orphans(
         self, *, owner: str, stale_after_s: float, max_attempts: int, batch: int

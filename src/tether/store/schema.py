@@ -51,6 +51,9 @@ runs = sa.Table(
     sa.Column("pending_token_hash", sa.String(64), nullable=True),
     sa.Column("suspended_at", sa.Float, nullable=True),
     sa.Column("expires_at", sa.Float, nullable=True),
+    # When the notice of the current suspension was delivered; NULL until then, so the
+    # reaper can re-issue a notice that a crash or an unreachable webhook lost.
+    sa.Column("notified_at", sa.Float, nullable=True),
     sa.Column("halt_reason", sa.String(32), nullable=True),
     sa.Column("fail_reason", sa.String(32), nullable=True),
     sa.Column("recovery_attempts", sa.Integer, nullable=False, server_default="0"),
@@ -73,6 +76,12 @@ _partial(
     runs, "runs_suspended_token", "pending_token_hash", where="state = 'suspended'", unique=True
 )
 _partial(runs, "runs_suspended_expiry", "expires_at", where="state = 'suspended'")
+_partial(
+    runs,
+    "runs_unnotified",
+    "suspended_at",
+    where="state = 'suspended' AND notified_at IS NULL",
+)
 _partial(runs, "runs_retention", "updated_at", where=_TERMINAL_OR_HALTED)
 sa.Index("runs_user", runs.c.user_id, runs.c.started_at)
 

@@ -47,6 +47,7 @@ def upgrade() -> None:
         sa.Column("pending_token_hash", sa.String(length=64), nullable=True),
         sa.Column("suspended_at", sa.Float(), nullable=True),
         sa.Column("expires_at", sa.Float(), nullable=True),
+        sa.Column("notified_at", sa.Float(), nullable=True),
         sa.Column("halt_reason", sa.String(length=32), nullable=True),
         sa.Column("fail_reason", sa.String(length=32), nullable=True),
         sa.Column("recovery_attempts", sa.Integer(), server_default="0", nullable=False),
@@ -93,6 +94,13 @@ def upgrade() -> None:
         ["pending_token_hash"],
         unique=True,
         **_where("state = 'suspended'"),
+    )
+    op.create_index(
+        "runs_unnotified",
+        "runs",
+        ["suspended_at"],
+        unique=False,
+        **_where("state = 'suspended' AND notified_at IS NULL"),
     )
     op.create_index("runs_user", "runs", ["user_id", "started_at"], unique=False)
     op.create_table(
@@ -155,6 +163,7 @@ def downgrade() -> None:
     op.drop_table("decisions")
     for name in (
         "runs_user",
+        "runs_unnotified",
         "runs_suspended_token",
         "runs_suspended_expiry",
         "runs_retention",

@@ -1,0 +1,317 @@
+"""Crash safety with real processes (SPEC §7, invariants 2, 3, 4, 8, 9).
+
+A worker, an approval or a reaper runs as a subprocess of the ``tether`` CLI with a
+failpoint that exits it hard (``os._exit(137)``); the next step is taken by another
+process. After every phase the test checks the stored messages only grew (nothing lost
+or rewritten) and the consumed budget never went down; at the end, that every external
+write happened exactly once and the run answered.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+
+import kit
+import pytest
+
+from tether.runs import Run
+from tether.store import Store
+
+STANDARD = {"record": 1, "send": 1}
+
+
+@dataclass
+class Phases:
+    """What the test saw between phases."""
+
+    crashes: int = 0
+    processes: list[str] = field(default_factory=list)
+    messages: list[list[dict[str, object]]] = field(default_factory=list)
+    budgets: list[tuple[int, float, int, int]] = field(default_factory=list)
+
+
+def _stale(store: Store, run: Run) -> bool:
+    current = store.get_run(run.id)
+    assert current is not None
+    return current.owner is None or store.now() - (current.heartbeat_at or 0) > 0.35
+
+
+def drive(url: str, run_id: str, failpoints: list[str], receiver: kit.NoticeReceiver) -> Phases:
+    """Carry a run to a terminal state with subprocesses, crashing at each failpoint in
+    turn (the next one is armed after the previous one fired)."""
+    store = Store(url)
+    seen = Phases()
+    armed = list(failpoints)
+    try:
+        for _ in range(20):
+            run = store.get_run(run_id)
+            assert run is not None
+            _observe(store, run, seen)
+            if run.state.value in ("answered", "failed", "cancelled", "halted"):
+                break
+            extra = {"TETHER_WEBHOOK_URL": receiver.url}
+            if armed:
+                extra["TETHER_FAILPOINTS"] = armed[0]
+            env = kit.tether_env(url, **extra)
+            token = _token(receiver, run_id) if run.state.value == "suspended" else None
+            if token is not None:
+                receiver.notices.clear()
+                args = ["approve", token]
+            elif run.state.value == "suspended":
+                # The notice was lost (the process died before sending it): the reaper
+                # re-issues it with a fresh token once the suspension is stale.
+                kit.poll_until(
+                    lambda r=run: store.now() - (r.suspended_at or 0) > 0.35,
+                    what="an old unnotified suspension",
+                )
+                args = ["reap"]
+            elif run.owner is None:
+                args = ["worker", "--exit-when-idle", "--no-reap"]
+            else:
+                kit.poll_until(lambda r=run: _stale(store, r), what="a stale heartbeat")
+                args = ["reap"]
+            proc = kit.tether(*args, env=env)
+            seen.processes.append(f"{args[0]}:{proc.returncode}")
+            if proc.returncode == 137:
+                seen.crashes += 1
+                armed.pop(0)
+            else:
+                assert proc.returncode == 0, proc.stderr[-3000:]
+        return seen
+    finally:
+        store.close()
+
+
+def _token(receiver: kit.NoticeReceiver, run_id: str) -> str | None:
+    try:
+        return receiver.token_for(run_id)
+    except LookupError:
+        return None
+
+
+def _observe(store: Store, run: Run, seen: Phases) -> None:
+    messages = store.messages(run.id)
+    if seen.messages:
+        previous = seen.messages[-1]
+        assert messages[: len(previous)] == previous, "stored messages were rewritten or lost"
+    seen.messages.append(messages)
+    b = run.budget
+    budget = (b.steps, b.spend_usd, b.tool_calls, b.elapsed_ms)
+    if seen.budgets:
+        assert all(now >= before for now, before in zip(budget, seen.budgets[-1], strict=True)), (
+            f"consumed budget went down: {seen.budgets[-1]} -> {budget}"
+        )
+    seen.budgets.append(budget)
+
+
+def check_messages(messages: list[dict[str, object]]) -> None:
+    """Every tool call has exactly one result, right after its turn, in order."""
+    asked = [
+        call["id"]
+        for m in messages
+        if m["role"] == "assistant"
+        for call in m.get("tool_calls") or []  # type: ignore[attr-defined]
+    ]
+    answered = [m["tool_call_id"] for m in messages if m["role"] == "tool"]
+    assert answered == asked, f"tool results {answered} do not match calls {asked}"
+
+
+def effects_by_tool() -> dict[str, int]:
+    rows = kit.effects()
+    per_key = collections.Counter(key for key, _, _ in rows)
+    assert all(n == 1 for n in per_key.values()), f"duplicate writes: {per_key}"
+    return dict(collections.Counter(tool for _, tool, _ in rows))
+
+
+CASES = [
+    (["before_model_call=crash"], "standard", STANDARD),
+    (["after_model_call=crash"], "standard", STANDARD),
+    (["after_intent=crash"], "standard", STANDARD),
+    (["after_intent:record=crash"], "standard", STANDARD),
+    (["before_tool_call=crash"], "standard", STANDARD),
+    (["before_tool_call:record=crash"], "standard", STANDARD),
+    (["after_tool_commit=crash"], "standard", STANDARD),
+    (["after_tool_commit:record=crash"], "standard", STANDARD),
+    (["after_step_persist:record=crash"], "standard", STANDARD),
+    (["before_suspend=crash"], "standard", STANDARD),
+    (["after_suspend=crash"], "standard", STANDARD),
+    (["after_claim=crash"], "standard", STANDARD),
+    (["after_tool_commit:send=crash"], "standard", STANDARD),
+    (["after_step_persist:send=crash"], "standard", STANDARD),
+    (["after_resume_execute=crash"], "standard", STANDARD),
+    (["after_tool_commit:record=crash", "after_reconcile=crash"], "standard", STANDARD),
+    (["after_tool_commit:write_once=crash"], "write_once", {"write_once": 1}),
+]
+
+
+@pytest.mark.parametrize(
+    ("failpoints", "script", "expected"), CASES, ids=["+".join(c[0]) for c in CASES]
+)
+def test_crash_at_each_failpoint_recovers_exactly_once(
+    db_url: str, failpoints: list[str], script: str, expected: dict[str, int]
+) -> None:
+    engine = kit.engine(db_url, script_name=script)
+    run = engine.sync.start_run("dana", "go")
+    engine.close()
+    os.environ["KIT_SCRIPT"] = script
+    try:
+        with kit.receiver() as receiver:
+            seen = drive(db_url, run.id, failpoints, receiver)
+    finally:
+        os.environ.pop("KIT_SCRIPT", None)
+    assert seen.crashes == len(failpoints), f"the failpoint never fired: {seen.processes}"
+    final = seen.messages[-1]
+    store = Store(db_url)
+    state = store.get_run(run.id)
+    store.close()
+    assert state is not None and state.state.value == "answered", seen.processes
+    check_messages(final)
+    assert effects_by_tool() == expected
+
+
+def test_a_crash_after_intent_of_an_unreconciled_write_tells_the_model(db_url: str) -> None:
+    """The write never ran: reconciliation finds it absent, the model is told it did not
+    complete (SPEC invariant 3), and nothing is written twice or at all."""
+    engine = kit.engine(db_url, script_name="write_once")
+    run = engine.sync.start_run("dana", "go")
+    engine.close()
+    os.environ["KIT_SCRIPT"] = "write_once"
+    try:
+        with kit.receiver() as receiver:
+            seen = drive(db_url, run.id, ["after_intent=crash"], receiver)
+    finally:
+        os.environ.pop("KIT_SCRIPT", None)
+    assert seen.crashes == 1
+    check_messages(seen.messages[-1])
+    results = [json.loads(str(m["content"])) for m in seen.messages[-1] if m["role"] == "tool"]
+    assert results[0]["error"] == "not_completed"
+    assert kit.effects() == []
+
+
+def test_a_run_that_crashes_on_every_attempt_ends_recovery_exhausted(db_url: str) -> None:
+    engine = kit.engine(db_url, script_name="standard")
+    run = engine.sync.start_run("dana", "go")
+    engine.close()
+    with kit.receiver() as receiver:
+        seen = drive(db_url, run.id, ["after_model_call=crash"] * 10, receiver)
+    store = Store(db_url)
+    final = store.get_run(run.id)
+    store.close()
+    assert final is not None
+    assert final.state.value == "failed" and final.fail_reason == "recovery_exhausted"
+    assert final.recovery_attempts == 2  # the default cap, exactly
+    assert seen.crashes == 3  # the first run and its two recoveries
+
+
+def test_two_reapers_at_once_recover_each_orphan_once(db_url: str) -> None:
+    engine = kit.engine(db_url, script_name="standard")
+    ids = [engine.sync.start_run("dana", f"go {i}").id for i in range(6)]
+    engine.close()
+    env = kit.tether_env(db_url, TETHER_FAILPOINTS="after_tool_commit:record=crash")
+    for _ in ids:
+        crashed = kit.tether(
+            "worker", "--exit-when-idle", "--no-reap", "--concurrency", "1", env=env
+        )
+        assert crashed.returncode == 137, crashed.stderr[-2000:]
+    store = Store(db_url)
+    kit.poll_until(lambda: all(_stale(store, store.get_run(i)) for i in ids))  # type: ignore[arg-type]
+    reap_env = kit.tether_env(db_url)
+    reapers = [
+        subprocess.Popen(
+            [kit.PYTHON, "-m", "tether", "reap", "--agent", "kit:agent"],
+            env=reap_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=kit.ROOT,
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=120) for p in reapers]
+    assert all(p.returncode == 0 for p in reapers), outputs
+    recovered = [json.loads(out)["recovered"] for out, _ in outputs]
+    assert sorted(recovered[0] + recovered[1]) == sorted(ids)
+    assert not set(recovered[0]) & set(recovered[1])
+    for run_id in ids:
+        run = store.get_run(run_id)
+        assert run is not None and run.recovery_attempts == 1
+    store.close()
+    assert effects_by_tool() == {"record": 6}
+
+
+def test_a_paused_worker_cannot_write_after_the_reaper_took_its_run(db_url: str) -> None:
+    kit.set_world("lookup_ms", "1500")
+    engine = kit.engine(db_url, script_name="standard")
+    run = engine.sync.start_run("dana", "go")
+    engine.close()
+    store = Store(db_url)
+    with kit.receiver() as receiver:
+        env = kit.tether_env(db_url, TETHER_WEBHOOK_URL=receiver.url)
+        worker = subprocess.Popen(
+            [
+                kit.PYTHON,
+                "-m",
+                "tether",
+                "worker",
+                "--exit-when-idle",
+                "--no-reap",
+                "--agent",
+                "kit:agent",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=kit.ROOT,
+        )
+        try:
+            kit.poll_until(lambda: store.ledger(run.id), what="the first intent")
+            worker.send_signal(signal.SIGSTOP)
+            kit.poll_until(lambda: _stale(store, run), what="a stale heartbeat")
+            epoch_before = store.get_run(run.id).lease_epoch  # type: ignore[union-attr]
+            reap = kit.tether("reap", env=env)
+            assert reap.returncode == 0, reap.stderr
+            assert store.get_run(run.id).lease_epoch == epoch_before + 1  # type: ignore[union-attr]
+            kit.set_world("lookup_ms", "0")
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        _, stderr = worker.communicate(timeout=120)
+        assert worker.returncode == 0
+        assert "lease lost" in stderr  # its late write was refused by the store
+        drive(db_url, run.id, [], receiver)
+    messages = store.messages(run.id)
+    store.close()
+    check_messages(messages)
+    assert effects_by_tool() == STANDARD
+
+
+def test_twenty_approvals_from_separate_processes_resume_once(pg_url: str) -> None:
+    notifier = kit.MemoryNotifier()
+    engine = kit.engine(pg_url, script_name="send", notifier=notifier)
+    outcome = engine.sync.ask("dana", "send")
+    token = notifier.last(outcome.run_id).token
+    engine.close()
+    env = kit.tether_env(pg_url)
+    procs = [
+        subprocess.Popen(
+            [kit.PYTHON, "-m", "tether", "approve", token, "--agent", "kit:agent"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=kit.ROOT,
+        )
+        for _ in range(20)
+    ]
+    results = [(p.communicate(timeout=180), p.returncode) for p in procs]
+    codes = [code for _, code in results]
+    assert codes.count(0) == 1, results
+    assert codes.count(1) == 19
+    refused = [err for (_, err), code in results if code == 1]
+    assert all("already_resumed" in err for err in refused)
+    assert effects_by_tool() == {"send": 1}

@@ -1,0 +1,199 @@
+"""The demo story as a test: each scene is played on both stores, and its outcome is checked
+in the sandbox's and the store's own records (quote counts, run states, ledger, events),
+never in the printed text. One test runs ``tether demo`` itself and checks its exit code."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from tether import demo
+from tether.demo import Stage, open_stage
+from tether.store import Event
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def stage(db_url: str) -> Iterator[Stage]:
+    with open_stage(Console(quiet=True), database_url=db_url) as opened:
+        yield opened
+
+
+def henderson(stage: Stage) -> dict[str, Any]:
+    response = stage.crm.get("/admin/quotes", params={"account_id": "4471"})
+    assert response.status_code == 200
+    found: dict[str, Any] = response.json()
+    return found
+
+
+def quotes_of(stage: Stage, run_id: str) -> list[dict[str, Any]]:
+    return [q for q in henderson(stage)["quotes"] if q["created_key"].startswith(f"{run_id}:")]
+
+
+async def events(stage: Stage, run_id: str, kind: str) -> list[Event]:
+    return [e for e in await stage.engine.events(run_id) if e.kind == kind]
+
+
+async def ledger(stage: Stage, run_id: str) -> list[tuple[str, str, str]]:
+    return [(e.tool_call_id, e.tool, e.status.value) for e in await stage.engine.ledger(run_id)]
+
+
+DEMO_CALLS = [
+    ("call_0_0", "find_account"),
+    ("call_1_0", "get_pricing"),
+    ("call_2_0", "draft_quote"),
+    ("call_3_0", "send_quote"),
+]
+
+
+async def test_the_send_suspends_and_two_concurrent_approvals_resume_it_once(
+    stage: Stage,
+) -> None:
+    first = await demo.scene_suspend(stage)
+    assert first.run_id is not None
+    run_id = first.run_id
+    suspended = (await stage.engine.get_run(run_id)).run
+    assert suspended.state.value == "suspended"
+    assert suspended.pending is not None and suspended.pending.tool == "send_quote"
+    assert (henderson(stage)["drafted"], henderson(stage)["sent"]) == (1, 0)
+    assert await ledger(stage, run_id) == [
+        *[(i, t, "ok") for i, t in DEMO_CALLS[:3]],
+        ("call_3_0", "send_quote", "intent"),
+    ]
+
+    second = await demo.scene_double_approval(stage, run_id)
+
+    answered = (await stage.engine.get_run(run_id)).run
+    assert answered.state.value == "answered"
+    decisions = await events(stage, run_id, "decision")
+    assert [(e.data["decision"], e.data["by"]) for e in decisions] == [("approve", "dana")]
+    assert await ledger(stage, run_id) == [(i, t, "ok") for i, t in DEMO_CALLS]
+    counts = henderson(stage)
+    assert (counts["drafted"], counts["sent"]) == (1, 1)
+    assert counts["quotes"][0]["sent_key"] == f"{run_id}:call_3_0"
+    assert first.ok and second.ok, (first, second)
+    assert second.observed["already_resumed"] == 1
+
+
+async def test_a_worker_killed_after_the_draft_commits_leaves_exactly_one_quote(
+    stage: Stage,
+) -> None:
+    result = await demo.scene_crash(stage)
+
+    assert result.run_id is not None
+    run = (await stage.engine.get_run(result.run_id)).run
+    assert run.state.value == "answered"
+    assert run.recovery_attempts == 1
+    reconciled = await events(stage, result.run_id, "reconciled")
+    assert [(e.data["tool"], e.data["found"]) for e in reconciled] == [("draft_quote", "found")]
+    assert await ledger(stage, result.run_id) == [(i, t, "ok") for i, t in DEMO_CALLS]
+    own = quotes_of(stage, result.run_id)
+    assert [(q["created_key"], q["status"]) for q in own] == [(f"{result.run_id}:call_2_0", "sent")]
+    assert result.observed["exit_code"] == 137
+    assert result.ok, result
+
+
+async def test_a_halted_run_is_continued_by_its_owner_without_repeating_a_call(
+    stage: Stage,
+) -> None:
+    result = await demo.scene_budget(stage)
+
+    assert result.run_id is not None
+    run = (await stage.engine.get_run(result.run_id)).run
+    assert run.state.value == "suspended"
+    assert run.limits.max_steps == 6
+    assert run.budget.steps == 4
+    halts = await events(stage, result.run_id, "halted")
+    assert [e.data["budget"]["steps"] for e in halts] == [2]
+    grants = await events(stage, result.run_id, "continued")
+    assert len(grants) == 1
+    grant = grants[0].data
+    assert (grant["by"], grant["previous_halt_reason"]) == ("dana", "max_steps")
+    assert (grant["old_limits"]["max_steps"], grant["new_limits"]["max_steps"]) == (2, 6)
+    assert grant["why"]
+    assert await ledger(stage, result.run_id) == [
+        *[(i, t, "ok") for i, t in DEMO_CALLS[:3]],
+        ("call_3_0", "send_quote", "intent"),
+    ]
+    messages = (await stage.engine.get_run(result.run_id)).messages
+    calls = [c["id"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+    assert calls == [i for i, _ in DEMO_CALLS]
+    assert len(quotes_of(stage, result.run_id)) == 1
+    assert result.ok, result
+
+
+async def test_a_stale_approval_is_refused_and_nothing_is_sent(stage: Stage) -> None:
+    result = await demo.scene_stale_approval(stage)
+
+    assert result.run_id is not None
+    view = await stage.engine.get_run(result.run_id)
+    assert view.run.state.value == "answered"
+    assert await ledger(stage, result.run_id) == [
+        *[(i, t, "ok") for i, t in DEMO_CALLS[:3]],
+        ("call_3_0", "send_quote", "error"),
+    ]
+    send_result = json.loads(view.messages[-2]["content"])
+    assert send_result["error"] == "guard_failed"
+    assert "credit hold" in send_result["message"]
+    decisions = await events(stage, result.run_id, "decision")
+    assert [(e.data["decision"], e.data["by"]) for e in decisions] == [
+        ("approve", "dana"),
+        ("approve", "miguel"),
+    ]
+    assert len(await events(stage, result.run_id, "suspended")) == 2
+    counts = henderson(stage)
+    assert (counts["drafted"], counts["sent"]) == (1, 0)
+    assert result.observed["first"] == "changed"
+    assert {"discount_tier", "discount_pct", "total"} <= set(result.observed["diff"])
+    assert result.observed["second"] == "guard_failed"
+    assert result.ok, result
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """``demo.main`` configures the root logger; put it back for the tests that follow."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+async def test_the_demo_exits_non_zero_when_a_scene_goes_wrong(
+    monkeypatch: pytest.MonkeyPatch, restore_logging: None
+) -> None:
+    async def broken(stage: Stage) -> demo.SceneResult:
+        raise RuntimeError("the CRM is on fire")
+
+    monkeypatch.setattr(demo, "scene_budget", broken)
+
+    # On a thread of its own: main() runs its own event loop, as the CLI does.
+    assert await asyncio.to_thread(demo.main) == 1
+
+
+def test_tether_demo_exits_zero_well_within_a_minute() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "tether", "demo"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert elapsed < 60
