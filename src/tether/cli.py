@@ -84,6 +84,10 @@ def migrate(agent: AgentOpt = DEFAULT_AGENT) -> None:
     store = Store(Settings.from_env().database_url)
     try:
         upgrade(store.engine)
+        if agent == DEFAULT_AGENT:
+            from tether.users import ensure_demo_users
+
+            ensure_demo_users(store)
     finally:
         store.close()
     out.print("[green]migrated[/green]")
@@ -261,3 +265,24 @@ def demo() -> None:
     from tether.demo import main as run_demo
 
     raise typer.Exit(run_demo())
+
+
+users_app = typer.Typer(help="Users and their API keys.", no_args_is_help=True)
+app.add_typer(users_app, name="users")
+
+
+@users_app.command("add")
+def users_add(name: str) -> None:
+    """Create a user (if new) and print a new API key for it; the key is shown once."""
+    configure("WARNING")
+    from tether.store import Store
+    from tether.users import add_user
+
+    store = Store(Settings.from_env().database_url)
+    try:
+        from tether.store import ensure_schema
+
+        ensure_schema(store.engine, migrate_empty=False)
+        out.print(add_user(store, name))
+    finally:
+        store.close()

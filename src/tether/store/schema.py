@@ -145,3 +145,22 @@ decisions = sa.Table(
     sa.Column("digest", sa.String(64), nullable=True),
 )
 sa.Index("decisions_run", decisions.c.run_id, decisions.c.tool_call_id)
+
+# People who own runs and approve them, and their API keys (only the SHA-256 is stored).
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("id", sa.String(128), primary_key=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("key_hash", sa.String(64), primary_key=True),
+    sa.Column(
+        "user_id", sa.String(128), sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+sa.Index("api_keys_user", api_keys.c.user_id)
