@@ -33,6 +33,13 @@ class InvalidInput(TetherError):
     http_status = 422
 
 
+class Unauthenticated(TetherError):
+    """No valid credentials were presented."""
+
+    code = "unauthenticated"
+    http_status = 401
+
+
 class ConfigError(TetherError):
     """The environment or a setting is malformed."""
 

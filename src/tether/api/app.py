@@ -1,0 +1,118 @@
+"""The FastAPI application: the JSON API under /v1, the approvals inbox, health and
+metrics. Every 4xx body is ``{"ok": false, "error": CODE, "message": TEXT}`` (SPEC §6)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from tether.engine import Engine
+from tether.errors import TetherError
+
+MAX_BODY_BYTES = 256 * 1024
+
+
+def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
+    return {"ok": False, "error": code, "message": message, **details}
+
+
+class BodyLimit:
+    """Refuses request bodies larger than ``limit`` bytes with a 413, before any handler
+    reads them."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await _too_large(self.limit)(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _BodyTooLarge:
+            await _too_large(self.limit)(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return JSONResponse(
+        error_body("payload_too_large", f"request bodies are limited to {limit} bytes"),
+        status_code=413,
+    )
+
+
+def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
+    """The app for ``engine``. ``public_url`` prefixes approval links in notices."""
+    from tether.api import metrics, v1, web
+
+    app = FastAPI(title="tether", version="0.1.0", summary="Agent runs that survive interruption")
+    app.state.engine = engine
+    app.state.public_url = public_url.rstrip("/")
+    app.add_middleware(BodyLimit)
+
+    @app.exception_handler(TetherError)
+    async def tether_error(_: Request, exc: TetherError) -> JSONResponse:
+        return JSONResponse(exc.to_dict(), status_code=exc.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err.get('loc', ()))}: {err.get('msg')}"
+            for err in exc.errors()
+        )
+        return JSONResponse(error_body("invalid_input", problems or "invalid input"), 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthenticated"}.get(
+            exc.status_code, "http_error"
+        )
+        return JSONResponse(
+            error_body(code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+        )
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> JSONResponse:
+        try:
+            await asyncio.to_thread(engine.store.now)
+        except Exception as exc:
+            return JSONResponse(error_body("not_ready", f"database unreachable: {exc}"), 503)
+        return JSONResponse({"ok": True})
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_endpoint() -> PlainTextResponse:
+        body, content_type = await asyncio.to_thread(metrics.render, engine)
+        return PlainTextResponse(body, media_type=content_type)
+
+    app.include_router(v1.router, prefix="/v1")
+    app.include_router(web.router)
+    return app
