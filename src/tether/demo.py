@@ -98,13 +98,29 @@ class Stage:
 
 
 @contextmanager
+def _env_var(name: str, value: str) -> Iterator[None]:
+    """Set an environment variable for the duration, then put back what was there."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+@contextmanager
 def open_stage(console: Console, *, database_url: str | None = None) -> Iterator[Stage]:
     """A sandbox on a loopback port and an engine on a fresh database (SQLite in a temporary
     folder unless ``database_url`` is given); the tools find the sandbox via the env."""
-    with tempfile.TemporaryDirectory(prefix="tether-demo-") as folder:
-        sandbox = start_in_thread(str(Path(folder) / "sandbox.db"))
-        previous = os.environ.get("TETHER_SANDBOX_URL")
-        os.environ["TETHER_SANDBOX_URL"] = sandbox.url
+    with (
+        tempfile.TemporaryDirectory(prefix="tether-demo-") as folder,
+        start_in_thread(str(Path(folder) / "sandbox.db")) as sandbox,
+        _env_var("TETHER_SANDBOX_URL", sandbox.url),
+        httpx.Client(base_url=sandbox.url, timeout=10) as crm,
+    ):
         settings = Settings(
             database_url=database_url or f"sqlite:///{Path(folder) / 'tether.db'}",
             sandbox_url=sandbox.url,
@@ -119,22 +135,16 @@ def open_stage(console: Console, *, database_url: str | None = None) -> Iterator
             migrate=True,
         )
         try:
-            with httpx.Client(base_url=sandbox.url, timeout=10) as crm:
-                yield Stage(
-                    console=console,
-                    engine=engine,
-                    notifier=notifier,
-                    settings=settings,
-                    sandbox_url=sandbox.url,
-                    crm=crm,
-                )
+            yield Stage(
+                console=console,
+                engine=engine,
+                notifier=notifier,
+                settings=settings,
+                sandbox_url=sandbox.url,
+                crm=crm,
+            )
         finally:
             engine.close()
-            sandbox.stop()
-            if previous is None:
-                os.environ.pop("TETHER_SANDBOX_URL", None)
-            else:
-                os.environ["TETHER_SANDBOX_URL"] = previous
 
 
 # -- scene 1: the send suspends for confirmation ----------------------------------------------
@@ -399,7 +409,8 @@ async def scene_stale_approval(stage: Stage) -> SceneResult:
     say(refusal_panel("dana approves the request she was shown", first))
     new_token = str(first.details.get("token")) if isinstance(first, Changed) else ""
     second = await _approve_expecting(engine, new_token, "miguel") if new_token else None
-    say(refusal_panel("miguel (her manager) approves the re-rendered request", second))
+    if new_token:
+        say(refusal_panel("miguel (her manager) approves the re-rendered request", second))
     final = await engine.run_until_stop(run.id)
     sent_after = stage.quotes()["sent"]
     say(await ledger_table(engine, run.id))
@@ -419,7 +430,7 @@ async def scene_stale_approval(stage: Stage) -> SceneResult:
         observed={
             "first": first.code if first else "ok",
             "diff": sorted(d["path"] for d in diff),
-            "second": second.code if second else "ok",
+            "second": (second.code if second else "ok") if new_token else "not tried",
             "sent_added": sent_after - sent_before,
             "state": (await engine.get_run(run.id)).run.state.value,
         },

@@ -56,6 +56,7 @@ class Engine:
 
     ``migrate=True`` builds the schema in an empty database; otherwise an empty, older or
     newer schema is refused with a message that says to run ``tether migrate``.
+    ``public_url`` is the base of the approval links in notices (``/approve/{token}``).
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class Engine:
         notifier: Notifier | None = None,
         worker_id: str | None = None,
         migrate: bool = False,
+        public_url: str = "",
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.store = Store(database_url or self.settings.database_url)
@@ -83,6 +85,7 @@ class Engine:
             model=model,
             settings=self.settings,
             notifier=notifier or LogNotifier(),
+            approve_url=lambda token: f"{public_url.rstrip('/')}/approve/{token}",
         )
 
     @property

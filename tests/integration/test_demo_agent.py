@@ -198,7 +198,7 @@ async def test_a_draft_whose_answer_was_lost_is_reconciled_to_exactly_one_quote(
 async def test_a_write_the_crm_refuses_reaches_the_model_as_a_tool_error(
     db_url: str, crm: httpx.Client
 ) -> None:
-    turns = [
+    turns: list[dict[str, Any]] = [
         {"tool_calls": [{"name": "draft_quote", "arguments": {**_ORDER, "account_id": "5100"}}]},
         {"content": "sorry"},
     ]
