@@ -113,6 +113,15 @@ class Resolution:
     notice: Notice | None = None
 
 
+def new_token() -> str:
+    """A suspension token: 256 random bits, URL-safe. Never starts with "-", so it can be
+    passed to a command line as an argument."""
+    while True:
+        token = secrets.token_urlsafe(32)
+        if not token.startswith("-"):
+            return token
+
+
 def hash_token(token: str) -> str:
     """The SHA-256 of a token: the only form of it that is stored."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -241,34 +250,38 @@ class Driver:
         reason = self.budget.check_before_tool_call(self.run.limits)
         if reason is not None:
             return await self.halt(reason)
-        if not await tool.is_permitted(args, self.scope):
-            await self.store_result(
-                call,
-                error_content("not_permitted", f"{call.name} is not permitted for you"),
-                CallStatus.ERROR,
-                counted=False,
-            )
-            return None
-        guard = await tool.check_guard(args, self.scope, self._ctx(call, confirmed=False))
-        if not guard.ok:
-            await self.store_result(
-                call,
-                error_content("guard_failed", guard.reason or "refused"),
-                CallStatus.ERROR,
-                counted=False,
-            )
+        try:
+            refusal = await self._refusal(call, tool, args)
+            preview = None
+            if refusal is None and tool.needs_confirmation:
+                preview = await tool.render_preview(args, self.scope)
+        except ToolFailed as exc:
+            refusal = error_content("guard_failed", f"could not check this call: {exc.message}")
+        if refusal is not None:
+            await self.store_result(call, refusal, CallStatus.ERROR, counted=False)
             return None
         if tool.needs_confirmation:
-            return await self.suspend(call, tool, args)
+            return await self.suspend(call, args, preview)
         return await self.execute(call, tool, args, confirmed=False)
+
+    async def _refusal(self, call: ToolCall, tool: Tool, args: BaseModel) -> dict[str, str] | None:
+        """Why the scope or the guard refuses ``call`` now, as a tool result; None if not."""
+        if not await tool.is_permitted(args, self.scope):
+            return error_content("not_permitted", f"{call.name} is not permitted for you")
+        guard = await tool.check_guard(args, self.scope, self._ctx(call, confirmed=False))
+        if not guard.ok:
+            return error_content("guard_failed", guard.reason or "refused")
+        return None
 
     # -- confirmation --------------------------------------------------------------------
 
-    async def suspend(self, call: ToolCall, tool: Tool, args: BaseModel) -> Outcome:
-        """Render the preview and suspend on ``call`` with a fresh token (hash stored)."""
-        preview = await tool.render_preview(args, self.scope)
+    async def suspend(
+        self, call: ToolCall, args: BaseModel, preview: dict[str, Any] | None
+    ) -> Outcome:
+        """Suspend on ``call`` with its rendered ``preview`` and a fresh token (only the
+        token's hash is stored)."""
         fail("before_suspend", call.name)
-        token = secrets.token_urlsafe(32)
+        token = new_token()
         pending = Pending(
             tool_call_id=call.id,
             tool=call.name,
@@ -337,7 +350,17 @@ class Driver:
                 )
         elif recovered and not tool.dedupes:
             return Resolution(verdict=CallVerdict.EXECUTED, outcome=await self.unreconcilable(call))
-        if not await tool.is_permitted(args, self.scope):
+        try:
+            permitted = await tool.is_permitted(args, self.scope)
+            preview = await tool.render_preview(args, self.scope) if permitted else None
+            guard = await tool.check_guard(args, self.scope, self._ctx(call, confirmed=True))
+        except ToolFailed as exc:
+            reason = f"could not re-check this call: {exc.message}"
+            await self.store_result(
+                call, error_content("guard_failed", reason), CallStatus.ERROR, counted=False
+            )
+            return Resolution(verdict=CallVerdict.GUARD_FAILED, reason=reason)
+        if not permitted:
             message = "your permissions changed while this was waiting; please ask again"
             await self.store_result(
                 call,
@@ -349,17 +372,15 @@ class Driver:
             return Resolution(
                 verdict=CallVerdict.NO_LONGER_PERMITTED, outcome=outcome, reason=message
             )
-        preview = await tool.render_preview(args, self.scope)
         if preview is not None and digest(preview) != decision.digest:
             before = self.run.pending.preview if self.run.pending else None
-            suspended = await self.suspend(call, tool, args)
+            suspended = await self.suspend(call, args, preview)
             return Resolution(
                 verdict=CallVerdict.CHANGED,
                 outcome=suspended,
                 diff=diff_previews(before, preview),
                 notice=suspended.notice,
             )
-        guard = await tool.check_guard(args, self.scope, self._ctx(call, confirmed=True))
         if not guard.ok:
             await self.store_result(
                 call,

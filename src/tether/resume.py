@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -33,6 +32,7 @@ from tether.loop import (
     StopKind,
     deliver,
     hash_token,
+    new_token,
 )
 from tether.messages import pending_tool_calls
 from tether.notify import Notice
@@ -215,6 +215,14 @@ async def recover_orphans(services: Services, owner: str) -> list[Outcome]:
             outcomes.append(await _recover(driver))
         except LeaseLost:
             outcomes.append(Outcome(run_id=run.id, kind=StopKind.LEASE_LOST))
+        except (FailpointError, asyncio.CancelledError):
+            raise
+        except Exception:
+            # One run's trouble (its scope resolver or downstream is down) must not abort
+            # the pass. The run keeps this reaper's lease and goes stale again; it is not
+            # released, since a worker would then drive it without reconciling first.
+            log.exception("recovery deferred", extra={"run_id": run.id, "action": "recover"})
+            outcomes.append(Outcome(run_id=run.id, kind=StopKind.LEASE_LOST, reason="deferred"))
     return outcomes
 
 
@@ -239,7 +247,7 @@ async def reissue_notices(services: Services) -> list[str]:
     fresh: dict[str, str] = {}
 
     def new_hash() -> str:
-        token = secrets.token_urlsafe(32)
+        token = new_token()
         digest = hash_token(token)
         fresh[digest] = token
         return digest

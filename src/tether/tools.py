@@ -13,7 +13,7 @@ import hashlib
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast, get_type_hints
+from typing import Any, TypeVar, cast, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -195,6 +195,26 @@ def digest(preview: Any) -> str:
     return hashlib.sha256(canonical_json(preview).encode()).hexdigest()
 
 
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    effect: Effect | str = Effect.READ,
+    needs_confirmation: bool = False,
+    dedupes: bool = False,
+    preview: Preview | None = None,
+    guard: Guard | None = None,
+    reconcile: Reconcile | None = None,
+    permitted: Permitted | None = None,
+    version: str = "1",
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
 def tool(
     fn: Callable[..., Any] | None = None,
     *,
@@ -208,7 +228,7 @@ def tool(
     reconcile: Reconcile | None = None,
     permitted: Permitted | None = None,
     version: str = "1",
-) -> Any:
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a typed function. A first parameter annotated ``ToolContext``
     receives the call's context; every other parameter is an argument the model gives."""
 
