@@ -175,7 +175,7 @@ async def get_pricing(ctx: ToolContext, account_id: str, sku: str, quantity: int
 
 
 # tool(...) is typed Any until tether.tools.tool gets overloads; hence the ignores.
-@tool(effect="write", dedupes=True, reconcile=reconcile_draft)  # type: ignore[misc,unused-ignore]
+@tool(effect="write", dedupes=True, reconcile=reconcile_draft)
 async def draft_quote(ctx: ToolContext, account_id: str, sku: str, quantity: int) -> dict[str, Any]:
     """Draft a one-line quote for an account; returns the quote with its quote_id."""
     body = {"account_id": account_id, "sku": sku, "quantity": quantity}
@@ -227,7 +227,7 @@ def _quote_id(args: BaseModel) -> str:
     return str(args.model_dump()["quote_id"])
 
 
-@tool(  # type: ignore[misc,unused-ignore]
+@tool(
     effect="write",
     needs_confirmation=True,
     dedupes=True,
