@@ -143,6 +143,7 @@ class Driver:
         scope: Scope,
         *,
         recovering: bool = False,
+        stopping: asyncio.Event | None = None,
     ) -> None:
         self.s = services
         self.run: Run = snapshot.run
@@ -155,6 +156,9 @@ class Driver:
         # without its result being stored, and only the first unanswered one (calls run
         # in order). Everything else pending is known not to have run.
         self.recovering = recovering
+        # Set when this process is shutting down: the run is handed back at the next step
+        # boundary so another worker takes it at once, without waiting for staleness.
+        self.stopping = stopping
         self._mark = time.monotonic()
 
     # -- the loop ------------------------------------------------------------------------
@@ -174,9 +178,13 @@ class Driver:
     async def _drive(self) -> Outcome:
         while True:
             for call in pending_tool_calls(self.messages):
+                if self.stopping is not None and self.stopping.is_set():
+                    return await self.release("worker stopping")
                 stop = await self.process_call(call)
                 if stop is not None:
                     return stop
+            if self.stopping is not None and self.stopping.is_set():
+                return await self.release("worker stopping")
             reason = self.budget.check_before_model_call(self.run.limits)
             if reason is not None:
                 return await self.halt(reason)

@@ -76,7 +76,13 @@ async def hop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 
-async def start_driver(services: Services, run: Run, *, recovering: bool = False) -> Driver:
+async def start_driver(
+    services: Services,
+    run: Run,
+    *,
+    recovering: bool = False,
+    stopping: asyncio.Event | None = None,
+) -> Driver:
     """A driver for a run this process just claimed: loads it, re-resolves the user's
     scope now (invariant 7) and stores the fresh snapshot."""
     lease = run.lease()
@@ -85,7 +91,7 @@ async def start_driver(services: Services, run: Run, *, recovering: bool = False
         raise LeaseLost("run vanished after its claim", run_id=run.id)
     scope = await services.agent.resolve_scope(run.user_id)
     await hop(services.store.refresh_scope, lease, scope.to_json())
-    return Driver(services, snapshot, lease, scope, recovering=recovering)
+    return Driver(services, snapshot, lease, scope, recovering=recovering, stopping=stopping)
 
 
 async def resume_after_confirmation(

@@ -203,6 +203,12 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         {"content": "done"},
     ],
     "answer": [{"content": "forty-two"}],
+    # no confirmation: a read, a deduplicating write, an answer.
+    "work": [
+        {"tool_calls": [call("lookup", query="x")]},
+        {"tool_calls": [call("record", item="a")]},
+        {"content": "done"},
+    ],
 }
 
 
@@ -268,6 +274,20 @@ def tether_env(url: str, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def spawn(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen[str]:
+    """Start the ``tether`` CLI with the test agent in a new process; its output goes to
+    ``log`` (a file, so a chatty long-running process never blocks on a full pipe)."""
+    with log.open("a") as sink:
+        return subprocess.Popen(
+            [PYTHON, "-m", "tether", *args, "--agent", "kit:agent"],
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+        )
 
 
 def tether(

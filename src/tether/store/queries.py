@@ -183,6 +183,7 @@ class Store:
                     [{"run_id": run_id, "seq": i, "message": m} for i, m in enumerate(messages)],
                 )
             self._event(conn, run_id, "created", {"user_id": user_id, "limits": limits.to_json()})
+            self._wake(conn)
             return Run.from_row(row._mapping)
 
     def claim_ready(self, owner: str, run_id: str | None = None) -> Run | None:
@@ -452,6 +453,7 @@ class Store:
                 raise LeaseLost("this worker no longer owns the run", run_id=lease.run_id)
             if event is not None:
                 self._event(conn, lease.run_id, "released", event)
+            self._wake(conn)
 
     def add_event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
         with self.engine.begin() as conn:
@@ -703,6 +705,7 @@ class Store:
                     "budget": old.budget.to_json(),
                 },
             )
+            self._wake(conn)
             return Run.from_row(row._mapping)
 
     def cancel(self, *, run_id: str, user_id: str, by: str) -> Run | None:
@@ -818,6 +821,12 @@ class Store:
         if row is None:
             raise LeaseLost("this worker no longer owns the run", run_id=lease.run_id)
         return int(row[0]) - 1
+
+    def _wake(self, conn: Connection) -> None:
+        """Wake idle workers on PostgreSQL: a run became ready. Sent at commit, so a worker
+        never wakes for a run it cannot see yet."""
+        if not self.sqlite:
+            conn.exec_driver_sql("SELECT pg_notify('tether_runs', '')")
 
     @staticmethod
     def _event(conn: Connection, run_id: str, kind: str, data: dict[str, Any]) -> None:
