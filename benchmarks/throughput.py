@@ -1,0 +1,210 @@
+"""Service throughput on PostgreSQL.
+
+1. Runs per second for 10-step scripted runs (9 tool steps + the answer) carried by 1, 2
+   and 4 worker processes (``tether worker``, concurrency 8 each) sharing one database.
+   The window is measured on the database's clock, from the first step to the last
+   answer, so process start-up is not counted.
+2. The latency (median, p99) of 50 concurrent approvals of one token: 50 threads, each
+   with its own engine, released together; exactly one wins, 49 get already_resumed.
+
+Run: .venv/bin/python benchmarks/throughput.py [--runs 200] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import sqlalchemy as sa
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import bench_agent  # noqa: E402
+
+from tether import Engine, MemoryNotifier  # noqa: E402
+from tether.config import Settings  # noqa: E402
+from tether.errors import AlreadyResumed  # noqa: E402
+from tether.store import Store, upgrade  # noqa: E402
+from tether.store.schema import run_events, runs  # noqa: E402
+
+ADMIN = os.environ.get("TETHER_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def fresh_database() -> tuple[str, str]:
+    name = f"tether_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]
+    url = ADMIN.rpartition("/")[0] + "/" + name
+    store = Store(url)
+    upgrade(store.engine)
+    store.close()
+    return name, url
+
+
+def drop_database(name: str) -> None:
+    with psycopg.connect(ADMIN, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")  # type: ignore[arg-type]
+
+
+def engine(url: str, script: str) -> Engine:
+    os.environ["BENCH_SCRIPT"] = script
+    return Engine(
+        agent=bench_agent.agent(),
+        model=bench_agent.model(),
+        settings=Settings(database_url=url),
+        notifier=MemoryNotifier(),
+    )
+
+
+def worker_env(url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+    env.update(
+        TETHER_DATABASE_URL=url,
+        PYTHONPATH=str(HERE),
+        BENCH_SCRIPT="ten",
+        TETHER_REAPER_INTERVAL_S="3600",
+    )
+    return env
+
+
+def runs_per_second(workers: int, count: int) -> tuple[float, float]:
+    """(runs/s, seconds) for ``count`` 10-step runs carried by ``workers`` processes."""
+    name, url = fresh_database()
+    try:
+        eng = engine(url, "ten")
+        limits = {"max_steps": 50, "max_tool_calls": 50}
+        for i in range(count):
+            eng.sync.start_run("bench", f"job {i}", limits=limits)
+        with tempfile.TemporaryDirectory() as logs:
+            procs = [
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "tether",
+                        "worker",
+                        "--exit-when-idle",
+                        "--no-reap",
+                        "--concurrency",
+                        "8",
+                        "--agent",
+                        "bench_agent:agent",
+                    ],
+                    env=worker_env(url),
+                    cwd=ROOT,
+                    stdout=subprocess.DEVNULL,
+                    stderr=open(Path(logs) / f"w{w}.log", "w"),
+                )
+                for w in range(workers)
+            ]
+            for proc in procs:
+                if proc.wait(timeout=600) != 0:
+                    raise RuntimeError((Path(logs) / "w0.log").read_text()[-2000:])
+        with eng.store.engine.connect() as conn:
+            states = dict(
+                conn.execute(sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state)).all()
+            )
+            first, last = conn.execute(
+                sa.select(sa.func.min(run_events.c.at), sa.func.max(run_events.c.at)).where(
+                    run_events.c.kind.in_(["model_turn", "answered"])
+                )
+            ).one()
+        eng.close()
+        if states != {"answered": count}:
+            raise RuntimeError(f"not every run answered: {states}")
+        seconds = float(last) - float(first)
+        return count / seconds, seconds
+    finally:
+        drop_database(name)
+
+
+def approval_latencies(rounds: int, concurrent: int = 50) -> tuple[list[float], int]:
+    """Per-call latencies (ms) of ``concurrent`` simultaneous approvals of one token, over
+    ``rounds`` tokens; and how many calls won (must equal ``rounds``)."""
+    name, url = fresh_database()
+    latencies: list[float] = []
+    wins = 0
+    try:
+        engines = [engine(url, "publish") for _ in range(concurrent)]
+        for _ in range(rounds):
+            notifier = MemoryNotifier()
+            starter = Engine(
+                agent=bench_agent.agent(),
+                model=bench_agent.model(),
+                settings=Settings(database_url=url),
+                notifier=notifier,
+            )
+            outcome = starter.sync.ask("bench", "publish a")
+            token = notifier.last(outcome.run_id).token
+            starter.close()
+            barrier = threading.Barrier(concurrent)
+            results: list[tuple[float, bool]] = []
+            lock = threading.Lock()
+
+            def approve(
+                e: Engine,
+                tok: str = token,
+                bar: threading.Barrier = barrier,
+                out: list[tuple[float, bool]] = results,
+                guard: threading.Lock = lock,
+            ) -> None:
+                bar.wait()
+                start = time.perf_counter()
+                try:
+                    e.sync.resume_after_confirmation(tok, "approve", "bench")
+                    won = True
+                except AlreadyResumed:
+                    won = False
+                with guard:
+                    out.append(((time.perf_counter() - start) * 1000, won))
+
+            threads = [threading.Thread(target=approve, args=(e,)) for e in engines]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            latencies.extend(ms for ms, _ in results)
+            wins += sum(1 for _, won in results if won)
+        for e in engines:
+            e.close()
+        return latencies, wins
+    finally:
+        drop_database(name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    print(f"PostgreSQL, {args.runs} runs of 10 steps each (9 tool steps + answer)")
+    print(f"{'workers':>8} {'runs/s':>10} {'seconds':>9} {'vs 1 worker':>12}")
+    base: float | None = None
+    for workers in (1, 2, 4):
+        rate, seconds = runs_per_second(workers, args.runs)
+        base = base or rate
+        print(f"{workers:>8} {rate:>10.1f} {seconds:>9.2f} {rate / base:>11.2f}x")
+    latencies, wins = approval_latencies(args.rounds)
+    latencies.sort()
+    p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
+    print(f"\n50 concurrent approvals of one token, {args.rounds} rounds ({len(latencies)} calls)")
+    print(f"  winners per token: {wins / args.rounds:.0f} (must be 1)")
+    print(
+        f"  latency median {statistics.median(latencies):.1f} ms, p99 {p99:.1f} ms, "
+        f"max {latencies[-1]:.1f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
