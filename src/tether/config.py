@@ -47,6 +47,9 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Settings from ``env`` (default ``os.environ``); a malformed value is an error."""
         env = os.environ if env is None else env
+        from tether.failpoints import parse
+
+        parse(env.get("TETHER_FAILPOINTS", ""))  # a typo fails at start-up, not mid-run
         return cls(
             database_url=env.get("TETHER_DATABASE_URL") or DEFAULT_DATABASE_URL,
             model=env.get("TETHER_MODEL") or None,

@@ -1,0 +1,102 @@
+"""The command line as an operator uses it: exit codes, refusals, migrations."""
+
+from __future__ import annotations
+
+import json
+
+import kit
+import sqlalchemy as sa
+
+from tether.store import SchemaStatus, Store, schema_status
+
+
+def _json(text: str) -> dict[str, object]:
+    return json.loads(text)  # type: ignore[no-any-return]
+
+
+def test_approve_exits_0_when_it_took_effect_and_1_with_the_code_when_refused(
+    db_url: str,
+) -> None:
+    notifier = kit.MemoryNotifier()
+    engine = kit.engine(db_url, script_name="send", notifier=notifier)
+    run_id = engine.sync.ask("dana", "send").run_id
+    token = notifier.last(run_id).token
+    engine.close()
+    env = kit.tether_env(db_url)
+
+    stranger = kit.tether("approve", token, "--as", "mallory", env=env)
+    assert stranger.returncode == 1 and "unknown_or_expired" in stranger.stderr
+    done = kit.tether("approve", token, env=env)
+    assert done.returncode == 0, done.stderr
+    assert _json(done.stdout)["outcome"] == "executed"
+    again = kit.tether("approve", token, "--decline", env=env)
+    assert again.returncode == 1 and "already_resumed" in again.stderr
+    unknown = kit.tether("approve", "no-such-token", env=env)
+    assert unknown.returncode == 1 and "unknown_or_expired" in unknown.stderr
+    assert len(kit.effects()) == 1
+
+
+def test_continue_cancel_and_runs_show(db_url: str) -> None:
+    engine = kit.engine(db_url, script_name="standard")
+    halted = engine.sync.ask("dana", "go", limits={"max_steps": 1})
+    assert halted.reason == "max_steps"
+    engine.close()
+    env = kit.tether_env(db_url)
+
+    shown = kit.tether("runs", "show", halted.run_id, env=env)
+    assert shown.returncode == 0
+    data = _json(shown.stdout)
+    assert data["state"] == "halted" and data["halt_reason"] == "max_steps"
+    assert data["budget"]["consumed"]["steps"] == 1  # type: ignore[index]
+    assert [m["role"] for m in data["messages"]][:2] == ["system", "user"]  # type: ignore[attr-defined]
+
+    continued = kit.tether("continue", halted.run_id, env=env)
+    assert continued.returncode == 0, continued.stderr
+    assert _json(continued.stdout)["budget"]["limits"]["max_steps"] == 5  # type: ignore[index]
+    not_halted = kit.tether("continue", halted.run_id, env=env)
+    assert not_halted.returncode == 1 and "not_halted" in not_halted.stderr
+
+    cancelled = kit.tether("cancel", halted.run_id, env=env)
+    assert cancelled.returncode == 0 and _json(cancelled.stdout)["state"] == "cancelled"
+    again = kit.tether("cancel", halted.run_id, env=env)
+    assert again.returncode == 1 and "already_finished" in again.stderr
+    missing = kit.tether("runs", "show", "nope", env=env)
+    assert missing.returncode == 1 and "not_found" in missing.stderr
+    listed = kit.tether("runs", "list", env=env)
+    assert listed.returncode == 0 and halted.run_id[:8] in listed.stdout
+
+
+def test_worker_refuses_an_older_schema_and_migrate_brings_it_up(db_url: str) -> None:
+    store = Store(db_url)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0001'"))
+        conn.execute(sa.text("DROP TABLE api_keys"))
+        conn.execute(sa.text("DROP TABLE users"))
+    env = kit.tether_env(db_url)
+    refused = kit.tether("worker", "--exit-when-idle", env=env)
+    assert refused.returncode == 1
+    assert "tether migrate" in refused.stderr
+    migrated = kit.tether("migrate", env=env)
+    assert migrated.returncode == 0, migrated.stderr
+    assert schema_status(store.engine) is SchemaStatus.CURRENT
+    worker = kit.tether("worker", "--exit-when-idle", env=env)
+    assert worker.returncode == 0, worker.stderr
+    store.close()
+
+
+def test_worker_migrates_an_empty_sqlite_database_on_start(tmp_path: object) -> None:
+    url = f"sqlite:///{tmp_path}/fresh.db"
+    worker = kit.tether("worker", "--exit-when-idle", env=kit.tether_env(url))
+    assert worker.returncode == 0, worker.stderr
+    store = Store(url)
+    assert schema_status(store.engine) is SchemaStatus.CURRENT
+    store.close()
+
+
+def test_a_bad_failpoint_or_setting_is_a_clear_error(db_url: str) -> None:
+    env = kit.tether_env(db_url, TETHER_FAILPOINTS="nowhere=crash")
+    bad = kit.tether("worker", "--exit-when-idle", env=env)
+    assert bad.returncode != 0 and "bad failpoint" in bad.stderr
+    env = kit.tether_env(db_url, TETHER_HEARTBEAT_TIMEOUT_S="soon")
+    bad = kit.tether("reap", env=env)
+    assert bad.returncode == 1 and "TETHER_HEARTBEAT_TIMEOUT_S" in bad.stderr
