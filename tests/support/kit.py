@@ -20,7 +20,7 @@ from typing import Any
 
 from tether import Agent, Engine, GuardResult, Reconciled, Scope, ScriptedModel, ToolContext, tool
 from tether.config import Settings
-from tether.notify import MemoryNotifier
+from tether.notify import MemoryNotifier, Notifier
 
 __all__ = ["MemoryNotifier"]
 from tether.tools import OutcomeUnknown
@@ -232,7 +232,7 @@ def engine(
     *,
     script_name: str = "standard",
     turns: list[dict[str, Any]] | None = None,
-    notifier: MemoryNotifier | None = None,
+    notifier: Notifier | None = None,
     **settings: Any,
 ) -> Engine:
     """An in-process engine on ``url`` for the test agent."""

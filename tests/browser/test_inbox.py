@@ -1,0 +1,255 @@
+"""The inbox in a real browser: Playwright drives Debian's Chromium against the app served
+by uvicorn on a loopback port. Sign in, see the request, approve it with a double click
+(it resumes once, by the store), and see a changed request's diff side by side.
+
+Chromium comes from the system (``apt-get install chromium``; CI does it); Playwright's
+own browser download is never used. Without /usr/bin/chromium this test fails."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kit
+import pytest
+import uvicorn
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tether import Engine, MemoryNotifier, StopKind
+from tether.api.app import create_app
+from tether.config import Settings
+from tether.users import add_user
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+T = TypeVar("T")
+SCREENSHOTS = kit.ROOT / "test-artifacts" / "screenshots"
+
+
+class DecisionPosts:
+    """Wraps the app to record the status of every completed POST to an approval link, so
+    the test knows both clicks of a double click reached the server."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.statuses: list[int] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope["path"].startswith("/approve/")
+        ):
+            await self.app(scope, receive, send)
+            return
+        status = 0
+
+        async def recording(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording)
+        finally:
+            self.statuses.append(status)
+
+
+@dataclass
+class Served:
+    engine: Engine
+    notifier: MemoryNotifier
+    url: str
+    posts: DecisionPosts
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def suspend(self, user: str = "dana") -> tuple[str, str]:
+        outcome = off_loop(lambda: self.engine.ask(user, "send b"))
+        assert outcome.kind is StopKind.SUSPENDED
+        return outcome.run_id, self.notifier.last(outcome.run_id).token
+
+    def decisions(self, run_id: str) -> list[dict[str, Any]]:
+        events = off_loop(lambda: self.engine.events(run_id))
+        return [e.data for e in events if e.kind == "decision"]
+
+
+def off_loop(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run an engine coroutine to completion on a thread of its own: Playwright's sync API
+    keeps an event loop running on the test's thread."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result(timeout=60)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def served(sqlite_url: str) -> Iterator[Served]:
+    """The app for the test agent, served by uvicorn in a thread until the test ends."""
+    notifier = MemoryNotifier()
+    engine = Engine(
+        agent=kit.agent(),
+        model=kit.script("send"),
+        settings=Settings(database_url=sqlite_url),
+        notifier=notifier,
+    )
+    posts = DecisionPosts(create_app(engine))
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            posts, host="127.0.0.1", port=port, log_level="warning", lifespan="off", ws="none"
+        )
+    )
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    try:
+        kit.poll_until(lambda: server.started, timeout=15, what="uvicorn to start")
+        yield Served(
+            engine=engine,
+            notifier=notifier,
+            url=f"http://127.0.0.1:{port}",
+            posts=posts,
+            keys={"dana": add_user(engine.store, "dana")},
+        )
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        engine.close()
+    assert not thread.is_alive(), "uvicorn did not stop"
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: the browser tests drive Debian's Chromium. Install it with "
+            "`apt-get install chromium` (.ci/run does); Playwright's own download is not used."
+        )
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1100, "height": 900})
+    context.set_default_timeout(15_000)
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+def shot(page: Page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def sign_in(page: Page, served: Served, user: str = "dana") -> None:
+    page.goto(served.url + "/")
+    expect(page).to_have_url(served.url + "/login?next=/")
+    page.fill("#key", served.keys[user])
+    page.get_by_role("button", name="Sign in", exact=True).click()
+    expect(page.locator("header.top")).to_contain_text(f"Signed in as {user}")
+
+
+def test_sign_in_see_the_request_and_a_double_click_approves_once(
+    served: Served, page: Page
+) -> None:
+    run_id, token = served.suspend()
+    sign_in(page, served)
+    card = page.locator(f"#run-{run_id}")
+    expect(card).to_contain_text("send")
+    expect(card.locator("table.kv tr", has_text="price")).to_contain_text("100")
+    expect(card.locator(".badge")).to_contain_text("left")
+    shot(page, "inbox")
+
+    page.goto(f"{served.url}/approve/{token}")
+    expect(page.get_by_role("heading", name="Approve this action?")).to_be_visible()
+    expect(page.locator(".preview table.kv tr", has_text="item")).to_contain_text("b")
+    shot(page, "approval")
+    assert served.decisions(run_id) == [] and kit.effects() == []  # the GET did nothing
+
+    page.get_by_role("button", name="Approve").dblclick()
+    # The page shows whichever answer came last: the decision, or that it was decided.
+    expect(page.locator("section.outcome h1")).to_have_text(
+        re.compile("^(Approved|Already decided)$")
+    )
+    shot(page, "double-click")
+    kit.poll_until(lambda: len(served.posts.statuses) >= 2, timeout=15, what="both POSTs")
+    assert sorted(served.posts.statuses) == [200, 409]  # one decision, one already_resumed
+    assert [e[1] for e in kit.effects()] == ["send"]
+    assert [d["decision"] for d in served.decisions(run_id)] == ["approve"]
+
+
+def test_a_changed_request_shows_the_diff_side_by_side_and_can_be_approved_again(
+    served: Served, page: Page
+) -> None:
+    run_id, token = served.suspend()
+    sign_in(page, served)
+    page.goto(f"{served.url}/approve/{token}")
+    expect(page.locator(".preview table.kv tr", has_text="price")).to_contain_text("100")
+    kit.set_world("price", "90")
+
+    page.get_by_role("button", name="Approve").click()
+    expect(page.locator("section.outcome h1")).to_have_text("The details changed")
+    row = page.locator("table.diff tbody tr")
+    expect(row).to_have_count(1)
+    expect(row.locator("th")).to_have_text("price")
+    expect(row.locator("td.before")).to_have_text("100")
+    expect(row.locator("td.after")).to_have_text("90")
+    before_box, after_box = (
+        row.locator("td.before").bounding_box(),
+        row.locator("td.after").bounding_box(),
+    )
+    assert before_box and after_box and before_box["x"] < after_box["x"]  # side by side
+    assert abs(before_box["y"] - after_box["y"]) < 1
+    expect(page.locator(".preview table.kv tr", has_text="price")).to_contain_text("90")
+    shot(page, "changed")
+    assert kit.effects() == []
+
+    page.get_by_role("button", name="Approve").click()
+    expect(page.locator("section.outcome h1")).to_have_text("Approved")
+    shot(page, "approved-after-change")
+    assert [e[1] for e in kit.effects()] == ["send"]
+    assert [d["decision"] for d in served.decisions(run_id)] == ["approve", "approve"]
+
+
+def test_the_browser_holds_no_scripts_and_the_session_cookie_is_http_only(
+    served: Served, page: Page
+) -> None:
+    sign_in(page, served)
+    cookies = {c["name"]: c for c in page.context.cookies()}
+    session = cookies["tether_session"]
+    assert session["httpOnly"] and session["sameSite"] == "Lax"
+    assert page.evaluate("document.cookie") == ""
+    assert page.locator("script").count() == 0
+    page.get_by_role("button", name="Sign out").click()
+    expect(page).to_have_url(served.url + "/login")
+    page.goto(served.url + "/")
+    expect(page).to_have_url(served.url + "/login?next=/")

@@ -1,0 +1,644 @@
+"""The JSON API (SPEC §6) in-process, on both backends: auth, the run lifecycle over
+HTTP, the §4 refusal codes and their bodies, malformed input that changes nothing, and a
+schemathesis pass over the OpenAPI document that finds no 5xx.
+
+No worker runs here: the tests carry runs with ``engine.run_until_stop``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import kit
+import psycopg
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from prometheus_client.parser import text_string_to_metric_families
+
+from tether import Engine, MemoryNotifier, StopKind
+from tether.api.app import create_app
+from tether.config import Settings
+from tether.users import DEMO_KEYS, add_user, ensure_demo_users
+
+DANA = {"Authorization": f"Bearer {DEMO_KEYS['dana']}"}
+MIGUEL = {"Authorization": f"Bearer {DEMO_KEYS['miguel']}"}
+BOSS_KEY = "key-of-the-boss"  # `boss` is an approver in the test agent's scope
+BOSS = {"Authorization": f"Bearer {BOSS_KEY}"}
+ERROR_KEYS = {"ok", "error", "message"}
+
+
+@dataclass
+class Api:
+    engine: Engine
+    notifier: MemoryNotifier
+    client: httpx.AsyncClient
+
+    async def start(self, headers: dict[str, str] = DANA, **body: Any) -> str:
+        response = await self.client.post(
+            "/v1/runs", json={"question": "send b", **body}, headers=headers
+        )
+        assert response.status_code == 202, response.text
+        return str(response.json()["id"])
+
+    async def suspended(self) -> tuple[str, str]:
+        """A run of dana's suspended on its send, and the token of its notice."""
+        run_id = await self.start()
+        outcome = await self.engine.run_until_stop(run_id)
+        assert outcome.kind is StopKind.SUSPENDED
+        return run_id, self.notifier.last(run_id).token
+
+    async def run(self, run_id: str, headers: dict[str, str] = DANA) -> dict[str, Any]:
+        response = await self.client.get(f"/v1/runs/{run_id}", headers=headers)
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def decide(
+        self, token: str, decision: str = "approve", headers: dict[str, str] = DANA
+    ) -> httpx.Response:
+        return await self.client.post(
+            f"/v1/approvals/{token}", json={"decision": decision}, headers=headers
+        )
+
+
+def build_engine(url: str, script: str, notifier: MemoryNotifier) -> Engine:
+    engine = Engine(
+        agent=kit.agent(),
+        model=kit.script(script),
+        settings=Settings(database_url=url),
+        notifier=notifier,
+    )
+    ensure_demo_users(engine.store)
+    add_user(engine.store, "boss", BOSS_KEY)
+    return engine
+
+
+@asynccontextmanager
+async def serving(url: str, script: str = "send") -> AsyncIterator[Api]:
+    notifier = MemoryNotifier()
+    engine = build_engine(url, script, notifier)
+    transport = httpx.ASGITransport(app=create_app(engine, public_url="http://tether.test"))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://tether.test") as c:
+            yield Api(engine=engine, notifier=notifier, client=c)
+    finally:
+        engine.close()
+
+
+def refused(
+    response: httpx.Response, status: int, code: str, extras: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Assert a refusal: its status, its code, and exactly the documented keys."""
+    assert response.status_code == status, response.text
+    body: dict[str, Any] = response.json()
+    assert set(body) == ERROR_KEYS | set(extras), body
+    assert body["ok"] is False and body["error"] == code, body
+    assert isinstance(body["message"], str) and body["message"], body
+    return body
+
+
+def fingerprint(engine: Engine) -> list[tuple[Any, ...]]:
+    """Everything a request could change about the stored runs."""
+    return [
+        (
+            r.id,
+            r.state.value,
+            r.updated_at,
+            r.message_count,
+            r.lease_epoch,
+            r.owner,
+            len(engine.store.events(r.id)),
+        )
+        for r in engine.store.list_runs(None, 1000)
+    ]
+
+
+def parse_iso(text: str) -> datetime:
+    parsed = datetime.fromisoformat(text)
+    assert parsed.tzinfo is not None, text
+    return parsed
+
+
+# -- auth ----------------------------------------------------------------------------------
+
+ENDPOINTS = [
+    ("POST", "/v1/runs", {"question": "q"}),
+    ("GET", "/v1/runs", None),
+    ("GET", "/v1/runs/RUN", None),
+    ("GET", "/v1/runs/RUN/events", None),
+    ("POST", "/v1/runs/RUN/continue", None),
+    ("POST", "/v1/runs/RUN/cancel", None),
+    ("POST", "/v1/approvals/TOKEN", {"decision": "approve"}),
+]
+
+
+async def test_every_endpoint_refuses_a_missing_or_unknown_key_with_401(db_url: str) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        before = fingerprint(api.engine)
+        for method, template, body in ENDPOINTS:
+            path = template.replace("RUN", run_id).replace("TOKEN", token)
+            for headers in (
+                {},
+                {"Authorization": "Bearer not-a-key"},
+                {"Authorization": f"Basic {DEMO_KEYS['dana']}"},
+                {"Authorization": "Bearer "},
+                {"Authorization": DEMO_KEYS["dana"]},
+            ):
+                response = await api.client.request(method, path, json=body, headers=headers)
+                refused(response, 401, "unauthenticated")
+        assert fingerprint(api.engine) == before
+        assert (await api.decide(token)).status_code == 200  # the token was never used
+
+
+# -- the lifecycle -------------------------------------------------------------------------
+
+
+async def test_a_started_run_is_202_and_waits_for_a_worker_with_its_limits(db_url: str) -> None:
+    async with serving(db_url) as api:
+        response = await api.client.post(
+            "/v1/runs",
+            json={"question": "send b", "limits": {"max_steps": 7, "max_spend_usd": 0.5}},
+            headers=DANA,
+        )
+        assert response.status_code == 202
+        body = response.json()
+        assert set(body) == {"id", "state"} and body["state"] == "running"
+        assert response.headers["location"] == f"/v1/runs/{body['id']}"
+        run = await api.run(body["id"])
+        assert run["user_id"] == "dana" and run["question"] == "send b"
+        assert run["state"] == "running" and run["step"] == 0 and run["pending"] is None
+        assert run["budget"]["limits"] == {
+            "max_steps": 7,
+            "max_spend_usd": 0.5,
+            "max_tool_calls": 40,
+            "max_elapsed_ms": 600_000,
+        }
+        assert run["budget"]["consumed"] == {
+            "steps": 0,
+            "spend_usd": 0.0,
+            "tool_calls": 0,
+            "elapsed_ms": 0,
+        }
+        assert [m["role"] for m in run["messages"]] == ["system", "user"]
+        assert run["messages"][1]["content"] == "send b"
+        assert parse_iso(run["created_at"]) <= parse_iso(run["updated_at"])
+        stored = api.engine.store.get_run(body["id"])
+        assert stored is not None and stored.owner is None  # nobody carries it yet
+
+
+async def test_a_suspended_run_shows_its_pending_request_and_one_approval_executes_it(
+    db_url: str,
+) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        run = await api.run(run_id)
+        assert run["state"] == "suspended" and run["step"] == 1
+        pending = run["pending"]
+        assert set(pending) == {"tool", "arguments", "preview", "expires_at"}
+        assert pending["tool"] == "send" and pending["arguments"] == {"item": "b"}
+        assert pending["preview"] == {"item": "b", "price": "100"}
+        assert parse_iso(pending["expires_at"]) > datetime.now(UTC)
+        assert run["messages"][-1]["tool_calls"][0]["function"]["name"] == "send"
+        assert run["budget"]["consumed"]["spend_usd"] > 0
+
+        response = await api.decide(token)
+        assert response.status_code == 200, response.text
+        result = response.json()
+        assert result["ok"] is True and result["run_id"] == run_id
+        assert result["decision"] == "approve" and result["outcome"] == "executed"
+        assert result["state"] == "running"  # handed to the workers
+        assert [e[1] for e in kit.effects()] == ["send"]
+
+        for decision in ("approve", "decline"):
+            again = refused(
+                await api.decide(token, decision), 409, "already_resumed", ("decision",)
+            )
+            assert again["decision"]["decision"] == "approve"
+            assert again["decision"]["by"] == "dana"
+            parse_iso(again["decision"]["at"])
+        assert [e[1] for e in kit.effects()] == ["send"]  # still once
+
+        assert (await api.engine.run_until_stop(run_id)).kind is StopKind.ANSWERED
+        done = await api.run(run_id)
+        assert done["state"] == "answered" and done["pending"] is None
+        assert done["messages"][-1] == {"role": "assistant", "content": "done"}
+        assert done["budget"]["consumed"]["tool_calls"] == 1
+
+
+async def test_a_decline_over_http_gives_the_model_a_declined_result_and_no_effect(
+    db_url: str,
+) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        response = await api.decide(token, "decline")
+        assert response.status_code == 200, response.text
+        assert response.json()["outcome"] == "declined"
+        assert kit.effects() == []
+        messages = (await api.run(run_id))["messages"]
+        assert json.loads(messages[-1]["content"])["error"] == "declined_by_user"
+
+
+async def test_an_approver_in_the_owners_scope_may_decide_and_nobody_else(db_url: str) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        refused(await api.decide(token, headers=MIGUEL), 404, "unknown_or_expired")
+        response = await api.decide(token, headers=BOSS)
+        assert response.status_code == 200, response.text
+        used = refused(await api.decide(token), 409, "already_resumed", ("decision",))
+        assert used["decision"]["by"] == "boss"
+        # The approver still cannot read the run: only its owner can.
+        refused(await api.client.get(f"/v1/runs/{run_id}", headers=BOSS), 404, "not_found")
+
+
+async def test_events_are_the_runs_trace_oldest_first_with_iso_times(db_url: str) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        assert (await api.decide(token)).status_code == 200
+        response = await api.client.get(f"/v1/runs/{run_id}/events", headers=DANA)
+        assert response.status_code == 200
+        items = response.json()["items"]
+        assert all(set(item) == {"id", "at", "kind", "data"} for item in items)
+        kinds = [item["kind"] for item in items]
+        assert kinds[0] == "created"
+        assert kinds.index("suspended") < kinds.index("tool_result")
+        assert [item["id"] for item in items] == sorted(item["id"] for item in items)
+        times = [parse_iso(item["at"]) for item in items]
+        assert times == sorted(times)
+
+
+async def test_the_run_list_holds_only_the_callers_runs_newest_first(db_url: str) -> None:
+    async with serving(db_url) as api:
+        first = await api.start()
+        second = await api.start()
+        theirs = await api.start(MIGUEL)
+        response = await api.client.get("/v1/runs", headers=DANA)
+        assert response.status_code == 200
+        items = response.json()["items"]
+        assert {item["id"] for item in items} == {first, second}
+        assert all("messages" not in item and item["user_id"] == "dana" for item in items)
+        limited = await api.client.get("/v1/runs", params={"limit": 1}, headers=DANA)
+        assert len(limited.json()["items"]) == 1
+        mine = (await api.client.get("/v1/runs", headers=MIGUEL)).json()["items"]
+        assert [item["id"] for item in mine] == [theirs]
+
+
+# -- other users' runs -----------------------------------------------------------------------
+
+
+async def test_another_users_run_is_not_found_on_every_endpoint_and_their_token_unknown(
+    db_url: str,
+) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        before = fingerprint(api.engine)
+        for suffix, method in (("", "GET"), ("/events", "GET"), ("/continue", "POST"),
+                               ("/cancel", "POST")):  # fmt: skip
+            theirs = await api.client.request(method, f"/v1/runs/{run_id}{suffix}", headers=MIGUEL)
+            missing = await api.client.request(
+                method, f"/v1/runs/{'f' * 32}{suffix}", headers=MIGUEL
+            )
+            body = refused(theirs, 404, "not_found")
+            assert body == missing.json(), "a foreign run must look exactly like a missing one"
+        for decision in ("approve", "decline"):
+            refused(await api.decide(token, decision, MIGUEL), 404, "unknown_or_expired")
+        refused(await api.decide("no-such-token"), 404, "unknown_or_expired")
+        assert fingerprint(api.engine) == before
+        assert (await api.run(run_id))["state"] == "suspended"
+        assert (await api.decide(token)).status_code == 200  # untouched for its owner
+
+
+async def test_ids_that_cannot_name_a_run_are_not_found(db_url: str) -> None:
+    async with serving(db_url) as api:
+        for run_id in ("%00", "a%00b", "x" * 65, "%F0%9F%92%A5", "..", "a b"):
+            response = await api.client.get(f"/v1/runs/{run_id}", headers=DANA)
+            refused(response, 404, "not_found")
+            events = await api.client.get(f"/v1/runs/{run_id}/events", headers=DANA)
+            refused(events, 404, "not_found")
+
+
+# -- continue and cancel -------------------------------------------------------------------
+
+
+async def test_continue_grants_the_default_or_a_named_budget_and_refuses_what_is_not_halted(
+    db_url: str,
+) -> None:
+    async with serving(db_url, "standard") as api:
+        default_id = await api.start(limits={"max_steps": 1})
+        named_id = await api.start(limits={"max_steps": 1})
+        for run_id in (default_id, named_id):
+            outcome = await api.engine.run_until_stop(run_id)
+            assert outcome.kind is StopKind.HALTED
+            run = await api.run(run_id)
+            assert run["state"] == "halted" and run["halt_reason"] == "max_steps"
+
+        response = await api.client.post(f"/v1/runs/{default_id}/continue", headers=DANA)
+        assert response.status_code == 200, response.text
+        continued = response.json()
+        assert continued["state"] == "running" and continued["halt_reason"] is None
+        assert continued["budget"]["limits"] == {
+            "max_steps": 5,
+            "max_spend_usd": 1.5,
+            "max_tool_calls": 44,
+            "max_elapsed_ms": 900_000,
+        }
+        again = await api.client.post(f"/v1/runs/{default_id}/continue", headers=DANA)
+        refused(again, 409, "not_halted")
+
+        before = fingerprint(api.engine)
+        too_much = await api.client.post(
+            f"/v1/runs/{named_id}/continue", json={"limits": {"max_steps": 5000}}, headers=DANA
+        )
+        refused(too_much, 422, "invalid_input", ("cap",))
+        assert fingerprint(api.engine) == before
+        response = await api.client.post(
+            f"/v1/runs/{named_id}/continue",
+            json={"limits": {"max_steps": 3}, "why": "needs one more look"},
+            headers=DANA,
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["budget"]["limits"]["max_steps"] == 3
+        events = (await api.client.get(f"/v1/runs/{named_id}/events", headers=DANA)).json()
+        grant = [e["data"] for e in events["items"] if e["kind"] == "continued"]
+        assert len(grant) == 1
+        assert grant[0]["by"] == "dana" and grant[0]["why"] == "needs one more look"
+        assert grant[0]["previous_halt_reason"] == "max_steps"
+        assert grant[0]["old_limits"]["max_steps"] == 1 and grant[0]["new_limits"]["max_steps"] == 3
+
+
+async def test_cancel_stops_a_run_once_and_a_finished_run_is_already_finished(
+    db_url: str,
+) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        response = await api.client.post(f"/v1/runs/{run_id}/cancel", headers=DANA)
+        assert response.status_code == 200, response.text
+        assert response.json()["state"] == "cancelled" and response.json()["pending"] is None
+        refused(
+            await api.client.post(f"/v1/runs/{run_id}/cancel", headers=DANA),
+            409,
+            "already_finished",
+        )
+        refused(
+            await api.client.post(f"/v1/runs/{run_id}/continue", headers=DANA), 409, "not_halted"
+        )
+        refused(await api.decide(token), 404, "unknown_or_expired")
+        assert kit.effects() == []
+        missing = await api.client.post(f"/v1/runs/{'0' * 32}/cancel", headers=DANA)
+        refused(missing, 404, "not_found")
+
+
+# -- the refusals of SPEC §4 -----------------------------------------------------------------
+
+
+async def test_a_changed_preview_is_409_with_the_diff_and_a_new_token(db_url: str) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        kit.set_world("price", "120")
+        body = refused(
+            await api.decide(token), 409, "changed", ("diff", "token", "preview", "expires_at")
+        )
+        assert body["diff"] == [{"path": "price", "before": "100", "after": "120"}]
+        assert body["token"] != token and body["preview"] == {"item": "b", "price": "120"}
+        run = await api.run(run_id)
+        assert run["state"] == "suspended" and run["pending"]["preview"]["price"] == "120"
+        assert run["pending"]["expires_at"] == body["expires_at"]
+        assert api.notifier.last(run_id).token == body["token"]  # a new notice went out
+        refused(await api.decide(token), 409, "already_resumed", ("decision",))
+        response = await api.decide(body["token"])
+        assert response.status_code == 200 and response.json()["outcome"] == "executed"
+        assert [e[1] for e in kit.effects()] == ["send"]
+
+
+async def test_a_guard_refusal_is_409_guard_failed_and_the_run_goes_on(db_url: str) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        kit.set_world("hold", "1")
+        body = refused(await api.decide(token), 409, "guard_failed", ("reason",))
+        assert body["reason"] == "the account is on hold"
+        run = await api.run(run_id)
+        assert run["state"] == "running"
+        assert json.loads(run["messages"][-1]["content"])["error"] == "guard_failed"
+        assert kit.effects() == []
+
+
+async def test_lost_permission_is_403_no_longer_permitted_and_the_run_halts(db_url: str) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        kit.set_world("perm:dana", "0")
+        body = refused(await api.decide(token), 403, "no_longer_permitted", ("run_id",))
+        assert body["run_id"] == run_id
+        run = await api.run(run_id)
+        assert run["state"] == "halted" and run["halt_reason"] == "no_longer_permitted"
+        refused(await api.decide(token), 409, "already_resumed", ("decision",))
+        assert kit.effects() == []
+
+
+# -- malformed input -------------------------------------------------------------------------
+
+BIG = 300 * 1024
+
+# name, method, path ("RUN"/"TOKEN" filled in), raw body, content type, status, code
+MALFORMED: list[tuple[str, str, str, bytes | None, str, int, str]] = [
+    ("bad json", "POST", "/v1/runs", b'{"question": ', "application/json", 422, "invalid_input"),
+    ("no body", "POST", "/v1/runs", None, "application/json", 422, "invalid_input"),
+    ("json array", "POST", "/v1/runs", b"[]", "application/json", 422, "invalid_input"),
+    ("question number", "POST", "/v1/runs", b'{"question": 42}', "application/json", 422,
+     "invalid_input"),
+    ("question empty", "POST", "/v1/runs", b'{"question": ""}', "application/json", 422,
+     "invalid_input"),
+    ("question blank", "POST", "/v1/runs", b'{"question": "  \\n "}', "application/json", 422,
+     "invalid_input"),
+    ("question NUL", "POST", "/v1/runs", b'{"question": "a\\u0000b"}', "application/json", 422,
+     "invalid_input"),
+    ("question surrogate", "POST", "/v1/runs", b'{"question": "a\\ud800b"}',
+     "application/json", 422, "invalid_input"),
+    ("question too long", "POST", "/v1/runs",
+     json.dumps({"question": "q" * 100_001}).encode(), "application/json", 422,
+     "invalid_input"),
+    ("extra field", "POST", "/v1/runs", b'{"question": "q", "model": "gpt"}',
+     "application/json", 422, "invalid_input"),
+    ("limits not an object", "POST", "/v1/runs", b'{"question": "q", "limits": "lots"}',
+     "application/json", 422, "invalid_input"),
+    ("limits negative", "POST", "/v1/runs", b'{"question": "q", "limits": {"max_steps": -1}}',
+     "application/json", 422, "invalid_input"),
+    ("limits wrong type", "POST", "/v1/runs",
+     b'{"question": "q", "limits": {"max_steps": "many"}}', "application/json", 422,
+     "invalid_input"),
+    ("limits unknown", "POST", "/v1/runs", b'{"question": "q", "limits": {"max_tokens": 5}}',
+     "application/json", 422, "invalid_input"),
+    ("form body", "POST", "/v1/runs", b"question=q", "application/x-www-form-urlencoded", 422,
+     "invalid_input"),
+    ("oversized", "POST", "/v1/runs", json.dumps({"question": "q" * BIG}).encode(),
+     "application/json", 413, "payload_too_large"),
+    ("decision unknown", "POST", "/v1/approvals/TOKEN", b'{"decision": "yes"}',
+     "application/json", 422, "invalid_input"),
+    ("decision missing", "POST", "/v1/approvals/TOKEN", b"{}", "application/json", 422,
+     "invalid_input"),
+    ("decision null", "POST", "/v1/approvals/TOKEN", b'{"decision": null}', "application/json",
+     422, "invalid_input"),
+    ("decision extra", "POST", "/v1/approvals/TOKEN",
+     b'{"decision": "approve", "as": "miguel"}', "application/json", 422, "invalid_input"),
+    ("decision bad json", "POST", "/v1/approvals/TOKEN", b'{"decision": "approve"',
+     "application/json", 422, "invalid_input"),
+    ("decision no body", "POST", "/v1/approvals/TOKEN", None, "application/json", 422,
+     "invalid_input"),
+    ("decision oversized", "POST", "/v1/approvals/TOKEN",
+     json.dumps({"decision": "approve", "pad": "x" * BIG}).encode(), "application/json", 413,
+     "payload_too_large"),
+    ("continue zero limit", "POST", "/v1/runs/RUN/continue", b'{"limits": {"max_steps": 0}}',
+     "application/json", 422, "invalid_input"),
+    ("continue why number", "POST", "/v1/runs/RUN/continue", b'{"why": 5}',
+     "application/json", 422, "invalid_input"),
+    ("continue extra", "POST", "/v1/runs/RUN/continue", b'{"surprise": true}',
+     "application/json", 422, "invalid_input"),
+    ("continue bad json", "POST", "/v1/runs/RUN/continue", b"{", "application/json", 422,
+     "invalid_input"),
+    ("list limit zero", "GET", "/v1/runs?limit=0", None, "application/json", 422,
+     "invalid_input"),
+    ("list limit text", "GET", "/v1/runs?limit=many", None, "application/json", 422,
+     "invalid_input"),
+]  # fmt: skip
+
+
+async def test_malformed_input_is_a_4xx_with_the_error_shape_and_changes_nothing(
+    db_url: str,
+) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        before = fingerprint(api.engine)
+        for name, method, template, content, content_type, status, code in MALFORMED:
+            path = template.replace("RUN", run_id).replace("TOKEN", token)
+            response = await api.client.request(
+                method, path, content=content, headers={**DANA, "Content-Type": content_type}
+            )
+            assert response.status_code == status, f"{name}: {response.text[:300]}"
+            body = response.json()
+            assert set(body) == ERROR_KEYS and body["error"] == code, f"{name}: {body}"
+            assert body["ok"] is False and body["message"], name
+            assert fingerprint(api.engine) == before, f"{name} changed the store"
+        assert (await api.decide(token)).status_code == 200  # the token is still unused
+
+
+async def test_an_oversized_streamed_body_is_413_before_the_handler_reads_it(db_url: str) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"question": "'
+        for _ in range(BIG // 4096):
+            yield b"q" * 4096
+        yield b'"}'
+
+    async with serving(db_url) as api:
+        response = await api.client.post(
+            "/v1/runs", content=chunks(), headers={**DANA, "Content-Type": "application/json"}
+        )
+        refused(response, 413, "payload_too_large")
+        assert api.engine.store.list_runs(None, 10) == []
+
+
+# -- metrics and wake-ups --------------------------------------------------------------------
+
+
+def _samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    }
+
+
+async def test_metrics_count_runs_by_state_and_approvals_by_outcome(db_url: str) -> None:
+    async with serving(db_url) as api:
+        first = (await api.client.get("/metrics")).text
+        executed = (("outcome", "executed"),)
+        approvals_before = _samples(first, "tether_approvals_total").get(executed, 0.0)
+        _, token = await api.suspended()
+        await api.start()
+        response = await api.client.get("/metrics")
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/plain")
+        by_state = _samples(response.text, "tether_runs")
+        assert by_state[(("state", "suspended"),)] == 1
+        assert by_state[(("state", "running"),)] == 1
+        assert by_state[(("state", "answered"),)] == 0
+        assert (await api.decide(token)).status_code == 200
+        assert (await api.decide(token)).status_code == 409
+        after = (await api.client.get("/metrics")).text
+        approvals = _samples(after, "tether_approvals_total")
+        assert approvals[executed] == approvals_before + 1
+        assert approvals[(("outcome", "already_resumed"),)] >= 1
+        assert "tether_step_seconds_bucket" in after  # the histograms are exposed
+
+
+async def test_a_started_or_continued_run_wakes_listening_workers_on_postgresql(
+    pg_url: str,
+) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as listener:
+        listener.execute("LISTEN tether_runs")
+        async with serving(pg_url, "standard") as api:
+            run_id = await api.start(limits={"max_steps": 1})
+            woken = list(listener.notifies(timeout=5, stop_after=1))
+            assert [n.channel for n in woken] == ["tether_runs"]
+            assert (await api.engine.run_until_stop(run_id)).kind is StopKind.HALTED
+            response = await api.client.post(f"/v1/runs/{run_id}/continue", headers=DANA)
+            assert response.status_code == 200
+            woken = list(listener.notifies(timeout=5, stop_after=1))
+            assert [n.channel for n in woken] == ["tether_runs"]
+
+
+# -- the OpenAPI document and schemathesis ---------------------------------------------------
+
+
+async def test_the_openapi_document_describes_auth_and_every_refusal(db_url: str) -> None:
+    async with serving(db_url) as api:
+        document = (await api.client.get("/openapi.json")).json()
+    operations = [
+        (path, method, op)
+        for path, item in document["paths"].items()
+        if path.startswith("/v1/")
+        for method, op in item.items()
+    ]
+    assert len(operations) == 7
+    for path, method, op in operations:
+        assert op["security"] == [{"HTTPBearer": []}], (path, method)
+        assert "401" in op["responses"], (path, method)
+        for status, response in op["responses"].items():
+            schema = json.dumps(response.get("content", {}))
+            assert "HTTPValidationError" not in schema, (path, method, status)
+            if status.startswith("4"):
+                assert "ErrorOut" in schema or "ApprovalRefusedOut" in schema, (path, status)
+
+
+@pytest.fixture
+def api_schema(db_url: str) -> Iterator[Any]:
+    engine = build_engine(db_url, "send", MemoryNotifier())
+    try:
+        app = create_app(engine, public_url="http://tether.test")
+        yield schemathesis.from_asgi("/openapi.json", app).include(path_regex="^/v1/")
+    finally:
+        engine.close()
+
+
+# Explicit Nones: schemathesis 3.39 warns about its own NOT_SET defaults otherwise.
+schema = schemathesis.from_pytest_fixture(
+    "api_schema", method=None, endpoint=None, tag=None, operation_id=None
+)
+
+
+@schema.parametrize()
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_generated_requests_never_get_a_server_error(case: Any) -> None:
+    response = case.call_asgi(headers=DANA)
+    assert response.status_code < 500, response.text
+    case.validate_response(response)

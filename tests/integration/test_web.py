@@ -1,0 +1,410 @@
+"""The inbox pages in-process on both backends: GET never acts, only a signed-in POST with
+the session's CSRF token does, strangers learn nothing, and stored text is escaped."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import kit
+import pytest
+
+from tether import Engine, MemoryNotifier, ScriptedModel, StopKind
+from tether.api.app import create_app
+from tether.config import Settings
+from tether.runs import Run, RunState
+from tether.users import add_user, ensure_demo_users
+
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+FORM_ACTION = re.compile(r'action="/approve/([^"]+)"')
+
+
+@dataclass
+class Web:
+    engine: Engine
+    notifier: MemoryNotifier
+    keys: dict[str, str]
+    app: Any
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=self.app), base_url="http://testserver"
+        )
+
+    async def suspended(self, question: str = "send b", user: str = "dana") -> tuple[str, str]:
+        outcome = await self.engine.ask(user, question)
+        assert outcome.kind is StopKind.SUSPENDED
+        return outcome.run_id, self.notifier.last(outcome.run_id).token
+
+    async def run(self, run_id: str) -> Run:
+        return (await self.engine.get_run(run_id)).run
+
+    async def decisions(self, run_id: str) -> list[dict[str, Any]]:
+        return [e.data for e in await self.engine.events(run_id) if e.kind == "decision"]
+
+
+def _web(db_url: str, model: ScriptedModel | None = None, agent: Any = None) -> Web:
+    notifier = MemoryNotifier()
+    engine = Engine(
+        agent=agent or kit.agent(),
+        model=model or kit.script("send"),
+        settings=Settings(database_url=db_url),
+        notifier=notifier,
+    )
+    keys = {name: add_user(engine.store, name) for name in ("dana", "boss", "eve")}
+    return Web(engine=engine, notifier=notifier, keys=keys, app=create_app(engine))
+
+
+@pytest.fixture
+async def web(db_url: str) -> AsyncIterator[Web]:
+    w = _web(db_url)
+    yield w
+    w.engine.close()
+
+
+def csrf_of(page: str) -> str:
+    found = CSRF.search(page)
+    assert found, "the page has no CSRF field"
+    return found.group(1)
+
+
+async def sign_in(client: httpx.AsyncClient, key: str, next_path: str = "/") -> httpx.Response:
+    form = await client.get("/login", params={"next": next_path})
+    return await client.post(
+        "/login", data={"key": key, "csrf": csrf_of(form.text), "next": next_path}
+    )
+
+
+async def session_csrf(client: httpx.AsyncClient) -> str:
+    inbox = await client.get("/")
+    assert inbox.status_code == 200
+    return csrf_of(inbox.text)
+
+
+async def test_opening_an_approval_link_changes_nothing(web: Web) -> None:
+    run_id, token = await web.suspended()
+    before = await web.run(run_id)
+    async with web.client() as anonymous:
+        prompt = await anonymous.get(f"/approve/{token}")
+    assert prompt.status_code == 200 and "Sign in to review" in prompt.text
+    assert "dana" not in prompt.text and "<code>send</code>" not in prompt.text
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        for _ in range(3):
+            shown = await client.get(f"/approve/{token}")
+            assert shown.status_code == 200
+            assert "<code>send</code>" in shown.text and ">100<" in shown.text
+            assert 'value="approve"' in shown.text and "left" in shown.text
+    after = await web.run(run_id)
+    assert after.state is RunState.SUSPENDED and after.updated_at == before.updated_at
+    assert await web.decisions(run_id) == [] and kit.effects() == []
+    result = await web.engine.resume_after_confirmation(token, "approve", "dana")
+    assert result.ok  # the token survived every GET
+
+
+async def test_a_post_without_the_session_csrf_token_changes_nothing(web: Web) -> None:
+    run_id, token = await web.suspended()
+    before = await web.run(run_id)
+    async with web.client() as anonymous:
+        refused = await anonymous.post(f"/approve/{token}", data={"decision": "approve"})
+        assert refused.status_code == 403
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        missing = await client.post(f"/approve/{token}", data={"decision": "approve"})
+        forged = await client.post(
+            f"/approve/{token}", data={"decision": "approve", "csrf": "0" * 64}
+        )
+        cross_site = await client.post(
+            f"/approve/{token}",
+            data={"decision": "approve", "csrf": await session_csrf(client)},
+            headers={"Sec-Fetch-Site": "cross-site"},
+        )
+    assert [r.status_code for r in (missing, forged, cross_site)] == [403, 403, 403]
+    assert all("Nothing was decided" in r.text for r in (missing, forged, cross_site))
+    after = await web.run(run_id)
+    assert after.state is RunState.SUSPENDED and after.updated_at == before.updated_at
+    assert await web.decisions(run_id) == [] and kit.effects() == []
+
+
+async def test_a_csrf_token_of_another_session_is_refused(web: Web) -> None:
+    run_id, token = await web.suspended()
+    async with web.client() as other:
+        await sign_in(other, web.keys["dana"])
+        stolen = await session_csrf(other)
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        refused = await client.post(
+            f"/approve/{token}", data={"decision": "approve", "csrf": stolen}
+        )
+    assert refused.status_code == 403
+    assert (await web.run(run_id)).state is RunState.SUSPENDED and kit.effects() == []
+
+
+async def test_a_user_who_may_not_approve_sees_unknown_or_expired_and_changes_nothing(
+    web: Web,
+) -> None:
+    run_id, token = await web.suspended()
+    before = await web.run(run_id)
+    async with web.client() as client:
+        await sign_in(client, web.keys["eve"])
+        shown = await client.get(f"/approve/{token}")
+        acted = await client.post(
+            f"/approve/{token}", data={"decision": "approve", "csrf": await session_csrf(client)}
+        )
+        foreign_run = await client.get(f"/runs/{run_id}")
+        inbox = await client.get("/")
+    for response in (shown, acted):
+        assert response.status_code == 404 and "unknown or has expired" in response.text
+        assert "dana" not in response.text and "<code>send</code>" not in response.text
+    assert foreign_run.status_code == 404 and "dana" not in foreign_run.text
+    assert run_id not in inbox.text and "Nothing is waiting" in inbox.text
+    after = await web.run(run_id)
+    assert after.state is RunState.SUSPENDED and after.updated_at == before.updated_at
+    assert await web.decisions(run_id) == [] and kit.effects() == []
+
+
+async def test_an_unknown_token_is_unknown_or_expired(web: Web) -> None:
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        shown = await client.get("/approve/not-a-token")
+        acted = await client.post(
+            "/approve/not-a-token", data={"decision": "approve", "csrf": await session_csrf(client)}
+        )
+    assert shown.status_code == acted.status_code == 404
+    assert "unknown or has expired" in shown.text and "unknown or has expired" in acted.text
+
+
+async def test_approving_acts_once_and_a_second_post_shows_who_decided(web: Web) -> None:
+    run_id, token = await web.suspended()
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        csrf = await session_csrf(client)
+        first = await client.post(f"/approve/{token}", data={"decision": "approve", "csrf": csrf})
+        second = await client.post(f"/approve/{token}", data={"decision": "decline", "csrf": csrf})
+        reopened = await client.get(f"/approve/{token}")
+    assert first.status_code == 200 and "Approved" in first.text
+    assert second.status_code == 409 and "Already decided" in second.text
+    for page in (second, reopened):
+        assert '<dd class="decision">approve</dd>' in page.text and "<dd>dana</dd>" in page.text
+        assert " UTC</dd>" in page.text
+    assert [e[1] for e in kit.effects()] == ["send"]
+    assert [d["decision"] for d in await web.decisions(run_id)] == ["approve"]
+
+
+async def test_an_allowed_approver_sees_the_request_in_the_inbox_and_decides_it(web: Web) -> None:
+    run_id, token = await web.suspended()
+    async with web.client() as client:
+        await sign_in(client, web.keys["boss"])
+        inbox = await client.get("/")
+        assert f'id="run-{run_id}"' in inbox.text and ">100<" in inbox.text
+        assert f'href="/runs/{run_id}"' not in inbox.text  # the run page is the owner's
+        declined = await client.post(
+            f"/approve/{token}", data={"decision": "decline", "csrf": csrf_of(inbox.text)}
+        )
+        after = await client.get("/")
+    assert declined.status_code == 200 and "Declined" in declined.text
+    assert run_id not in after.text
+    assert kit.effects() == []
+    assert [(d["decision"], d["by"]) for d in await web.decisions(run_id)] == [("decline", "boss")]
+
+
+async def test_the_owners_inbox_lists_the_request_with_its_preview_and_time_left(
+    web: Web,
+) -> None:
+    run_id, _ = await web.suspended()
+    async with web.client() as client:
+        anonymous = await client.get("/")
+        assert anonymous.status_code == 303 and anonymous.headers["location"] == "/login?next=/"
+        await sign_in(client, web.keys["dana"])
+        inbox = await client.get("/")
+    assert inbox.status_code == 200
+    assert f'href="/runs/{run_id}"' in inbox.text
+    assert '<th scope="row">price</th><td>100</td>' in inbox.text
+    assert re.search(r"\d+ min \d+ s left", inbox.text)
+
+
+async def test_a_changed_preview_shows_the_diff_side_by_side_and_the_new_form_works(
+    web: Web,
+) -> None:
+    run_id, token = await web.suspended()
+    kit.set_world("price", "90")
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        csrf = await session_csrf(client)
+        changed = await client.post(f"/approve/{token}", data={"decision": "approve", "csrf": csrf})
+        assert changed.status_code == 409 and "The details changed" in changed.text
+        row = re.search(
+            r'<th scope="row"><code>price</code></th>\s*'
+            r'<td class="before">100</td>\s*<td class="after">90</td>',
+            changed.text,
+        )
+        assert row, changed.text
+        actions = FORM_ACTION.findall(changed.text)
+        assert len(actions) == 1 and actions[0] != token
+        assert kit.effects() == []
+        approved = await client.post(
+            f"/approve/{actions[0]}", data={"decision": "approve", "csrf": csrf}
+        )
+    assert approved.status_code == 200 and "Approved" in approved.text
+    assert [e[1] for e in kit.effects()] == ["send"]
+    assert [d["decision"] for d in await web.decisions(run_id)] == ["approve", "approve"]
+
+
+async def test_a_guard_failure_shows_its_reason(web: Web) -> None:
+    _, token = await web.suspended()
+    kit.set_world("hold", "1")
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        refused = await client.post(
+            f"/approve/{token}", data={"decision": "approve", "csrf": await session_csrf(client)}
+        )
+    assert refused.status_code == 409
+    assert '<strong class="reason">the account is on hold</strong>' in refused.text
+    assert kit.effects() == []
+
+
+async def test_lost_permission_shows_no_longer_permitted(web: Web) -> None:
+    run_id, token = await web.suspended()
+    kit.set_world("perm:dana", "0")
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        refused = await client.post(
+            f"/approve/{token}", data={"decision": "approve", "csrf": await session_csrf(client)}
+        )
+    assert refused.status_code == 403 and "No longer permitted" in refused.text
+    assert (await web.run(run_id)).state is RunState.HALTED and kit.effects() == []
+
+
+async def test_stored_markup_is_escaped_on_every_page(db_url: str) -> None:
+    payload = "<script>alert(1)</script>"
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": "send", "arguments": {"item": payload}}]}, {"content": "ok"}]
+    )
+    web = _web(db_url, model=model)
+    try:
+        run_id, token = await web.suspended(question=f"please {payload}")
+        escaped = html.escape(payload, quote=False)
+        async with web.client() as client:
+            await sign_in(client, web.keys["dana"])
+            pages = [
+                await client.get(f"/runs/{run_id}"),
+                await client.get(f"/approve/{token}"),
+                await client.get("/"),
+            ]
+        for page in pages:
+            assert page.status_code == 200
+            assert payload not in page.text and escaped in page.text
+            assert "script-src" not in page.headers["content-security-policy"]
+            assert page.headers["cache-control"] == "no-store"
+    finally:
+        web.engine.close()
+
+
+async def test_the_run_page_shows_state_budget_timeline_and_messages_to_its_owner_only(
+    web: Web,
+) -> None:
+    run_id, token = await web.suspended(question="send the thing")
+    await web.engine.resume_after_confirmation(token, "approve", "dana")
+    async with web.client() as client:
+        anonymous = await client.get(f"/runs/{run_id}")
+        assert anonymous.status_code == 303
+        assert anonymous.headers["location"] == f"/login?next=/runs/{run_id}"
+        await sign_in(client, web.keys["dana"])
+        own = await client.get(f"/runs/{run_id}")
+        missing = await client.get("/runs/nope")
+    async with web.client() as boss:
+        await sign_in(boss, web.keys["boss"])
+        foreign = await boss.get(f"/runs/{run_id}")
+    assert own.status_code == 200
+    assert "state-running" in own.text and "send the thing" in own.text
+    assert '<th scope="row">tool calls</th><td>1</td>' in own.text
+    assert "<code>decision</code>" in own.text and "role-tool" in own.text
+    assert "<code>send</code>" in own.text  # the assistant's tool call, by name
+    assert missing.status_code == foreign.status_code == 404
+    assert "send the thing" not in foreign.text
+
+
+async def test_sign_in_refuses_bad_keys_forged_forms_and_foreign_redirects(web: Web) -> None:
+    async with web.client() as client:
+        bad = await sign_in(client, "tth_wrong")
+        assert bad.status_code == 401 and "not valid" in bad.text
+        assert (await client.get("/")).status_code == 303
+        forged = await client.post(
+            "/login", data={"key": web.keys["dana"], "csrf": "x", "next": "/"}
+        )
+        assert forged.status_code == 403 and "tether_session" not in forged.headers.get(
+            "set-cookie", ""
+        )
+        away = await sign_in(client, web.keys["dana"], next_path="//evil.example/")
+        assert away.status_code == 303 and away.headers["location"] == "/"
+        cookie = away.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=lax" in cookie
+        assert (await client.get("/")).status_code == 200
+
+
+async def test_a_session_cookie_rewritten_to_another_user_is_signed_out(web: Web) -> None:
+    async with web.client() as client:
+        await sign_in(client, web.keys["eve"])
+        payload, _, mac = client.cookies["tether_session"].partition(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    assert claims["u"] == "eve"
+    as_dana = base64.urlsafe_b64encode(json.dumps({**claims, "u": "dana"}).encode())
+    forged = as_dana.rstrip(b"=").decode() + "." + mac
+    async with web.client() as client:
+        client.cookies.set("tether_session", forged)
+        assert (await client.get("/")).status_code == 303
+    async with web.client() as client:
+        client.cookies.set("tether_session", f"{payload}.{mac}")
+        assert (await client.get("/")).status_code == 200  # the genuine one still works
+
+
+async def test_sign_out_needs_the_csrf_token_and_ends_the_session(web: Web) -> None:
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        csrf = await session_csrf(client)
+        refused = await client.post("/logout", data={})
+        assert refused.status_code == 403 and (await client.get("/")).status_code == 200
+        done = await client.post("/logout", data={"csrf": csrf})
+        assert done.status_code == 303 and done.headers["location"] == "/login"
+        assert (await client.get("/")).status_code == 303
+
+
+async def test_the_dev_login_exists_only_for_the_demo_agent(db_url: str) -> None:
+    plain = _web(db_url)
+    try:
+        ensure_demo_users(plain.engine.store)
+        async with plain.client() as client:
+            form = await client.get("/login")
+            assert "Sign in as dana" not in form.text
+            refused = await client.post(
+                "/login", data={"dev_user": "dana", "csrf": csrf_of(form.text), "next": "/"}
+            )
+            assert refused.status_code == 401
+    finally:
+        plain.engine.close()
+    demo = _web(db_url, agent=dataclasses.replace(kit.agent(), name="sales-demo"))
+    try:
+        ensure_demo_users(demo.engine.store)
+        async with demo.client() as client:
+            form = await client.get("/login")
+            assert "Sign in as dana" in form.text and "Sign in as miguel" in form.text
+            stranger = await client.post(
+                "/login", data={"dev_user": "eve", "csrf": csrf_of(form.text), "next": "/"}
+            )
+            assert stranger.status_code == 401
+            form = await client.get("/login")
+            signed = await client.post(
+                "/login", data={"dev_user": "miguel", "csrf": csrf_of(form.text), "next": "/"}
+            )
+            assert signed.status_code == 303
+            inbox = await client.get("/")
+            assert "Signed in as <strong>miguel</strong>" in inbox.text
+    finally:
+        demo.engine.close()
