@@ -19,7 +19,14 @@ from anthropic.types import Message as AnthropicMessage
 from anthropic.types import MessageParam, ToolParam
 
 from tether.errors import ConfigError, ModelError
-from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
+from tether.models.base import (
+    Message,
+    Model,
+    ModelResponse,
+    ToolSpec,
+    Usage,
+    model_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -157,29 +164,14 @@ def from_anthropic_response(response: AnthropicMessage, model: str) -> ModelResp
 
 def model_error_from(exc: anthropic.AnthropicError, name: str, timeout_s: float) -> ModelError:
     """A ``ModelError`` whose message names the HTTP status and the provider's message."""
-    if isinstance(exc, anthropic.APIStatusError):
-        detail = _provider_message(exc.body) or exc.message
-        return ModelError(
-            f"{name} failed with HTTP {exc.status_code}: {detail}",
-            status=exc.status_code,
-        )
-    if isinstance(exc, anthropic.APITimeoutError):
-        return ModelError(f"{name} timed out after {timeout_s:g}s")
-    if isinstance(exc, anthropic.APIConnectionError):
-        return ModelError(f"{name} could not be reached: {exc.message}")
-    return ModelError(f"{name} failed: {exc}")
-
-
-def _provider_message(body: object) -> str | None:
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
-            return cast(str, inner["message"])
-        if isinstance(inner, str):
-            return inner
-    if isinstance(body, str) and body:
-        return body
-    return None
+    return model_error(
+        exc,
+        name,
+        timeout_s,
+        status_error=anthropic.APIStatusError,
+        timeout_error=anthropic.APITimeoutError,
+        connection_error=anthropic.APIConnectionError,
+    )
 
 
 class AnthropicModel(Model):

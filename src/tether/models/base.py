@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.errors import ModelError
+
 Message = dict[str, Any]
 
 
@@ -65,3 +67,38 @@ class Model(ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most models hold nothing
         """Release clients the adapter holds."""
+
+
+def provider_message(body: object) -> str | None:
+    """The human-readable message of a provider's error body, wrapped in ``error`` or not."""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+        if isinstance(inner, str):
+            return inner
+    if isinstance(body, str) and body:
+        return body
+    return None
+
+
+def model_error(
+    exc: Exception,
+    name: str,
+    timeout_s: float,
+    *,
+    status_error: type[Exception],
+    timeout_error: type[Exception],
+    connection_error: type[Exception],
+) -> ModelError:
+    """A ``ModelError`` naming the HTTP status and the provider's message, from an SDK
+    exception; each SDK passes its own exception classes."""
+    if isinstance(exc, status_error):
+        status = getattr(exc, "status_code", None)
+        detail = provider_message(getattr(exc, "body", None)) or getattr(exc, "message", str(exc))
+        return ModelError(f"{name} failed with HTTP {status}: {detail}", status=status)
+    if isinstance(exc, timeout_error):
+        return ModelError(f"{name} timed out after {timeout_s:g}s")
+    if isinstance(exc, connection_error):
+        return ModelError(f"{name} could not be reached: {getattr(exc, 'message', exc)}")
+    return ModelError(f"{name} failed: {exc}")

@@ -21,7 +21,14 @@ from openai.types.chat import (
 )
 
 from tether.errors import ConfigError, ModelError
-from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
+from tether.models.base import (
+    Message,
+    Model,
+    ModelResponse,
+    ToolSpec,
+    Usage,
+    model_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,30 +82,14 @@ def _tool_call_dict(call: ChatCompletionMessageToolCallUnion, model: str) -> dic
 
 def model_error_from(exc: openai.OpenAIError, name: str, timeout_s: float) -> ModelError:
     """A ``ModelError`` whose message names the HTTP status and the provider's message."""
-    if isinstance(exc, openai.APIStatusError):
-        detail = provider_message(exc.body) or exc.message
-        return ModelError(
-            f"{name} failed with HTTP {exc.status_code}: {detail}",
-            status=exc.status_code,
-        )
-    if isinstance(exc, openai.APITimeoutError):
-        return ModelError(f"{name} timed out after {timeout_s:g}s")
-    if isinstance(exc, openai.APIConnectionError):
-        return ModelError(f"{name} could not be reached: {exc.message}")
-    return ModelError(f"{name} failed: {exc}")
-
-
-def provider_message(body: object) -> str | None:
-    """The human-readable message from an error body, wrapped in ``error`` or not."""
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
-            return cast(str, inner["message"])
-        if isinstance(inner, str):
-            return inner
-    if isinstance(body, str) and body:
-        return body
-    return None
+    return model_error(
+        exc,
+        name,
+        timeout_s,
+        status_error=openai.APIStatusError,
+        timeout_error=openai.APITimeoutError,
+        connection_error=openai.APIConnectionError,
+    )
 
 
 class OpenAIChatModel(Model):
