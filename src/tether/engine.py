@@ -28,6 +28,7 @@ from tether.resume import (
     recover_orphans,
     reissue_notices,
     resume_after_confirmation,
+    resume_by_run,
     start_driver,
 )
 from tether.runs import Run
@@ -168,6 +169,27 @@ class Engine:
         """Carry out a human decision on a suspended run (SPEC §4)."""
         return await resume_after_confirmation(
             self.services, self.worker_id, token, decision, approver
+        )
+
+    async def resume_by_run(
+        self,
+        run_id: str,
+        decision: str,
+        approver: str,
+        *,
+        tool_call_id: str,
+        digest: str | None,
+    ) -> ApprovalResult:
+        """Decide the pending call ``tool_call_id`` of ``run_id`` (shown with ``digest``)
+        from an inbox, without the token; same claim, checks and errors as a token."""
+        return await resume_by_run(
+            self.services,
+            self.worker_id,
+            run_id,
+            decision,
+            approver,
+            tool_call_id=tool_call_id,
+            digest=digest,
         )
 
     async def recover_orphans(self) -> list[Outcome]:

@@ -94,6 +94,17 @@ async def start_driver(
     return Driver(services, snapshot, lease, scope, recovering=recovering, stopping=stopping)
 
 
+def _check_decision(decision: str, approver: str) -> None:
+    if decision not in DECISIONS:
+        raise InvalidInput(f"decision must be one of {', '.join(DECISIONS)}")
+    if not isinstance(approver, str) or not approver:
+        raise InvalidInput("approver is required")
+
+
+def _unknown() -> UnknownOrExpired:
+    return UnknownOrExpired("this approval link is unknown or has expired")
+
+
 async def resume_after_confirmation(
     services: Services, owner: str, token: str, decision: str, approver: str
 ) -> ApprovalResult:
@@ -104,21 +115,63 @@ async def resume_after_confirmation(
     Safe to call twice with one token: only one claim can succeed; the other caller gets
     ``already_resumed`` with the decision that won.
     """
-    if decision not in DECISIONS:
-        raise InvalidInput(f"decision must be one of {', '.join(DECISIONS)}")
+    _check_decision(decision, approver)
     if not isinstance(token, str) or not token or len(token) > 200:
-        raise UnknownOrExpired("this approval link is unknown or has expired")
-    if not isinstance(approver, str) or not approver:
-        raise InvalidInput("approver is required")
+        raise _unknown()
     token_hash = hash_token(token)
     run, used = await hop(services.store.find_by_token, token_hash)
     if run is None:
         if used is not None and await _may_see(services, used.run_id, approver):
             raise AlreadyResumed("this request was already decided", decision=decision_json(used))
-        raise UnknownOrExpired("this approval link is unknown or has expired")
+        raise _unknown()
+    return await _claim_and_carry_out(services, owner, run, token_hash, decision, approver)
+
+
+async def resume_by_run(
+    services: Services,
+    owner: str,
+    run_id: str,
+    decision: str,
+    approver: str,
+    *,
+    tool_call_id: str,
+    digest: str | None,
+) -> ApprovalResult:
+    """The same decision, taken from an inbox that knows the run but not the token (only
+    its hash is stored). The approver names the call and the preview digest they were
+    shown, so a click cannot approve a request that was re-suspended on another preview
+    after the page was rendered. Claims through the same conditional UPDATE as a token.
+
+    Safe to call twice: the second claim finds the run no longer suspended on that call
+    and answers ``already_resumed`` with the decision that won.
+    """
+    _check_decision(decision, approver)
+    run = await hop(services.store.get_run, run_id)
+    current = (
+        run is not None
+        and run.state.value == "suspended"
+        and run.pending is not None
+        and run.pending.tool_call_id == tool_call_id
+        and run.pending.digest == digest
+        and run.pending_token_hash is not None
+    )
+    if not current:
+        used = await hop(services.store.decision_for_call, run_id, tool_call_id)
+        if used is not None and await _may_see(services, run_id, approver):
+            raise AlreadyResumed("this request was already decided", decision=decision_json(used))
+        raise _unknown()
+    assert run is not None and run.pending_token_hash is not None
+    return await _claim_and_carry_out(
+        services, owner, run, run.pending_token_hash, decision, approver
+    )
+
+
+async def _claim_and_carry_out(
+    services: Services, owner: str, run: Run, token_hash: str, decision: str, approver: str
+) -> ApprovalResult:
     scope = await services.agent.resolve_scope(run.user_id)
     if not scope.may_approve(approver):
-        raise UnknownOrExpired("this approval link is unknown or has expired")
+        raise _unknown()
     claimed = await hop(
         services.store.claim_suspended,
         run_id=run.id,
@@ -131,7 +184,7 @@ async def resume_after_confirmation(
         _, used = await hop(services.store.find_by_token, token_hash)
         if used is not None:
             raise AlreadyResumed("this request was already decided", decision=decision_json(used))
-        raise UnknownOrExpired("this approval link is unknown or has expired")
+        raise _unknown()
     log.info("claimed", extra={"run_id": run.id, "action": "claim", "state": decision})
     fail("after_claim")
     driver = await start_driver(services, claimed)

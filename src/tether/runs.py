@@ -134,6 +134,8 @@ class Run:
     scope_snapshot: dict[str, Any]
     scope_resolved_at: float
     pending: Pending | None
+    # SHA-256 of the token of the current (or last) suspension; never the token itself.
+    pending_token_hash: str | None
     suspended_at: float | None
     expires_at: float | None
     halt_reason: str | None
@@ -172,6 +174,7 @@ class Run:
             scope_snapshot=dict(row["scope_snapshot"] or {}),
             scope_resolved_at=row["scope_resolved_at"],
             pending=Pending.from_json(pending) if pending else None,
+            pending_token_hash=row["pending_token_hash"],
             suspended_at=row["suspended_at"],
             expires_at=row["expires_at"],
             halt_reason=row["halt_reason"],

@@ -266,3 +266,44 @@ async def test_an_ambiguous_write_is_reconciled_before_the_loop_goes_on(
         results = _tool_results((await engine.get_run(outcome.run_id)).messages)
         assert results[0].get("error") == error
     engine.close()
+
+
+async def test_deciding_from_the_inbox_by_run_claims_once_and_checks_the_digest(
+    db_url: str,
+) -> None:
+    engine, run_id, _ = await _suspended(db_url)
+    run = (await engine.get_run(run_id)).run
+    assert run.pending is not None
+    call, shown = run.pending.tool_call_id, run.pending.digest
+    with pytest.raises(UnknownOrExpired):
+        await engine.resume_by_run(run_id, "approve", "mallory", tool_call_id=call, digest=shown)
+    with pytest.raises(UnknownOrExpired):  # a digest the approver was never shown
+        await engine.resume_by_run(run_id, "approve", "dana", tool_call_id=call, digest="0" * 64)
+    results = await asyncio.gather(
+        *[
+            engine.resume_by_run(run_id, "approve", "dana", tool_call_id=call, digest=shown)
+            for _ in range(5)
+        ],
+        return_exceptions=True,
+    )
+    assert sum(1 for r in results if not isinstance(r, BaseException)) == 1
+    assert all(isinstance(r, AlreadyResumed) for r in results if isinstance(r, BaseException))
+    assert len(kit.effects()) == 1
+    engine.close()
+
+
+async def test_an_inbox_click_on_a_preview_that_changed_does_not_approve_the_new_one(
+    db_url: str,
+) -> None:
+    engine, run_id, token = await _suspended(db_url)
+    run = (await engine.get_run(run_id)).run
+    assert run.pending is not None
+    call, shown = run.pending.tool_call_id, run.pending.digest
+    kit.set_world("price", "90")
+    with pytest.raises(Changed):
+        await engine.resume_after_confirmation(token, "approve", "dana")
+    with pytest.raises(AlreadyResumed):  # the old page's click: the approval it carried is used
+        await engine.resume_by_run(run_id, "approve", "dana", tool_call_id=call, digest=shown)
+    assert (await engine.get_run(run_id)).run.state.value == "suspended"
+    assert kit.effects() == []
+    engine.close()

@@ -479,6 +479,17 @@ class Store:
                 Decision.from_row(drow._mapping) if drow else None,
             )
 
+    def decision_for_call(self, run_id: str, tool_call_id: str) -> Decision | None:
+        """The latest decision taken on a call of a run, if any."""
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                sa.select(decisions)
+                .where(decisions.c.run_id == run_id, decisions.c.tool_call_id == tool_call_id)
+                .order_by(decisions.c.decided_at.desc())
+                .limit(1)
+            ).first()
+            return Decision.from_row(row._mapping) if row else None
+
     def claim_suspended(
         self, *, run_id: str, token_hash: str, owner: str, decision: str, approver: str
     ) -> Run | None:
