@@ -8,6 +8,7 @@ own browser download is never used. Without /usr/bin/chromium this test fails.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import threading
@@ -44,12 +45,25 @@ SCREENSHOTS = kit.ROOT / "test-artifacts" / "screenshots"
 
 
 class DecisionPosts:
-    """Wraps the app to record the status of every completed POST to an approval link, so
-    the test knows both clicks of a double click reached the server."""
+    """Wraps the app around the POSTs to approval links: it records each one's status and,
+    once ``pair_next`` is called, holds the next one (its body read, so the browser
+    cancelling it changes nothing) until another arrives or ``hold_s`` passes, so the two
+    clicks of a double click reach the engine together, as on a slow network."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, hold_s: float = 10.0) -> None:
         self.app = app
+        self.hold_s = hold_s
+        self.arrived = 0
         self.statuses: list[int] = []
+        self._paired = False
+        self._second: asyncio.Event | None = None
+
+    def pair_next(self) -> None:
+        """Hold the next POST until the one after it arrives."""
+        self.arrived = 0
+        self.statuses.clear()
+        self._paired = True
+        self._second = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not (
@@ -59,6 +73,24 @@ class DecisionPosts:
         ):
             await self.app(scope, receive, send)
             return
+        self.arrived += 1
+        if self._second is None:
+            self._second = asyncio.Event()
+        body = await _read_body(receive)
+        if self._paired and self.arrived == 1:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._second.wait(), self.hold_s)
+        else:
+            self._second.set()
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
         status = 0
 
         async def recording(message: Message) -> None:
@@ -68,9 +100,18 @@ class DecisionPosts:
             await send(message)
 
         try:
-            await self.app(scope, receive, recording)
+            await self.app(scope, replay, recording)
         finally:
             self.statuses.append(status)
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return b"".join(chunks)
 
 
 @dataclass
@@ -195,7 +236,15 @@ def test_sign_in_see_the_request_and_a_double_click_approves_once(
     shot(page, "approval")
     assert served.decisions(run_id) == [] and kit.effects() == []  # the GET did nothing
 
-    page.get_by_role("button", name="Approve").dblclick()
+    # Two clicks at the button's place, the second while the first answer is on its way
+    # (the mouse, unlike a locator, does not wait for the pending navigation).
+    box = page.get_by_role("button", name="Approve").bounding_box()
+    assert box is not None
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    served.posts.pair_next()
+    page.mouse.click(x, y)
+    kit.poll_until(lambda: served.posts.arrived == 1, timeout=15, what="the first click")
+    page.mouse.click(x, y)
     # The page shows whichever answer came last: the decision, or that it was decided.
     expect(page.locator("section.outcome h1")).to_have_text(
         re.compile("^(Approved|Already decided)$")
@@ -205,6 +254,15 @@ def test_sign_in_see_the_request_and_a_double_click_approves_once(
     assert sorted(served.posts.statuses) == [200, 409]  # one decision, one already_resumed
     assert [e[1] for e in kit.effects()] == ["send"]
     assert [d["decision"] for d in served.decisions(run_id)] == ["approve"]
+
+    page.goto(f"{served.url}/approve/{token}")
+    expect(page.locator("section.outcome h1")).to_have_text("Already decided")
+    expect(page.locator("dd.decision")).to_have_text("approve")
+    shot(page, "already-decided")
+    page.get_by_role("link", name="Open the run").click()
+    expect(page.locator("table.timeline")).to_contain_text("decision")
+    expect(page.locator("table.budget tr", has_text="tool calls")).to_contain_text("1")
+    shot(page, "run")
 
 
 def test_a_changed_request_shows_the_diff_side_by_side_and_can_be_approved_again(

@@ -331,6 +331,17 @@ async def test_the_run_page_shows_state_budget_timeline_and_messages_to_its_owne
     assert "send the thing" not in foreign.text
 
 
+async def test_ids_and_tokens_that_cannot_name_anything_are_not_found(web: Web) -> None:
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        csrf = await session_csrf(client)
+        for bad in ("%00", "a%00b", "x" * 300, "%F0%9F%92%A5", "a%20b"):
+            assert (await client.get(f"/runs/{bad}")).status_code == 404
+            assert (await client.get(f"/approve/{bad}")).status_code == 404
+            acted = await client.post(f"/approve/{bad}", data={"decision": "approve", "csrf": csrf})
+            assert acted.status_code == 404 and "unknown or has expired" in acted.text
+
+
 async def test_sign_in_refuses_bad_keys_forged_forms_and_foreign_redirects(web: Web) -> None:
     async with web.client() as client:
         bad = await sign_in(client, "tth_wrong")
@@ -408,3 +419,79 @@ async def test_the_dev_login_exists_only_for_the_demo_agent(db_url: str) -> None
             assert "Signed in as <strong>miguel</strong>" in inbox.text
     finally:
         demo.engine.close()
+
+
+def test_a_preview_with_lines_renders_them_as_a_nested_table() -> None:
+    from tether.api.web import templates
+
+    preview = {
+        "quote_id": "Q-1",
+        "lines": [
+            {"sku": "SKU-4411", "quantity": 200, "unit_price": 12.5},
+            {"sku": "<b>x</b>", "quantity": 1},
+        ],
+        "discount_pct": 5,
+        "total": None,
+    }
+    rendered = templates.env.from_string(
+        '{% from "macros.html" import value %}{{ value(p) }}'
+    ).render(p=preview)
+    compact = re.sub(r">\s+<", "><", rendered)
+    assert '<th scope="row">lines</th><td><table class="rows">' in compact
+    assert (
+        '<thead><tr><th scope="col">sku</th><th scope="col">quantity</th>'
+        '<th scope="col">unit_price</th></tr></thead>'
+    ) in compact
+    assert "<td>SKU-4411</td><td>200</td><td>12.5</td>" in compact
+    assert "<td>&lt;b&gt;x&lt;/b&gt;</td><td>1</td><td>—</td>" in compact
+    assert '<th scope="row">total</th><td>—</td>' in compact
+
+
+INBOX_FORM = re.compile(
+    r'action="/runs/([^"]+)/decision".*?name="tool_call_id" value="([^"]+)".*?'
+    r'name="digest" value="([^"]*)"',
+    re.S,
+)
+
+
+async def test_deciding_in_the_inbox_acts_once_and_needs_the_csrf_token(web: Web) -> None:
+    run_id, _ = await web.suspended()
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        inbox = await client.get("/")
+        found = INBOX_FORM.search(inbox.text)
+        assert found and found.group(1) == run_id
+        fields = {"tool_call_id": found.group(2), "digest": found.group(3)}
+        forged = await client.post(
+            f"/runs/{run_id}/decision", data={**fields, "decision": "approve", "csrf": "x"}
+        )
+        assert forged.status_code == 403 and kit.effects() == []
+        form = {**fields, "decision": "approve", "csrf": csrf_of(inbox.text)}
+        first = await client.post(f"/runs/{run_id}/decision", data=form)
+        second = await client.post(f"/runs/{run_id}/decision", data=form)
+    assert first.status_code == 200
+    assert second.status_code == 409 and "already" in second.text.lower()
+    assert [e[1] for e in kit.effects()] == ["send"]
+    assert [d["decision"] for d in await web.decisions(run_id)] == ["approve"]
+
+
+async def test_an_inbox_decision_by_a_stranger_changes_nothing(web: Web) -> None:
+    run_id, _ = await web.suspended()
+    run = await web.run(run_id)
+    assert run.pending is not None
+    async with web.client() as client:
+        await sign_in(client, web.keys["eve"])
+        inbox = await client.get("/")
+        assert run_id not in inbox.text
+        refused = await client.post(
+            f"/runs/{run_id}/decision",
+            data={
+                "tool_call_id": run.pending.tool_call_id,
+                "digest": run.pending.digest or "",
+                "decision": "approve",
+                "csrf": csrf_of(inbox.text),
+            },
+        )
+    assert refused.status_code == 404
+    assert (await web.run(run_id)).state is RunState.SUSPENDED
+    assert kit.effects() == []
