@@ -46,9 +46,14 @@ def main() -> None:
 
 
 def build_engine(
-    agent_spec: str, *, migrate_empty: bool, notifier: Notifier | None = None
+    agent_spec: str,
+    *,
+    migrate_empty: bool,
+    notifier: Notifier | None = None,
+    public_url: str = "",
 ) -> Engine:
-    """An engine for the agent ``agent_spec`` configured from the environment."""
+    """An engine for the agent ``agent_spec`` configured from the environment;
+    ``public_url`` prefixes the approval links of its notices."""
     settings = Settings.from_env()
     agent = load_agent(agent_spec)
     if settings.model:
@@ -67,7 +72,12 @@ def build_engine(
         else:
             notifier = LogNotifier()
     return Engine(
-        agent=agent, model=model, settings=settings, notifier=notifier, migrate=migrate_empty
+        agent=agent,
+        model=model,
+        settings=settings,
+        notifier=notifier,
+        migrate=migrate_empty,
+        public_url=public_url,
     )
 
 
@@ -119,6 +129,86 @@ def worker(
         asyncio.run(go())
     finally:
         engine.close()
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="port to bind")] = 8000,
+    workers: Annotated[
+        int, typer.Option(min=0, max=64, help="in-process workers (0: the API alone)")
+    ] = 1,
+    agent: AgentOpt = DEFAULT_AGENT,
+    public_url: Annotated[
+        str | None,
+        typer.Option(help="base URL of approval links in notices (default http://HOST:PORT)"),
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option(min=1, max=1000, help="runs each worker carries at once")
+    ] = 8,
+) -> None:
+    """Serve the HTTP API and the approvals pages, with workers in the same process.
+    SIGTERM or SIGINT stops accepting requests and claiming runs; once the workers have
+    finished or handed back the runs in hand, the process exits 0."""
+    configure("INFO")
+    base = (public_url or f"http://{_url_host(host)}:{port}").rstrip("/")
+    api_engine = build_engine(agent, migrate_empty=True, public_url=base)
+    engines = [api_engine]
+    try:
+        if agent == DEFAULT_AGENT:
+            from tether.users import ensure_demo_users
+
+            ensure_demo_users(api_engine.store)
+        for _ in range(workers):
+            engines.append(build_engine(agent, migrate_empty=False, public_url=base))
+        asyncio.run(_serve(api_engine, engines[1:], host, port, base, concurrency))
+    finally:
+        for engine in engines:
+            engine.close()
+
+
+async def _serve(
+    api_engine: Engine,
+    worker_engines: list[Engine],
+    host: str,
+    port: int,
+    public_url: str,
+    concurrency: int,
+) -> None:
+    """Uvicorn and the workers in one event loop; the workers stop when the server does."""
+    import uvicorn
+
+    from tether.api.app import create_app
+    from tether.worker import Worker
+
+    app = create_app(api_engine, public_url=public_url)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
+    runners = [Worker(engine, concurrency=concurrency) for engine in worker_engines]
+    tasks = [asyncio.create_task(runner.run()) for runner in runners]
+
+    def on_signal() -> None:
+        # Uvicorn installs its own handlers while it serves and raises the signal again
+        # once it has stopped; this runs either way (and must stay idempotent), so a
+        # signal never kills the process before the workers have stopped.
+        server.should_exit = True
+        for runner in runners:
+            runner.stop()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await server.serve()
+    finally:
+        for runner in runners:
+            runner.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 @app.command()
