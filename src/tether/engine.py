@@ -11,6 +11,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tether import inputs
 from tether.agent import Agent
 from tether.budget import Limits, parse_limits
 from tether.config import Settings
@@ -109,12 +110,8 @@ class Engine:
     ) -> Run:
         """Create a run for ``user_id`` asking ``question``; it waits for a worker (or for
         ``run_until_stop``). Its scope is resolved now and stored as a snapshot."""
-        if not isinstance(user_id, str) or not user_id.strip() or len(user_id) > 128:
-            raise InvalidInput("user_id must be a non-empty string of at most 128 characters")
-        if not isinstance(question, str) or not question.strip():
-            raise InvalidInput("question must be a non-empty string")
-        if len(question) > MAX_QUESTION_CHARS:
-            raise InvalidInput(f"question is longer than {MAX_QUESTION_CHARS} characters")
+        inputs.user_id(user_id)
+        inputs.text(question, "question", MAX_QUESTION_CHARS)
         run_limits = parse_limits(limits, self.settings.default_limits)
         scope = await self.agent.resolve_scope(user_id)
         messages: list[Message] = [
@@ -136,7 +133,7 @@ class Engine:
     async def run_until_stop(self, run_id: str) -> Outcome:
         """Claim ``run_id`` (it must be waiting for a worker) and carry it to its next stop:
         answered, suspended, halted or failed."""
-        run = await hop(self.store.claim_ready, self.worker_id, run_id)
+        run = await hop(self.store.claim_ready, self.worker_id, inputs.run_id(run_id))
         if run is None:
             existing = await hop(self.store.get_run, run_id)
             if existing is None:
@@ -238,7 +235,7 @@ class Engine:
 
     async def owner_of_token(self, token: str) -> str | None:
         """The user whose run a token belongs to (pending or used), for the operator CLI."""
-        run, used = await hop(self.store.find_by_token, hash_token(token))
+        run, used = await hop(self.store.find_by_token, hash_token(inputs.token(token)))
         if run is not None:
             return run.user_id
         if used is not None:
@@ -250,7 +247,7 @@ class Engine:
 
     async def get_run(self, run_id: str, *, user_id: str | None = None) -> RunView:
         """A run with its messages; ``not_found`` if missing or not ``user_id``'s."""
-        snapshot = await hop(self.store.snapshot, run_id)
+        snapshot = await hop(self.store.snapshot, inputs.run_id(run_id))
         if snapshot is None or (user_id is not None and snapshot.run.user_id != user_id):
             raise NotFound("no such run")
         return RunView(run=snapshot.run, messages=snapshot.messages)
@@ -263,11 +260,11 @@ class Engine:
 
     async def events(self, run_id: str) -> list[Event]:
         """The run's trace, oldest first."""
-        return list(await hop(self.store.events, run_id))
+        return list(await hop(self.store.events, inputs.run_id(run_id)))
 
     async def ledger(self, run_id: str) -> list[LedgerEntry]:
         """The run's tool-call ledger, in call order."""
-        return list(await hop(self.store.ledger, run_id))
+        return list(await hop(self.store.ledger, inputs.run_id(run_id)))
 
     # -- sync facade ---------------------------------------------------------------------
 

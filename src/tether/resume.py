@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from tether import inputs
 from tether.budget import Limits, parse_limits
 from tether.errors import (
     AlreadyFinished,
@@ -97,8 +98,7 @@ async def start_driver(
 def _check_decision(decision: str, approver: str) -> None:
     if decision not in DECISIONS:
         raise InvalidInput(f"decision must be one of {', '.join(DECISIONS)}")
-    if not isinstance(approver, str) or not approver:
-        raise InvalidInput("approver is required")
+    inputs.user_id(approver, "approver")
 
 
 def _unknown() -> UnknownOrExpired:
@@ -116,9 +116,7 @@ async def resume_after_confirmation(
     ``already_resumed`` with the decision that won.
     """
     _check_decision(decision, approver)
-    if not isinstance(token, str) or not token or len(token) > 200:
-        raise _unknown()
-    token_hash = hash_token(token)
+    token_hash = hash_token(inputs.token(token))
     run, used = await hop(services.store.find_by_token, token_hash)
     if run is None:
         if used is not None and await _may_see(services, used.run_id, approver):
@@ -146,7 +144,9 @@ async def resume_by_run(
     and answers ``already_resumed`` with the decision that won.
     """
     _check_decision(decision, approver)
-    run = await hop(services.store.get_run, run_id)
+    if not isinstance(tool_call_id, str) or not 0 < len(tool_call_id) <= 128:
+        raise _unknown()
+    run = await hop(services.store.get_run, inputs.run_id(run_id))
     current = (
         run is not None
         and run.state.value == "suspended"
@@ -349,9 +349,11 @@ async def continue_run(
 
     Safe to call twice: the second call finds the run no longer halted (``not_halted``).
     """
-    run = await hop(services.store.get_run, run_id)
+    run = await hop(services.store.get_run, inputs.run_id(run_id))
     if run is None or run.user_id != user:
         raise NotFound("no such run")
+    if why is not None:
+        inputs.text(why, "why", 2000)
     if run.state.value != "halted":
         raise NotHalted(f"the run is {run.state.value}, not halted")
     granted = run.limits.extended() if limits is None else parse_limits(limits, run.limits)
@@ -379,7 +381,9 @@ async def continue_run(
 
 async def cancel_run(services: Services, run_id: str, user: str) -> Run:
     """Cancel a run that is not terminal. Safe twice: the second call is ``already_finished``."""
-    cancelled = await hop(services.store.cancel, run_id=run_id, user_id=user, by=user)
+    cancelled = await hop(
+        services.store.cancel, run_id=inputs.run_id(run_id), user_id=user, by=user
+    )
     if cancelled is not None:
         return cancelled
     run = await hop(services.store.get_run, run_id)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import re
 import secrets
 
 import sqlalchemy as sa
 
+from tether import inputs
 from tether.errors import InvalidInput
 from tether.store import Store
 from tether.store.engine import db_now
@@ -15,8 +15,6 @@ from tether.store.schema import api_keys, users
 
 # The demo users of SPEC §8, with the fixed keys the README lists.
 DEMO_KEYS = {"dana": "tether-demo-dana", "miguel": "tether-demo-miguel"}
-
-_USER_ID = re.compile(r"^[A-Za-z0-9_.@-]{1,128}$")
 
 
 def hash_key(key: str) -> str:
@@ -33,8 +31,7 @@ def add_user(store: Store, user_id: str, key: str | None = None) -> str:
     """Create ``user_id`` if missing and give it a key (``key`` or a new one); returns the
     key, which is not stored and cannot be shown again. Safe twice: an existing user keeps
     its other keys."""
-    if not _USER_ID.match(user_id):
-        raise InvalidInput("a user name is 1-128 letters, digits, or . _ @ -")
+    inputs.user_id(user_id, "a user name")
     key = key or new_key()
     with store.engine.begin() as conn:
         exists = conn.execute(sa.select(users.c.id).where(users.c.id == user_id)).first()

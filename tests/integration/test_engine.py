@@ -205,3 +205,40 @@ def _dump_database(store: Store) -> str:
             for row in conn.execute(sa.select(table)):
                 parts.append(json.dumps([str(v) for v in row], default=str))
     return "\n".join(parts)
+
+
+@pytest.mark.parametrize(
+    ("user", "question"),
+    [
+        ("dana", "a\x00b"),
+        ("dana", "bad \ud800 surrogate"),
+        ("da na", "ok"),
+        ("", "ok"),
+        ("dana", "   "),
+        ("dana", 42),
+    ],
+)
+async def test_bad_input_to_start_run_is_refused_and_stores_nothing(
+    db_url: str, user: str, question: object
+) -> None:
+    from tether.errors import InvalidInput
+
+    engine = kit.engine(db_url)
+    with pytest.raises(InvalidInput):
+        await engine.start_run(user, question)  # type: ignore[arg-type]
+    assert await engine.list_runs() == []
+    engine.close()
+
+
+async def test_ids_and_tokens_that_cannot_name_anything_are_refused_cleanly(db_url: str) -> None:
+    from tether.errors import NotFound, UnknownOrExpired
+
+    engine = kit.engine(db_url)
+    for bad in ("a\x00b", "x" * 65, "../etc", "\ud800"):
+        with pytest.raises(NotFound):
+            await engine.get_run(bad)
+        with pytest.raises(NotFound):
+            await engine.cancel_run(bad, "dana")
+        with pytest.raises(UnknownOrExpired):
+            await engine.resume_after_confirmation(bad, "approve", "dana")
+    engine.close()

@@ -4,16 +4,19 @@ metrics. Every 4xx body is ``{"ok": false, "error": CODE, "message": TEXT}`` (SP
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether.engine import Engine
 from tether.errors import TetherError
+
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 256 * 1024
 
@@ -23,8 +26,9 @@ def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
 
 
 class BodyLimit:
-    """Refuses request bodies larger than ``limit`` bytes with a 413, before any handler
-    reads them."""
+    """Refuses request bodies larger than ``limit`` bytes with a 413, whether the size is
+    declared (Content-Length) or only discovered while reading a chunked body; the handler
+    never sees an oversized body."""
 
     def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
         self.app = app
@@ -39,24 +43,28 @@ class BodyLimit:
             await _too_large(self.limit)(scope, receive, send)
             return
         seen = 0
+        refused = False
 
-        async def limited() -> Any:
-            nonlocal seen
+        async def limited() -> Message:
+            nonlocal seen, refused
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _BodyTooLarge
+                if seen > self.limit and not refused:
+                    refused = True
+                    await _too_large(self.limit)(scope, receive, send)
+                    return {"type": "http.disconnect"}
             return message
 
+        async def guarded_send(message: Message) -> None:
+            if not refused:  # once refused, the app's own answer is dropped
+                await send(message)
+
         try:
-            await self.app(scope, limited, send)
-        except _BodyTooLarge:
-            await _too_large(self.limit)(scope, receive, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
+            await self.app(scope, limited, guarded_send)
+        except Exception:
+            if not refused:
+                raise
 
 
 def _too_large(limit: int) -> JSONResponse:
@@ -77,7 +85,13 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
 
     @app.exception_handler(TetherError)
     async def tether_error(_: Request, exc: TetherError) -> JSONResponse:
-        return JSONResponse(exc.to_dict(), status_code=exc.http_status)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+        return JSONResponse(exc.to_dict(), status_code=exc.http_status, headers=headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("request failed", extra={"action": "http", "path": request.url.path})
+        return JSONResponse(error_body("internal_error", "an internal error occurred"), 500)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

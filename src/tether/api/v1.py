@@ -9,13 +9,13 @@ user's is one and the same ``not_found``. Input is validated before anything is 
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Query, Response, Security
 from fastapi.security import HTTPBearer
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from tether import inputs
 from tether.api.deps import api_user, engine_of
 from tether.budget import LimitsInput
 from tether.engine import MAX_QUESTION_CHARS, Engine
@@ -25,7 +25,6 @@ from tether.resume import hop
 from tether.runs import Run, RunState, iso, run_to_json
 
 # Run ids are generated (uuid hex); anything else cannot name a run.
-_RUN_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 # Documents the scheme in the OpenAPI document; `api_user` does the checking.
 _bearer = HTTPBearer(
@@ -265,7 +264,7 @@ async def list_runs(
     responses=_responses((401, _AUTH), (404, _NOT_FOUND), (422, _INVALID)),
 )
 async def get_run(run_id: str, user: Caller, engine: EngineDep) -> dict[str, Any]:
-    view = await engine.get_run(_checked(run_id), user_id=user)
+    view = await engine.get_run(run_id, user_id=user)
     return {**run_to_json(view.run), "messages": view.messages}
 
 
@@ -310,9 +309,7 @@ async def continue_run(
     limits = None
     if body is not None and body.limits is not None:
         limits = body.limits.model_dump(exclude_none=True)
-    run = await engine.continue_run(
-        _checked(run_id), user, limits=limits, why=body.why if body else None
-    )
+    run = await engine.continue_run(run_id, user, limits=limits, why=body.why if body else None)
     return run_to_json(run)
 
 
@@ -329,7 +326,7 @@ async def continue_run(
     ),
 )
 async def cancel_run(run_id: str, user: Caller, engine: EngineDep) -> dict[str, Any]:
-    return run_to_json(await engine.cancel_run(_checked(run_id), user))
+    return run_to_json(await engine.cancel_run(run_id, user))
 
 
 # -- approvals -----------------------------------------------------------------------------
@@ -376,15 +373,8 @@ async def decide(token: str, body: DecisionIn, user: Caller, engine: EngineDep) 
 # -- helpers -------------------------------------------------------------------------------
 
 
-def _checked(run_id: str) -> str:
-    """``run_id`` if it can name a run; otherwise the same ``not_found`` as a missing run."""
-    if not _RUN_ID.match(run_id):
-        raise NotFound("no such run")
-    return run_id
-
-
 async def _owned(engine: Engine, run_id: str, user: str) -> Run:
-    run = await hop(engine.store.get_run, _checked(run_id))
+    run = await hop(engine.store.get_run, inputs.run_id(run_id))
     if run is None or run.user_id != user:
         raise NotFound("no such run")
     return run

@@ -16,7 +16,6 @@ import hmac
 import json
 import logging
 import os
-import re
 import secrets
 import time
 from collections.abc import Awaitable, Mapping, Sequence
@@ -31,6 +30,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from starlette.requests import ClientDisconnect
 
+from tether import inputs
 from tether.api.deps import engine_of
 from tether.engine import Engine
 from tether.errors import (
@@ -58,7 +58,6 @@ LOGIN_COOKIE = "tether_login"
 SESSION_MAX_AGE_S = 12 * 3600
 LOGIN_MAX_AGE_S = 3600
 MAX_TOKEN_CHARS = 200
-RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # The dev login ("Sign in as dana") exists only for the demo agent, whose users' keys are
 # published in the README anyway; the name is the one tether.sandbox.agent gives it.
 DEMO_AGENT = "sales-demo"
@@ -547,7 +546,7 @@ async def decide_from_inbox(request: Request, run_id: str) -> Response:
         )
     decision = _field(form, "decision")
     call, shown = _field(form, "tool_call_id"), _field(form, "digest")
-    if decision not in DECISIONS or not call or not RUN_ID.fullmatch(run_id):
+    if decision not in DECISIONS or not call or not inputs.RUN_ID.fullmatch(run_id):
         return message(
             request, session, 422, "Invalid decision", "Choose approve or decline.", kind="refused"
         )
@@ -634,8 +633,6 @@ async def run_page(request: Request, run_id: str) -> Response:
         return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)
     engine = engine_of(request)
     try:
-        if not RUN_ID.fullmatch(run_id):
-            raise NotFound("no such run")  # a NUL byte would be a driver error on PostgreSQL
         view = await engine.get_run(run_id, user_id=session.user)
     except NotFound:
         return message(request, session, 404, "Not found", "There is no such run.", kind="refused")
