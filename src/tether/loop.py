@@ -29,6 +29,7 @@ from tether.config import Settings
 from tether.errors import FailpointError, LeaseLost, NoLongerPermitted, TetherError
 from tether.failpoints import fail
 from tether.messages import ToolCall, pending_tool_calls, tool_calls_of, tool_result
+from tether.metrics import MODEL_SECONDS, STEP_SECONDS, TOOL_SECONDS
 from tether.models.base import Message, Model
 from tether.models.pricing import spend_usd
 from tether.notify import Notice, Notifier
@@ -176,6 +177,7 @@ class Driver:
             return await self._fail_on_error(exc)
 
     async def _drive(self) -> Outcome:
+        step_started: float | None = None
         while True:
             for call in pending_tool_calls(self.messages):
                 if self.stopping is not None and self.stopping.is_set():
@@ -183,14 +185,18 @@ class Driver:
                 stop = await self.process_call(call)
                 if stop is not None:
                     return stop
+            if step_started is not None:  # the turn and all its calls are done
+                STEP_SECONDS.observe(time.monotonic() - step_started)
             if self.stopping is not None and self.stopping.is_set():
                 return await self.release("worker stopping")
             reason = self.budget.check_before_model_call(self.run.limits)
             if reason is not None:
                 return await self.halt(reason)
             fail("before_model_call")
+            step_started = time.monotonic()
             specs = [t.spec() for t in self.s.agent.tools]
-            response = await self._keepalive(self.s.model.request(list(self.messages), specs))
+            with MODEL_SECONDS.time():
+                response = await self._keepalive(self.s.model.request(list(self.messages), specs))
             fail("after_model_call")
             message = self._normalized(response.message)
             calls = tool_calls_of(message)
@@ -222,6 +228,7 @@ class Driver:
             )
             self.recovering = False
             if not calls:
+                STEP_SECONDS.observe(time.monotonic() - step_started)
                 log.info("answered", extra={"run_id": self.run.id, "action": "answered"})
                 return Outcome(run_id=self.run.id, kind=StopKind.ANSWERED)
             for call in calls:  # `after_intent:TOOL` fires for a turn that calls TOOL
@@ -418,7 +425,8 @@ class Driver:
         ctx = self._ctx(call, confirmed=confirmed)
         fail("before_tool_call", call.name)
         try:
-            result = await self._keepalive(tool.call(args, ctx))
+            with TOOL_SECONDS.labels(tool=call.name).time():
+                result = await self._keepalive(tool.call(args, ctx))
         except ToolFailed as exc:
             fail("after_tool_commit", call.name)
             await self.store_result(

@@ -22,6 +22,7 @@ from tether.errors import (
     NoLongerPermitted,
     NotFound,
     NotHalted,
+    TetherError,
     UnknownOrExpired,
 )
 from tether.failpoints import fail
@@ -36,6 +37,7 @@ from tether.loop import (
     new_token,
 )
 from tether.messages import pending_tool_calls
+from tether.metrics import APPROVALS, EXPIRIES, RECOVERIES
 from tether.notify import Notice
 from tether.runs import Run, iso
 from tether.store import Decision
@@ -120,7 +122,9 @@ async def resume_after_confirmation(
     run, used = await hop(services.store.find_by_token, token_hash)
     if run is None:
         if used is not None and await _may_see(services, used.run_id, approver):
+            APPROVALS.labels(outcome=AlreadyResumed.code).inc()
             raise AlreadyResumed("this request was already decided", decision=decision_json(used))
+        APPROVALS.labels(outcome=UnknownOrExpired.code).inc()
         raise _unknown()
     return await _claim_and_carry_out(services, owner, run, token_hash, decision, approver)
 
@@ -167,6 +171,20 @@ async def resume_by_run(
 
 
 async def _claim_and_carry_out(
+    services: Services, owner: str, run: Run, token_hash: str, decision: str, approver: str
+) -> ApprovalResult:
+    try:
+        result = await _claim_and_carry_out_once(
+            services, owner, run, token_hash, decision, approver
+        )
+    except TetherError as exc:
+        APPROVALS.labels(outcome=exc.code).inc()
+        raise
+    APPROVALS.labels(outcome=result.outcome).inc()
+    return result
+
+
+async def _claim_and_carry_out_once(
     services: Services, owner: str, run: Run, token_hash: str, decision: str, approver: str
 ) -> ApprovalResult:
     scope = await services.agent.resolve_scope(run.user_id)
@@ -267,6 +285,17 @@ async def recover_orphans(services: Services, owner: str) -> list[Outcome]:
         Outcome(run_id=run_id, kind=StopKind.FAILED, reason="recovery_exhausted")
         for run_id in exhausted
     ]
+    try:
+        return await _recover_claimed(services, claimed, outcomes)
+    finally:
+        for o in outcomes:
+            label = (o.reason or "failed") if o.kind is StopKind.FAILED else o.kind.value
+            RECOVERIES.labels(outcome=label).inc()
+
+
+async def _recover_claimed(
+    services: Services, claimed: list[Run], outcomes: list[Outcome]
+) -> list[Outcome]:
     for run in claimed:
         log.info("recovering", extra={"run_id": run.id, "action": "recover"})
         try:
@@ -398,6 +427,7 @@ async def expire_suspended(services: Services) -> list[str]:
     expired: list[str] = []
     while True:
         batch = await hop(services.store.expire_suspended, services.settings.purge_batch)
+        EXPIRIES.inc(len(batch))
         expired.extend(batch)
         if len(batch) < services.settings.purge_batch:
             return expired

@@ -19,8 +19,7 @@ from tether import inputs
 from tether.api.deps import api_user, engine_of
 from tether.budget import LimitsInput
 from tether.engine import MAX_QUESTION_CHARS, Engine
-from tether.errors import NotFound, TetherError
-from tether.metrics import APPROVALS
+from tether.errors import NotFound
 from tether.resume import hop
 from tether.runs import Run, RunState, iso, run_to_json
 
@@ -360,13 +359,7 @@ async def cancel_run(run_id: str, user: Caller, engine: EngineDep) -> dict[str, 
 )
 async def decide(token: str, body: DecisionIn, user: Caller, engine: EngineDep) -> dict[str, Any]:
     # Shielded: a client that hangs up must not interrupt a claimed decision mid-way.
-    work = engine.resume_after_confirmation(token, body.decision, user)
-    try:
-        result = await asyncio.shield(work)
-    except TetherError as exc:
-        APPROVALS.labels(outcome=exc.code).inc()
-        raise
-    APPROVALS.labels(outcome=result.outcome).inc()
+    result = await asyncio.shield(engine.resume_after_confirmation(token, body.decision, user))
     return {**result.to_json(), "ok": True}
 
 
