@@ -5,10 +5,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from tether.errors import ConfigError
-from tether.models.base import Model
+from tether.models.base import Model, ToolSpec
 from tether.scope import ScopeResolver, open_scope
 from tether.tools import Tool
 
@@ -30,6 +31,11 @@ class Agent:
         names = [t.name for t in self.tools]
         if len(names) != len(set(names)):
             raise ConfigError(f"agent {self.name}: duplicate tool names in {names}")
+
+    @cached_property
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        """The tools as the model sees them, built once (a JSON schema is not free)."""
+        return tuple(t.spec() for t in self.tools)
 
     def tool(self, name: str) -> Tool | None:
         """The tool called ``name``, or None."""

@@ -74,7 +74,10 @@ class Engine:
         public_url: str = "",
     ) -> None:
         self.settings = settings or Settings.from_env()
-        self.store = Store(database_url or self.settings.database_url)
+        self.store = Store(
+            database_url or self.settings.database_url,
+            heartbeat_refresh_s=self.settings.heartbeat_timeout_s / 3,
+        )
         try:
             ensure_schema(self.store.engine, migrate_empty=migrate)
         except Exception:

@@ -157,6 +157,10 @@ class Driver:
         # without its result being stored, and only the first unanswered one (calls run
         # in order). Everything else pending is known not to have run.
         self.recovering = recovering
+        # Every tool call id of the run so far (kept as turns are added, not re-parsed).
+        self._call_ids = {
+            c.id for m in self.messages if m.get("role") == "assistant" for c in tool_calls_of(m)
+        }
         # Set when this process is shutting down: the run is handed back at the next step
         # boundary so another worker takes it at once, without waiting for staleness.
         self.stopping = stopping
@@ -194,7 +198,7 @@ class Driver:
                 return await self.halt(reason)
             fail("before_model_call")
             step_started = time.monotonic()
-            specs = [t.spec() for t in self.s.agent.tools]
+            specs = list(self.s.agent.tool_specs)
             with MODEL_SECONDS.time():
                 response = await self._keepalive(self.s.model.request(list(self.messages), specs))
             fail("after_model_call")
@@ -595,9 +599,7 @@ class Driver:
         if not raw_calls:
             out.pop("tool_calls", None)
             return out
-        seen = {
-            c.id for m in self.messages if m.get("role") == "assistant" for c in tool_calls_of(m)
-        }
+        seen = self._call_ids
         fixed = []
         for i, raw in enumerate(raw_calls):
             call_id = str(raw.get("id") or f"call_{self.budget.steps}_{i}")[:100]

@@ -224,5 +224,6 @@ def run_to_json(run: Run) -> dict[str, Any]:
         "budget": {"limits": run.limits.to_json(), "consumed": run.budget.to_json()},
         "pending": pending,
         "created_at": iso(run.started_at),
-        "updated_at": iso(run.updated_at),
+        # State changes set updated_at; a running run's progress shows in its heartbeat.
+        "updated_at": iso(max(run.updated_at, run.heartbeat_at or 0.0)),
     }

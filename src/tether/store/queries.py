@@ -36,6 +36,17 @@ _LEASE = sa.and_(
     runs.c.state == RUNNING,
 )
 
+# A step refreshes the heartbeat only when it is older than ``b_fresh`` seconds, and does
+# not touch ``updated_at`` (a state change does): no indexed column changes on a routine
+# step, so PostgreSQL can update the row in place (HOT) instead of rewriting every index.
+_FRESH_HEARTBEAT = sa.case(
+    (
+        runs.c.heartbeat_at < db_now() - sa.bindparam("b_fresh", type_=sa.Float),
+        db_now(),
+    ),
+    else_=runs.c.heartbeat_at,
+)
+
 _TURN = (
     runs.update()
     .where(_LEASE)
@@ -45,13 +56,12 @@ _TURN = (
         spend_usd=runs.c.spend_usd + sa.bindparam("b_spend", type_=sa.Float),
         elapsed_ms=runs.c.elapsed_ms + sa.bindparam("b_elapsed", type_=sa.BigInteger),
         message_count=runs.c.message_count + 1,
-        heartbeat_at=db_now(),
-        updated_at=db_now(),
+        heartbeat_at=_FRESH_HEARTBEAT,
     )
     .returning(runs.c.message_count)
 )
 
-_TURN_FINAL = _TURN.values(state=RunState.ANSWERED.value, owner=None)
+_TURN_FINAL = _TURN.values(state=RunState.ANSWERED.value, owner=None, updated_at=db_now())
 
 _RESULT = (
     runs.update()
@@ -60,8 +70,7 @@ _RESULT = (
         tool_calls=runs.c.tool_calls + sa.bindparam("b_counted", type_=sa.Integer),
         elapsed_ms=runs.c.elapsed_ms + sa.bindparam("b_elapsed", type_=sa.BigInteger),
         message_count=runs.c.message_count + 1,
-        heartbeat_at=db_now(),
-        updated_at=db_now(),
+        heartbeat_at=_FRESH_HEARTBEAT,
     )
     .returning(runs.c.message_count)
 )
@@ -126,9 +135,11 @@ class Store:
     """The synchronous store. Each public method is one transaction; the engine's async API
     reaches each through one thread hop."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, heartbeat_refresh_s: float = 0.0) -> None:
         self.url = url
         self.engine: Engine = create_db_engine(url)
+        # A step write refreshes a heartbeat older than this (a third of the timeout).
+        self.heartbeat_refresh_s = heartbeat_refresh_s
 
     @property
     def sqlite(self) -> bool:
@@ -303,6 +314,7 @@ class Store:
                 lease,
                 b_spend=spend_usd,
                 b_elapsed=elapsed_ms,
+                b_fresh=self.heartbeat_refresh_s,
             )
             conn.execute(_INSERT_MESSAGE, {"run_id": lease.run_id, "seq": seq, "message": message})
             if intents:
@@ -336,10 +348,16 @@ class Store:
         event: dict[str, Any],
     ) -> None:
         """A tool's result message, its ledger outcome and the counters, in one
-        transaction."""
+        transaction. Only a result that is not ``ok`` gets a trace event: a routine result
+        is in the messages already."""
         with self.engine.begin() as conn:
             seq = self._fenced(
-                conn, _RESULT, lease, b_counted=1 if counted else 0, b_elapsed=elapsed_ms
+                conn,
+                _RESULT,
+                lease,
+                b_counted=1 if counted else 0,
+                b_elapsed=elapsed_ms,
+                b_fresh=self.heartbeat_refresh_s,
             )
             conn.execute(_INSERT_MESSAGE, {"run_id": lease.run_id, "seq": seq, "message": message})
             conn.execute(
@@ -350,7 +368,8 @@ class Store:
                     "b_result": summary,
                 },
             )
-            self._event(conn, lease.run_id, "tool_result", event)
+            if status is not CallStatus.OK:
+                self._event(conn, lease.run_id, "tool_result", event)
 
     def heartbeat(self, lease: Lease) -> bool:
         """Refresh the lease's heartbeat; False if the lease was lost."""
