@@ -508,22 +508,30 @@ async def decide(request: Request, token: str) -> Response:
             sign_in=login_url(f"/approve/{token}"),
         )
     if not _acts(request, session, form):
-        return message(
-            request,
-            session,
-            403,
-            "Refused",
-            "Nothing was decided: this form was not sent from your own session's page.",
-            kind="refused",
-        )
+        return _not_from_this_session(request, session)
     decision = _field(form, "decision")
     if decision not in DECISIONS:
-        return message(
-            request, session, 422, "Invalid decision", "Choose approve or decline.", kind="refused"
-        )
+        return _invalid_decision(request, session)
     engine = engine_of(request)
     return await _carry_out(
         request, session, engine.resume_after_confirmation(token, decision, session.user)
+    )
+
+
+def _not_from_this_session(request: Request, session: Session) -> Response:
+    return message(
+        request,
+        session,
+        403,
+        "Refused",
+        "Nothing was decided: this form was not sent from your own session's page.",
+        kind="refused",
+    )
+
+
+def _invalid_decision(request: Request, session: Session) -> Response:
+    return message(
+        request, session, 422, "Invalid decision", "Choose approve or decline.", kind="refused"
     )
 
 
@@ -536,20 +544,11 @@ async def decide_from_inbox(request: Request, run_id: str) -> Response:
     if session is None:
         return RedirectResponse(login_url("/"), status_code=303)
     if not _acts(request, session, form):
-        return message(
-            request,
-            session,
-            403,
-            "Refused",
-            "Nothing was decided: this form was not sent from your own session's page.",
-            kind="refused",
-        )
+        return _not_from_this_session(request, session)
     decision = _field(form, "decision")
     call, shown = _field(form, "tool_call_id"), _field(form, "digest")
     if decision not in DECISIONS or not call or not inputs.RUN_ID.fullmatch(run_id):
-        return message(
-            request, session, 422, "Invalid decision", "Choose approve or decline.", kind="refused"
-        )
+        return _invalid_decision(request, session)
     engine = engine_of(request)
     return await _carry_out(
         request,
