@@ -16,6 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tether.sandbox import RunningSandbox, start_in_thread
 from tether.store import Store, upgrade
 
 PG_ADMIN_URL = os.environ.get("TETHER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -125,3 +126,10 @@ def _no_failpoints() -> Iterator[None]:
     failpoints.clear_failpoints()
     yield
     failpoints.clear_failpoints()
+
+
+@pytest.fixture(scope="session")
+def sandbox_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSandbox]:
+    """One sandbox CRM on a loopback port for the session; tests reset it to its seed."""
+    with start_in_thread(str(tmp_path_factory.mktemp("sandbox") / "sandbox.db")) as running:
+        yield running

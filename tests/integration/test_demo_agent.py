@@ -9,11 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import kit
 import pytest
 
 from tether import Engine, MemoryNotifier, Scope, ScriptedModel, Settings, StopKind, ToolContext
 from tether.errors import NoLongerPermitted, UnknownOrExpired
-from tether.sandbox import RunningSandbox, start_in_thread
+from tether.sandbox import RunningSandbox
 from tether.sandbox.agent import (
     DEMO_TURNS,
     build_agent,
@@ -26,29 +27,14 @@ from tether.tools import OutcomeUnknown, ReconcileKind, ToolFailed
 
 _ORDER = {"account_id": "4471", "sku": "SKU-4411", "quantity": 200}
 QUESTION = "Draft and send a quote for Henderson: 200 of SKU-4411."
-# SPEC §8, written out rather than imported so that a change to the agent cannot hide here.
-PREVIEW_KEYS = {
-    "quote_id",
-    "account_id",
-    "account_name",
-    "lines",
-    "discount_tier",
-    "discount_pct",
-    "total",
-}
-
-
-@pytest.fixture(scope="module")
-def shared_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSandbox]:
-    with start_in_thread(str(tmp_path_factory.mktemp("crm") / "sandbox.db")) as running:
-        yield running
+PREVIEW_KEYS = kit.PREVIEW_KEYS
 
 
 @pytest.fixture
-def crm(shared_sandbox: RunningSandbox, monkeypatch: pytest.MonkeyPatch) -> Iterator[httpx.Client]:
+def crm(sandbox_server: RunningSandbox, monkeypatch: pytest.MonkeyPatch) -> Iterator[httpx.Client]:
     """The sandbox's admin endpoints, the sandbox back at its seed, the tools pointed at it."""
-    monkeypatch.setenv("TETHER_SANDBOX_URL", shared_sandbox.url)
-    with httpx.Client(base_url=shared_sandbox.url, timeout=10) as client:
+    monkeypatch.setenv("TETHER_SANDBOX_URL", sandbox_server.url)
+    with httpx.Client(base_url=sandbox_server.url, timeout=10) as client:
         client.post("/admin/reset").raise_for_status()
         yield client
 

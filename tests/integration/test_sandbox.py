@@ -11,36 +11,22 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import kit
 import pytest
 
 from tether.sandbox import RunningSandbox, start_in_thread
 
 HENDERSON_ORDER: dict[str, Any] = {"account_id": "4471", "sku": "SKU-4411", "quantity": 200}
 SEND_ROUTE = "POST /quotes/{quote_id}/send"
-PREVIEW_KEYS = {
-    "quote_id",
-    "account_id",
-    "account_name",
-    "lines",
-    "discount_tier",
-    "discount_pct",
-    "total",
-}
-
-
-@pytest.fixture(scope="module")
-def shared_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSandbox]:
-    db_path = tmp_path_factory.mktemp("sandbox") / "sandbox.db"
-    with start_in_thread(str(db_path)) as running:
-        yield running
+PREVIEW_KEYS = kit.PREVIEW_KEYS
 
 
 @pytest.fixture
-def sandbox(shared_sandbox: RunningSandbox) -> RunningSandbox:
-    """The module's sandbox, put back to its seed (and failures disarmed) for each test."""
-    response = httpx.post(f"{shared_sandbox.url}/admin/reset")
+def sandbox(sandbox_server: RunningSandbox) -> RunningSandbox:
+    """The session's sandbox, put back to its seed (and failures disarmed) for each test."""
+    response = httpx.post(f"{sandbox_server.url}/admin/reset")
     assert response.json() == {"ok": True}
-    return shared_sandbox
+    return sandbox_server
 
 
 @pytest.fixture

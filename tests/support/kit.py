@@ -26,6 +26,18 @@ __all__ = ["MemoryNotifier"]
 from tether.tools import OutcomeUnknown
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# SPEC §8's send preview, written out (not imported from the agent) so that a change to
+# the agent cannot hide in the tests.
+PREVIEW_KEYS = {
+    "quote_id",
+    "account_id",
+    "account_name",
+    "lines",
+    "discount_tier",
+    "discount_pct",
+    "total",
+}
 PYTHON = sys.executable
 
 # -- the downstream: its own SQLite file, shared by every process of a test -----------------
