@@ -12,7 +12,9 @@ import sqlalchemy as sa
 from tether import MemoryNotifier, StopKind
 from tether.errors import LeaseLost
 from tether.loop import hash_token
+from tether.messages import tool_result
 from tether.store import Intent, Store
+from tether.store.records import CallStatus
 from tether.store.schema import metadata
 
 
@@ -132,6 +134,61 @@ async def test_a_writer_whose_lease_was_taken_cannot_append_or_execute(db_url: s
     taker.close()
 
 
+async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) -> None:
+    engine = kit.engine(db_url, script_name="write_once")
+    run = await engine.start_run("dana", "write")
+    claimed = engine.store.claim_ready("worker-a", run.id)
+    assert claimed is not None
+    call = {"id": "c1", "type": "function", "function": {"name": "write_once", "arguments": "{}"}}
+    engine.store.persist_turn(
+        claimed.lease(),
+        message={"role": "assistant", "content": None, "tool_calls": [call]},
+        spend_usd=0.5,
+        elapsed_ms=3,
+        intents=[Intent(tool_call_id="c1", tool="write_once", arguments={}, effect="write")],
+        final=False,
+        event={},
+    )
+    engine.store.claim_orphans(owner="thief", stale_after_s=-1, max_attempts=9, batch=5)
+    before = (
+        engine.store.get_run(run.id),
+        engine.store.messages(run.id),
+        engine.store.events(run.id),
+    )
+
+    with pytest.raises(LeaseLost):
+        engine.store.persist_tool_result(
+            claimed.lease(),
+            tool_call_id="c1",
+            message=tool_result("c1", {"late": True}),
+            status=CallStatus.ERROR,
+            summary="late",
+            elapsed_ms=7,
+            counted=True,
+            event={"late": True},
+        )
+    with pytest.raises(LeaseLost):
+        engine.store.persist_turn(
+            claimed.lease(),
+            message={"role": "assistant", "content": "late"},
+            spend_usd=1.0,
+            elapsed_ms=7,
+            intents=[Intent(tool_call_id="c2", tool="write_once", arguments={}, effect="write")],
+            final=True,
+            event={},
+        )
+    after = (
+        engine.store.get_run(run.id),
+        engine.store.messages(run.id),
+        engine.store.events(run.id),
+    )
+    assert after == before
+    assert [(e.tool_call_id, e.status) for e in engine.store.ledger(run.id)] == [
+        ("c1", CallStatus.INTENT)
+    ]
+    engine.close()
+
+
 async def test_invalid_tool_arguments_reach_the_model_as_an_error(db_url: str) -> None:
     turns = [
         {"tool_calls": [{"name": "lookup", "arguments": {"query": 3}}]},
@@ -158,7 +215,8 @@ async def test_bytes_written_per_step_do_not_grow_with_history(db_url: str) -> N
 
     @sa.event.listens_for(engine.store.engine, "before_cursor_execute")
     def count(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
-        if statement.lstrip().upper().startswith(("INSERT", "UPDATE")):
+        # PostgreSQL sends each step write as one WITH … statement.
+        if statement.lstrip().upper().startswith(("INSERT", "UPDATE", "WITH")):
             written[0] += len(statement) + _param_bytes(parameters)
 
     run = await engine.start_run("dana", "go", limits={"max_steps": 200, "max_tool_calls": 200})

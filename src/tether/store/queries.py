@@ -21,6 +21,7 @@ from tether.errors import LeaseLost
 from tether.messages import pending_tool_calls
 from tether.models.base import Message
 from tether.runs import Lease, Pending, Run, RunState
+from tether.store import pg_steps
 from tether.store.engine import create_db_engine, db_now, is_sqlite
 from tether.store.records import CallStatus, Decision, Event, LedgerEntry
 from tether.store.schema import decisions, run_events, run_messages, runs, tool_calls
@@ -74,6 +75,13 @@ _RESULT = (
     )
     .returning(runs.c.message_count)
 )
+
+# PostgreSQL: each step write as one statement (see ``pg_steps``), by shape.
+_PG_TURN = {
+    final: pg_steps.turn_statement(_TURN_FINAL if final else _TURN, final=final)
+    for final in (False, True)
+}
+_PG_RESULT = {traced: pg_steps.result_statement(_RESULT, traced=traced) for traced in (False, True)}
 
 _HEARTBEAT = runs.update().where(_LEASE).values(heartbeat_at=db_now())
 
@@ -307,31 +315,38 @@ class Store:
         """The assistant turn with its spend, step count and the ledger intents of its tool
         calls, in one transaction: the turn *is* the intent. A final answer also moves the
         run to ``answered``."""
+        keyed = [
+            {
+                "idempotency_key": idempotency_key(lease.run_id, i.tool_call_id),
+                "tool_call_id": i.tool_call_id,
+                "tool": i.tool,
+                "arguments": i.arguments,
+                "effect": i.effect,
+            }
+            for i in intents
+        ]
+        params = {
+            "b_spend": spend_usd,
+            "b_elapsed": elapsed_ms,
+            "b_fresh": self.heartbeat_refresh_s,
+        }
         with self.engine.begin() as conn:
-            seq = self._fenced(
-                conn,
-                _TURN_FINAL if final else _TURN,
-                lease,
-                b_spend=spend_usd,
-                b_elapsed=elapsed_ms,
-                b_fresh=self.heartbeat_refresh_s,
-            )
+            if not self.sqlite:
+                self._fenced(
+                    conn,
+                    _PG_TURN[final],
+                    lease,
+                    **params,
+                    b_message=message,
+                    b_intents=keyed,
+                    b_event=event,
+                )
+                return
+            seq = self._fenced(conn, _TURN_FINAL if final else _TURN, lease, **params)
             conn.execute(_INSERT_MESSAGE, {"run_id": lease.run_id, "seq": seq, "message": message})
-            if intents:
+            if keyed:
                 conn.execute(
-                    _INSERT_INTENT,
-                    [
-                        {
-                            "idempotency_key": idempotency_key(lease.run_id, i.tool_call_id),
-                            "run_id": lease.run_id,
-                            "tool_call_id": i.tool_call_id,
-                            "seq": seq,
-                            "tool": i.tool,
-                            "arguments": i.arguments,
-                            "effect": i.effect,
-                        }
-                        for i in intents
-                    ],
+                    _INSERT_INTENT, [{**k, "run_id": lease.run_id, "seq": seq} for k in keyed]
                 )
             self._event(conn, lease.run_id, "answered" if final else "model_turn", event)
 
@@ -350,25 +365,33 @@ class Store:
         """A tool's result message, its ledger outcome and the counters, in one
         transaction. Only a result that is not ``ok`` gets a trace event: a routine result
         is in the messages already."""
+        traced = status is not CallStatus.OK
+        params = {
+            "b_counted": 1 if counted else 0,
+            "b_elapsed": elapsed_ms,
+            "b_fresh": self.heartbeat_refresh_s,
+        }
+        outcome = {
+            "b_key": idempotency_key(lease.run_id, tool_call_id),
+            "b_status": status.value,
+            "b_result": summary,
+        }
         with self.engine.begin() as conn:
-            seq = self._fenced(
-                conn,
-                _RESULT,
-                lease,
-                b_counted=1 if counted else 0,
-                b_elapsed=elapsed_ms,
-                b_fresh=self.heartbeat_refresh_s,
-            )
+            if not self.sqlite:
+                self._fenced(
+                    conn,
+                    _PG_RESULT[traced],
+                    lease,
+                    **params,
+                    **outcome,
+                    b_message=message,
+                    b_event=event,
+                )
+                return
+            seq = self._fenced(conn, _RESULT, lease, **params)
             conn.execute(_INSERT_MESSAGE, {"run_id": lease.run_id, "seq": seq, "message": message})
-            conn.execute(
-                _RECORD_OUTCOME,
-                {
-                    "b_key": idempotency_key(lease.run_id, tool_call_id),
-                    "b_status": status.value,
-                    "b_result": summary,
-                },
-            )
-            if status is not CallStatus.OK:
+            conn.execute(_RECORD_OUTCOME, outcome)
+            if traced:
                 self._event(conn, lease.run_id, "tool_result", event)
 
     def heartbeat(self, lease: Lease) -> bool:
