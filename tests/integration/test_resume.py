@@ -155,6 +155,7 @@ async def test_tokens_are_unknown_to_strangers_and_to_nobody(db_url: str) -> Non
 async def test_an_expired_suspension_halts_and_its_token_stops_working(db_url: str) -> None:
     engine, run_id, token = await _suspended(db_url, suspension_ttl_min=0.002)
     kit.poll_until(lambda: engine.store.now() > (engine.store.get_run(run_id).expires_at or 0))
+    assert engine.store.open_suspensions(10)[0] == []  # past its window, swept or not
     # The claim checks the window itself, even before the sweep ran.
     with pytest.raises(UnknownOrExpired):
         await engine.resume_after_confirmation(token, "approve", "dana")

@@ -16,6 +16,7 @@ import httpx
 import kit
 import pytest
 
+import tether.api.web
 from tether import Engine, MemoryNotifier, ScriptedModel, StopKind
 from tether.api.app import create_app
 from tether.config import Settings
@@ -228,6 +229,20 @@ async def test_the_owners_inbox_lists_the_request_with_its_preview_and_time_left
     assert f'href="/runs/{run_id}"' in inbox.text
     assert '<th scope="row">price</th><td>100</td>' in inbox.text
     assert re.search(r"\d+ min \d+ s left", inbox.text)
+
+
+async def test_the_inbox_finds_a_request_behind_newer_finished_runs(
+    web: Web, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waiting, _ = await web.suspended()
+    for _ in range(3):
+        newer, _ = await web.suspended()
+        await web.engine.cancel_run(newer, "dana")
+    monkeypatch.setattr(tether.api.web, "INBOX_LIMIT", 2)
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        inbox = await client.get("/")
+    assert re.findall(r'href="/runs/([^"]+)"', inbox.text) == [waiting]
 
 
 async def test_a_changed_preview_shows_the_diff_side_by_side_and_the_new_form_works(

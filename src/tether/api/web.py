@@ -61,9 +61,9 @@ MAX_TOKEN_CHARS = 200
 # The dev login ("Sign in as dana") exists only for the demo agent, whose users' keys are
 # published in the README anyway; the name is the one tether.sandbox.agent gives it.
 DEMO_AGENT = "sales-demo"
-# How many of the newest runs the inbox scans for suspended ones, until the store offers a
-# query for the suspended runs a user may decide.
-INBOX_SCAN = 1000
+# How many open suspensions (soonest expiry first) the inbox considers; of those it shows
+# the ones the viewer owns or may approve by the owner's scope now.
+INBOX_LIMIT = 1000
 
 # No scripts at all, no framing (clickjacking the Approve button), forms only to ourselves,
 # and the token in an approval URL never leaves in a Referer.
@@ -410,14 +410,9 @@ async def inbox(request: Request) -> Response:
     if session is None:
         return RedirectResponse(login_url("/"), status_code=303)
     engine = engine_of(request)
-    runs, now = await hop(_suspended_and_now, engine, INBOX_SCAN)
+    runs, now = await hop(engine.store.open_suspensions, INBOX_LIMIT)
     items = await _decidable(engine, runs, session.user, now)
     return page(request, "inbox.html", {"items": items}, session=session)
-
-
-def _suspended_and_now(engine: Engine, limit: int) -> tuple[list[Run], float]:
-    runs = engine.store.list_runs(None, limit)
-    return [r for r in runs if r.state is RunState.SUSPENDED], engine.store.now()
 
 
 async def _decidable(engine: Engine, runs: list[Run], user: str, now: float) -> list[PendingView]:

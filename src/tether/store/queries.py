@@ -287,6 +287,20 @@ class Store:
         with self.engine.begin() as conn:
             return [Run.from_row(r._mapping) for r in conn.execute(query)]
 
+    def open_suspensions(self, limit: int) -> tuple[list[Run], float]:
+        """Suspended runs still inside their approval window, soonest expiry first, and the
+        database's clock they were judged by. Served by the partial index on suspended
+        runs' ``expires_at``, so finished runs never weigh on it."""
+        with self.engine.begin() as conn:
+            now = float(conn.execute(sa.select(db_now())).scalar_one())
+            query = (
+                sa.select(runs)
+                .where(runs.c.state == RunState.SUSPENDED.value, runs.c.expires_at > now)
+                .order_by(runs.c.expires_at, runs.c.id)
+                .limit(limit)
+            )
+            return [Run.from_row(r._mapping) for r in conn.execute(query)], now
+
     def events(self, run_id: str) -> list[Event]:
         query = sa.select(run_events).where(run_events.c.run_id == run_id).order_by(run_events.c.id)
         with self.engine.begin() as conn:
