@@ -11,7 +11,7 @@ from tether.errors import ConfigError, FailpointError
 from tether.failpoints import POINTS, fail, parse, set_failpoint
 from tether.loop import diff_previews
 from tether.messages import pending_tool_calls
-from tether.models.base import Usage
+from tether.models.base import PLACEHOLDER_API_KEY, Usage, sdk_credentials
 from tether.models.pricing import DEFAULT_PRICE, price_for, spend_usd
 from tether.models.scripted import ScriptedModel
 from tether.tools import Effect, InvalidToolArguments, digest
@@ -128,3 +128,24 @@ async def test_the_scripted_model_can_use_an_earlier_tool_result() -> None:
     ]
     response = await model.request(history, [])
     assert response.message["tool_calls"][0]["function"]["arguments"] == '{"quote_id": "Q-1001"}'
+
+
+def test_an_sdk_client_without_credentials_is_refused_unless_a_local_server_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for var in ("K1", "K2", "BASE"):
+        monkeypatch.delenv(var, raising=False)
+
+    def credentials(api_key: str | None, base_url: str | None) -> tuple[str | None, str | None]:
+        return sdk_credentials(
+            "m", api_key=api_key, base_url=base_url, key_vars=("K1", "K2"), base_var="BASE"
+        )
+
+    with pytest.raises(ConfigError, match="m needs an API key: set K1, or BASE"):
+        credentials(None, None)
+    assert credentials("k", None) == ("k", None)
+    assert credentials(None, "http://x") == (PLACEHOLDER_API_KEY, "http://x")
+    monkeypatch.setenv("K2", "from-env")
+    monkeypatch.setenv("BASE", "http://env")
+    # The SDK reads the key from the environment itself; the base URL is resolved here.
+    assert credentials(None, None) == (None, "http://env")

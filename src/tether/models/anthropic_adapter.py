@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -18,7 +17,7 @@ import anthropic
 from anthropic.types import Message as AnthropicMessage
 from anthropic.types import MessageParam, ToolParam
 
-from tether.errors import ConfigError, ModelError
+from tether.errors import ModelError
 from tether.models.base import (
     Message,
     Model,
@@ -26,12 +25,10 @@ from tether.models.base import (
     ToolSpec,
     Usage,
     model_error,
+    sdk_credentials,
 )
 
 log = logging.getLogger(__name__)
-
-# Local proxies that speak Messages accept any key, but the SDK insists on one.
-PLACEHOLDER_API_KEY = "not-set"
 
 Block = dict[str, Any]
 
@@ -198,18 +195,13 @@ class AnthropicModel(Model):
     def _make_client(
         self, base_url: str | None, api_key: str | None, timeout_s: float, max_retries: int
     ) -> anthropic.AsyncAnthropic:
-        resolved_base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
-        has_credentials = bool(
-            api_key or os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")
+        api_key, resolved_base = sdk_credentials(
+            self.name,
+            api_key=api_key,
+            base_url=base_url,
+            key_vars=("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"),
+            base_var="ANTHROPIC_BASE_URL",
         )
-        if not has_credentials:
-            # The SDK would only fail at the first request; say so now, clearly.
-            if not resolved_base:
-                raise ConfigError(
-                    f"{self.name} needs an API key: set ANTHROPIC_API_KEY, or "
-                    "ANTHROPIC_BASE_URL for a local server that needs none"
-                )
-            api_key = PLACEHOLDER_API_KEY
         return anthropic.AsyncAnthropic(
             api_key=api_key,
             base_url=resolved_base,

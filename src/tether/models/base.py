@@ -8,11 +8,12 @@ results as ``{"role": "tool", "tool_call_id", "content"}``. Adapters translate a
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.errors import ModelError
+from tether.errors import ConfigError, ModelError
 
 Message = dict[str, Any]
 
@@ -67,6 +68,32 @@ class Model(ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most models hold nothing
         """Release clients the adapter holds."""
+
+
+# Local servers (vLLM, Ollama, llama.cpp, proxies) accept any key, but the SDKs insist on one.
+PLACEHOLDER_API_KEY = "not-set"
+
+
+def sdk_credentials(
+    name: str,
+    *,
+    api_key: str | None,
+    base_url: str | None,
+    key_vars: tuple[str, ...],
+    base_var: str,
+) -> tuple[str | None, str | None]:
+    """The API key and base URL to give a provider SDK's client. Without any credentials
+    the SDK would fail only at the first request, so say so now; a base URL (a local
+    server) may need none, and gets a placeholder key."""
+    resolved_base = base_url or os.environ.get(base_var) or None
+    if api_key or any(os.environ.get(var) for var in key_vars):
+        return api_key, resolved_base
+    if not resolved_base:
+        raise ConfigError(
+            f"{name} needs an API key: set {key_vars[0]}, or {base_var} for a local server "
+            "that needs none"
+        )
+    return PLACEHOLDER_API_KEY, resolved_base
 
 
 def provider_message(body: object) -> str | None:

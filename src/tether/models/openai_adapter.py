@@ -8,7 +8,6 @@ and timeouts are the SDK's own (``max_retries``, ``timeout``).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -20,7 +19,7 @@ from openai.types.chat import (
     ChatCompletionToolUnionParam,
 )
 
-from tether.errors import ConfigError, ModelError
+from tether.errors import ModelError
 from tether.models.base import (
     Message,
     Model,
@@ -28,12 +27,10 @@ from tether.models.base import (
     ToolSpec,
     Usage,
     model_error,
+    sdk_credentials,
 )
 
 log = logging.getLogger(__name__)
-
-# Local servers (vLLM, Ollama, llama.cpp) accept any key, but the SDK insists on one.
-PLACEHOLDER_API_KEY = "not-set"
 
 
 def to_openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
@@ -114,14 +111,13 @@ class OpenAIChatModel(Model):
     def _make_client(
         self, base_url: str | None, api_key: str | None, timeout_s: float, max_retries: int
     ) -> openai.AsyncOpenAI:
-        resolved_base = base_url or os.environ.get("OPENAI_BASE_URL") or None
-        if not (api_key or os.environ.get("OPENAI_API_KEY")):
-            if not resolved_base:
-                raise ConfigError(
-                    f"{self.name} needs an API key: set OPENAI_API_KEY, or OPENAI_BASE_URL for "
-                    "a local server that needs none"
-                )
-            api_key = PLACEHOLDER_API_KEY
+        api_key, resolved_base = sdk_credentials(
+            self.name,
+            api_key=api_key,
+            base_url=base_url,
+            key_vars=("OPENAI_API_KEY",),
+            base_var="OPENAI_BASE_URL",
+        )
         return openai.AsyncOpenAI(
             api_key=api_key,
             base_url=resolved_base,
