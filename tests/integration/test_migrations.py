@@ -5,11 +5,13 @@ from __future__ import annotations
 import kit
 import pytest
 import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from tether.errors import SchemaNotReady
 from tether.store import SchemaStatus, Store, schema_status, upgrade
+from tether.store.migrate import alembic_config
 from tether.store.schema import metadata
 
 
@@ -26,27 +28,34 @@ def test_migrations_build_the_models_schema_from_empty(empty_url: str) -> None:
         )
     assert diff == []
     indexes = {ix["name"] for ix in sa.inspect(store.engine).get_indexes("runs")}
-    assert {"runs_orphan_scan", "runs_ready", "runs_suspended_token", "runs_retention"} <= indexes
+    expected = {"runs_orphan_scan", "runs_ready", "runs_suspended_token", "runs_retention"}
+    assert expected | {"runs_state"} <= indexes
     store.close()
 
 
 @pytest.mark.parametrize("empty_url", ["sqlite", "postgresql"], indirect=True)
-def test_the_engine_refuses_an_unmigrated_database_with_a_clear_message(empty_url: str) -> None:
+async def test_the_engine_refuses_an_unmigrated_database_with_a_clear_message(
+    empty_url: str,
+) -> None:
+    engine = kit.engine(empty_url)
     with pytest.raises(SchemaNotReady, match="tether migrate"):
-        kit.engine(empty_url)
+        await engine.open()
+    engine.close()
 
 
-def test_the_engine_refuses_a_newer_schema(db_url: str) -> None:
+async def test_the_engine_refuses_a_newer_schema(db_url: str) -> None:
     store = Store(db_url)
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = 'ffff_future'"))
     store.close()
+    engine = kit.engine(db_url)
     with pytest.raises(SchemaNotReady, match="newer"):
-        kit.engine(db_url)
+        await engine.open()
+    engine.close()
 
 
 @pytest.mark.parametrize("empty_url", ["sqlite", "postgresql"], indirect=True)
-def test_an_engine_may_migrate_an_empty_database_on_start(empty_url: str) -> None:
+async def test_an_engine_may_migrate_an_empty_database_on_start(empty_url: str) -> None:
     from tether import Engine
     from tether.config import Settings
 
@@ -56,5 +65,33 @@ def test_an_engine_may_migrate_an_empty_database_on_start(empty_url: str) -> Non
         settings=Settings(database_url=empty_url),
         migrate=True,
     )
+    await engine.open()
     assert schema_status(engine.store.engine) is SchemaStatus.CURRENT
     engine.close()
+
+
+@pytest.mark.parametrize("empty_url", ["sqlite", "postgresql"], indirect=True)
+def test_migration_0003_keeps_existing_runs_and_adds_ready_at(empty_url: str) -> None:
+    store = Store(empty_url)
+    cfg = alembic_config(store.engine)
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0002")
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(_OLD_RUN))
+    upgrade(store.engine)
+    run = store.get_run("r1")
+    assert run is not None and run.state.value == "running" and run.owner is None
+    assert store.claim_ready("w1") is not None  # ready_at NULL: claimable at once
+    assert store.count_by_state()["running"] == 1
+    store.close()
+
+
+_OLD_RUN = """
+INSERT INTO runs (id, user_id, question, route, state, step, max_steps, max_spend_usd,
+    max_tool_calls, max_elapsed_ms, steps, spend_usd, tool_calls, elapsed_ms, scope_snapshot,
+    scope_resolved_at, recovery_attempts, lease_epoch, versions, message_count, started_at,
+    updated_at)
+VALUES ('r1', 'dana', 'q', '{}', 'running', 0, 5, 1.0, 5, 1000, 0, 0, 0, 0, '{}', 1.0, 0, 0,
+    '{}', 0, 1.0, 1.0)
+"""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from tether.store.migrate import SchemaStatus, ensure_schema, schema_status, upgrade
-from tether.store.queries import Intent, Snapshot, Store, idempotency_key
+from tether.store.reads import Snapshot
 from tether.store.records import CallStatus, Decision, Event, LedgerEntry
+from tether.store.steps import Intent, idempotency_key
+from tether.store.store import Store
 
 __all__ = [
     "CallStatus",

@@ -49,10 +49,6 @@ def normalize_url(url: str) -> str:
     )
 
 
-def is_sqlite(engine: Engine) -> bool:
-    return engine.dialect.name == "sqlite"
-
-
 def create_db_engine(url: str) -> Engine:
     """An engine for ``url`` with the dialect hooks of its backend installed."""
     url = normalize_url(url)

@@ -1,10 +1,10 @@
 """PostgreSQL's dialect hook for the two step writes: each is one statement.
 
 On SQLite a statement is a function call, so the step writes are plain statement
-sequences (``queries.py``). On PostgreSQL each statement is a round trip to the server, so
-the fenced UPDATE of the run, the message, the ledger rows and the trace event are chained
-in data-modifying CTEs: every INSERT and UPDATE selects *from the fenced UPDATE's
-RETURNING*, so when the lease is lost (no row) nothing at all is written, and the
+sequences (``dialect.Dialect``). On PostgreSQL each statement is a round trip to the
+server, so the fenced UPDATE of the run, the message, the ledger rows and the trace event
+are chained in data-modifying CTEs: every INSERT and UPDATE selects *from the fenced
+UPDATE's RETURNING*, so when the lease is lost (no row) nothing at all is written, and the
 statement returns no row, which the caller turns into ``LeaseLost``. A transaction is then
 BEGIN, one statement and COMMIT, the same round trips as one plain INSERT.
 

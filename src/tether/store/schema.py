@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from tether.runs import RunState
+
 metadata = sa.MetaData()
 
 # An auto-incrementing 64-bit key: BIGINT on PostgreSQL, INTEGER (the rowid alias) on SQLite.
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
-_TERMINAL_OR_HALTED = "state IN ('halted', 'answered', 'failed', 'cancelled')"
+# The states retention purges (halted and the terminal ones), in enum order. The index
+# predicates are written from RunState's values, exactly as the queries render them.
+RETAINED = tuple(s for s in RunState if s.terminal or s is RunState.HALTED)
+_RETAINED = "state IN ({})".format(", ".join(f"'{s.value}'" for s in RETAINED))
+_RUNNING = f"state = '{RunState.RUNNING.value}'"
+_SUSPENDED = f"state = '{RunState.SUSPENDED.value}'"
 
 
 def _partial(table: sa.Table, name: str, *cols: str, where: str, unique: bool = False) -> sa.Index:
@@ -66,24 +73,26 @@ runs = sa.Table(
     sa.Column("message_count", sa.Integer, nullable=False, server_default="0"),
     sa.Column("started_at", sa.Float, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
+    # A run handed back with a delay (a retry's backoff) is not claimable before this
+    # time of the database's clock; NULL when it may be claimed at once (migration 0003).
+    sa.Column("ready_at", sa.Float, nullable=True),
 )
 
 # Partial indexes: the reaper, the worker queue, expiry and retention each scan only the
 # rows in their state, so their cost does not grow with the number of finished runs.
-_partial(runs, "runs_orphan_scan", "heartbeat_at", where="state = 'running' AND owner IS NOT NULL")
-_partial(runs, "runs_ready", "updated_at", where="state = 'running' AND owner IS NULL")
-_partial(
-    runs, "runs_suspended_token", "pending_token_hash", where="state = 'suspended'", unique=True
-)
-_partial(runs, "runs_suspended_expiry", "expires_at", where="state = 'suspended'")
-_partial(
-    runs,
-    "runs_unnotified",
-    "suspended_at",
-    where="state = 'suspended' AND notified_at IS NULL",
-)
-_partial(runs, "runs_retention", "updated_at", where=_TERMINAL_OR_HALTED)
+_partial(runs, "runs_orphan_scan", "heartbeat_at", where=f"{_RUNNING} AND owner IS NOT NULL")
+_partial(runs, "runs_ready", "updated_at", where=f"{_RUNNING} AND owner IS NULL")
+_partial(runs, "runs_suspended_token", "pending_token_hash", where=_SUSPENDED, unique=True)
+_partial(runs, "runs_suspended_expiry", "expires_at", where=_SUSPENDED)
+_partial(runs, "runs_unnotified", "suspended_at", where=f"{_SUSPENDED} AND notified_at IS NULL")
+_partial(runs, "runs_retention", "updated_at", where=_RETAINED)
 sa.Index("runs_user", runs.c.user_id, runs.c.started_at)
+# Counting runs by state (the metrics gauge) reads this index only, never the rows. It is
+# partial on a predicate no other query states, so SQLite's planner (without statistics)
+# never picks it over the partial indexes above for a ``state = …`` lookup; the count
+# states the predicate (``COUNTABLE``) and both backends scan the index alone.
+COUNTABLE = "length(state) > 0"
+_partial(runs, "runs_state", "state", where=COUNTABLE)
 
 run_messages = sa.Table(
     "run_messages",

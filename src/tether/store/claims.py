@@ -1,0 +1,282 @@
+"""Creating runs and the owner changes that are not a running owner's own writes: claims
+of ready runs, suspensions and orphans, continuing a halted run, cancelling.
+
+Every state change here is a ``Transition`` (one conditional UPDATE checked against the
+table), so two claimers racing for one run cannot both win: the loser's UPDATE matches
+no row and it is told so (None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from tether.budget import Limits
+from tether.models.base import Message
+from tether.runs import FailReason, Run, RunState, can_transition
+from tether.store.base import StoreBase
+from tether.store.engine import db_now
+from tether.store.schema import decisions, runs
+from tether.store.statements import INSERT_MESSAGE, add_event
+from tether.store.transitions import Transition, state_in
+
+RUNNING = RunState.RUNNING
+_ID = runs.c.id == sa.bindparam("b_id")
+_CLAIMED: dict[str, Any] = {
+    "owner": sa.bindparam("b_owner"),
+    "lease_epoch": runs.c.lease_epoch + 1,
+    "heartbeat_at": db_now(),
+    "updated_at": db_now(),
+    "ready_at": None,
+}
+
+# Waiting for a worker: running, no owner (the ready-runs partial index's predicate, so
+# the index serves the pick), and not held back by a delay, judged by the DB clock.
+_NOT_DELAYED = sa.or_(runs.c.ready_at.is_(None), runs.c.ready_at <= db_now())
+_READY_CANDIDATE = (
+    sa.select(runs.c.id)
+    .where(state_in([RUNNING]), runs.c.owner.is_(None), _NOT_DELAYED)
+    .order_by(runs.c.updated_at)
+    .limit(1)
+)
+_CLAIM_READY = Transition(RUNNING, RUNNING, _ID, runs.c.owner.is_(None), _NOT_DELAYED, **_CLAIMED)
+
+_CLAIM_SUSPENDED = Transition(
+    RunState.SUSPENDED,
+    RUNNING,
+    _ID,
+    runs.c.pending_token_hash == sa.bindparam("b_token_hash"),
+    runs.c.expires_at > db_now(),
+    **_CLAIMED,
+)
+
+# An orphan: running under an owner whose heartbeat is older than ``b_stale`` seconds.
+# The claim re-checks it, so a run whose owner came back (or that another reaper took)
+# meanwhile is left alone.
+_STALE = sa.and_(
+    runs.c.owner.is_not(None),
+    runs.c.heartbeat_at < db_now() - sa.bindparam("b_stale", type_=sa.Float),
+)
+_ORPHANS = (
+    sa.select(runs.c.id)
+    .where(state_in([RUNNING]), _STALE)
+    .order_by(runs.c.heartbeat_at)
+    .limit(sa.bindparam("b_batch", type_=sa.Integer))
+)
+_RECOVER = Transition(
+    RUNNING,
+    RUNNING,
+    _ID,
+    _STALE,
+    runs.c.recovery_attempts < sa.bindparam("b_max"),
+    **_CLAIMED,
+    recovery_attempts=runs.c.recovery_attempts + 1,
+)
+_EXHAUST = Transition(
+    RUNNING,
+    RunState.FAILED,
+    _ID,
+    _STALE,
+    runs.c.recovery_attempts >= sa.bindparam("b_max"),
+    returning=(runs.c.recovery_attempts,),
+    fail_reason=FailReason.RECOVERY_EXHAUSTED.value,
+    owner=None,
+    updated_at=db_now(),
+)
+
+_LIMITS = ("max_steps", "max_spend_usd", "max_tool_calls", "max_elapsed_ms")
+_GRANTED: dict[str, Any] = {name: sa.bindparam(f"b_{name}") for name in _LIMITS}
+_HALTED_OF_USER = sa.select(runs).where(
+    _ID, runs.c.user_id == sa.bindparam("b_user"), state_in([RunState.HALTED])
+)
+_CONTINUE = Transition(
+    RunState.HALTED,
+    RUNNING,
+    _ID,
+    runs.c.user_id == sa.bindparam("b_user"),
+    owner=None,
+    halt_reason=None,
+    pending=None,
+    ready_at=None,
+    updated_at=db_now(),
+    **_GRANTED,
+)
+
+# Any state the table lets the owner cancel from (every state that is not terminal).
+_CANCEL = Transition(
+    [state for state in RunState if can_transition(state, RunState.CANCELLED)],
+    RunState.CANCELLED,
+    _ID,
+    runs.c.user_id == sa.bindparam("b_user"),
+    owner=None,
+    ready_at=None,
+    updated_at=db_now(),
+)
+
+
+class Claims(StoreBase):
+    """Creating runs, claiming them, continuing and cancelling them."""
+
+    def create_run(
+        self,
+        *,
+        run_id: str,
+        user_id: str,
+        question: str,
+        route: dict[str, Any],
+        limits: Limits,
+        scope: dict[str, Any],
+        versions: dict[str, Any],
+        messages: Sequence[Message],
+    ) -> Run:
+        """Insert a new run, ready for a worker (running, no owner), with its first
+        messages."""
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                runs.insert()
+                .values(
+                    id=run_id,
+                    user_id=user_id,
+                    question=question,
+                    route=route,
+                    state=RUNNING.value,
+                    **limits.to_json(),
+                    scope_snapshot=scope,
+                    scope_resolved_at=db_now(),
+                    versions=versions,
+                    message_count=len(messages),
+                    started_at=db_now(),
+                    updated_at=db_now(),
+                )
+                .returning(runs)
+            ).one()
+            if messages:
+                conn.execute(
+                    INSERT_MESSAGE,
+                    [{"run_id": run_id, "seq": i, "message": m} for i, m in enumerate(messages)],
+                )
+            add_event(conn, run_id, "created", {"user_id": user_id, "limits": limits.to_json()})
+            self.dialect.wake(conn)
+            return Run.from_row(row._mapping)
+
+    def claim_ready(self, owner: str, run_id: str | None = None) -> Run | None:
+        """Take the lease of a run that waits for a worker (running, no owner, not delayed
+        past the database's clock): the given one, or the one waiting longest. None if
+        there is none to take.
+
+        Safe to race: the claim is conditional on ``owner IS NULL``, and the dialect locks
+        the candidate (SKIP LOCKED on PostgreSQL) so concurrent workers pick different runs.
+        """
+        with self.engine.begin() as conn:
+            if run_id is None:
+                run_id = conn.execute(self.dialect.candidates(_READY_CANDIDATE)).scalar()
+                if run_id is None:
+                    return None
+            row = _CLAIM_READY.one(conn, {"b_id": run_id, "b_owner": owner})
+            return Run.from_row(row._mapping) if row else None
+
+    def claim_suspended(
+        self, *, run_id: str, token_hash: str, owner: str, decision: str, approver: str
+    ) -> Run | None:
+        """The one claim of a suspension (invariant 5): suspended → running under
+        ``owner``, conditional on the token and on ``expires_at`` against the database's
+        clock, recording the decision, who and when in the same transaction. None if the
+        token was used, expired or superseded meanwhile."""
+        params = {"b_id": run_id, "b_token_hash": token_hash, "b_owner": owner}
+        with self.engine.begin() as conn:
+            row = _CLAIM_SUSPENDED.one(conn, params)
+            if row is None:
+                return None
+            run = Run.from_row(row._mapping)
+            assert run.pending is not None
+            conn.execute(
+                decisions.insert().values(
+                    token_hash=token_hash,
+                    run_id=run_id,
+                    tool_call_id=run.pending.tool_call_id,
+                    decision=decision,
+                    decided_by=approver,
+                    decided_at=db_now(),
+                    digest=run.pending.digest,
+                )
+            )
+            data = {"decision": decision, "by": approver, "tool_call_id": run.pending.tool_call_id}
+            add_event(conn, run_id, "decision", data)
+            return run
+
+    def claim_orphans(
+        self, *, owner: str, stale_after_s: float, max_attempts: int, batch: int
+    ) -> tuple[list[Run], list[str]]:
+        """Take over up to ``batch`` runs whose owner's heartbeat is older than
+        ``stale_after_s`` (database clock), oldest first. Each claim is one conditional
+        UPDATE that re-checks staleness and gives a new lease epoch that counts the
+        attempt; a run already at ``max_attempts`` is failed instead
+        (``recovery_exhausted``). Returns (claimed, exhausted ids).
+
+        Safe to run twice or concurrently: candidates are locked with SKIP LOCKED on
+        PostgreSQL (SQLite serialises writers), and a run another reaper claimed has a
+        fresh heartbeat, so the re-check leaves it alone.
+        """
+        params = {"b_owner": owner, "b_stale": stale_after_s, "b_max": max_attempts}
+        claimed: list[Run] = []
+        exhausted: list[str] = []
+        with self.engine.begin() as conn:
+            candidates = self.dialect.candidates(_ORPHANS)
+            for run_id in conn.execute(candidates, {**params, "b_batch": batch}).scalars().all():
+                row = _RECOVER.one(conn, {**params, "b_id": run_id})
+                if row is not None:
+                    run = Run.from_row(row._mapping)
+                    claimed.append(run)
+                    data = {"recovery_attempts": run.recovery_attempts, "owner": owner}
+                    add_event(conn, run_id, "recovering", data)
+                    continue
+                failed = _EXHAUST.one(conn, {**params, "b_id": run_id})
+                if failed is not None:
+                    exhausted.append(run_id)
+                    data = {
+                        "reason": FailReason.RECOVERY_EXHAUSTED.value,
+                        "recovery_attempts": failed.recovery_attempts,
+                    }
+                    add_event(conn, run_id, "failed", data)
+        return claimed, exhausted
+
+    def continue_halted(
+        self, *, run_id: str, user_id: str, limits: Limits, by: str, why: str | None
+    ) -> Run | None:
+        """halted → running (handed to the workers) with the granted ``limits``, logging
+        the grant: who, why, the previous halt reason, the old and new limits. None if the
+        run is not the user's halted run (the caller tells which)."""
+        params = {"b_id": run_id, "b_user": user_id}
+        with self.engine.begin() as conn:
+            # Read (locked) only for the grant's record; the change itself is the CAS.
+            before = conn.execute(self.dialect.lock(_HALTED_OF_USER), params).first()
+            if before is None:
+                return None
+            old = Run.from_row(before._mapping)
+            granted = {f"b_{name}": value for name, value in limits.to_json().items()}
+            row = _CONTINUE.one(conn, {**params, **granted})
+            if row is None:
+                return None
+            grant = {
+                "by": by,
+                "why": why,
+                "previous_halt_reason": old.halt_reason,
+                "old_limits": old.limits.to_json(),
+                "new_limits": limits.to_json(),
+                "budget": old.budget.to_json(),
+            }
+            add_event(conn, run_id, "continued", grant)
+            self.dialect.wake(conn)
+            return Run.from_row(row._mapping)
+
+    def cancel(self, *, run_id: str, user_id: str, by: str) -> Run | None:
+        """Any non-terminal state → cancelled. A live owner's next fenced write then fails,
+        so it stops. None if the run is not the user's or is already terminal."""
+        with self.engine.begin() as conn:
+            row = _CANCEL.one(conn, {"b_id": run_id, "b_user": user_id})
+            if row is None:
+                return None
+            add_event(conn, run_id, "cancelled", {"by": by})
+            return Run.from_row(row._mapping)

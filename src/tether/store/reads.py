@@ -1,0 +1,171 @@
+"""Reads: runs, their messages, trace, ledger and decisions, and the database's clock.
+
+The store hands messages back as stored; it does not interpret their shape (the loop
+knows the chat format, the store does not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from tether.models.base import Message
+from tether.runs import Run, RunState
+from tether.store.base import StoreBase
+from tether.store.engine import db_now
+from tether.store.records import Decision, Event, LedgerEntry
+from tether.store.schema import COUNTABLE, decisions, run_events, runs, tool_calls
+from tether.store.statements import SELECT_MESSAGES
+from tether.store.transitions import state_in
+
+_NOW = sa.select(db_now())
+
+_RUN = sa.select(runs).where(runs.c.id == sa.bindparam("b_id"))
+
+# The run with the decision recorded for its current token, if any, in one query.
+_DECISION_COLUMNS = [c.label(f"d_{c.name}") for c in decisions.c]
+_RUN_AND_DECISION = (
+    sa.select(runs, *_DECISION_COLUMNS)
+    .select_from(runs.outerjoin(decisions, decisions.c.token_hash == runs.c.pending_token_hash))
+    .where(runs.c.id == sa.bindparam("b_id"))
+)
+
+_OPEN_SUSPENSIONS = (
+    sa.select(runs)
+    .where(state_in([RunState.SUSPENDED]), runs.c.expires_at > sa.bindparam("b_now"))
+    .order_by(runs.c.expires_at, runs.c.id)
+    .limit(sa.bindparam("b_limit", type_=sa.Integer))
+)
+
+_SUSPENDED_ON = sa.select(runs).where(
+    runs.c.pending_token_hash == sa.bindparam("b_hash"), state_in([RunState.SUSPENDED])
+)
+_DECISION_OF_TOKEN = sa.select(decisions).where(decisions.c.token_hash == sa.bindparam("b_hash"))
+_DECISION_OF_CALL = (
+    sa.select(decisions)
+    .where(
+        decisions.c.run_id == sa.bindparam("b_id"),
+        decisions.c.tool_call_id == sa.bindparam("b_call"),
+    )
+    .order_by(decisions.c.decided_at.desc())
+    .limit(1)
+)
+
+_EVENTS = (
+    sa.select(run_events)
+    .where(run_events.c.run_id == sa.bindparam("b_id"))
+    .order_by(run_events.c.id)
+)
+_LEDGER = (
+    sa.select(tool_calls)
+    .where(tool_calls.c.run_id == sa.bindparam("b_id"))
+    .order_by(tool_calls.c.seq)
+)
+
+# Served by the partial index on runs(state) alone (its predicate, stated here).
+_COUNT_BY_STATE = (
+    sa.select(runs.c.state, sa.func.count()).where(sa.text(COUNTABLE)).group_by(runs.c.state)
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    """A run with what the loop needs to go on: its messages, and the decision recorded
+    for the token of its current suspension, if any. Whether that decision answers one of
+    the pending calls is the caller's to check (by ``decision.tool_call_id``)."""
+
+    run: Run
+    messages: list[Message]
+    decision: Decision | None
+
+
+def _decision(row: Any) -> Decision | None:
+    """The decision columns (``d_*``) of a run row, if the outer join found one."""
+    if row.d_token_hash is None:
+        return None
+    return Decision.from_row({c.name: row._mapping[f"d_{c.name}"] for c in decisions.c})
+
+
+class Reads(StoreBase):
+    """Every read of the store."""
+
+    def now(self) -> float:
+        """The database's clock, in epoch seconds (invariant 11: one clock)."""
+        with self.engine.connect() as conn:
+            return float(conn.execute(_NOW).scalar_one())
+
+    def get_run(self, run_id: str) -> Run | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(_RUN, {"b_id": run_id}).first()
+            return Run.from_row(row._mapping) if row else None
+
+    def messages(self, run_id: str) -> list[Message]:
+        """The run's messages, in order, as the model saw them."""
+        with self.engine.connect() as conn:
+            return [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
+
+    def snapshot(self, run_id: str) -> Snapshot | None:
+        """The run, its messages and the decision on its current token: two queries, one
+        transaction (so the messages belong to the run row read)."""
+        with self.engine.begin() as conn:
+            row = conn.execute(_RUN_AND_DECISION, {"b_id": run_id}).first()
+            if row is None:
+                return None
+            messages = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
+            run = Run.from_row(row._mapping)
+            return Snapshot(run=run, messages=messages, decision=_decision(row))
+
+    def list_runs(self, user_id: str | None = None, limit: int = 100) -> list[Run]:
+        """The newest runs first, of one user or of everyone."""
+        query = sa.select(runs).order_by(runs.c.started_at.desc(), runs.c.id).limit(limit)
+        if user_id is not None:
+            query = query.where(runs.c.user_id == user_id)
+        with self.engine.connect() as conn:
+            return [Run.from_row(r._mapping) for r in conn.execute(query)]
+
+    def open_suspensions(self, limit: int) -> tuple[list[Run], float]:
+        """Suspended runs still inside their approval window, soonest expiry first, and the
+        database's clock they were judged by. Served by the partial index on suspended
+        runs' ``expires_at``, so finished runs never weigh on it."""
+        with self.engine.begin() as conn:
+            now = float(conn.execute(_NOW).scalar_one())
+            rows = conn.execute(_OPEN_SUSPENSIONS, {"b_now": now, "b_limit": limit})
+            return [Run.from_row(r._mapping) for r in rows], now
+
+    def find_by_token(self, token_hash: str) -> tuple[Run | None, Decision | None]:
+        """The run suspended on this token (if any), and the decision that used it (if
+        any). Uses the partial index on suspended runs' token hashes."""
+        with self.engine.begin() as conn:
+            row = conn.execute(_SUSPENDED_ON, {"b_hash": token_hash}).first()
+            drow = conn.execute(_DECISION_OF_TOKEN, {"b_hash": token_hash}).first()
+            return (
+                Run.from_row(row._mapping) if row else None,
+                Decision.from_row(drow._mapping) if drow else None,
+            )
+
+    def decision_for_call(self, run_id: str, tool_call_id: str) -> Decision | None:
+        """The latest decision taken on a call of a run, if any."""
+        with self.engine.connect() as conn:
+            row = conn.execute(_DECISION_OF_CALL, {"b_id": run_id, "b_call": tool_call_id}).first()
+            return Decision.from_row(row._mapping) if row else None
+
+    def events(self, run_id: str) -> list[Event]:
+        """The run's trace, oldest first."""
+        with self.engine.connect() as conn:
+            return [Event.from_row(r._mapping) for r in conn.execute(_EVENTS, {"b_id": run_id})]
+
+    def ledger(self, run_id: str) -> list[LedgerEntry]:
+        """The run's tool calls in the order they were asked for."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(_LEDGER, {"b_id": run_id})
+            return [LedgerEntry.from_row(r._mapping) for r in rows]
+
+    def count_by_state(self) -> dict[str, int]:
+        """How many runs are in each state, every state present (zero when none)."""
+        counts = {state.value: 0 for state in RunState}
+        with self.engine.connect() as conn:
+            for state, count in conn.execute(_COUNT_BY_STATE):
+                counts[str(state)] = int(count)
+        return counts

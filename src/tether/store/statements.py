@@ -1,0 +1,173 @@
+"""The statements of the step path and the fenced transitions, built once at import.
+
+Each is executed with bound parameters (``b_*``). Every write to a running run is
+conditional on its lease (``owner`` and ``lease_epoch``): a write whose lease was lost
+matches no row, the caller raises ``LeaseLost`` and the transaction rolls back, so a
+fenced-out worker leaves nothing behind (invariant 8).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from tether.runs import Lease, RunState
+from tether.store.engine import db_now
+from tether.store.records import CallStatus
+from tether.store.schema import run_events, run_messages, runs, tool_calls
+from tether.store.transitions import Transition, state_in
+
+RUNNING = RunState.RUNNING
+
+# The lease, without the state (a Transition names the state it expects).
+OWNS = sa.and_(
+    runs.c.id == sa.bindparam("b_id"),
+    runs.c.owner == sa.bindparam("b_owner"),
+    runs.c.lease_epoch == sa.bindparam("b_epoch"),
+)
+# The lease of a running run: the condition of every step write that keeps the state.
+LEASE = sa.and_(OWNS, state_in([RUNNING]))
+
+# A step refreshes the heartbeat only when it is older than ``b_fresh`` seconds, and does
+# not touch ``updated_at`` (a state change does): no indexed column changes on a routine
+# step, so PostgreSQL can update the row in place (HOT) instead of rewriting every index.
+_FRESH_HEARTBEAT = sa.case(
+    (
+        runs.c.heartbeat_at < db_now() - sa.bindparam("b_fresh", type_=sa.Float),
+        db_now(),
+    ),
+    else_=runs.c.heartbeat_at,
+)
+
+_TURN_VALUES: dict[str, Any] = {
+    "step": runs.c.step + 1,
+    "steps": runs.c.steps + 1,
+    "spend_usd": runs.c.spend_usd + sa.bindparam("b_spend", type_=sa.Float),
+    "elapsed_ms": runs.c.elapsed_ms + sa.bindparam("b_elapsed", type_=sa.BigInteger),
+    "message_count": runs.c.message_count + 1,
+    "heartbeat_at": _FRESH_HEARTBEAT,
+}
+
+# The assistant turn's counters; RETURNING the new message count (the message's seq + 1).
+TURN = runs.update().where(LEASE).values(**_TURN_VALUES).returning(runs.c.message_count)
+
+# A final answer: the same counters, and running → answered.
+TURN_FINAL = Transition(
+    RUNNING,
+    RunState.ANSWERED,
+    OWNS,
+    returning=(runs.c.message_count,),
+    **_TURN_VALUES,
+    owner=None,
+    updated_at=db_now(),
+)
+
+RESULT = (
+    runs.update()
+    .where(LEASE)
+    .values(
+        tool_calls=runs.c.tool_calls + sa.bindparam("b_counted", type_=sa.Integer),
+        elapsed_ms=runs.c.elapsed_ms + sa.bindparam("b_elapsed", type_=sa.BigInteger),
+        message_count=runs.c.message_count + 1,
+        heartbeat_at=_FRESH_HEARTBEAT,
+    )
+    .returning(runs.c.message_count)
+)
+
+HEARTBEAT = runs.update().where(LEASE).values(heartbeat_at=db_now())
+
+LEASE_HELD = sa.select(runs.c.id).where(LEASE)
+
+REFRESH_SCOPE = (
+    runs.update()
+    .where(LEASE)
+    .values(scope_snapshot=sa.bindparam("b_scope", type_=sa.JSON), scope_resolved_at=db_now())
+)
+
+_DELAY = sa.bindparam("b_delay", type_=sa.Float)
+
+# Leaving running under the lease: each sets the new state, clears the owner and adds the
+# active time since the last write.
+_LEAVE: dict[str, Any] = {
+    "owner": None,
+    "elapsed_ms": runs.c.elapsed_ms + sa.bindparam("b_elapsed", type_=sa.BigInteger),
+    "updated_at": db_now(),
+}
+
+HALT = Transition(
+    RUNNING,
+    RunState.HALTED,
+    OWNS,
+    returning=(runs.c.id,),
+    **_LEAVE,
+    halt_reason=sa.bindparam("b_reason"),
+)
+
+FAIL = Transition(
+    RUNNING,
+    RunState.FAILED,
+    OWNS,
+    returning=(runs.c.id,),
+    **_LEAVE,
+    fail_reason=sa.bindparam("b_reason"),
+)
+
+SUSPEND = Transition(
+    RUNNING,
+    RunState.SUSPENDED,
+    OWNS,
+    returning=(runs.c.expires_at,),
+    **_LEAVE,
+    pending=sa.bindparam("b_pending", type_=sa.JSON),
+    pending_token_hash=sa.bindparam("b_token_hash"),
+    suspended_at=db_now(),
+    expires_at=db_now() + sa.bindparam("b_ttl", type_=sa.Float),
+    notified_at=None,
+)
+
+# Handed back to the workers (still running, no owner), claimable at once or after a delay.
+RELEASE = Transition(
+    RUNNING,
+    RUNNING,
+    OWNS,
+    returning=(runs.c.id,),
+    **_LEAVE,
+    ready_at=sa.case((_DELAY > 0, db_now() + _DELAY), else_=sa.null()),
+)
+
+INSERT_MESSAGE = run_messages.insert()
+
+INSERT_EVENT = run_events.insert().values(at=db_now())
+
+INSERT_INTENT = tool_calls.insert().values(status=CallStatus.INTENT.value, intent_at=db_now())
+
+RECORD_OUTCOME = (
+    tool_calls.update()
+    .where(
+        tool_calls.c.idempotency_key == sa.bindparam("b_key"),
+        tool_calls.c.status.in_([CallStatus.INTENT.value, CallStatus.UNKNOWN.value]),
+    )
+    .values(
+        status=sa.bindparam("b_status"),
+        result=sa.bindparam("b_result", type_=sa.JSON),
+        outcome_at=db_now(),
+    )
+)
+
+SELECT_MESSAGES = (
+    sa.select(run_messages.c.message)
+    .where(run_messages.c.run_id == sa.bindparam("b_id"))
+    .order_by(run_messages.c.seq)
+)
+
+
+def lease_params(lease: Lease) -> dict[str, Any]:
+    """The bound parameters of ``OWNS`` / ``LEASE``."""
+    return {"b_id": lease.run_id, "b_owner": lease.owner, "b_epoch": lease.epoch}
+
+
+def add_event(conn: Connection, run_id: str, kind: str, data: dict[str, Any]) -> None:
+    """Append one entry to the run's trace, in the caller's transaction."""
+    conn.execute(INSERT_EVENT, {"run_id": run_id, "kind": kind, "data": data})

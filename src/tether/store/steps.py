@@ -1,0 +1,229 @@
+"""The fenced writes of a running run: its steps, its heartbeat, and leaving ``running``.
+
+Each method is one transaction conditional on the lease: when another owner took the
+run, nothing is written and ``LeaseLost`` is raised (invariant 8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from tether.errors import LeaseLost
+from tether.models.base import Message
+from tether.runs import FailReason, HaltReason, Lease, Pending
+from tether.store.base import StoreBase
+from tether.store.records import CallStatus
+from tether.store.statements import (
+    FAIL,
+    HALT,
+    HEARTBEAT,
+    LEASE_HELD,
+    RECORD_OUTCOME,
+    REFRESH_SCOPE,
+    RELEASE,
+    SUSPEND,
+    add_event,
+    lease_params,
+)
+from tether.store.transitions import Transition
+
+
+@dataclass(frozen=True, kw_only=True)
+class Intent:
+    """A ledger intent to write with the assistant turn that asks for the call."""
+
+    tool_call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    effect: str
+
+
+def idempotency_key(run_id: str, tool_call_id: str) -> str:
+    """The key of a tool call, in the ledger and towards the tool's downstream (SPEC §3)."""
+    return f"{run_id}:{tool_call_id}"
+
+
+def _lost(lease: Lease) -> LeaseLost:
+    return LeaseLost("this worker no longer owns the run", run_id=lease.run_id)
+
+
+class Steps(StoreBase):
+    """Step writes and the transitions out of ``running``, each fenced by the lease."""
+
+    def persist_turn(
+        self,
+        lease: Lease,
+        *,
+        message: Message,
+        spend_usd: float,
+        elapsed_ms: int,
+        intents: Sequence[Intent],
+        final: bool,
+        event: dict[str, Any],
+    ) -> None:
+        """The assistant turn with its spend, step count and the ledger intents of its tool
+        calls, in one transaction: the turn *is* the intent. A final answer also moves the
+        run to ``answered``."""
+        keyed = [
+            {
+                "idempotency_key": idempotency_key(lease.run_id, i.tool_call_id),
+                "tool_call_id": i.tool_call_id,
+                "tool": i.tool,
+                "arguments": i.arguments,
+                "effect": i.effect,
+            }
+            for i in intents
+        ]
+        params = {
+            **lease_params(lease),
+            "b_spend": spend_usd,
+            "b_elapsed": elapsed_ms,
+            "b_fresh": self.heartbeat_refresh_s,
+        }
+        with self.engine.begin() as conn:
+            self.dialect.write_turn(
+                conn, params, final=final, message=message, intents=keyed, event=event
+            )
+
+    def persist_tool_result(
+        self,
+        lease: Lease,
+        *,
+        tool_call_id: str,
+        message: Message,
+        status: CallStatus,
+        summary: Any,
+        elapsed_ms: int,
+        counted: bool,
+        event: dict[str, Any],
+    ) -> None:
+        """A tool's result message, its ledger outcome and the counters, in one
+        transaction. Only a result that is not ``ok`` gets a trace event: a routine result
+        is in the messages already."""
+        params = {
+            **lease_params(lease),
+            "b_counted": 1 if counted else 0,
+            "b_elapsed": elapsed_ms,
+            "b_fresh": self.heartbeat_refresh_s,
+            "b_key": idempotency_key(lease.run_id, tool_call_id),
+            "b_status": status.value,
+            "b_result": summary,
+        }
+        traced = status is not CallStatus.OK
+        with self.engine.begin() as conn:
+            self.dialect.write_result(conn, params, traced=traced, message=message, event=event)
+
+    def heartbeat(self, lease: Lease) -> bool:
+        """Refresh the lease's heartbeat; False if the lease was lost."""
+        with self.engine.begin() as conn:
+            return conn.execute(HEARTBEAT, lease_params(lease)).rowcount == 1
+
+    def lease_held(self, lease: Lease) -> bool:
+        """Whether ``lease`` still owns the run (checked before a write tool runs)."""
+        with self.engine.begin() as conn:
+            return conn.execute(LEASE_HELD, lease_params(lease)).first() is not None
+
+    def refresh_scope(self, lease: Lease, scope: dict[str, Any]) -> None:
+        """Store the scope just re-resolved, with the database's time."""
+        with self.engine.begin() as conn:
+            result = conn.execute(REFRESH_SCOPE, {**lease_params(lease), "b_scope": scope})
+            if result.rowcount != 1:
+                raise _lost(lease)
+
+    def add_event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
+        """Append one entry to the run's trace."""
+        with self.engine.begin() as conn:
+            add_event(conn, run_id, kind, data)
+
+    # -- transitions out of running (fenced) -----------------------------------------------
+
+    def halt(
+        self, lease: Lease, *, reason: HaltReason, elapsed_ms: int, event: dict[str, Any]
+    ) -> None:
+        """running → halted with ``reason``; the run keeps its budget and messages."""
+        stored = HaltReason(reason).value
+        with self.engine.begin() as conn:
+            self._leave(conn, HALT, lease, elapsed_ms, b_reason=stored)
+            add_event(conn, lease.run_id, "halted", {"reason": stored, **event})
+
+    def fail(
+        self,
+        lease: Lease,
+        *,
+        reason: FailReason,
+        elapsed_ms: int,
+        event: dict[str, Any],
+        unknown_call: str | None = None,
+    ) -> None:
+        """running → failed with ``reason``; kept with its ledger for a person to inspect.
+        ``unknown_call`` names a call whose outcome could not be learnt: its ledger entry
+        is recorded ``unknown`` in the same transaction."""
+        stored = FailReason(reason).value
+        with self.engine.begin() as conn:
+            self._leave(conn, FAIL, lease, elapsed_ms, b_reason=stored)
+            if unknown_call is not None:
+                outcome = {
+                    "b_key": idempotency_key(lease.run_id, unknown_call),
+                    "b_status": CallStatus.UNKNOWN.value,
+                    "b_result": FailReason.UNRECONCILABLE.value,
+                }
+                conn.execute(RECORD_OUTCOME, outcome)
+            add_event(conn, lease.run_id, "failed", {"reason": stored, **event})
+
+    def suspend(
+        self,
+        lease: Lease,
+        *,
+        pending: Pending,
+        token_hash: str,
+        ttl_s: float,
+        elapsed_ms: int,
+        event: dict[str, Any],
+    ) -> float:
+        """running → suspended on ``pending``; returns ``expires_at`` (DB clock + TTL)."""
+        with self.engine.begin() as conn:
+            row = self._leave(
+                conn,
+                SUSPEND,
+                lease,
+                elapsed_ms,
+                b_pending=pending.to_json(),
+                b_token_hash=token_hash,
+                b_ttl=ttl_s,
+            )
+            add_event(conn, lease.run_id, "suspended", event)
+            return float(row[0])
+
+    def release(
+        self,
+        lease: Lease,
+        *,
+        elapsed_ms: int,
+        event: dict[str, Any] | None = None,
+        delay_s: float = 0.0,
+        kind: str = "released",
+    ) -> None:
+        """Hand a running run back to the workers (owner cleared, state unchanged). With
+        ``delay_s`` > 0 no worker can claim it before the database's clock + ``delay_s``
+        (a retry's backoff); ``event``, if given, is traced as ``kind``."""
+        with self.engine.begin() as conn:
+            self._leave(conn, RELEASE, lease, elapsed_ms, b_delay=max(0.0, delay_s))
+            if event is not None:
+                add_event(conn, lease.run_id, kind, event)
+            if delay_s <= 0:
+                # A delayed run is not claimable yet: waking workers now would be useless.
+                self.dialect.wake(conn)
+
+    @staticmethod
+    def _leave(
+        conn: Connection, transition: Transition, lease: Lease, elapsed_ms: int, **params: Any
+    ) -> Any:
+        """Apply a fenced transition out of running; ``LeaseLost`` if it did not apply."""
+        row = transition.one(conn, {**lease_params(lease), "b_elapsed": elapsed_ms, **params})
+        if row is None:
+            raise _lost(lease)
+        return row
