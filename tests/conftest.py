@@ -42,7 +42,7 @@ def _pg_url(dbname: str) -> str:
 
 def _admin(sql: str) -> None:
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql)  # type: ignore[arg-type]
+        conn.execute(sql)
 
 
 @pytest.fixture(scope="session")

@@ -5,14 +5,17 @@ from __future__ import annotations
 from tether.agent import Agent
 from tether.budget import Budget, Limits
 from tether.config import Settings
-from tether.engine import Engine, RunView, SyncEngine
+from tether.decision import ApprovalResult, CallVerdict, Choice
+from tether.engine import Engine, ReapReport, RunView
 from tether.errors import TetherError
-from tether.loop import Outcome, StopKind
 from tether.models import Model, ScriptedModel
 from tether.notify import MemoryNotifier, Notice, Notifier
-from tether.resume import ApprovalResult
+from tether.outcome import Outcome, StopKind
+from tether.reasons import FailReason, HaltReason
 from tether.runs import Run, RunState
 from tether.scope import Scope
+from tether.service import Inbox, TokenLookup
+from tether.sync import SyncEngine
 from tether.tools import (
     Effect,
     GuardResult,
@@ -28,9 +31,14 @@ __all__ = [
     "Agent",
     "ApprovalResult",
     "Budget",
+    "CallVerdict",
+    "Choice",
     "Effect",
     "Engine",
+    "FailReason",
     "GuardResult",
+    "HaltReason",
+    "Inbox",
     "Limits",
     "MemoryNotifier",
     "Model",
@@ -38,6 +46,7 @@ __all__ = [
     "Notifier",
     "Outcome",
     "OutcomeUnknown",
+    "ReapReport",
     "Reconciled",
     "Run",
     "RunState",
@@ -48,6 +57,7 @@ __all__ = [
     "StopKind",
     "SyncEngine",
     "TetherError",
+    "TokenLookup",
     "Tool",
     "ToolContext",
     "ToolFailed",

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import inspect
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.errors import ConfigError
 from tether.models.base import Model, ToolSpec
 from tether.scope import ScopeResolver, open_scope
 from tether.tools import Tool
+
+if TYPE_CHECKING:
+    from tether.config import Settings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +31,15 @@ class Agent:
     version: str = "1"
     # The model to use when TETHER_MODEL is not set (the demo's scripted model).
     default_model: Callable[[], Model] | None = None
+    # Handed to every tool call as ``ToolContext.deps`` (clients, base URLs, ...).
+    deps: Any = None
+    # Users with fixed API keys that ``migrate`` and ``serve`` make sure exist (the demo's
+    # users); user id → key.
+    users: Mapping[str, str] = field(default_factory=dict)
+    # What the agent needs running beside it while a process serves it (the demo starts
+    # its sandbox when no URL is configured). Entered by ``serve``, ``worker`` and
+    # ``demo``; yields the agent to serve (possibly with other ``deps``).
+    lifespan: Callable[[Agent], AbstractAsyncContextManager[Agent]] | None = None
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -44,6 +58,15 @@ class Agent:
                 return candidate
         return None
 
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Agent]:
+        """Enter the agent's ``lifespan`` (if any) and yield the agent to serve."""
+        if self.lifespan is None:
+            yield self
+            return
+        async with self.lifespan(self) as agent:
+            yield agent
+
     def versions(self) -> dict[str, Any]:
         """The versions a run records when it starts."""
         return {
@@ -52,8 +75,9 @@ class Agent:
         }
 
 
-def load_agent(spec: str) -> Agent:
-    """Import ``MODULE:ATTR`` and return the Agent it names (an Agent or a factory)."""
+def load_agent(spec: str, settings: Settings | None = None) -> Agent:
+    """Import ``MODULE:ATTR`` and return the Agent it names: an Agent, or a factory, which
+    is given ``settings`` when it takes a parameter (so it needs no environment of its own)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"--agent must be MODULE:ATTR, got {spec!r}")
@@ -61,7 +85,17 @@ def load_agent(spec: str) -> Agent:
         value = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot load agent {spec!r}: {exc}") from exc
-    agent = value() if callable(value) and not isinstance(value, Agent) else value
+    agent = value
+    if callable(value) and not isinstance(value, Agent):
+        agent = value(settings) if _takes_one_argument(value, settings) else value()
     if not isinstance(agent, Agent):
         raise ConfigError(f"{spec!r} is not a tether Agent")
     return agent
+
+
+def _takes_one_argument(factory: Callable[..., Any], argument: Any) -> bool:
+    try:
+        inspect.signature(factory).bind(argument)
+    except (TypeError, ValueError):  # ValueError: no signature to inspect
+        return False
+    return True

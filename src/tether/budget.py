@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tether.errors import InvalidInput
+from tether.reasons import HaltReason
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,10 +29,8 @@ class Limits:
             "max_elapsed_ms": self.max_elapsed_ms,
         }
 
-    def extended(self, grant: Limits | None = None) -> Limits:
-        """The default continuation grant of SPEC §6, or ``grant`` where given."""
-        if grant is not None:
-            return grant
+    def extended(self) -> Limits:
+        """The default continuation grant of SPEC §6."""
         return Limits(
             max_steps=self.max_steps + 4,
             max_spend_usd=round(self.max_spend_usd * 1.5, 6),
@@ -84,20 +83,32 @@ class Budget:
             "elapsed_ms": self.elapsed_ms,
         }
 
-    def check_before_model_call(self, limits: Limits) -> str | None:
+    def after_turn(self, spend_usd: float) -> Budget:
+        """The budget after one more model turn that cost ``spend_usd``."""
+        return replace(self, steps=self.steps + 1, spend_usd=self.spend_usd + spend_usd)
+
+    def after_tool_call(self) -> Budget:
+        """The budget after one more counted tool call."""
+        return replace(self, tool_calls=self.tool_calls + 1)
+
+    def after_active(self, elapsed_ms: int) -> Budget:
+        """The budget after ``elapsed_ms`` more active time."""
+        return replace(self, elapsed_ms=self.elapsed_ms + elapsed_ms)
+
+    def check_before_model_call(self, limits: Limits) -> HaltReason | None:
         """The halt reason if another model call would exceed a bound, else None."""
         if self.steps >= limits.max_steps:
-            return "max_steps"
+            return HaltReason.MAX_STEPS
         if self.spend_usd >= limits.max_spend_usd:
-            return "max_spend"
+            return HaltReason.MAX_SPEND
         if self.elapsed_ms >= limits.max_elapsed_ms:
-            return "max_elapsed"
+            return HaltReason.MAX_ELAPSED
         return None
 
-    def check_before_tool_call(self, limits: Limits) -> str | None:
+    def check_before_tool_call(self, limits: Limits) -> HaltReason | None:
         """The halt reason if another tool call would exceed a bound, else None."""
         if self.tool_calls >= limits.max_tool_calls:
-            return "max_tool_calls"
+            return HaltReason.MAX_TOOL_CALLS
         if self.elapsed_ms >= limits.max_elapsed_ms:
-            return "max_elapsed"
+            return HaltReason.MAX_ELAPSED
         return None

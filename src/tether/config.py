@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from tether.budget import Limits
 from tether.errors import ConfigError
+from tether.models.pricing import Price, parse_prices
 
 DEFAULT_DATABASE_URL = "sqlite:///./tether.db"
 
@@ -33,7 +34,15 @@ class Settings:
         )
     )
     reaper_batch: int = 20
+    # How long a run whose start failed (its scope resolver was down) waits before a
+    # worker tries it again.
+    start_retry_s: float = 5.0
     purge_batch: int = 200
+    # Price overrides (TETHER_PRICES) over the built-in table of tether.models.pricing.
+    prices: Mapping[str, Price] = field(default_factory=dict)
+    # Signs the inbox's session cookies; None: a random secret per process (a restart
+    # signs everyone out). Kept out of repr so it never reaches a log line.
+    session_secret: str | None = field(default=None, repr=False)
 
     @property
     def suspension_ttl_s(self) -> float:
@@ -45,7 +54,8 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Settings from ``env`` (default ``os.environ``); a malformed value is an error."""
+        """Settings from ``env`` (default ``os.environ``); a malformed value is an error
+        here, at start-up, never in the middle of a run."""
         env = os.environ if env is None else env
         from tether.failpoints import parse
 
@@ -62,6 +72,8 @@ class Settings:
             max_recovery_attempts=int(
                 _positive(env, "TETHER_MAX_RECOVERY_ATTEMPTS", 2, whole=True)
             ),
+            prices=parse_prices(env.get("TETHER_PRICES", "")),
+            session_secret=env.get("TETHER_SESSION_SECRET") or None,
         )
 
 

@@ -1,5 +1,10 @@
 """The public Python API: an ``Engine`` starts runs, carries them to their next stop,
-resumes them, and reads them back. Async, with a thin sync facade for scripts."""
+resumes them, and reads them back. The HTTP layer and the CLI use nothing else.
+
+Async throughout; the constructor does no I/O. The schema is checked (or, with
+``migrate=True``, built in an empty database) by ``open()``, which every method calls
+on first use, or by ``async with Engine(...)``.
+"""
 
 from __future__ import annotations
 
@@ -7,35 +12,28 @@ import asyncio
 import os
 import socket
 import uuid
-from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
-from tether import inputs
+from tether import decision as approvals
+from tether import inputs, resume
 from tether.agent import Agent
 from tether.budget import Limits, parse_limits
 from tether.config import Settings
+from tether.decision import ApprovalResult
 from tether.errors import InvalidInput, NotFound
-from tether.loop import Outcome, Services, StopKind, hash_token
 from tether.models.base import Message, Model
 from tether.notify import LogNotifier, Notifier
-from tether.resume import (
-    ApprovalResult,
-    cancel_run,
-    continue_run,
-    expire_suspended,
-    hop,
-    purge_retained,
-    recover_orphans,
-    reissue_notices,
-    resume_after_confirmation,
-    resume_by_run,
-    start_driver,
-)
+from tether.outcome import Outcome, StopKind
+from tether.resume import OrphanClaim
 from tether.runs import Run
+from tether.service import ServiceAPI
+from tether.services import Services, hop
 from tether.store import Event, LedgerEntry, Store, ensure_schema
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from tether.sync import SyncEngine
 
 MAX_QUESTION_CHARS = 100_000
 
@@ -48,13 +46,33 @@ class RunView:
     messages: list[Message]
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReapReport:
+    """One reaper pass: what was recovered, stopped, expired, re-notified and purged."""
+
+    recovered: list[str]
+    stopped: dict[str, str]
+    expired: list[str]
+    notices_reissued: list[str]
+    purged: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "recovered": self.recovered,
+            "stopped": self.stopped,
+            "expired": self.expired,
+            "notices_reissued": self.notices_reissued,
+            "purged": self.purged,
+        }
+
+
 def new_worker_id() -> str:
     """A unique owner name for this process: host, pid and a random suffix."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class Engine:
-    """Runs an agent durably on a store. One engine can carry many runs concurrently.
+class Engine(ServiceAPI):
+    """Runs an agent durably on a store; one engine carries many runs concurrently.
 
     ``migrate=True`` builds the schema in an empty database; otherwise an empty, older or
     newer schema is refused with a message that says to run ``tether migrate``.
@@ -78,28 +96,49 @@ class Engine:
             database_url or self.settings.database_url,
             heartbeat_refresh_s=self.settings.heartbeat_timeout_s / 3,
         )
-        try:
-            ensure_schema(self.store.engine, migrate_empty=migrate)
-        except Exception:
-            self.store.close()
-            raise
         self.worker_id = worker_id or new_worker_id()
+        self._migrate_empty = migrate
+        self._opened = False
+        base = public_url.rstrip("/")
         self.services = Services(
             store=self.store,
             agent=agent,
             model=model,
             settings=self.settings,
             notifier=notifier or LogNotifier(),
-            approve_url=lambda token: f"{public_url.rstrip('/')}/approve/{token}",
+            approve_url=lambda token: f"{base}/approve/{token}",
         )
 
     @property
     def agent(self) -> Agent:
         return self.services.agent
 
+    # -- life cycle ------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Check the schema (build it in an empty database with ``migrate=True``). Safe to
+        call twice: it checks once per engine."""
+        if not self._opened:
+            await hop(ensure_schema, self.store.engine, migrate_empty=self._migrate_empty)
+            self._opened = True
+
+    async def __aenter__(self) -> Engine:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
     def close(self) -> None:
         """Release the database connections."""
         self.store.close()
+
+    async def aclose(self) -> None:
+        """Release the database connections and the model's client."""
+        await self.services.model.aclose()
+        self.close()
 
     # -- starting and driving runs ---------------------------------------------------------
 
@@ -116,6 +155,7 @@ class Engine:
         inputs.user_id(user_id)
         inputs.text(question, "question", MAX_QUESTION_CHARS)
         run_limits = parse_limits(limits, self.settings.default_limits)
+        await self.open()
         scope = await self.agent.resolve_scope(user_id)
         messages: list[Message] = [
             {"role": "system", "content": self.agent.system_prompt},
@@ -136,38 +176,46 @@ class Engine:
     async def run_until_stop(self, run_id: str) -> Outcome:
         """Claim ``run_id`` (it must be waiting for a worker) and carry it to its next stop:
         answered, suspended, halted or failed."""
+        await self.open()
         run = await hop(self.store.claim_ready, self.worker_id, inputs.run_id(run_id))
         if run is None:
             existing = await hop(self.store.get_run, run_id)
             if existing is None:
                 raise NotFound("no such run")
-            return Outcome(run_id=run_id, kind=_kind_of(existing))
-        driver = await start_driver(self.services, run)
-        return await driver.drive()
+            return Outcome(run_id=run_id, kind=StopKind.of(existing.state))
+        return await self.carry(run)
 
     async def run_next(self) -> Outcome | None:
         """Claim the run that has waited longest for a worker and carry it to its next
         stop; None if no run waits."""
-        run = await hop(self.store.claim_ready, self.worker_id, None)
-        if run is None:
-            return None
-        driver = await start_driver(self.services, run)
-        return await driver.drive()
+        run = await self.claim_next()
+        return None if run is None else await self.carry(run)
 
     async def ask(
         self, user_id: str, question: str, *, limits: Limits | dict[str, Any] | None = None
     ) -> Outcome:
-        """Start a run and carry it to its first stop."""
+        """Start a run and carry it to its first stop; ``Outcome.answer`` holds the final
+        answer when it answered."""
         run = await self.start_run(user_id, question, limits=limits)
         return await self.run_until_stop(run.id)
 
-    # -- resumptions ---------------------------------------------------------------------
+    async def claim_next(self) -> Run | None:
+        """Take the lease of the run that has waited longest for a worker, if any."""
+        await self.open()
+        return await hop(self.store.claim_ready, self.worker_id, None)
+
+    async def carry(self, run: Run, *, stopping: asyncio.Event | None = None) -> Outcome:
+        """Carry a run this engine claimed to its next stop (see ``resume.carry``)."""
+        return await resume.carry(self.services, run, stopping=stopping)
+
+    # -- resumptions -----------------------------------------------------------------------
 
     async def resume_after_confirmation(
         self, token: str, decision: str, approver: str
     ) -> ApprovalResult:
         """Carry out a human decision on a suspended run (SPEC §4)."""
-        return await resume_after_confirmation(
+        await self.open()
+        return await approvals.resume_after_confirmation(
             self.services, self.worker_id, token, decision, approver
         )
 
@@ -182,7 +230,8 @@ class Engine:
     ) -> ApprovalResult:
         """Decide the pending call ``tool_call_id`` of ``run_id`` (shown with ``digest``)
         from an inbox, without the token; same claim, checks and errors as a token."""
-        return await resume_by_run(
+        await self.open()
+        return await approvals.resume_by_run(
             self.services,
             self.worker_id,
             run_id,
@@ -191,10 +240,6 @@ class Engine:
             tool_call_id=tool_call_id,
             digest=digest,
         )
-
-    async def recover_orphans(self) -> list[Outcome]:
-        """One reaper pass over runs whose owner's heartbeat is stale."""
-        return await recover_orphans(self.services, self.worker_id)
 
     async def continue_run(
         self,
@@ -205,121 +250,97 @@ class Engine:
         why: str | None = None,
     ) -> Run:
         """Continue a halted run with a deliberate, logged grant; it waits for a worker."""
-        return await continue_run(self.services, run_id, user, limits=limits, why=why)
+        await self.open()
+        return await resume.continue_run(self.services, run_id, user, limits=limits, why=why)
 
     async def cancel_run(self, run_id: str, user: str) -> Run:
         """Cancel a run that is not terminal."""
-        return await cancel_run(self.services, run_id, user)
+        await self.open()
+        return await resume.cancel_run(self.services, run_id, user)
+
+    async def claim_orphans(self, limit: int) -> OrphanClaim:
+        """Take over up to ``limit`` runs whose owner's heartbeat is stale."""
+        await self.open()
+        return await resume.claim_orphans(self.services, self.worker_id, limit)
+
+    async def recover(self, run: Run) -> Outcome:
+        """Reconcile one claimed orphan and hand it back to the workers."""
+        return await resume.recover(self.services, run)
+
+    async def recover_orphans(self) -> list[Outcome]:
+        """One reaper pass over runs whose owner's heartbeat is stale."""
+        await self.open()
+        return await resume.recover_orphans(self.services, self.worker_id)
 
     async def expire_suspended(self) -> list[str]:
         """Halt suspended runs whose approval window has passed."""
-        return await expire_suspended(self.services)
+        await self.open()
+        return await resume.expire_suspended(self.services)
+
+    async def reissue_notices(self) -> list[str]:
+        """Re-send suspension notices that were never delivered, with fresh tokens."""
+        await self.open()
+        return await resume.reissue_notices(self.services)
 
     async def purge_retained(self) -> int:
         """Delete runs kept past the retention."""
-        return await purge_retained(self.services)
+        await self.open()
+        return await resume.purge_retained(self.services)
 
-    async def reap(self) -> dict[str, Any]:
+    async def reap(self) -> ReapReport:
         """One reaper pass: recover orphans, expire suspensions, re-send undelivered
         notices, purge past retention."""
         recovered = await self.recover_orphans()
-        expired = await self.expire_suspended()
-        reissued = await reissue_notices(self.services)
-        purged = await self.purge_retained()
-        return {
-            "recovered": [o.run_id for o in recovered if o.kind is StopKind.RELEASED],
-            "stopped": {
-                o.run_id: o.kind.value for o in recovered if o.kind is not StopKind.RELEASED
-            },
-            "expired": expired,
-            "notices_reissued": reissued,
-            "purged": purged,
-        }
+        return ReapReport(
+            recovered=[o.run_id for o in recovered if o.kind is StopKind.RELEASED],
+            stopped={o.run_id: o.kind.value for o in recovered if o.kind is not StopKind.RELEASED},
+            expired=await self.expire_suspended(),
+            notices_reissued=await self.reissue_notices(),
+            purged=await self.purge_retained(),
+        )
 
-    async def owner_of_token(self, token: str) -> str | None:
-        """The user whose run a token belongs to (pending or used), for the operator CLI."""
-        run, used = await hop(self.store.find_by_token, hash_token(inputs.token(token)))
-        if run is not None:
-            return run.user_id
-        if used is not None:
-            owner = await hop(self.store.get_run, used.run_id)
-            return owner.user_id if owner else None
-        return None
-
-    # -- reading -------------------------------------------------------------------------
+    # -- reading ---------------------------------------------------------------------------
 
     async def get_run(self, run_id: str, *, user_id: str | None = None) -> RunView:
         """A run with its messages; ``not_found`` if missing or not ``user_id``'s."""
+        await self.open()
         snapshot = await hop(self.store.snapshot, inputs.run_id(run_id))
         if snapshot is None or (user_id is not None and snapshot.run.user_id != user_id):
             raise NotFound("no such run")
         return RunView(run=snapshot.run, messages=snapshot.messages)
 
+    async def find_run(self, run_id: str) -> Run | None:
+        """The run, without its messages; None if there is none."""
+        await self.open()
+        return await hop(self.store.get_run, inputs.run_id(run_id))
+
+    async def run_owner(self, run_id: str) -> str:
+        """The user a run belongs to; ``not_found`` if there is no such run."""
+        run = await self.find_run(run_id)
+        if run is None:
+            raise NotFound("no such run")
+        return run.user_id
+
     async def list_runs(self, user_id: str | None = None, limit: int = 100) -> list[Run]:
         """Runs, newest first (only ``user_id``'s if given)."""
         if not 1 <= limit <= 1000:
             raise InvalidInput("limit must be between 1 and 1000")
+        await self.open()
         return list(await hop(self.store.list_runs, user_id, limit))
 
     async def events(self, run_id: str) -> list[Event]:
         """The run's trace, oldest first."""
+        await self.open()
         return list(await hop(self.store.events, inputs.run_id(run_id)))
 
     async def ledger(self, run_id: str) -> list[LedgerEntry]:
         """The run's tool-call ledger, in call order."""
+        await self.open()
         return list(await hop(self.store.ledger, inputs.run_id(run_id)))
-
-    # -- sync facade ---------------------------------------------------------------------
 
     @property
     def sync(self) -> SyncEngine:
         """The same API for scripts without an event loop."""
+        from tether.sync import SyncEngine
+
         return SyncEngine(self)
-
-
-def _kind_of(run: Run) -> StopKind:
-    return {
-        "answered": StopKind.ANSWERED,
-        "suspended": StopKind.SUSPENDED,
-        "halted": StopKind.HALTED,
-        "failed": StopKind.FAILED,
-        "cancelled": StopKind.FAILED,
-    }.get(run.state.value, StopKind.RELEASED)
-
-
-class SyncEngine:
-    """Blocking wrappers over ``Engine`` for scripts; each call runs its own event loop."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    @staticmethod
-    def _run(coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run(coro)
-
-    def start_run(self, user_id: str, question: str, **kwargs: Any) -> Run:
-        return self._run(self._engine.start_run(user_id, question, **kwargs))
-
-    def run_until_stop(self, run_id: str) -> Outcome:
-        return self._run(self._engine.run_until_stop(run_id))
-
-    def ask(self, user_id: str, question: str, **kwargs: Any) -> Outcome:
-        return self._run(self._engine.ask(user_id, question, **kwargs))
-
-    def resume_after_confirmation(self, token: str, decision: str, approver: str) -> ApprovalResult:
-        return self._run(self._engine.resume_after_confirmation(token, decision, approver))
-
-    def continue_run(self, run_id: str, user: str, **kwargs: Any) -> Run:
-        return self._run(self._engine.continue_run(run_id, user, **kwargs))
-
-    def cancel_run(self, run_id: str, user: str) -> Run:
-        return self._run(self._engine.cancel_run(run_id, user))
-
-    def reap(self) -> dict[str, Any]:
-        return self._run(self._engine.reap())
-
-    def get_run(self, run_id: str, *, user_id: str | None = None) -> RunView:
-        return self._run(self._engine.get_run(run_id, user_id=user_id))
-
-    def list_runs(self, user_id: str | None = None, limit: int = 100) -> list[Run]:
-        return self._run(self._engine.list_runs(user_id, limit))

@@ -75,13 +75,6 @@ def clear_failpoints() -> None:
         _active = {}
 
 
-def reload_from_env() -> None:
-    """Read ``TETHER_FAILPOINTS`` again (test API)."""
-    global _active
-    with _lock:
-        _active = None
-
-
 def fail(name: str, tool: str | None = None) -> None:
     """Reach failpoint ``name`` (for a call of ``tool``, if any): crash or raise if armed."""
     points = _points()

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tether.budget import Budget, Limits
+from tether.reasons import FailReason, HaltReason
 
 
 class RunState(str, enum.Enum):
@@ -56,28 +57,24 @@ TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
 }
 
 
+__all__ = [
+    "TERMINAL",
+    "TRANSITIONS",
+    "FailReason",
+    "HaltReason",
+    "Lease",
+    "Pending",
+    "Run",
+    "RunState",
+    "can_transition",
+    "iso",
+    "run_to_json",
+]
+
+
 def can_transition(src: RunState, dst: RunState) -> bool:
     """Whether the table allows ``src`` → ``dst``."""
     return dst in TRANSITIONS[src]
-
-
-class HaltReason(str, enum.Enum):
-    """Why a run is halted; the stored string."""
-
-    MAX_STEPS = "max_steps"
-    MAX_SPEND = "max_spend"
-    MAX_TOOL_CALLS = "max_tool_calls"
-    MAX_ELAPSED = "max_elapsed"
-    SUSPENSION_EXPIRED = "suspension_expired"
-    NO_LONGER_PERMITTED = "no_longer_permitted"
-
-
-class FailReason(str, enum.Enum):
-    """Why a run failed; the stored string."""
-
-    UNRECONCILABLE = "unreconcilable"
-    RECOVERY_EXHAUSTED = "recovery_exhausted"
-    ERROR = "error"
 
 
 @dataclass(frozen=True, kw_only=True)

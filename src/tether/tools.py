@@ -4,12 +4,14 @@ pydantic validates the arguments and gives the JSON schema the model sees. A too
 effect (read or write), may need confirmation, and may have a ``preview`` (the artefact a
 human approves; its digest is SHA-256 of canonical JSON), a ``guard`` (a business check
 that can refuse) and a ``reconcile`` (finds a write's outcome by its idempotency key).
+
+Safe by default: a definition that could act twice or act unchecked is refused when it is
+declared (``UnsafeTool``), and a guard answer that is not an explicit allow refuses.
 """
 
 from __future__ import annotations
 
 import enum
-import hashlib
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,8 +19,7 @@ from typing import Any, TypeVar, cast, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from tether.errors import TetherError
-from tether.messages import canonical_json
+from tether.errors import ConfigError, TetherError
 from tether.models.base import ToolSpec
 from tether.scope import Scope
 
@@ -42,6 +43,9 @@ class ToolContext:
     idempotency_key: str
     scope: Scope
     confirmed: bool = False
+    # What the agent hands every tool (``Agent(deps=...)``): clients, URLs, settings.
+    # Tools get their dependencies here, never from globals or the environment.
+    deps: Any = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +105,13 @@ class OutcomeUnknown(TetherError):
     code = "outcome_unknown"
 
 
+class UnsafeTool(ConfigError):
+    """A tool definition that could act twice or unchecked; the message says how to
+    declare it safely."""
+
+    code = "unsafe_tool"
+
+
 class InvalidToolArguments(TetherError):
     """The model's arguments do not fit the tool's schema; the model sees why."""
 
@@ -131,7 +142,13 @@ class Tool:
     guard: Guard | None = None
     reconcile: Reconcile | None = None
     permitted: Permitted | None = None
+    # Declared knowingly: a write that can be neither reconciled nor re-issued, so a crash
+    # while it runs fails the run ``unreconcilable`` for a person to look at.
+    accept_unreconcilable: bool = False
     version: str = "1"
+
+    def __post_init__(self) -> None:
+        check_safe(self)
 
     def spec(self) -> ToolSpec:
         """The tool as the model sees it."""
@@ -168,11 +185,16 @@ class Tool:
         return cast(dict[str, Any], await _maybe_await(self.preview(args, scope)))
 
     async def check_guard(self, args: BaseModel, scope: Scope, ctx: ToolContext) -> GuardResult:
-        """Run the guard; a tool without one allows everything."""
+        """Run the guard; a tool without one allows everything. Fails closed: only an
+        explicit ``GuardResult.allow()`` allows; any other answer refuses."""
         if self.guard is None:
             return GuardResult.allow()
         verdict = await _maybe_await(self.guard(args, scope, ctx))
-        return verdict if isinstance(verdict, GuardResult) else GuardResult.allow()
+        if isinstance(verdict, GuardResult):
+            return verdict if verdict.ok or verdict.reason else GuardResult.refuse("refused")
+        return GuardResult.refuse(
+            f"the guard of {self.name} answered {verdict!r:.100}, not GuardResult.allow()"
+        )
 
     async def is_permitted(self, args: BaseModel, scope: Scope) -> bool:
         """Whether ``scope`` still allows this call; tools without a check allow it."""
@@ -190,9 +212,22 @@ class Tool:
         return answer
 
 
-def digest(preview: Any) -> str:
-    """SHA-256 of the canonical JSON of a preview."""
-    return hashlib.sha256(canonical_json(preview).encode()).hexdigest()
+def check_safe(t: Tool) -> None:
+    """Refuse a definition that could act twice or unchecked (STYLE rule 11)."""
+    if t.effect is Effect.WRITE and t.reconcile is None and not t.dedupes:
+        if not t.accept_unreconcilable:
+            raise UnsafeTool(
+                f"tool {t.name} is a write with neither reconcile nor dedupes: after a crash "
+                "tether could not tell whether it ran. Declare reconcile=FN (finds the "
+                "outcome by ctx.idempotency_key), or dedupes=True (the downstream returns "
+                "the first result for a repeated idempotency key), or, knowingly, "
+                "accept_unreconcilable=True (a crash mid-call then fails the run)."
+            )
+    if t.preview is not None and not t.needs_confirmation:
+        raise UnsafeTool(
+            f"tool {t.name} has a preview but needs no confirmation, so nobody would see "
+            "it. Declare needs_confirmation=True, or drop the preview."
+        )
 
 
 @overload
@@ -211,6 +246,7 @@ def tool(
     guard: Guard | None = None,
     reconcile: Reconcile | None = None,
     permitted: Permitted | None = None,
+    accept_unreconcilable: bool = False,
     version: str = "1",
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
@@ -227,6 +263,7 @@ def tool(
     guard: Guard | None = None,
     reconcile: Reconcile | None = None,
     permitted: Permitted | None = None,
+    accept_unreconcilable: bool = False,
     version: str = "1",
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a typed function. A first parameter annotated ``ToolContext``
@@ -261,6 +298,7 @@ def tool(
             guard=guard,
             reconcile=reconcile,
             permitted=permitted,
+            accept_unreconcilable=accept_unreconcilable,
             version=version,
         )
 

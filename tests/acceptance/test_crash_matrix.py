@@ -10,6 +10,7 @@ write happened exactly once and the run answered.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import signal
@@ -66,14 +67,14 @@ def drive(url: str, run_id: str, failpoints: list[str], receiver: kit.NoticeRece
                 # The notice was lost (the process died before sending it): the reaper
                 # re-issues it with a fresh token once the suspension is stale.
                 kit.poll_until(
-                    lambda r=run: store.now() - (r.suspended_at or 0) > 0.35,
+                    functools.partial(_older_than, store, run.suspended_at or 0, 0.35),
                     what="an old unnotified suspension",
                 )
                 args = ["reap"]
             elif run.owner is None:
                 args = ["worker", "--exit-when-idle", "--no-reap"]
             else:
-                kit.poll_until(lambda r=run: _stale(store, r), what="a stale heartbeat")
+                kit.poll_until(functools.partial(_stale, store, run), what="a stale heartbeat")
                 args = ["reap"]
             proc = kit.tether(*args, env=env)
             seen.processes.append(f"{args[0]}:{proc.returncode}")
@@ -315,3 +316,7 @@ def test_twenty_approvals_from_separate_processes_resume_once(pg_url: str) -> No
     refused = [err for (_, err), code in results if code == 1]
     assert all("already_resumed" in err for err in refused)
     assert effects_by_tool() == {"send": 1}
+
+
+def _older_than(store: Store, since: float, seconds: float) -> bool:
+    return store.now() - since > seconds

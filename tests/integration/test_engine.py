@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import kit
 import pytest
@@ -11,11 +12,13 @@ import sqlalchemy as sa
 
 from tether import MemoryNotifier, StopKind
 from tether.errors import LeaseLost
-from tether.loop import hash_token
+from tether.loop import drive
 from tether.messages import tool_result
+from tether.session import RunSession
 from tether.store import Intent, Store
 from tether.store.records import CallStatus
 from tether.store.schema import metadata
+from tether.tokens import hash_token
 
 
 async def test_scripted_run_answers_and_messages_read_back_identical(db_url: str) -> None:
@@ -106,14 +109,12 @@ async def test_a_driver_whose_lease_was_taken_stops_before_it_executes(db_url: s
     recovered = await taker.recover_orphans()
     assert [o.run_id for o in recovered] == [run.id]
 
-    # The stale worker's driver is fenced before it can run a write.
-    from tether.resume import start_driver
-
+    # The stale worker's session is fenced before it can run a write.
     taken = engine.store.claim_ready("worker-b", run.id)
     assert taken is not None
-    driver = await start_driver(engine.services, taken)
+    session = await RunSession.start(engine.services, taken)
     engine.store.claim_orphans(owner="thief", stale_after_s=-1, max_attempts=9, batch=5)
-    outcome = await driver.drive()
+    outcome = await drive(session)
     assert outcome.kind is StopKind.LEASE_LOST
     assert kit.effects() == []
     engine.close()
@@ -172,7 +173,7 @@ async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) ->
 
 
 async def test_invalid_tool_arguments_reach_the_model_as_an_error(db_url: str) -> None:
-    turns = [
+    turns: list[dict[str, Any]] = [
         {"tool_calls": [{"name": "lookup", "arguments": {"query": 3}}]},
         {"tool_calls": [{"name": "lookup", "arguments": "{not json"}]},
         {"tool_calls": [{"name": "nope", "arguments": {}}]},

@@ -4,13 +4,15 @@ Crash safety with real processes is in tests/acceptance."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
+from typing import Any
 
 import kit
 import pytest
 
-from tether import MemoryNotifier, StopKind
+from tether import ApprovalResult, Engine, MemoryNotifier, Run, StopKind
 from tether.errors import (
     AlreadyFinished,
     AlreadyResumed,
@@ -22,14 +24,25 @@ from tether.errors import (
     TetherError,
     UnknownOrExpired,
 )
+from tether.store import Store
 
 
-async def _suspended(url: str, script: str = "send", **settings: object) -> tuple[object, str, str]:
+async def _suspended(url: str, script: str = "send", **settings: Any) -> tuple[Engine, str, str]:
     notifier = MemoryNotifier()
     engine = kit.engine(url, script_name=script, notifier=notifier, **settings)
     outcome = await engine.ask("dana", "send b")
     assert outcome.kind is StopKind.SUSPENDED
     return engine, outcome.run_id, notifier.last(outcome.run_id).token
+
+
+def _run(engine: Engine, run_id: str) -> Run:
+    run = engine.store.get_run(run_id)
+    assert run is not None
+    return run
+
+
+def _past(store: Store, deadline: float) -> bool:
+    return store.now() > deadline
 
 
 def _tool_results(messages: list[dict[str, object]]) -> list[dict[str, object]]:
@@ -43,7 +56,8 @@ async def test_approval_executes_once_and_the_run_keeps_its_spent_budget(db_url:
     result = await engine.resume_after_confirmation(token, "approve", "dana")
     assert result.ok and result.outcome == "executed"
     after = (await engine.get_run(run_id)).run.budget
-    assert after.spend_usd >= before.spend_usd and after.steps >= before.steps
+    # An approval runs the tool and asks the model nothing: no step, no spend.
+    assert after.spend_usd == before.spend_usd and after.steps == before.steps
     assert after.tool_calls == before.tool_calls + 1
     final = await engine.run_until_stop(run_id)
     assert final.kind is StopKind.ANSWERED
@@ -54,7 +68,7 @@ async def test_approval_executes_once_and_the_run_keeps_its_spent_budget(db_url:
 async def test_twenty_concurrent_approvals_from_threads_resume_once(db_url: str) -> None:
     engine, _, token = await _suspended(db_url)
     engine.close()
-    results: list[object] = []
+    results: list[ApprovalResult | TetherError] = []
     barrier = threading.Barrier(20)
 
     def approve() -> None:
@@ -76,7 +90,7 @@ async def test_twenty_concurrent_approvals_from_threads_resume_once(db_url: str)
     losers = [r for r in results if isinstance(r, TetherError)]
     assert len(results) == 20 and len(oks) == 1
     assert {type(r) for r in losers} == {AlreadyResumed}
-    assert all(r.details["decision"]["decision"] == "approve" for r in losers)  # type: ignore[attr-defined]
+    assert all(r.details["decision"]["decision"] == "approve" for r in losers)
     assert len(kit.effects()) == 1
 
 
@@ -154,7 +168,8 @@ async def test_tokens_are_unknown_to_strangers_and_to_nobody(db_url: str) -> Non
 
 async def test_an_expired_suspension_halts_and_its_token_stops_working(db_url: str) -> None:
     engine, run_id, token = await _suspended(db_url, suspension_ttl_min=0.002)
-    kit.poll_until(lambda: engine.store.now() > (engine.store.get_run(run_id).expires_at or 0))
+    expires_at = _run(engine, run_id).expires_at or 0
+    kit.poll_until(lambda: engine.store.now() > expires_at)
     assert engine.store.open_suspensions(10)[0] == []  # past its window, swept or not
     # The claim checks the window itself, even before the sweep ran.
     with pytest.raises(UnknownOrExpired):
@@ -172,8 +187,8 @@ async def test_an_approval_racing_the_expiry_sweep_is_decided_once(db_url: str) 
     for _ in range(5):
         engine, run_id, token = await _suspended(db_url, suspension_ttl_min=0.003)
         try:
-            deadline = (engine.store.get_run(run_id).expires_at or 0) - 0.05
-            kit.poll_until(lambda s=engine.store, d=deadline: s.now() > d)
+            deadline = (_run(engine, run_id).expires_at or 0) - 0.05
+            kit.poll_until(functools.partial(_past, engine.store, deadline))
             approval, expired = await asyncio.gather(
                 engine.resume_after_confirmation(token, "approve", "dana"),
                 engine.expire_suspended(),
@@ -241,16 +256,15 @@ async def test_purge_deletes_old_finished_runs_with_their_rows(db_url: str) -> N
     engine = kit.engine(db_url, script_name="answer", retention_days=0.00000001)
     outcome = await engine.ask("dana", "hi")
     live, _, _ = await _suspended(db_url)
-    kit.poll_until(
-        lambda: engine.store.now() - engine.store.get_run(outcome.run_id).updated_at > 0.01
-    )
+    updated_at = _run(engine, outcome.run_id).updated_at
+    kit.poll_until(lambda: engine.store.now() - updated_at > 0.01)
     assert await engine.purge_retained() == 1
     with pytest.raises(NotFound):
         await engine.get_run(outcome.run_id)
     assert engine.store.events(outcome.run_id) == []
     assert len(await engine.list_runs()) == 1  # the suspended run is kept
     engine.close()
-    live.close()  # type: ignore[attr-defined]
+    live.close()
 
 
 @pytest.mark.parametrize(

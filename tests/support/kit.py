@@ -147,7 +147,7 @@ def write_once(ctx: ToolContext, item: str) -> dict[str, Any]:
     return _apply(ctx, "write_once", item, dedupe=False)
 
 
-@tool(effect="write")
+@tool(effect="write", accept_unreconcilable=True)
 def blind_write(ctx: ToolContext, item: str) -> dict[str, Any]:
     """A write that can be neither reconciled nor re-issued."""
     return _apply(ctx, "blind_write", item, dedupe=False)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -9,15 +13,15 @@ from hypothesis import strategies as st
 from tether import ToolContext, tool
 from tether.errors import ConfigError, FailpointError
 from tether.failpoints import POINTS, fail, parse, set_failpoint
-from tether.loop import diff_previews
 from tether.messages import pending_tool_calls
 from tether.models.base import PLACEHOLDER_API_KEY, Usage, sdk_credentials
 from tether.models.pricing import DEFAULT_PRICE, price_for, spend_usd
 from tether.models.scripted import ScriptedModel
-from tether.tools import Effect, InvalidToolArguments, digest
+from tether.previews import diff_previews, digest
+from tether.tools import Effect, InvalidToolArguments
 
 
-@tool(effect="write", needs_confirmation=True)
+@tool(effect="write", needs_confirmation=True, dedupes=True)
 def send_quote(ctx: ToolContext, quote_id: str, copies: int = 1) -> dict[str, str]:
     """Send a quote."""
     return {"sent": quote_id}
@@ -60,7 +64,7 @@ def test_diff_lists_changed_paths() -> None:
 
 
 def test_pending_tool_calls_are_the_last_turns_unanswered_ones() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "x"},
         {
             "role": "assistant",
@@ -90,7 +94,12 @@ def test_failpoints_parse_and_fire() -> None:
     fail("after_claim", "other")  # a different tool: nothing happens
     with pytest.raises(FailpointError):
         fail("after_claim", "send")
-    assert "after_claim" in POINTS and "after_resume_execute" in POINTS
+
+
+def test_every_failpoint_is_listed_in_the_step_protocol_doc() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "step-protocol.md").read_text()
+    listed = set(re.findall(r"^\| `([a-z_]+)(?:\[?:TOOL\]?)?`", doc, re.M))
+    assert [point for point in POINTS if point not in listed] == []
 
 
 def test_an_unknown_model_gets_the_default_price() -> None:
@@ -118,7 +127,7 @@ async def test_the_scripted_model_can_use_an_earlier_tool_result() -> None:
             {"tool_calls": [{"name": "send", "arguments": {"quote_id": "${draft.quote_id}"}}]},
         ]
     )
-    history = [
+    history: list[dict[str, Any]] = [
         {"role": "user", "content": "x"},
         {
             "role": "assistant",

@@ -1,0 +1,221 @@
+"""One tool call: resolve it, re-check it (permitted → preview → guard), execute it under
+its idempotency key, and reconcile a write whose outcome is not known (invariant 3).
+
+The same ``recheck`` serves a call met for the first time and a call a human decided
+(``decision.py``); they differ only in what they do with its verdict.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from tether.errors import LeaseLost
+from tether.failpoints import fail
+from tether.messages import ToolCall
+from tether.metrics import TOOL_SECONDS
+from tether.outcome import Outcome
+from tether.previews import digest
+from tether.reasons import FailReason
+from tether.session import RunSession, error_content
+from tether.store import CallStatus, idempotency_key
+from tether.tools import (
+    Effect,
+    InvalidToolArguments,
+    OutcomeUnknown,
+    ReconcileKind,
+    Tool,
+    ToolFailed,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Check(str, enum.Enum):
+    """What re-checking a call found."""
+
+    PASSED = "passed"
+    NOT_PERMITTED = "no_longer_permitted"  # the user's scope does not allow it now
+    CHANGED = "changed"  # the preview differs from the one the human approved
+    GUARD_FAILED = "guard_failed"  # the guard refused, or a check could not run
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recheck:
+    """A call's verdict, with the preview rendered now (if the tool has one)."""
+
+    verdict: Check
+    preview: dict[str, Any] | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resolved:
+    """A call whose tool exists and whose arguments validate."""
+
+    call: ToolCall
+    tool: Tool
+    args: BaseModel
+
+
+async def resolve(session: RunSession, call: ToolCall) -> Resolved | None:
+    """The call's tool and validated arguments; None when there is no such tool or the
+    arguments do not fit, after storing why as the call's result for the model."""
+    tool = session.s.agent.tool(call.name)
+    if tool is None:
+        await session.refuse(call, "unknown_tool", f"there is no tool {call.name!r}")
+        return None
+    try:
+        return Resolved(call=call, tool=tool, args=tool.validate(call.parsed_arguments()))
+    except InvalidToolArguments as exc:
+        await session.refuse(call, exc.code, exc.message)
+        return None
+
+
+async def recheck(
+    session: RunSession,
+    r: Resolved,
+    *,
+    confirmed: bool,
+    approved_digest: str | None = None,
+) -> Recheck:
+    """Is the call allowed now? In order: the user's scope (resolved now), the preview
+    rendered now (compared with ``approved_digest`` when a human approved one), the guard.
+    A check that cannot run refuses (fails closed)."""
+    try:
+        if not await r.tool.is_permitted(r.args, session.scope):
+            return Recheck(verdict=Check.NOT_PERMITTED)
+        preview = await r.tool.render_preview(r.args, session.scope)
+        if confirmed and preview is not None and digest(preview) != approved_digest:
+            return Recheck(verdict=Check.CHANGED, preview=preview)
+        guard = await r.tool.check_guard(
+            r.args, session.scope, session.ctx(r.call, confirmed=confirmed)
+        )
+    except ToolFailed as exc:
+        reason = f"could not check this call: {exc.message}"
+        return Recheck(verdict=Check.GUARD_FAILED, reason=reason)
+    if not guard.ok:
+        return Recheck(verdict=Check.GUARD_FAILED, reason=guard.reason or "refused")
+    return Recheck(verdict=Check.PASSED, preview=preview)
+
+
+async def first_call(session: RunSession, call: ToolCall) -> Outcome | None:
+    """Process a call no human has decided: reconcile it if it may have run before a
+    crash, else re-check it and suspend it for confirmation or execute it. Returns an
+    outcome when the run stopped, None when its result is stored and the loop goes on."""
+    recovered = session.take_recovering()
+    r = await resolve(session, call)
+    if r is None:
+        return None
+    if recovered and r.tool.effect is Effect.WRITE and not r.tool.needs_confirmation:
+        return await reconcile(session, r, confirmed=False)
+    reason = session.budget.check_before_tool_call(session.run.limits)
+    if reason is not None:
+        return await session.halt(reason)
+    check = await recheck(session, r, confirmed=False)
+    if check.verdict is Check.NOT_PERMITTED:
+        await session.refuse(call, "not_permitted", f"{call.name} is not permitted for you")
+        return None
+    if check.verdict is not Check.PASSED:
+        await session.refuse(call, "guard_failed", check.reason or "refused")
+        return None
+    if r.tool.needs_confirmation:
+        return await session.suspend(call, r.args, check.preview)
+    return await execute(session, r, confirmed=False)
+
+
+async def execute(
+    session: RunSession, r: Resolved, *, confirmed: bool, reissue: bool = False
+) -> Outcome | None:
+    """Run the tool once under the call's idempotency key and store its result. An
+    ambiguous failure of a write is reconciled before the loop goes on (invariant 3)."""
+    if r.tool.effect is Effect.WRITE and not await session.lease_held():
+        raise LeaseLost("this worker no longer owns the run", run_id=session.run.id)
+    call = r.call
+    fail("before_tool_call", call.name)
+    try:
+        with TOOL_SECONDS.labels(tool=call.name).time():
+            result = await session.keepalive(
+                r.tool.call(r.args, session.ctx(call, confirmed=confirmed))
+            )
+    except ToolFailed as exc:
+        fail("after_tool_commit", call.name)
+        content = error_content(exc.code, exc.message)
+        await session.append_result(call, content, CallStatus.ERROR, counted=True)
+        return None
+    except OutcomeUnknown as exc:
+        fail("after_tool_commit", call.name)
+        if r.tool.effect is not Effect.WRITE:
+            content = error_content("tool_error", exc.message)
+            await session.append_result(call, content, CallStatus.ERROR, counted=True)
+            return None
+        log.warning("outcome unknown", extra={"run_id": session.run.id, "action": "unknown"})
+        if reissue:
+            return await unreconcilable(session, call)
+        return await reconcile(session, r, confirmed=confirmed)
+    fail("after_tool_commit", call.name)
+    await session.append_result(call, result, CallStatus.OK, counted=True)
+    fail("after_step_persist", call.name)
+    return None
+
+
+async def reconcile(session: RunSession, r: Resolved, *, confirmed: bool) -> Outcome | None:
+    """Find out whether a write whose result is not stored took effect, and store what
+    is learnt as its result: found → its result; a deduplicating downstream → re-issue
+    under the same key; confirmed absent → "did not complete"; cannot tell → failed.
+
+    Safe to run twice: it only reads the downstream by key, or re-issues under the same
+    key, which a deduplicating downstream answers with the first result.
+    """
+    call = r.call
+    key = idempotency_key(session.run.id, call.id)
+    found = await r.tool.find_outcome(key, session.ctx(call, confirmed=confirmed))
+    await session.add_event(
+        "reconciled", {"tool_call_id": call.id, "tool": call.name, "found": found.kind.value}
+    )
+    if found.kind is ReconcileKind.FOUND:
+        await session.append_result(call, found.result, CallStatus.OK, counted=True)
+    elif r.tool.dedupes:
+        stop = await execute(session, r, confirmed=confirmed, reissue=True)
+        if stop is not None:
+            return stop
+    elif found.kind is ReconcileKind.ABSENT:
+        await session.refuse(call, "not_completed", "this call did not complete; it had no effect")
+    else:
+        return await unreconcilable(session, call)
+    fail("after_reconcile", call.name)
+    return None
+
+
+async def settle_decided(session: RunSession, r: Resolved) -> tuple[bool, Outcome | None]:
+    """Before executing an approved write again after a crash that followed its claim:
+    did it already run? Returns (settled, stop): settled when its result is now stored or
+    the run stopped (``stop``: cannot tell → failed); not settled when it must still run.
+
+    Safe twice for the same reasons as ``reconcile``.
+    """
+    if r.tool.reconcile is None:
+        if r.tool.dedupes:
+            return False, None
+        return True, await unreconcilable(session, r.call)
+    key = idempotency_key(session.run.id, r.call.id)
+    found = await r.tool.find_outcome(key, session.ctx(r.call, confirmed=True))
+    if found.kind is ReconcileKind.FOUND:
+        await session.append_result(r.call, found.result, CallStatus.OK, counted=True)
+        return True, None
+    if found.kind is ReconcileKind.UNKNOWN and not r.tool.dedupes:
+        return True, await unreconcilable(session, r.call)
+    return False, None
+
+
+async def unreconcilable(session: RunSession, call: ToolCall) -> Outcome:
+    """Fail the run, keeping its ledger: a person must look at the downstream."""
+    return await session.fail(
+        FailReason.UNRECONCILABLE,
+        {"tool_call_id": call.id, "tool": call.name},
+        unknown_call=call.id,
+    )

@@ -1,0 +1,24 @@
+"""Why a run stopped short of an answer: the stored halt and fail reasons."""
+
+from __future__ import annotations
+
+import enum
+
+
+class HaltReason(str, enum.Enum):
+    """Why a run is halted; the stored string."""
+
+    MAX_STEPS = "max_steps"
+    MAX_SPEND = "max_spend"
+    MAX_TOOL_CALLS = "max_tool_calls"
+    MAX_ELAPSED = "max_elapsed"
+    SUSPENSION_EXPIRED = "suspension_expired"
+    NO_LONGER_PERMITTED = "no_longer_permitted"
+
+
+class FailReason(str, enum.Enum):
+    """Why a run failed; the stored string."""
+
+    UNRECONCILABLE = "unreconcilable"
+    RECOVERY_EXHAUSTED = "recovery_exhausted"
+    ERROR = "error"  # an unexpected error in the loop; its message is in the event

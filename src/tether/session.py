@@ -1,0 +1,362 @@
+"""A run session: the lease, messages and budget of one claimed run.
+
+The session holds the run's state and nothing else: each durable write is one method and
+one thread hop, fenced by the lease (invariant 8), and it keeps the in-memory messages
+and budget equal to what it wrote. What to write, and when, is decided by the loop
+(``loop.py``), the calls (``calls.py``) and the resumptions (``decision.py``,
+``resume.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from tether.budget import Budget
+from tether.errors import LeaseLost, TetherError
+from tether.failpoints import fail
+from tether.messages import ToolCall, pending_tool_calls, tool_calls_of, tool_result
+from tether.models.base import Message, ModelResponse
+from tether.models.pricing import spend_usd
+from tether.notify import Notice
+from tether.outcome import Outcome, StopKind
+from tether.previews import digest
+from tether.reasons import FailReason, HaltReason
+from tether.runs import Lease, Pending, Run, iso
+from tether.scope import Scope
+from tether.services import Services, hop
+from tether.store import CallStatus, Decision, Intent, idempotency_key
+from tether.tokens import hash_token, new_token
+from tether.tools import ToolContext
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def error_content(code: str, message: str) -> dict[str, str]:
+    """The body of a tool result that reports an error to the model."""
+    return {"error": code, "message": message}
+
+
+class RunSession:
+    """One claimed run: its lease, messages, budget and scope, and its durable writes."""
+
+    def __init__(
+        self,
+        services: Services,
+        run: Run,
+        messages: list[Message],
+        scope: Scope,
+        *,
+        decision: Decision | None = None,
+        recovering: bool = False,
+        stopping: asyncio.Event | None = None,
+    ) -> None:
+        self.s = services
+        self.run = run
+        self.lease: Lease = run.lease()
+        self.messages = messages
+        self.budget: Budget = run.budget
+        self.scope = scope
+        # The decision recorded with the run's current suspension token, until carried out.
+        self._decision = decision
+        # Only a run taken over from a dead owner may have a call whose effect happened
+        # without its result being stored, and only its first unanswered call (calls run
+        # in order). Everything else pending is known not to have run.
+        self._recovering = recovering
+        # Set when this process is shutting down: the run is handed back at the next step
+        # boundary so another worker takes it at once.
+        self._stopping = stopping
+        self._call_ids = {
+            c.id for m in messages if m.get("role") == "assistant" for c in tool_calls_of(m)
+        }
+        self._mark = time.monotonic()
+
+    @classmethod
+    async def start(
+        cls,
+        services: Services,
+        run: Run,
+        *,
+        recovering: bool = False,
+        stopping: asyncio.Event | None = None,
+    ) -> RunSession:
+        """A session for a run this process just claimed: loads it, re-resolves the user's
+        scope now (invariant 7) and stores the fresh snapshot of it."""
+        snapshot = await hop(services.store.snapshot, run.id)
+        if snapshot is None:
+            raise LeaseLost("run vanished after its claim", run_id=run.id)
+        scope = await services.agent.resolve_scope(run.user_id)
+        await hop(services.store.refresh_scope, run.lease(), scope.to_json())
+        return cls(
+            services,
+            run,
+            list(snapshot.messages),
+            scope,
+            decision=snapshot.decision,
+            recovering=recovering,
+            stopping=stopping,
+        )
+
+    # -- what the session knows ------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping is not None and self._stopping.is_set()
+
+    def pending_calls(self) -> list[ToolCall]:
+        """The last turn's calls that have no result yet, in order."""
+        return pending_tool_calls(self.messages)
+
+    def take_decision(self, call_id: str) -> Decision | None:
+        """The human decision on ``call_id``, once: after it is carried out the call has a
+        result, so it must never be applied again."""
+        decision = self._decision
+        if decision is None or decision.tool_call_id != call_id:
+            return None
+        self._decision = None
+        return decision
+
+    def take_recovering(self) -> bool:
+        """Whether the next call is the first one processed after a takeover (once)."""
+        recovering, self._recovering = self._recovering, False
+        return recovering
+
+    def ctx(self, call: ToolCall, *, confirmed: bool) -> ToolContext:
+        """What the tool learns about ``call``, with the agent's dependencies."""
+        return ToolContext(
+            run_id=self.run.id,
+            user_id=self.run.user_id,
+            tool_call_id=call.id,
+            idempotency_key=idempotency_key(self.run.id, call.id),
+            scope=self.scope,
+            confirmed=confirmed,
+            deps=self.s.agent.deps,
+        )
+
+    # -- durable writes (one transaction each) ---------------------------------------------
+
+    async def append_turn(self, response: ModelResponse) -> Message:
+        """The assistant turn with its spend, the step count and its calls' ledger intents;
+        a turn without calls is the final answer and moves the run to ``answered``."""
+        message = self._normalized(response.message)
+        calls = tool_calls_of(message)
+        spend = spend_usd(response.model, response.usage, self.s.settings.prices)
+        event = {
+            "step": self.budget.steps + 1,
+            "tool_calls": [c.name for c in calls],
+            "spend_usd": spend,
+            "input_tokens": response.usage.input_tokens,
+            "output_tokens": response.usage.output_tokens,
+        }
+        await hop(
+            self.s.store.persist_turn,
+            self.lease,
+            message=message,
+            spend_usd=spend,
+            elapsed_ms=self._elapsed(),
+            intents=[self._intent(call) for call in calls],
+            final=not calls,
+            event=event,
+        )
+        self.messages.append(message)
+        self.budget = self.budget.after_turn(spend)
+        self._recovering = False
+        return message
+
+    async def append_result(
+        self, call: ToolCall, content: Any, status: CallStatus, *, counted: bool
+    ) -> None:
+        """One tool result with its ledger outcome and counters."""
+        message = tool_result(call.id, content)
+        summary = (
+            content.get("error")
+            if isinstance(content, dict) and status is not CallStatus.OK
+            else None
+        )
+        await hop(
+            self.s.store.persist_tool_result,
+            self.lease,
+            tool_call_id=call.id,
+            message=message,
+            status=status,
+            summary=summary,
+            elapsed_ms=self._elapsed(),
+            counted=counted,
+            event={
+                "tool": call.name,
+                "tool_call_id": call.id,
+                "status": status.value,
+                **({"error": summary} if summary else {}),
+            },
+        )
+        self.messages.append(message)
+        if counted:
+            self.budget = self.budget.after_tool_call()
+
+    async def refuse(self, call: ToolCall, code: str, message: str) -> None:
+        """Store a refusal of ``call`` as its result: it did not run and is not counted."""
+        content = error_content(code, message)
+        await self.append_result(call, content, CallStatus.ERROR, counted=False)
+
+    async def suspend(
+        self, call: ToolCall, args: BaseModel, preview: dict[str, Any] | None
+    ) -> Outcome:
+        """Suspend on ``call`` with its rendered ``preview`` and a fresh token (only the
+        token's hash is stored), then send the notice."""
+        fail("before_suspend", call.name)
+        token = new_token()
+        pending = Pending(
+            tool_call_id=call.id,
+            tool=call.name,
+            arguments=args.model_dump(mode="json"),
+            preview=preview,
+            digest=digest(preview) if preview is not None else None,
+        )
+        expires_at = await hop(
+            self.s.store.suspend,
+            self.lease,
+            pending=pending,
+            token_hash=hash_token(token),
+            ttl_s=self.s.settings.suspension_ttl_s,
+            elapsed_ms=self._elapsed(),
+            event={"tool": call.name, "tool_call_id": call.id, "digest": pending.digest},
+        )
+        fail("after_suspend", call.name)
+        notice = Notice(
+            run_id=self.run.id,
+            user_id=self.run.user_id,
+            token=token,
+            approve_url=self.s.approve_url(token),
+            tool=call.name,
+            arguments=pending.arguments,
+            preview=preview,
+            expires_at=iso(expires_at) or "",
+        )
+        await deliver(self.s, notice)
+        log.info("suspended", extra={"run_id": self.run.id, "action": "suspended"})
+        return Outcome(run_id=self.run.id, kind=StopKind.SUSPENDED, notice=notice)
+
+    async def halt(self, reason: HaltReason) -> Outcome:
+        """running → halted; the run keeps its budget and messages for its owner."""
+        await hop(
+            self.s.store.halt,
+            self.lease,
+            reason=reason,
+            elapsed_ms=self._elapsed(),
+            event={"budget": self.budget.to_json(), "limits": self.run.limits.to_json()},
+        )
+        log.info("halted", extra={"run_id": self.run.id, "action": "halted", "state": reason})
+        return Outcome(run_id=self.run.id, kind=StopKind.HALTED, reason=reason.value)
+
+    async def fail(
+        self, reason: FailReason, event: dict[str, Any], *, unknown_call: str | None = None
+    ) -> Outcome:
+        """running → failed, kept with its ledger for a person to inspect."""
+        await hop(
+            self.s.store.fail,
+            self.lease,
+            reason=reason,
+            elapsed_ms=self._elapsed(),
+            event=event,
+            unknown_call=unknown_call,
+        )
+        return Outcome(run_id=self.run.id, kind=StopKind.FAILED, reason=reason.value)
+
+    async def fail_on_error(self, exc: Exception) -> Outcome:
+        """Fail the run on an unexpected error (invariant 6: never ownerless in running)."""
+        message = exc.message if isinstance(exc, TetherError) else f"{type(exc).__name__}: {exc}"
+        log.exception("run failed", extra={"run_id": self.run.id, "action": "failed"})
+        try:
+            return await self.fail(FailReason.ERROR, {"error": message[:2000]})
+        except LeaseLost:
+            return Outcome(run_id=self.run.id, kind=StopKind.LEASE_LOST)
+
+    async def release(self, why: str) -> Outcome:
+        """Hand the run back to the workers (still running, no owner)."""
+        await hop(self.s.store.release, self.lease, elapsed_ms=self._elapsed(), event={"why": why})
+        return Outcome(run_id=self.run.id, kind=StopKind.RELEASED, reason=why)
+
+    async def add_event(self, kind: str, data: dict[str, Any]) -> None:
+        await hop(self.s.store.add_event, self.run.id, kind, data)
+
+    async def lease_held(self) -> bool:
+        return await hop(self.s.store.lease_held, self.lease)
+
+    # -- liveness --------------------------------------------------------------------------
+
+    async def keepalive(self, work: Awaitable[T]) -> T:
+        """Await ``work`` while heartbeating in the background every third of the timeout,
+        so a long model or tool call is not taken for an orphan."""
+        beat = asyncio.create_task(self._beat())
+        try:
+            return await work
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+
+    async def _beat(self) -> None:
+        interval = self.s.settings.heartbeat_timeout_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            if not await hop(self.s.store.heartbeat, self.lease):
+                log.warning("heartbeat refused", extra={"run_id": self.run.id, "action": "beat"})
+                return
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _intent(self, call: ToolCall) -> Intent:
+        tool = self.s.agent.tool(call.name)
+        arguments = call.parsed_arguments()
+        return Intent(
+            tool_call_id=call.id,
+            tool=call.name[:128],
+            arguments=arguments if isinstance(arguments, dict) else {"_raw": str(arguments)},
+            effect=tool.effect.value if tool is not None else "read",
+        )
+
+    def _normalized(self, message: Message) -> Message:
+        """The assistant message to store: role set, and every tool call with an id that
+        is unique within the run (the id is the idempotency key's second half)."""
+        out: Message = {**message, "role": "assistant"}
+        raw_calls = out.get("tool_calls") or []
+        if not raw_calls:
+            out.pop("tool_calls", None)
+            return out
+        fixed = []
+        for i, raw in enumerate(raw_calls):
+            call_id = str(raw.get("id") or f"call_{self.budget.steps}_{i}")[:100]
+            while call_id in self._call_ids:
+                call_id = f"{call_id}~{self.budget.steps}"
+            self._call_ids.add(call_id)
+            fixed.append({**raw, "id": call_id, "type": raw.get("type", "function")})
+        out["tool_calls"] = fixed
+        return out
+
+    def _elapsed(self) -> int:
+        """Active milliseconds since the last durable write, folded into the budget."""
+        now = time.monotonic()
+        delta = max(0, round((now - self._mark) * 1000))
+        self._mark = now
+        self.budget = self.budget.after_active(delta)
+        return delta
+
+
+async def deliver(services: Services, notice: Notice) -> None:
+    """Send a suspension notice and record its delivery. A notice that fails stays
+    unrecorded, and the reaper re-issues it with a fresh token (``reissue_notices``)."""
+    try:
+        delivered = await services.notifier.send(notice)
+    except Exception:
+        log.exception("notice failed", extra={"run_id": notice.run_id, "action": "notify"})
+        return
+    if delivered is False:
+        return
+    await hop(services.store.mark_notified, notice.run_id, hash_token(notice.token))
