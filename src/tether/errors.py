@@ -2,7 +2,8 @@
 
 Codes are part of the product contract (SPEC §4, §6): tests and clients match on them,
 so a code never changes once published. The driver's error, where there is one, stays in
-``__cause__``.
+``__cause__``. Domain errors know nothing of HTTP: ``tether.api.schemas.STATUS`` maps
+codes to statuses.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ class TetherError(Exception):
     """Root of every error tether raises on purpose."""
 
     code: ClassVar[str] = "tether_error"
-    http_status: ClassVar[int] = 400
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -30,14 +30,12 @@ class InvalidInput(TetherError):
     """A caller passed something malformed; nothing was changed."""
 
     code = "invalid_input"
-    http_status = 422
 
 
 class Unauthenticated(TetherError):
     """No valid credentials were presented."""
 
     code = "unauthenticated"
-    http_status = 401
 
 
 class ConfigError(TetherError):
@@ -50,28 +48,30 @@ class SchemaNotReady(TetherError):
     """The database schema is missing or older/newer than this code; run ``tether migrate``."""
 
     code = "schema_not_ready"
-    http_status = 503
+
+
+class NotReady(TetherError):
+    """The database cannot be reached, so this process cannot serve (``/readyz``)."""
+
+    code = "not_ready"
 
 
 class NotFound(TetherError):
     """The run is missing or not the caller's (the two are never told apart)."""
 
     code = "not_found"
-    http_status = 404
 
 
 class NotHalted(TetherError):
     """Only a halted run can be continued."""
 
     code = "not_halted"
-    http_status = 409
 
 
 class AlreadyFinished(TetherError):
     """The run is terminal and cannot be cancelled."""
 
     code = "already_finished"
-    http_status = 409
 
 
 class IllegalTransition(TetherError):
@@ -79,28 +79,24 @@ class IllegalTransition(TetherError):
     longer held when the conditional UPDATE ran."""
 
     code = "illegal_transition"
-    http_status = 409
 
 
 class LeaseLost(TetherError):
     """This worker no longer owns the run: another owner took it (SPEC invariant 8)."""
 
     code = "lease_lost"
-    http_status = 409
 
 
 class ModelError(TetherError):
     """The model provider failed in a way the SDK's own retries did not absorb."""
 
     code = "model_error"
-    http_status = 502
 
 
 class FailpointError(TetherError):
     """Raised by a failpoint whose action is ``error`` (SPEC §7)."""
 
     code = "failpoint"
-    http_status = 500
 
 
 # Errors of the resumption paths (SPEC §4).
@@ -110,32 +106,27 @@ class UnknownOrExpired(TetherError):
     """The token is unknown, expired, or presented by someone who may not use it."""
 
     code = "unknown_or_expired"
-    http_status = 404
 
 
 class AlreadyResumed(TetherError):
     """The token was already used; ``decision`` carries the decision that used it."""
 
     code = "already_resumed"
-    http_status = 409
 
 
 class NoLongerPermitted(TetherError):
     """The owner's current permissions no longer allow the pending call."""
 
     code = "no_longer_permitted"
-    http_status = 403
 
 
 class Changed(TetherError):
     """The re-rendered preview differs from the approved one; a new token is issued."""
 
     code = "changed"
-    http_status = 409
 
 
 class GuardFailed(TetherError):
     """The tool's guard refused the call on resumption."""
 
     code = "guard_failed"
-    http_status = 409

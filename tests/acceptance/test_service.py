@@ -21,7 +21,7 @@ import kit
 import pytest
 
 from tether.store import Store
-from tether.users import add_user
+from tether.store.users import add_user
 
 STOP_DEADLINE_S = 30
 

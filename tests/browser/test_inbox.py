@@ -27,7 +27,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tether import Engine, MemoryNotifier, StopKind
 from tether.api.app import create_app
 from tether.config import Settings
-from tether.users import add_user
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -172,7 +171,7 @@ def served(sqlite_url: str) -> Iterator[Served]:
             notifier=notifier,
             url=f"http://127.0.0.1:{port}",
             posts=posts,
-            keys={"dana": add_user(engine.store, "dana")},
+            keys={"dana": off_loop(lambda: engine.add_user("dana"))},
         )
     finally:
         server.should_exit = True

@@ -8,7 +8,7 @@ No worker runs here: the tests carry runs with ``engine.run_until_stop``.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,12 +27,12 @@ from schemathesis.specs.openapi.checks import ignored_auth
 from tether import Engine, MemoryNotifier, StopKind
 from tether.api.app import create_app
 from tether.config import Settings
-from tether.users import DEMO_KEYS, add_user, ensure_demo_users
 
 BASE = "http://tether.test"
-DANA = {"Authorization": f"Bearer {DEMO_KEYS['dana']}"}
-MIGUEL = {"Authorization": f"Bearer {DEMO_KEYS['miguel']}"}
 BOSS_KEY = "key-of-the-boss"  # `boss` is an approver in the test agent's scope
+KEYS = {"dana": "key-of-dana", "miguel": "key-of-miguel", "boss": BOSS_KEY}
+DANA = {"Authorization": f"Bearer {KEYS['dana']}"}
+MIGUEL = {"Authorization": f"Bearer {KEYS['miguel']}"}
 BOSS = {"Authorization": f"Bearer {BOSS_KEY}"}
 ERROR_KEYS = {"ok", "error", "message"}
 
@@ -71,22 +71,22 @@ class Api:
         )
 
 
-def build_engine(url: str, script: str, notifier: MemoryNotifier) -> Engine:
+async def build_engine(url: str, script: str, notifier: MemoryNotifier) -> Engine:
     engine = Engine(
         agent=kit.agent(),
         model=kit.script(script),
         settings=Settings(database_url=url),
         notifier=notifier,
     )
-    ensure_demo_users(engine.store)
-    add_user(engine.store, "boss", BOSS_KEY)
+    for user, key in KEYS.items():
+        await engine.add_user(user, key)
     return engine
 
 
 @asynccontextmanager
 async def serving(url: str, script: str = "send") -> AsyncIterator[Api]:
     notifier = MemoryNotifier()
-    engine = build_engine(url, script, notifier)
+    engine = await build_engine(url, script, notifier)
     transport = httpx.ASGITransport(app=create_app(engine, public_url="http://tether.test"))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://tether.test") as c:
@@ -107,7 +107,7 @@ def refused(
     return body
 
 
-def fingerprint(engine: Engine) -> list[tuple[Any, ...]]:
+async def fingerprint(engine: Engine) -> list[tuple[Any, ...]]:
     """Everything a request could change about the stored runs."""
     return [
         (
@@ -117,9 +117,9 @@ def fingerprint(engine: Engine) -> list[tuple[Any, ...]]:
             r.message_count,
             r.lease_epoch,
             r.owner,
-            len(engine.store.events(r.id)),
+            len(await engine.events(r.id)),
         )
-        for r in engine.store.list_runs(None, 1000)
+        for r in await engine.list_runs(None, 1000)
     ]
 
 
@@ -145,19 +145,19 @@ ENDPOINTS = [
 async def test_every_endpoint_refuses_a_missing_or_unknown_key_with_401(db_url: str) -> None:
     async with serving(db_url) as api:
         run_id, token = await api.suspended()
-        before = fingerprint(api.engine)
+        before = await fingerprint(api.engine)
         for method, template, body in ENDPOINTS:
             path = template.replace("RUN", run_id).replace("TOKEN", token)
             for headers in (
                 {},
                 {"Authorization": "Bearer not-a-key"},
-                {"Authorization": f"Basic {DEMO_KEYS['dana']}"},
+                {"Authorization": f"Basic {KEYS['dana']}"},
                 {"Authorization": "Bearer "},
-                {"Authorization": DEMO_KEYS["dana"]},
+                {"Authorization": KEYS["dana"]},
             ):
                 response = await api.client.request(method, path, json=body, headers=headers)
                 refused(response, 401, "unauthenticated")
-        assert fingerprint(api.engine) == before
+        assert await fingerprint(api.engine) == before
         assert (await api.decide(token)).status_code == 200  # the token was never used
 
 
@@ -193,7 +193,7 @@ async def test_a_started_run_is_202_and_waits_for_a_worker_with_its_limits(db_ur
         assert [m["role"] for m in run["messages"]] == ["system", "user"]
         assert run["messages"][1]["content"] == "send b"
         assert parse_iso(run["created_at"]) <= parse_iso(run["updated_at"])
-        stored = api.engine.store.get_run(body["id"])
+        stored = await api.engine.find_run(body["id"])
         assert stored is not None and stored.owner is None  # nobody carries it yet
 
 
@@ -301,7 +301,7 @@ async def test_another_users_run_is_not_found_on_every_endpoint_and_their_token_
 ) -> None:
     async with serving(db_url) as api:
         run_id, token = await api.suspended()
-        before = fingerprint(api.engine)
+        before = await fingerprint(api.engine)
         for suffix, method in (("", "GET"), ("/events", "GET"), ("/continue", "POST"),
                                ("/cancel", "POST")):  # fmt: skip
             theirs = await api.client.request(method, f"/v1/runs/{run_id}{suffix}", headers=MIGUEL)
@@ -313,7 +313,7 @@ async def test_another_users_run_is_not_found_on_every_endpoint_and_their_token_
         for decision in ("approve", "decline"):
             refused(await api.decide(token, decision, MIGUEL), 404, "unknown_or_expired")
         refused(await api.decide("no-such-token"), 404, "unknown_or_expired")
-        assert fingerprint(api.engine) == before
+        assert await fingerprint(api.engine) == before
         assert (await api.run(run_id))["state"] == "suspended"
         assert (await api.decide(token)).status_code == 200  # untouched for its owner
 
@@ -355,12 +355,12 @@ async def test_continue_grants_the_default_or_a_named_budget_and_refuses_what_is
         again = await api.client.post(f"/v1/runs/{default_id}/continue", headers=DANA)
         refused(again, 409, "not_halted")
 
-        before = fingerprint(api.engine)
+        before = await fingerprint(api.engine)
         too_much = await api.client.post(
             f"/v1/runs/{named_id}/continue", json={"limits": {"max_steps": 5000}}, headers=DANA
         )
         refused(too_much, 422, "invalid_input", ("cap",))
-        assert fingerprint(api.engine) == before
+        assert await fingerprint(api.engine) == before
         response = await api.client.post(
             f"/v1/runs/{named_id}/continue",
             json={"limits": {"max_steps": 3}, "why": "needs one more look"},
@@ -516,7 +516,7 @@ async def test_malformed_input_is_a_4xx_with_the_error_shape_and_changes_nothing
 ) -> None:
     async with serving(db_url) as api:
         run_id, token = await api.suspended()
-        before = fingerprint(api.engine)
+        before = await fingerprint(api.engine)
         for name, method, template, content, content_type, status, code in MALFORMED:
             path = template.replace("RUN", run_id).replace("TOKEN", token)
             response = await api.client.request(
@@ -526,7 +526,7 @@ async def test_malformed_input_is_a_4xx_with_the_error_shape_and_changes_nothing
             body = response.json()
             assert set(body) == ERROR_KEYS and body["error"] == code, f"{name}: {body}"
             assert body["ok"] is False and body["message"], name
-            assert fingerprint(api.engine) == before, f"{name} changed the store"
+            assert await fingerprint(api.engine) == before, f"{name} changed the store"
         assert (await api.decide(token)).status_code == 200  # the token is still unused
 
 
@@ -542,7 +542,31 @@ async def test_an_oversized_streamed_body_is_413_before_the_handler_reads_it(db_
             "/v1/runs", content=chunks(), headers={**DANA, "Content-Type": "application/json"}
         )
         refused(response, 413, "payload_too_large")
-        assert api.engine.store.list_runs(None, 10) == []
+        assert await api.engine.list_runs(None, 10) == []
+
+
+# -- health ---------------------------------------------------------------------------------
+
+
+async def test_readyz_is_200_with_a_reachable_database(db_url: str) -> None:
+    async with serving(db_url) as api:
+        ready = await api.client.get("/readyz")
+        assert ready.status_code == 200 and ready.json() == {"ok": True}
+
+
+async def test_readyz_is_503_not_ready_when_the_database_is_unreachable() -> None:
+    engine = Engine(
+        agent=kit.agent(),
+        model=kit.script("send"),
+        settings=Settings(database_url="postgresql://postgres@127.0.0.1:1/nowhere"),
+    )
+    transport = httpx.ASGITransport(app=create_app(engine))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
+            refused(await client.get("/readyz"), 503, "not_ready")
+            assert (await client.get("/healthz")).json() == {"ok": True}  # the process is up
+    finally:
+        engine.close()
 
 
 # -- metrics and wake-ups --------------------------------------------------------------------
@@ -620,8 +644,8 @@ async def test_the_openapi_document_describes_auth_and_every_refusal(db_url: str
 
 
 @pytest.fixture
-def api_app(db_url: str) -> Iterator[FastAPI]:
-    engine = build_engine(db_url, "send", MemoryNotifier())
+async def api_app(db_url: str) -> AsyncIterator[FastAPI]:
+    engine = await build_engine(db_url, "send", MemoryNotifier())
     try:
         yield create_app(engine, public_url="http://tether.test")
     finally:

@@ -95,14 +95,14 @@ async def test_an_undelivered_notice_is_reissued_with_a_fresh_token(db_url: str)
         kit.poll_until(lambda: engine.store.now() - (run.suspended_at or 0) > 0.1)
         hook.failures = 0
         summary = await engine.reap()
-        assert summary["notices_reissued"] == [outcome.run_id]
+        assert summary.notices_reissued == [outcome.run_id]
         assert len(hook.received) == 1
         fresh = hook.received[0]["token"]
         assert fresh != lost_token
         with pytest.raises(UnknownOrExpired):
             await engine.resume_after_confirmation(lost_token, "approve", "dana")
         assert (await engine.resume_after_confirmation(fresh, "approve", "dana")).ok
-        assert (await engine.reap())["notices_reissued"] == []
+        assert (await engine.reap()).notices_reissued == []
     finally:
         engine.close()
         hook.close()

@@ -16,12 +16,11 @@ import httpx
 import kit
 import pytest
 
-import tether.api.web
+import tether.api.web.inbox
 from tether import Engine, MemoryNotifier, ScriptedModel, StopKind
 from tether.api.app import create_app
 from tether.config import Settings
 from tether.runs import Run, RunState
-from tether.users import add_user, ensure_demo_users
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 FORM_ACTION = re.compile(r'action="/approve/([^"]+)"')
@@ -51,7 +50,7 @@ class Web:
         return [e.data for e in await self.engine.events(run_id) if e.kind == "decision"]
 
 
-def _web(db_url: str, model: ScriptedModel | None = None, agent: Any = None) -> Web:
+async def _web(db_url: str, model: ScriptedModel | None = None, agent: Any = None) -> Web:
     notifier = MemoryNotifier()
     engine = Engine(
         agent=agent or kit.agent(),
@@ -59,13 +58,13 @@ def _web(db_url: str, model: ScriptedModel | None = None, agent: Any = None) -> 
         settings=Settings(database_url=db_url),
         notifier=notifier,
     )
-    keys = {name: add_user(engine.store, name) for name in ("dana", "boss", "eve")}
+    keys = {name: await engine.add_user(name) for name in ("dana", "boss", "eve")}
     return Web(engine=engine, notifier=notifier, keys=keys, app=create_app(engine))
 
 
 @pytest.fixture
 async def web(db_url: str) -> AsyncIterator[Web]:
-    w = _web(db_url)
+    w = await _web(db_url)
     yield w
     w.engine.close()
 
@@ -238,7 +237,7 @@ async def test_the_inbox_finds_a_request_behind_newer_finished_runs(
     for _ in range(3):
         newer, _ = await web.suspended()
         await web.engine.cancel_run(newer, "dana")
-    monkeypatch.setattr(tether.api.web, "INBOX_LIMIT", 2)
+    monkeypatch.setattr(tether.api.web.inbox, "INBOX_LIMIT", 2)
     async with web.client() as client:
         await sign_in(client, web.keys["dana"])
         inbox = await client.get("/")
@@ -302,7 +301,7 @@ async def test_stored_markup_is_escaped_on_every_page(db_url: str) -> None:
     model = ScriptedModel(
         [{"tool_calls": [{"name": "send", "arguments": {"item": payload}}]}, {"content": "ok"}]
     )
-    web = _web(db_url, model=model)
+    web = await _web(db_url, model=model)
     try:
         run_id, token = await web.suspended(question=f"please {payload}")
         escaped = html.escape(payload, quote=False)
@@ -402,25 +401,29 @@ async def test_sign_out_needs_the_csrf_token_and_ends_the_session(web: Web) -> N
         assert (await client.get("/")).status_code == 303
 
 
-async def test_the_dev_login_exists_only_for_the_demo_agent(db_url: str) -> None:
-    plain = _web(db_url)
+async def test_one_click_sign_in_is_offered_only_for_the_agents_published_users(
+    db_url: str,
+) -> None:
+    plain = await _web(db_url)  # kit's agent publishes no users
     try:
-        ensure_demo_users(plain.engine.store)
         async with plain.client() as client:
             form = await client.get("/login")
-            assert "Sign in as dana" not in form.text
+            assert "Sign in as" not in form.text
             refused = await client.post(
                 "/login", data={"dev_user": "dana", "csrf": csrf_of(form.text), "next": "/"}
             )
             assert refused.status_code == 401
     finally:
         plain.engine.close()
-    demo = _web(db_url, agent=dataclasses.replace(kit.agent(), name="sales-demo"))
+    published = {"dana": "published-key-of-dana", "miguel": "published-key-of-miguel"}
+    agent = dataclasses.replace(kit.agent(), name="any-agent", users=published)
+    demo = await _web(db_url, agent=agent)
     try:
-        ensure_demo_users(demo.engine.store)
+        await demo.engine.ensure_agent_users()
         async with demo.client() as client:
             form = await client.get("/login")
             assert "Sign in as dana" in form.text and "Sign in as miguel" in form.text
+            assert "Sign in as eve" not in form.text  # a user, but not a published one
             stranger = await client.post(
                 "/login", data={"dev_user": "eve", "csrf": csrf_of(form.text), "next": "/"}
             )
@@ -434,6 +437,22 @@ async def test_the_dev_login_exists_only_for_the_demo_agent(db_url: str) -> None
             assert "Signed in as <strong>miguel</strong>" in inbox.text
     finally:
         demo.engine.close()
+
+
+async def test_a_published_user_whose_key_is_not_stored_cannot_sign_in(db_url: str) -> None:
+    agent = dataclasses.replace(kit.agent(), users={"dana": "a-key-never-stored"})
+    web = await _web(db_url, agent=agent)  # dana exists, with another key
+    try:
+        async with web.client() as client:
+            form = await client.get("/login")
+            assert "Sign in as dana" in form.text
+            refused = await client.post(
+                "/login", data={"dev_user": "dana", "csrf": csrf_of(form.text), "next": "/"}
+            )
+            assert refused.status_code == 401
+            assert (await client.get("/")).status_code == 303  # still signed out
+    finally:
+        web.engine.close()
 
 
 def test_a_preview_with_lines_renders_them_as_a_nested_table() -> None:

@@ -3,9 +3,7 @@ metrics. Every 4xx body is ``{"ok": false, "error": CODE, "message": TEXT}`` (SP
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -13,16 +11,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tether.api.schemas import error_body, status_for
 from tether.engine import Engine
 from tether.errors import TetherError
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 256 * 1024
-
-
-def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
-    return {"ok": False, "error": code, "message": message, **details}
 
 
 class BodyLimit:
@@ -70,7 +65,7 @@ class BodyLimit:
 def _too_large(limit: int) -> JSONResponse:
     return JSONResponse(
         error_body("payload_too_large", f"request bodies are limited to {limit} bytes"),
-        status_code=413,
+        status_code=status_for("payload_too_large"),
     )
 
 
@@ -85,13 +80,15 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
 
     @app.exception_handler(TetherError)
     async def tether_error(_: Request, exc: TetherError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
-        return JSONResponse(exc.to_dict(), status_code=exc.http_status, headers=headers)
+        status = status_for(exc.code)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse(exc.to_dict(), status_code=status, headers=headers)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         log.exception("request failed", extra={"action": "http", "path": request.url.path})
-        return JSONResponse(error_body("internal_error", "an internal error occurred"), 500)
+        body = error_body("internal_error", "an internal error occurred")
+        return JSONResponse(body, status_for("internal_error"))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -99,7 +96,8 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
             f"{'.'.join(str(p) for p in err.get('loc', ()))}: {err.get('msg')}"
             for err in exc.errors()
         )
-        return JSONResponse(error_body("invalid_input", problems or "invalid input"), 422)
+        body = error_body("invalid_input", problems or "invalid input")
+        return JSONResponse(body, status_for("invalid_input"))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -115,16 +113,13 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
         return {"ok": True}
 
     @app.get("/readyz", include_in_schema=False)
-    async def readyz() -> JSONResponse:
-        try:
-            await asyncio.to_thread(engine.store.now)
-        except Exception as exc:
-            return JSONResponse(error_body("not_ready", f"database unreachable: {exc}"), 503)
-        return JSONResponse({"ok": True})
+    async def readyz() -> dict[str, bool]:
+        await engine.ready()  # NotReady (503 not_ready) when the database is unreachable
+        return {"ok": True}
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint() -> PlainTextResponse:
-        body, content_type = await asyncio.to_thread(metrics.render, engine)
+        body, content_type = await metrics.render(engine)
         return PlainTextResponse(body, media_type=content_type)
 
     app.include_router(v1.router, prefix="/v1")

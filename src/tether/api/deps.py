@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import Request
 
 from tether.engine import Engine
 from tether.errors import Unauthenticated
-from tether.users import user_for_key
 
 
 def engine_of(request: Request) -> Engine:
@@ -23,7 +20,7 @@ async def api_user(request: Request) -> str:
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthenticated("send Authorization: Bearer API_KEY")
-    user = await asyncio.to_thread(user_for_key, engine_of(request).store, key.strip())
+    user = await engine_of(request).user_for_key(key.strip())
     if user is None:
         raise Unauthenticated("unknown API key")
     return user

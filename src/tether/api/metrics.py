@@ -1,13 +1,12 @@
 """The ``/metrics`` exposition: tether's metrics (``tether.metrics``, re-exported here)
-plus the runs-by-state gauge, counted from the store at scrape time with one grouped
-SELECT, so it is true for the whole fleet whichever process is scraped."""
+plus the runs-by-state gauge, counted by the engine at scrape time, so it is true for the
+whole fleet whichever process is scraped."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -23,8 +22,6 @@ from tether.metrics import (
     TOOL_SECONDS,
 )
 from tether.runs import RunState
-from tether.store import Store
-from tether.store.schema import runs
 
 if TYPE_CHECKING:
     from tether.engine import Engine
@@ -37,20 +34,8 @@ __all__ = [
     "REGISTRY",
     "STEP_SECONDS",
     "TOOL_SECONDS",
-    "count_by_state",
     "render",
 ]
-
-_COUNT_BY_STATE = sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state)
-
-
-def count_by_state(store: Store) -> dict[str, int]:
-    """How many runs are in each state, every state present (zero when none)."""
-    counts = {state.value: 0 for state in RunState}
-    with store.engine.connect() as conn:
-        for state, count in conn.execute(_COUNT_BY_STATE):
-            counts[str(state)] = int(count)
-    return counts
 
 
 class _Scrape(Collector):
@@ -70,8 +55,10 @@ class _Scrape(Collector):
         yield gauge
 
 
-def render(engine: Engine) -> tuple[bytes, str]:
-    """The exposition text of every metric (blocking: it queries the store once)."""
+async def render(engine: Engine) -> tuple[bytes, str]:
+    """The exposition text of every metric, with the runs counted by state just now."""
+    # Every state is exported, zero when no run is in it, so a series never disappears.
+    by_state = {state.value: 0 for state in RunState} | await engine.counts_by_state()
     scrape = CollectorRegistry(auto_describe=False)
-    scrape.register(_Scrape(count_by_state(engine.store)))
+    scrape.register(_Scrape(by_state))
     return generate_latest(scrape), CONTENT_TYPE_LATEST

@@ -9,21 +9,29 @@ user's is one and the same ``not_found``. Input is validated before anything is 
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Query, Response, Security
 from fastapi.security import HTTPBearer
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from tether import inputs
 from tether.api.deps import api_user, engine_of
-from tether.budget import LimitsInput
-from tether.engine import MAX_QUESTION_CHARS, Engine
+from tether.api.schemas import (
+    AcceptedOut,
+    ApprovalOut,
+    ApprovalRefusedOut,
+    ContinueIn,
+    DecisionIn,
+    ErrorOut,
+    EventListOut,
+    RunDetailOut,
+    RunListOut,
+    RunOut,
+    StartRunIn,
+)
+from tether.engine import Engine
 from tether.errors import NotFound
-from tether.resume import hop
-from tether.runs import Run, RunState, iso, run_to_json
-
-# Run ids are generated (uuid hex); anything else cannot name a run.
+from tether.runs import iso, run_to_json
 
 # Documents the scheme in the OpenAPI document; `api_user` does the checking.
 _bearer = HTTPBearer(
@@ -34,175 +42,6 @@ router = APIRouter(dependencies=[Security(_bearer)])
 
 Caller = Annotated[str, Depends(api_user)]
 EngineDep = Annotated[Engine, Depends(engine_of)]
-
-
-# -- input ---------------------------------------------------------------------------------
-
-
-def _text(value: str) -> str:
-    """Text the store can keep on both backends: no NUL, no lone surrogates."""
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError("must be valid Unicode text") from exc
-    return value
-
-
-def _question(value: str) -> str:
-    if not value.strip():
-        raise ValueError("must not be blank")
-    return _text(value)
-
-
-class StartRunIn(BaseModel):
-    """A question for the agent, with optional limits over the configured defaults."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    question: Annotated[
-        str, Field(min_length=1, max_length=MAX_QUESTION_CHARS), AfterValidator(_question)
-    ]
-    limits: LimitsInput | None = None
-
-
-class DecisionIn(BaseModel):
-    """A human decision on a pending request."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    decision: Literal["approve", "decline"]
-
-
-class ContinueIn(BaseModel):
-    """An explicit grant for a halted run: limits (default: SPEC §6's grant) and why."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    limits: LimitsInput | None = None
-    why: Annotated[str, Field(max_length=2000), AfterValidator(_text)] | None = None
-
-
-# -- output --------------------------------------------------------------------------------
-
-
-class LimitsOut(BaseModel):
-    max_steps: int
-    max_spend_usd: float
-    max_tool_calls: int
-    max_elapsed_ms: int
-
-
-class ConsumedOut(BaseModel):
-    steps: int
-    spend_usd: float
-    tool_calls: int
-    elapsed_ms: int
-
-
-class BudgetOut(BaseModel):
-    limits: LimitsOut
-    consumed: ConsumedOut
-
-
-class PendingOut(BaseModel):
-    """The request a suspended run waits on, from the stored tool call."""
-
-    tool: str
-    arguments: dict[str, Any]
-    preview: dict[str, Any] | None
-    expires_at: str | None = Field(description="ISO-8601, UTC")
-
-
-class RunOut(BaseModel):
-    """A run without its messages."""
-
-    id: str
-    user_id: str
-    question: str
-    state: RunState
-    step: int
-    halt_reason: str | None
-    fail_reason: str | None
-    budget: BudgetOut
-    pending: PendingOut | None = Field(description="set while the run is suspended")
-    created_at: str = Field(description="ISO-8601, UTC")
-    updated_at: str = Field(description="ISO-8601, UTC")
-
-
-class RunDetailOut(RunOut):
-    """A run with its messages (OpenAI chat format), the state the model sees."""
-
-    messages: list[dict[str, Any]]
-
-
-class RunListOut(BaseModel):
-    items: list[RunOut]
-
-
-class AcceptedOut(BaseModel):
-    id: str
-    state: RunState
-
-
-class EventOut(BaseModel):
-    id: int
-    at: str = Field(description="ISO-8601, UTC")
-    kind: str
-    data: dict[str, Any]
-
-
-class EventListOut(BaseModel):
-    items: list[EventOut]
-
-
-class ApprovalOut(BaseModel):
-    """A decision that took effect, and where the run is now (``running``: the workers
-    carry it on)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    ok: Literal[True]
-    run_id: str
-    decision: Literal["approve", "decline"]
-    state: str
-    outcome: str = Field(description="executed, declined or released")
-
-
-class ErrorOut(BaseModel):
-    """Every refusal: a stable code and a message for people; some codes add fields."""
-
-    model_config = ConfigDict(extra="allow")
-
-    ok: Literal[False]
-    error: str
-    message: str
-
-
-class DecisionOut(BaseModel):
-    decision: str
-    by: str
-    at: str | None
-
-
-class DiffOut(BaseModel):
-    path: str
-    before: Any
-    after: Any
-
-
-class ApprovalRefusedOut(ErrorOut):
-    """A refused decision. ``already_resumed`` adds ``decision`` (the one that used the
-    token); ``changed`` adds ``diff``, the new ``token``, ``preview`` and ``expires_at``;
-    ``guard_failed`` adds ``reason``."""
-
-    decision: DecisionOut | None = None
-    diff: list[DiffOut] | None = None
-    token: str | None = None
-    preview: dict[str, Any] | None = None
-    expires_at: str | None = None
-    reason: str | None = None
 
 
 _AUTH = "`unauthenticated`: no or an unknown API key"
@@ -366,8 +205,8 @@ async def decide(token: str, body: DecisionIn, user: Caller, engine: EngineDep) 
 # -- helpers -------------------------------------------------------------------------------
 
 
-async def _owned(engine: Engine, run_id: str, user: str) -> Run:
-    run = await hop(engine.store.get_run, inputs.run_id(run_id))
+async def _owned(engine: Engine, run_id: str, user: str) -> None:
+    """``not_found`` unless ``run_id`` names one of ``user``'s runs."""
+    run = await engine.find_run(inputs.run_id(run_id))
     if run is None or run.user_id != user:
         raise NotFound("no such run")
-    return run

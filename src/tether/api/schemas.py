@@ -1,0 +1,222 @@
+"""The JSON shapes of the HTTP API (SPEC §6) and the one mapping from a domain error's
+``code`` to its HTTP status: domain errors know nothing of HTTP, the API decides here."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from tether.budget import LimitsInput
+from tether.engine import MAX_QUESTION_CHARS
+from tether.runs import RunState
+
+# -- error code -> HTTP status ---------------------------------------------------------------
+
+# Every code a request can meet; one that is missing answers DEFAULT_STATUS.
+STATUS: dict[str, int] = {
+    "invalid_input": 422,
+    "unauthenticated": 401,
+    "not_found": 404,
+    "unknown_or_expired": 404,
+    "no_longer_permitted": 403,
+    "not_halted": 409,
+    "already_finished": 409,
+    "already_resumed": 409,
+    "changed": 409,
+    "guard_failed": 409,
+    "illegal_transition": 409,
+    "lease_lost": 409,
+    "payload_too_large": 413,
+    "failpoint": 500,
+    "internal_error": 500,
+    "model_error": 502,
+    "not_ready": 503,
+    "schema_not_ready": 503,
+    "sandbox_unavailable": 503,
+    # invalid_config, tool_error, outcome_unknown, invalid_arguments: the default.
+}
+DEFAULT_STATUS = 400
+
+
+def status_for(code: str) -> int:
+    """The HTTP status that answers a refusal with ``code``."""
+    return STATUS.get(code, DEFAULT_STATUS)
+
+
+def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
+    """A refusal as SPEC §6 shapes it: ``{"ok": false, "error": CODE, "message": TEXT}``."""
+    return {"ok": False, "error": code, "message": message, **details}
+
+
+# -- input ---------------------------------------------------------------------------------
+
+
+def _text(value: str) -> str:
+    """Text the store can keep on both backends: no NUL, no lone surrogates."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("must be valid Unicode text") from exc
+    return value
+
+
+def _question(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return _text(value)
+
+
+class StartRunIn(BaseModel):
+    """A question for the agent, with optional limits over the configured defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: Annotated[
+        str, Field(min_length=1, max_length=MAX_QUESTION_CHARS), AfterValidator(_question)
+    ]
+    limits: LimitsInput | None = None
+
+
+Decision = Literal["approve", "decline"]
+DECISIONS: tuple[str, ...] = get_args(Decision)
+
+
+class DecisionIn(BaseModel):
+    """A human decision on a pending request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Decision
+
+
+class ContinueIn(BaseModel):
+    """An explicit grant for a halted run: limits (default: SPEC §6's grant) and why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limits: LimitsInput | None = None
+    why: Annotated[str, Field(max_length=2000), AfterValidator(_text)] | None = None
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+class LimitsOut(BaseModel):
+    max_steps: int
+    max_spend_usd: float
+    max_tool_calls: int
+    max_elapsed_ms: int
+
+
+class ConsumedOut(BaseModel):
+    steps: int
+    spend_usd: float
+    tool_calls: int
+    elapsed_ms: int
+
+
+class BudgetOut(BaseModel):
+    limits: LimitsOut
+    consumed: ConsumedOut
+
+
+class PendingOut(BaseModel):
+    """The request a suspended run waits on, from the stored tool call."""
+
+    tool: str
+    arguments: dict[str, Any]
+    preview: dict[str, Any] | None
+    expires_at: str | None = Field(description="ISO-8601, UTC")
+
+
+class RunOut(BaseModel):
+    """A run without its messages."""
+
+    id: str
+    user_id: str
+    question: str
+    state: RunState
+    step: int
+    halt_reason: str | None
+    fail_reason: str | None
+    budget: BudgetOut
+    pending: PendingOut | None = Field(description="set while the run is suspended")
+    created_at: str = Field(description="ISO-8601, UTC")
+    updated_at: str = Field(description="ISO-8601, UTC")
+
+
+class RunDetailOut(RunOut):
+    """A run with its messages (OpenAI chat format), the state the model sees."""
+
+    messages: list[dict[str, Any]]
+
+
+class RunListOut(BaseModel):
+    items: list[RunOut]
+
+
+class AcceptedOut(BaseModel):
+    id: str
+    state: RunState
+
+
+class EventOut(BaseModel):
+    id: int
+    at: str = Field(description="ISO-8601, UTC")
+    kind: str
+    data: dict[str, Any]
+
+
+class EventListOut(BaseModel):
+    items: list[EventOut]
+
+
+class ApprovalOut(BaseModel):
+    """A decision that took effect, and where the run is now (``running``: the workers
+    carry it on)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    ok: Literal[True]
+    run_id: str
+    decision: Decision
+    state: str
+    outcome: str = Field(description="executed, declined or released")
+
+
+class ErrorOut(BaseModel):
+    """Every refusal: a stable code and a message for people; some codes add fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    ok: Literal[False]
+    error: str
+    message: str
+
+
+class DecisionOut(BaseModel):
+    decision: str
+    by: str
+    at: str | None
+
+
+class DiffOut(BaseModel):
+    path: str
+    before: Any
+    after: Any
+
+
+class ApprovalRefusedOut(ErrorOut):
+    """A refused decision. ``already_resumed`` adds ``decision`` (the one that used the
+    token); ``changed`` adds ``diff``, the new ``token``, ``preview`` and ``expires_at``;
+    ``guard_failed`` adds ``reason``."""
+
+    decision: DecisionOut | None = None
+    diff: list[DiffOut] | None = None
+    token: str | None = None
+    preview: dict[str, Any] | None = None
+    expires_at: str | None = None
+    reason: str | None = None

@@ -1,0 +1,192 @@
+"""Approval links and decisions: show the request behind a link (a GET never changes
+anything: mail scanners open links, SPEC §6) and act only on a signed-in POST carrying the
+session's CSRF token, from the link's page or from the inbox."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+
+from tether import ApprovalResult, inputs
+from tether.api.deps import engine_of
+from tether.api.schemas import DECISIONS
+from tether.api.web.pages import (
+    message,
+    outcome,
+    page,
+    pending_view,
+    unknown_or_expired,
+    when,
+)
+from tether.api.web.sessions import Session, acts, field, login_url, posted, session_of
+from tether.engine import Engine
+from tether.errors import (
+    AlreadyResumed,
+    Changed,
+    GuardFailed,
+    InvalidInput,
+    NoLongerPermitted,
+    UnknownOrExpired,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_TOKEN_CHARS = 200
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/approve/{token}")
+async def approval_page(request: Request, token: str) -> Response:
+    """Shows the request behind an approval link. Never changes anything."""
+    session = session_of(request)
+    if session is None:
+        return message(
+            request,
+            None,
+            200,
+            "Sign in to review this request",
+            "This is an approval link. Sign in to see the request and decide it.",
+            sign_in=login_url(f"/approve/{token}"),
+        )
+    if not token or len(token) > MAX_TOKEN_CHARS:
+        return unknown_or_expired(request, session)
+    engine = engine_of(request)
+    try:
+        lookup = await engine.approval_request(token)
+    except UnknownOrExpired:
+        return unknown_or_expired(request, session)
+    view = pending_view(lookup.run, session.user, lookup.now)
+    if view is not None:
+        if await engine.may_decide(view.run.user_id, session.user):
+            return page(request, "approve.html", {"item": view, "token": token}, session=session)
+    elif lookup.used is not None and lookup.decided_run is not None:
+        decided = lookup.decided_run
+        if await engine.may_decide(decided.user_id, session.user):
+            used = lookup.used
+            shown = {"decision": used.decision, "by": used.by, "at": when(used.at)}
+            return outcome(request, session, 200, "already_resumed", decision=shown, run=decided)
+    return unknown_or_expired(request, session)
+
+
+@router.post("/approve/{token}")
+async def decide(request: Request, token: str) -> Response:
+    """Acts on an approval link: only a signed-in user's POST with the session's CSRF token.
+    The engine claims first, so a double submission resumes once."""
+    session = session_of(request)
+    form = await posted(request)
+    if session is None:
+        return message(
+            request,
+            None,
+            403,
+            "Sign in first",
+            "Nothing was decided: sign in, then decide from the request's page.",
+            kind="refused",
+            sign_in=login_url(f"/approve/{token}"),
+        )
+    if not acts(request, session, form):
+        return _not_from_this_session(request, session)
+    decision = field(form, "decision")
+    if decision not in DECISIONS:
+        return _invalid_decision(request, session)
+    engine = engine_of(request)
+    return await _carry_out(
+        request, session, engine.resume_after_confirmation(token, decision, session.user)
+    )
+
+
+@router.post("/runs/{run_id}/decision")
+async def decide_from_inbox(request: Request, run_id: str) -> Response:
+    """Acts from the inbox, which has no token: the form names the call and the preview
+    digest the user was shown; same CSRF rule, same claim, same outcomes."""
+    session = session_of(request)
+    form = await posted(request)
+    if session is None:
+        return RedirectResponse(login_url("/"), status_code=303)
+    if not acts(request, session, form):
+        return _not_from_this_session(request, session)
+    decision = field(form, "decision")
+    call, shown = field(form, "tool_call_id"), field(form, "digest")
+    if decision not in DECISIONS or not call or not inputs.RUN_ID.fullmatch(run_id):
+        return _invalid_decision(request, session)
+    engine = engine_of(request)
+    return await _carry_out(
+        request,
+        session,
+        engine.resume_by_run(
+            run_id, decision, session.user, tool_call_id=call, digest=shown or None
+        ),
+    )
+
+
+def _not_from_this_session(request: Request, session: Session) -> Response:
+    return message(
+        request,
+        session,
+        403,
+        "Refused",
+        "Nothing was decided: this form was not sent from your own session's page.",
+        kind="refused",
+    )
+
+
+def _invalid_decision(request: Request, session: Session) -> Response:
+    return message(
+        request, session, 422, "Invalid decision", "Choose approve or decline.", kind="refused"
+    )
+
+
+async def _carry_out(
+    request: Request, session: Session, deciding: Awaitable[ApprovalResult]
+) -> Response:
+    """Awaits the decision and renders what became of it, or why there was none."""
+    engine = engine_of(request)
+    try:
+        result = await deciding
+    except AlreadyResumed as exc:
+        used = exc.details.get("decision") or {}
+        decided = {
+            "decision": used.get("decision"),
+            "by": used.get("by"),
+            "at": _iso_for_people(used.get("at")),
+        }
+        return outcome(request, session, 409, "already_resumed", decision=decided, run=None)
+    except Changed as exc:
+        return await _changed(request, session, engine, exc)
+    except GuardFailed as exc:
+        reason = str(exc.details.get("reason") or exc.message)
+        return outcome(request, session, 409, "guard_failed", reason=reason)
+    except NoLongerPermitted as exc:
+        return outcome(request, session, 403, "no_longer_permitted", reason=exc.message)
+    except UnknownOrExpired:
+        return unknown_or_expired(request, session)
+    except InvalidInput as exc:
+        return message(request, session, 422, "Invalid", exc.message, kind="refused")
+    log.info(
+        "decided on the web",
+        extra={"run_id": result.run_id, "action": "web_decision", "state": result.state},
+    )
+    run = await engine.find_run(result.run_id)
+    owner = run.user_id if run is not None else None
+    return outcome(request, session, 200, "done", result=result, owner=owner)
+
+
+def _iso_for_people(stamp: Any) -> str:
+    return str(stamp)[:19].replace("T", " ") + " UTC" if stamp else "—"
+
+
+async def _changed(request: Request, session: Session, engine: Engine, exc: Changed) -> Response:
+    """The diff side by side, and the new request (from the store, by its new token) with
+    its own Approve / Decline form."""
+    new_token = str(exc.details.get("token") or "")
+    item = None
+    if new_token:
+        lookup = await engine.approval_request(new_token)
+        item = pending_view(lookup.run, session.user, lookup.now)
+    diff = list(exc.details.get("diff") or [])
+    return outcome(request, session, 409, "changed", diff=diff, item=item, token=new_token)

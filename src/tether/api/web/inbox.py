@@ -1,0 +1,91 @@
+"""The inbox and a run's page: the pending requests a signed-in user owns or may approve,
+and one of their runs with its budget, timeline and messages. Pages render the pending
+request from the stored tool call and preview, never from the model's prose."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+
+from tether.api.deps import engine_of
+from tether.api.web.pages import message, page, pending_view, show
+from tether.api.web.sessions import login_url, session_of
+from tether.errors import NotFound
+from tether.models.base import Message
+from tether.runs import Run, RunState
+
+# How many open suspensions (soonest expiry first) the inbox shows at most.
+INBOX_LIMIT = 1000
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/")
+async def inbox(request: Request) -> Response:
+    """The requests waiting on the signed-in user, soonest expiry first."""
+    session = session_of(request)
+    if session is None:
+        return RedirectResponse(login_url("/"), status_code=303)
+    found = await engine_of(request).pending_approvals(session.user, limit=INBOX_LIMIT)
+    views = (pending_view(run, session.user, found.now) for run in found.runs)
+    items = [view for view in views if view is not None]
+    return page(request, "inbox.html", {"items": items}, session=session)
+
+
+@router.get("/runs/{run_id}")
+async def run_page(request: Request, run_id: str) -> Response:
+    """A run for its owner: state, budget, pending request, timeline and messages."""
+    session = session_of(request)
+    if session is None:
+        return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)
+    engine = engine_of(request)
+    try:
+        view = await engine.get_run(run_id, user_id=session.user)
+    except NotFound:
+        return message(request, session, 404, "Not found", "There is no such run.", kind="refused")
+    events = await engine.events(run_id)
+    run = view.run
+    pending = None
+    if run.state is RunState.SUSPENDED:
+        pending = pending_view(run, session.user, await engine.now())
+    context: dict[str, Any] = {
+        "run": run,
+        "pending": pending,
+        "budget": _budget_rows(run),
+        "events": [{"at": e.at, "kind": e.kind, "data": _summary(e.data)} for e in events],
+        "messages": [_message_view(m) for m in view.messages],
+    }
+    return page(request, "run.html", context, session=session)
+
+
+def _budget_rows(run: Run) -> list[tuple[str, Any, Any]]:
+    limits, used = run.limits, run.budget
+    return [
+        ("steps", used.steps, limits.max_steps),
+        ("spend (USD)", f"{used.spend_usd:.4f}", f"{limits.max_spend_usd:.4f}"),
+        ("tool calls", used.tool_calls, limits.max_tool_calls),
+        ("active time (ms)", used.elapsed_ms, limits.max_elapsed_ms),
+    ]
+
+
+def _summary(data: Mapping[str, Any], limit: int = 240) -> str:
+    text = json.dumps(data, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _message_view(msg: Message) -> dict[str, Any]:
+    content = msg.get("content")
+    calls = []
+    for raw in msg.get("tool_calls") or []:
+        function = raw.get("function") or {}
+        calls.append({"name": function.get("name"), "arguments": function.get("arguments")})
+    return {
+        "role": str(msg.get("role")),
+        "content": content if isinstance(content, str) or content is None else show(content),
+        "tool_calls": calls,
+        "tool_call_id": msg.get("tool_call_id"),
+    }

@@ -1,0 +1,172 @@
+"""How the inbox renders: Jinja templates (autoescaped), the filters that show stored
+values to people, the security headers of every page, and the shared message pages."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+from fastapi import Request
+from fastapi.responses import Response
+from fastapi.templating import Jinja2Templates
+
+from tether.runs import Run, RunState, iso
+
+if TYPE_CHECKING:
+    from tether.api.web.sessions import Session
+
+# The templates and the stylesheet live beside the API package.
+ASSETS = Path(__file__).parent.parent
+
+# No scripts at all, no framing (clickjacking the Approve button), forms only to ourselves,
+# and the token in an approval URL never leaves in a Referer.
+PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+}
+
+
+# -- filters -----------------------------------------------------------------------------
+
+
+def show(value: Any) -> str:
+    """A stored scalar or structure as text (autoescaped by the template)."""
+    if value is None:
+        return "—"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool | int | float):
+        return json.dumps(value)
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def when(epoch: float | None) -> str:
+    """Epoch seconds of the database clock, for people."""
+    stamp = iso(epoch)
+    return stamp[:19].replace("T", " ") + " UTC" if stamp else "—"
+
+
+def columns(rows: Sequence[Any]) -> list[str] | None:
+    """The union of keys of a list of mappings, in first-seen order; None if the list
+    holds anything else (it is then shown as a plain list)."""
+    if not rows or not all(isinstance(row, Mapping) for row in rows):
+        return None
+    seen: dict[str, None] = {}
+    for row in rows:
+        seen.update(dict.fromkeys(str(key) for key in row))
+    return list(seen)
+
+
+def time_left(seconds: float) -> str:
+    """What remains of an approval window, for people."""
+    if seconds <= 0:
+        return "expired"
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes} min"
+    if minutes:
+        return f"{minutes} min {secs} s"
+    return f"{secs} s"
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(ASSETS / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["show"] = show
+    env.filters["when"] = when
+    env.globals["columns"] = columns
+    return env
+
+
+templates = Jinja2Templates(env=_environment())
+
+
+# -- a pending request -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class PendingView:
+    """A suspended run as a page shows it: the stored request and its window."""
+
+    run: Run
+    mine: bool
+    left: str
+
+
+def pending_view(run: Run | None, viewer: str, now: float) -> PendingView | None:
+    """The run's pending request as ``viewer`` sees it; None unless it is suspended and its
+    window (judged by the database's clock, ``now``) is still open."""
+    if run is None or run.state is not RunState.SUSPENDED:
+        return None
+    if run.pending is None or run.expires_at is None or run.expires_at <= now:
+        return None
+    return PendingView(run=run, mine=run.user_id == viewer, left=time_left(run.expires_at - now))
+
+
+# -- pages -------------------------------------------------------------------------------
+
+
+def page(
+    request: Request,
+    name: str,
+    context: dict[str, Any],
+    *,
+    session: Session | None,
+    status: int = 200,
+) -> Response:
+    """A rendered page with the security headers every page carries."""
+    response = templates.TemplateResponse(
+        request, name, {"session": session, **context}, status_code=status
+    )
+    response.headers.update(PAGE_HEADERS)
+    return response
+
+
+def message(
+    request: Request,
+    session: Session | None,
+    status: int,
+    title: str,
+    text: str,
+    *,
+    kind: str = "info",
+    sign_in: str | None = None,
+) -> Response:
+    """A page that only says something (a refusal, a missing page, a sign-in prompt)."""
+    context = {"title": title, "text": text, "kind": kind, "sign_in": sign_in}
+    return page(request, "message.html", context, session=session, status=status)
+
+
+def unknown_or_expired(request: Request, session: Session | None) -> Response:
+    """The one answer for a token that is unknown, expired, or not the viewer's to see: it
+    never reveals whether the run exists."""
+    return message(
+        request,
+        session,
+        404,
+        "Unknown or expired",
+        "This approval link is unknown or has expired.",
+        kind="refused",
+    )
+
+
+def outcome(request: Request, session: Session, status: int, kind: str, **context: Any) -> Response:
+    """The page that reports what became of a decision (or why there was none)."""
+    return page(
+        request, "outcome.html", {"outcome": kind, **context}, session=session, status=status
+    )

@@ -1,0 +1,233 @@
+"""Signing in and out of the inbox: a session is a signed cookie (HMAC-SHA256), and every
+POST that acts carries a CSRF token bound to the session. The sign-in form has its own
+nonce, so another site cannot sign a browser into its account (login CSRF)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, RedirectResponse, Response
+from starlette.requests import ClientDisconnect
+
+from tether.api.deps import engine_of
+from tether.api.web.pages import ASSETS, message, page
+from tether.engine import Engine
+
+log = logging.getLogger(__name__)
+
+SESSION_COOKIE = "tether_session"
+LOGIN_COOKIE = "tether_login"
+SESSION_MAX_AGE_S = 12 * 3600
+LOGIN_MAX_AGE_S = 3600
+
+router = APIRouter(include_in_schema=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Session:
+    """A signed-in browser: the user, the session's random id, and its CSRF token."""
+
+    user: str
+    sid: str
+    csrf: str
+
+
+# -- signing -----------------------------------------------------------------------------
+
+
+def _secret(request: Request) -> bytes:
+    """``Settings.session_secret`` if set (needed when several processes serve the pages),
+    otherwise a random secret of this app's process: a restart signs everyone out."""
+    configured = engine_of(request).settings.session_secret
+    if configured:
+        return configured.encode()
+    state = request.app.state
+    if getattr(state, "web_session_secret", None) is None:
+        state.web_session_secret = secrets.token_bytes(32)
+    secret: bytes = state.web_session_secret
+    return secret
+
+
+def _mac(secret: bytes, purpose: str, text: str) -> str:
+    return hmac.new(secret, f"{purpose}:{text}".encode(), hashlib.sha256).hexdigest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _session_cookie(secret: bytes, user: str) -> str:
+    body = json.dumps({"u": user, "s": secrets.token_urlsafe(18), "t": int(time.time())})
+    payload = _b64(body.encode())
+    return f"{payload}.{_mac(secret, 'session', payload)}"
+
+
+def session_of(request: Request) -> Session | None:
+    """The session the request's cookie proves, or None (missing, forged or too old)."""
+    cookie = request.cookies.get(SESSION_COOKIE, "")
+    payload, _, mac = cookie.partition(".")
+    if not payload or len(cookie) > 1024:
+        return None
+    secret = _secret(request)
+    if not hmac.compare_digest(mac, _mac(secret, "session", payload)):
+        return None
+    try:
+        data = json.loads(_unb64(payload))
+        user, sid, issued = str(data["u"]), str(data["s"]), int(data["t"])
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        return None
+    if not 0 <= time.time() - issued < SESSION_MAX_AGE_S:
+        return None
+    return Session(user=user, sid=sid, csrf=_mac(secret, "csrf", sid))
+
+
+# -- forms -------------------------------------------------------------------------------
+
+
+async def posted(request: Request) -> Mapping[str, Any]:
+    """The posted form; empty (so nothing acts) if the client hung up while sending it, as
+    a browser does with the first of two quick submissions."""
+    try:
+        return await request.form()
+    except ClientDisconnect:
+        return {}
+
+
+def field(form: Mapping[str, Any], name: str) -> str:
+    """A text field of ``form``; empty when missing or not text."""
+    value = form.get(name)
+    return value if isinstance(value, str) else ""
+
+
+def acts(request: Request, session: Session | None, form: Mapping[str, Any]) -> bool:
+    """Whether a POST may act: a session, its CSRF token, and not a cross-site request
+    (``Sec-Fetch-Site``, where the browser sends it, as a second line of defence)."""
+    if session is None:
+        return False
+    if request.headers.get("sec-fetch-site", "same-origin") == "cross-site":
+        return False
+    return hmac.compare_digest(field(form, "csrf"), session.csrf)
+
+
+def _set_cookie(request: Request, response: Response, name: str, value: str, **kw: Any) -> None:
+    response.set_cookie(
+        name,
+        value,
+        httponly=True,
+        samesite="lax",
+        secure=request.url.scheme == "https",
+        **kw,
+    )
+
+
+def safe_next(target: str) -> str:
+    """A local path to go to after signing in; anything else (another site) becomes ``/``."""
+    if (
+        not target.startswith("/")
+        or target.startswith(("//", "/\\"))
+        or len(target) > 2000
+        or any(ord(c) < 0x21 or c == "\\" for c in target)
+    ):
+        return "/"
+    return target
+
+
+def login_url(target: str) -> str:
+    """The sign-in page, coming back to ``target`` (a local path) afterwards."""
+    return "/login?next=" + quote(safe_next(target), safe="/")
+
+
+# -- sign in and out ---------------------------------------------------------------------
+
+
+def _login_page(
+    request: Request, target: str, *, error: str | None = None, status: int = 200
+) -> Response:
+    """The sign-in form, with a fresh login nonce: its cookie and the form's token must
+    match. The agent's published users (``Agent.users``) get one-click buttons."""
+    nonce = secrets.token_urlsafe(18)
+    context = {
+        "next": safe_next(target),
+        "csrf": _mac(_secret(request), "login", nonce),
+        "error": error,
+        "dev_users": sorted(engine_of(request).agent.users),
+    }
+    response = page(request, "login.html", context, session=session_of(request), status=status)
+    _set_cookie(request, response, LOGIN_COOKIE, nonce, max_age=LOGIN_MAX_AGE_S, path="/login")
+    return response
+
+
+@router.get("/login")
+async def login_form(request: Request, next: str = "/") -> Response:
+    return _login_page(request, next)
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    form = await posted(request)
+    target = safe_next(field(form, "next") or "/")
+    nonce = request.cookies.get(LOGIN_COOKIE, "")
+    expected = _mac(_secret(request), "login", nonce)
+    if not nonce or not hmac.compare_digest(field(form, "csrf"), expected):
+        return _login_page(request, target, error="The form expired; please try again.", status=403)
+    user = await _authenticate(engine_of(request), field(form, "key"), field(form, "dev_user"))
+    if user is None:
+        return _login_page(request, target, error="That key is not valid.", status=401)
+    response = RedirectResponse(target, status_code=303)
+    _set_cookie(
+        request,
+        response,
+        SESSION_COOKIE,
+        _session_cookie(_secret(request), user),
+        max_age=SESSION_MAX_AGE_S,
+        path="/",
+    )
+    response.delete_cookie(LOGIN_COOKIE, path="/login")
+    log.info("signed in", extra={"action": "web_login", "user": user})
+    return response
+
+
+async def _authenticate(engine: Engine, key: str, dev_user: str) -> str | None:
+    """The user of an API key; or one of the agent's published users, exactly as if their
+    published key had been typed (so the button grants nothing the key does not)."""
+    if dev_user:
+        published = engine.agent.users.get(dev_user)
+        if published is None:
+            return None
+        key = published
+    user = await engine.user_for_key(key.strip())
+    if dev_user and user != dev_user:
+        return None
+    return user
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    session = session_of(request)
+    form = await posted(request)
+    if not acts(request, session, form):
+        return message(request, session, 403, "Refused", "Sign out from the page's own button.")
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+@router.get("/static/tether.css")
+async def stylesheet() -> FileResponse:
+    return FileResponse(ASSETS / "static" / "tether.css", media_type="text/css")
