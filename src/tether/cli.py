@@ -1,32 +1,42 @@
-"""The ``tether`` command line (SPEC §6)."""
+"""The ``tether`` command line (SPEC §6). It uses nothing but the ``Engine``; the demo is
+only named, as the default ``--agent``."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import sys
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, nullcontext
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.agent import load_agent
+from tether.agent import Agent, load_agent
 from tether.config import Settings
 from tether.engine import Engine
-from tether.errors import ConfigError, TetherError
+from tether.errors import ConfigError, TetherError, UnknownOrExpired
 from tether.logs import configure
+from tether.models.base import Message, Model, ModelResponse, ToolSpec
 from tether.notify import LogNotifier, Notifier
 from tether.runs import iso, run_to_json
 
-DEFAULT_AGENT = "tether.sandbox.agent:build_agent"
+DEFAULT_AGENT = "tether.demo.agent:build_agent"
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 app = typer.Typer(help="tether: agent runs that survive interruption.", no_args_is_help=True)
 runs_app = typer.Typer(help="Read runs.", no_args_is_help=True)
 sandbox_app = typer.Typer(help="The demo business system.", no_args_is_help=True)
+users_app = typer.Typer(help="Users and their API keys.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(users_app, name="users")
 
 out = Console()
 err = Console(stderr=True)
@@ -45,62 +55,87 @@ def main() -> None:
         sys.exit(1)
 
 
-def build_engine(
-    agent_spec: str,
-    *,
-    migrate_empty: bool,
-    notifier: Notifier | None = None,
-    public_url: str = "",
-) -> Engine:
-    """An engine for the agent ``agent_spec`` configured from the environment;
-    ``public_url`` prefixes the approval links of its notices."""
-    settings = Settings.from_env()
-    agent = load_agent(agent_spec)
+# -- building the one engine of a process --------------------------------------------------
+
+
+class NoModel(Model):
+    """Stands in for a model in commands that never call one (migrate, approve, runs, ...)
+    when neither ``TETHER_MODEL`` nor the agent names one."""
+
+    name = "none"
+
+    async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        raise ConfigError("set TETHER_MODEL (this agent has no default model)")
+
+
+def pick_model(agent: Agent, settings: Settings, *, required: bool) -> Model:
+    """``TETHER_MODEL``, else the agent's default model; ``required`` by commands that
+    carry runs, so a missing model is a start-up error there."""
     if settings.model:
         from tether.models import from_spec
 
-        model = from_spec(settings.model)
-    elif agent.default_model is not None:
-        model = agent.default_model()
-    else:
+        return from_spec(settings.model)
+    if agent.default_model is not None:
+        return agent.default_model()
+    if required:
         raise ConfigError("set TETHER_MODEL (this agent has no default model)")
-    if notifier is None:
-        if settings.webhook_url:
-            from tether.webhook import WebhookNotifier
+    return NoModel()
 
-            notifier = WebhookNotifier(settings.webhook_url)
-        else:
-            notifier = LogNotifier()
-    return Engine(
-        agent=agent,
-        model=model,
-        settings=settings,
-        notifier=notifier,
-        migrate=migrate_empty,
-        public_url=public_url,
-    )
+
+def pick_notifier(settings: Settings) -> Notifier:
+    """Suspension notices go to ``TETHER_WEBHOOK_URL``, or to the log."""
+    if settings.webhook_url:
+        from tether.webhook import WebhookNotifier
+
+        return WebhookNotifier(settings.webhook_url)
+    return LogNotifier()
+
+
+@asynccontextmanager
+async def engine_for(
+    agent_spec: str,
+    *,
+    serve_agent: bool = False,
+    carries_runs: bool = False,
+    migrate_empty: bool = False,
+    public_url: str = "",
+) -> AsyncIterator[Engine]:
+    """The process's one engine for ``agent_spec``, configured from the environment and
+    opened. ``serve_agent`` enters the agent's lifespan first (what it needs running
+    beside it, e.g. the demo's sandbox), for commands that call its tools or scope."""
+    settings = Settings.from_env()
+    loaded = load_agent(agent_spec, settings)
+    model = pick_model(loaded, settings, required=carries_runs)
+    async with loaded.running() if serve_agent else nullcontext(loaded) as agent:
+        engine = Engine(
+            agent=agent,
+            model=model,
+            settings=settings,
+            notifier=pick_notifier(settings),
+            migrate=migrate_empty,
+            public_url=public_url,
+        )
+        async with engine:
+            yield engine
+
+
+def on_engine(
+    agent_spec: str, action: Callable[[Engine], Awaitable[T]], *, serve_agent: bool = False
+) -> T:
+    """Run ``action`` on the engine of ``agent_spec``, in a fresh event loop."""
+
+    async def go() -> T:
+        async with engine_for(agent_spec, serve_agent=serve_agent) as engine:
+            return await action(engine)
+
+    return asyncio.run(go())
 
 
 def _emit(data: Any) -> None:
     out.print_json(json.dumps(data, default=str))
 
 
-@app.command()
-def migrate(agent: AgentOpt = DEFAULT_AGENT) -> None:
-    """Apply the database migrations (TETHER_DATABASE_URL)."""
-    configure("WARNING")
-    from tether.store import Store, upgrade
-
-    store = Store(Settings.from_env().database_url)
-    try:
-        upgrade(store.engine)
-        if agent == DEFAULT_AGENT:
-            from tether.users import ensure_demo_users
-
-            ensure_demo_users(store)
-    finally:
-        store.close()
-    out.print("[green]migrated[/green]")
+# -- carrying runs -------------------------------------------------------------------------
 
 
 @app.command()
@@ -112,23 +147,21 @@ def worker(
     ] = False,
     reap: Annotated[bool, typer.Option(help="run the reaper on its interval")] = True,
 ) -> None:
-    """Claim runs that wait for a worker and carry them to their next stop."""
+    """Claim runs that wait for a worker and carry them to their next stop. With the demo
+    agent and no TETHER_SANDBOX_URL it starts its own sandbox on the shared sandbox data
+    (see the log)."""
     configure("INFO")
     from tether.worker import Worker
 
-    engine = build_engine(agent, migrate_empty=True)
-    runner = Worker(engine, concurrency=concurrency)
-
     async def go() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, runner.stop)
-        await runner.run(exit_when_idle=exit_when_idle, reap=reap)
+        async with engine_for(
+            agent, serve_agent=True, carries_runs=True, migrate_empty=True
+        ) as engine:
+            runner = Worker(engine, concurrency=concurrency)
+            with _signals(runner.stop):
+                await runner.run(exit_when_idle=exit_when_idle, reap=reap)
 
-    try:
-        asyncio.run(go())
-    finally:
-        engine.close()
+    asyncio.run(go())
 
 
 @app.command()
@@ -136,7 +169,10 @@ def serve(
     host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="port to bind")] = 8000,
     workers: Annotated[
-        int, typer.Option(min=0, max=64, help="in-process workers (0: the API alone)")
+        int,
+        typer.Option(
+            min=0, max=64, help="workers: N x --concurrency runs at once (0: the API alone)"
+        ),
     ] = 1,
     agent: AgentOpt = DEFAULT_AGENT,
     public_url: Annotated[
@@ -147,62 +183,59 @@ def serve(
         int, typer.Option(min=1, max=1000, help="runs each worker carries at once")
     ] = 8,
 ) -> None:
-    """Serve the HTTP API and the approvals pages, with workers in the same process.
-    SIGTERM or SIGINT stops accepting requests and claiming runs; once the workers have
-    finished or handed back the runs in hand, the process exits 0."""
+    """Serve the HTTP API and the approvals pages, with workers in the same process, all on
+    one engine. With the demo agent and no TETHER_SANDBOX_URL the sandbox starts
+    in-process (see the log). SIGTERM or SIGINT stops accepting requests and claiming
+    runs; once the runs in hand are finished or handed back, the process exits 0."""
     configure("INFO")
     base = (public_url or f"http://{_url_host(host)}:{port}").rstrip("/")
-    api_engine = build_engine(agent, migrate_empty=True, public_url=base)
-    engines = [api_engine]
-    try:
-        if agent == DEFAULT_AGENT:
-            from tether.users import ensure_demo_users
-
-            ensure_demo_users(api_engine.store)
-        for _ in range(workers):
-            engines.append(build_engine(agent, migrate_empty=False, public_url=base))
-        asyncio.run(_serve(api_engine, engines[1:], host, port, base, concurrency))
-    finally:
-        for engine in engines:
-            engine.close()
+    asyncio.run(_serve(agent, host, port, base, workers * concurrency))
 
 
-async def _serve(
-    api_engine: Engine,
-    worker_engines: list[Engine],
-    host: str,
-    port: int,
-    public_url: str,
-    concurrency: int,
-) -> None:
-    """Uvicorn and the workers in one event loop; the workers stop when the server does."""
+async def _serve(agent_spec: str, host: str, port: int, base: str, slots: int) -> None:
+    """Uvicorn and the worker in one event loop on one engine; the worker carries
+    ``slots`` runs at once (``--workers`` times ``--concurrency``) and stops with the server."""
     import uvicorn
 
     from tether.api.app import create_app
     from tether.worker import Worker
 
-    app = create_app(api_engine, public_url=public_url)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
-    runners = [Worker(engine, concurrency=concurrency) for engine in worker_engines]
-    tasks = [asyncio.create_task(runner.run()) for runner in runners]
+    async with engine_for(
+        agent_spec, serve_agent=True, carries_runs=slots > 0, migrate_empty=True, public_url=base
+    ) as engine:
+        await engine.ensure_agent_users()
+        app = create_app(engine, public_url=base)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
+        runner = Worker(engine, concurrency=slots) if slots else None
+        task = asyncio.create_task(runner.run()) if runner else None
 
-    def on_signal() -> None:
-        # Uvicorn installs its own handlers while it serves and raises the signal again
-        # once it has stopped; this runs either way (and must stay idempotent), so a
-        # signal never kills the process before the workers have stopped.
-        server.should_exit = True
-        for runner in runners:
-            runner.stop()
+        def on_signal() -> None:
+            # Uvicorn installs its own handlers while it serves and raises the signal again
+            # once it has stopped; this runs either way (and must stay idempotent), so a
+            # signal never kills the process before the worker has stopped.
+            server.should_exit = True
+            if runner is not None:
+                runner.stop()
 
+        log.info("serving", extra={"action": "serve", "url": base, "worker_slots": slots})
+        with _signals(on_signal):
+            try:
+                await server.serve()
+            finally:
+                on_signal()
+                if task is not None:
+                    await asyncio.gather(task, return_exceptions=True)
+
+
+@contextmanager
+def _signals(handler: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM and SIGINT call ``handler`` while inside; the defaults come back after."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
+        loop.add_signal_handler(sig, handler)
     try:
-        await server.serve()
+        yield
     finally:
-        for runner in runners:
-            runner.stop()
-        await asyncio.gather(*tasks, return_exceptions=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
@@ -216,11 +249,11 @@ def reap(agent: AgentOpt = DEFAULT_AGENT) -> None:
     """One reaper pass: recover orphans (reconcile, hand back to the workers), expire
     suspensions, purge past retention."""
     configure("WARNING")
-    engine = build_engine(agent, migrate_empty=False)
-    try:
-        _emit(asyncio.run(engine.reap()))
-    finally:
-        engine.close()
+    report = on_engine(agent, lambda engine: engine.reap(), serve_agent=True)
+    _emit(report.to_json())
+
+
+# -- deciding and steering runs ------------------------------------------------------------
 
 
 @app.command()
@@ -234,21 +267,24 @@ def approve(
 ) -> None:
     """Decide a pending request. Exit 0 when the decision took effect, 1 when refused."""
     configure("WARNING")
-    engine = build_engine(agent, migrate_empty=False)
     decision = "decline" if decline else "approve"
-    try:
-        approver = as_user or asyncio.run(engine.owner_of_token(token))
-        if approver is None:
-            err.print("[red]refused[/red] unknown_or_expired: this token is unknown or expired")
-            raise typer.Exit(1)
-        result = asyncio.run(engine.resume_after_confirmation(token, decision, approver))
-        _emit(result.to_json())
-    except TetherError as exc:
-        err.print(f"[red]refused[/red] {exc.code}: {exc.message}")
-        _emit(exc.to_dict())
-        raise typer.Exit(1) from exc
-    finally:
-        engine.close()
+
+    async def decide(engine: Engine) -> dict[str, Any] | TetherError:
+        try:
+            approver = as_user or await engine.owner_of_token(token)
+            if approver is None:
+                raise UnknownOrExpired("this token is unknown or expired")
+            result = await engine.resume_after_confirmation(token, decision, approver)
+        except TetherError as exc:
+            return exc
+        return result.to_json()
+
+    answer = on_engine(agent, decide, serve_agent=True)
+    if isinstance(answer, TetherError):
+        err.print(f"[red]refused[/red] {answer.code}: {answer.message}")
+        _emit(answer.to_dict())
+        raise typer.Exit(1)
+    _emit(answer)
 
 
 @app.command("continue")
@@ -262,13 +298,13 @@ def continue_(
 ) -> None:
     """Continue a halted run with the default grant; a worker carries it on."""
     configure("WARNING")
-    engine = build_engine(agent, migrate_empty=False)
-    try:
-        user = as_user or _owner(engine, run_id)
-        run = asyncio.run(engine.continue_run(run_id, user, why=why or "operator continue"))
-        _emit(run_to_json(run))
-    finally:
-        engine.close()
+
+    async def go(engine: Engine) -> dict[str, Any]:
+        user = as_user or await engine.run_owner(run_id)
+        run = await engine.continue_run(run_id, user, why=why or "operator continue")
+        return run_to_json(run)
+
+    _emit(on_engine(agent, go, serve_agent=True))
 
 
 @app.command()
@@ -279,12 +315,15 @@ def cancel(
 ) -> None:
     """Cancel a run that is not terminal."""
     configure("WARNING")
-    engine = build_engine(agent, migrate_empty=False)
-    try:
-        user = as_user or _owner(engine, run_id)
-        _emit(run_to_json(asyncio.run(engine.cancel_run(run_id, user))))
-    finally:
-        engine.close()
+
+    async def go(engine: Engine) -> dict[str, Any]:
+        user = as_user or await engine.run_owner(run_id)
+        return run_to_json(await engine.cancel_run(run_id, user))
+
+    _emit(on_engine(agent, go))
+
+
+# -- reading runs --------------------------------------------------------------------------
 
 
 @runs_app.command("list")
@@ -295,11 +334,7 @@ def runs_list(
 ) -> None:
     """List runs, newest first."""
     configure("WARNING")
-    engine = build_engine(agent, migrate_empty=False)
-    try:
-        found = asyncio.run(engine.list_runs(user, limit))
-    finally:
-        engine.close()
+    found = on_engine(agent, lambda engine: engine.list_runs(user, limit))
     table = Table("id", "user", "state", "step", "reason", "spend $", "updated")
     for run in found:
         table.add_row(
@@ -318,12 +353,41 @@ def runs_list(
 def runs_show(run_id: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
     """Show a run with its budget, pending request and messages."""
     configure("WARNING")
-    engine = build_engine(agent, migrate_empty=False)
-    try:
-        view = asyncio.run(engine.get_run(run_id))
-    finally:
-        engine.close()
+    view = on_engine(agent, lambda engine: engine.get_run(run_id))
     _emit({**run_to_json(view.run), "messages": view.messages})
+
+
+# -- the database and its users ------------------------------------------------------------
+
+
+@app.command()
+def migrate(agent: AgentOpt = DEFAULT_AGENT) -> None:
+    """Apply the database migrations (TETHER_DATABASE_URL) and make sure the agent's
+    published users (the demo's dana and miguel) exist with their keys."""
+    configure("WARNING")
+
+    async def go() -> None:
+        settings = Settings.from_env()
+        loaded = load_agent(agent, settings)
+        model = pick_model(loaded, settings, required=False)
+        engine = Engine(agent=loaded, model=model, settings=settings)
+        try:
+            await engine.migrate()
+        finally:
+            await engine.aclose()
+
+    asyncio.run(go())
+    out.print("[green]migrated[/green]")
+
+
+@users_app.command("add")
+def users_add(name: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
+    """Create a user (if new) and print a new API key for it; the key is shown once."""
+    configure("WARNING")
+    typer.echo(on_engine(agent, lambda engine: engine.add_user(name)))
+
+
+# -- the demo ------------------------------------------------------------------------------
 
 
 @sandbox_app.command("serve")
@@ -334,45 +398,15 @@ def sandbox_serve(
 ) -> None:
     """Serve the sandbox business system the demo's tools call."""
     configure("INFO")
-    from tether.sandbox.server import serve
+    from tether.demo.sandbox.server import serve as serve_sandbox
 
-    serve(host=host, port=port, db_path=db)
-
-
-def _owner(engine: Engine, run_id: str) -> str:
-    run = engine.store.get_run(run_id)
-    if run is None:
-        from tether.errors import NotFound
-
-        raise NotFound("no such run")
-    return run.user_id
+    serve_sandbox(host=host, port=port, db_path=db)
 
 
 @app.command()
 def demo() -> None:
     """Tell the whole story with real runs: suspension and approval, a crash, a budget
     halt, and the stale approval refused. Exits non-zero if any scene differs."""
-    from tether.demo import main as run_demo
+    from tether.demo.story import main as tell
 
-    raise typer.Exit(run_demo())
-
-
-users_app = typer.Typer(help="Users and their API keys.", no_args_is_help=True)
-app.add_typer(users_app, name="users")
-
-
-@users_app.command("add")
-def users_add(name: str) -> None:
-    """Create a user (if new) and print a new API key for it; the key is shown once."""
-    configure("WARNING")
-    from tether.store import Store
-    from tether.users import add_user
-
-    store = Store(Settings.from_env().database_url)
-    try:
-        from tether.store import ensure_schema
-
-        ensure_schema(store.engine, migrate_empty=False)
-        out.print(add_user(store, name))
-    finally:
-        store.close()
+    raise typer.Exit(tell())

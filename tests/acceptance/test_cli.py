@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import kit
-import sqlalchemy as sa
+import pytest
+from alembic import command
 
 from tether.store import SchemaStatus, Store, schema_status
+from tether.store.migrate import alembic_config
 
 
 def _json(text: str) -> dict[str, object]:
@@ -68,10 +71,10 @@ def test_continue_cancel_and_runs_show(db_url: str) -> None:
 
 def test_worker_refuses_an_older_schema_and_migrate_brings_it_up(db_url: str) -> None:
     store = Store(db_url)
-    with store.engine.begin() as conn:
-        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0001'"))
-        conn.execute(sa.text("DROP TABLE api_keys"))
-        conn.execute(sa.text("DROP TABLE users"))
+    with store.engine.begin() as conn:  # the schema as the first release left it
+        config = alembic_config(store.engine)
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0001")
     env = kit.tether_env(db_url)
     refused = kit.tether("worker", "--exit-when-idle", env=env)
     assert refused.returncode == 1
@@ -100,3 +103,30 @@ def test_a_bad_failpoint_or_setting_is_a_clear_error(db_url: str) -> None:
     env = kit.tether_env(db_url, TETHER_HEARTBEAT_TIMEOUT_S="soon")
     bad = kit.tether("reap", env=env)
     assert bad.returncode == 1 and "TETHER_HEARTBEAT_TIMEOUT_S" in bad.stderr
+
+
+@pytest.mark.parametrize("empty_url", ["sqlite", "postgresql"], indirect=True)
+async def test_migrate_creates_the_agents_published_users_and_users_add_prints_a_working_key(
+    empty_url: str,
+) -> None:
+    env = kit.tether_env(empty_url)
+    demo = subprocess.run(
+        [kit.PYTHON, "-m", "tether", "migrate"],  # the default agent: the demo's
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=kit.ROOT,
+        check=False,
+    )
+    assert demo.returncode == 0, demo.stderr
+    added = kit.tether("users", "add", "erin", env=env)
+    assert added.returncode == 0, added.stderr
+    key = added.stdout.strip()
+
+    async with kit.engine(empty_url) as engine:
+        owners = [
+            await engine.user_for_key(k)
+            for k in ("tether-demo-dana", "tether-demo-miguel", key, "tether-demo-nobody")
+        ]
+    assert owners == ["dana", "miguel", "erin", None]

@@ -1,6 +1,7 @@
 """The demo story as a test: each scene is played on both stores, and its outcome is checked
 in the sandbox's and the store's own records (quote counts, run states, ledger, events),
-never in the printed text. One test runs ``tether demo`` itself and checks its exit code."""
+never in the printed text. One test runs ``tether demo`` itself and checks its exit code;
+another follows the README's service walkthrough with real processes."""
 
 from __future__ import annotations
 
@@ -8,26 +9,30 @@ import asyncio
 import json
 import logging
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import kit
 import pytest
 from rich.console import Console
 
-from tether import demo
-from tether.demo import Stage, open_stage
+from tether.demo import scenes, story
+from tether.demo.stage import SceneResult, Stage, open_stage
 from tether.store import Event
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def stage(db_url: str) -> Iterator[Stage]:
-    with open_stage(Console(quiet=True), database_url=db_url) as opened:
+async def stage(db_url: str) -> AsyncIterator[Stage]:
+    async with open_stage(Console(quiet=True), database_url=db_url) as opened:
         yield opened
 
 
@@ -61,7 +66,7 @@ DEMO_CALLS = [
 async def test_the_send_suspends_and_two_concurrent_approvals_resume_it_once(
     stage: Stage,
 ) -> None:
-    first = await demo.scene_suspend(stage)
+    first = await scenes.scene_suspend(stage)
     assert first.run_id is not None
     run_id = first.run_id
     suspended = (await stage.engine.get_run(run_id)).run
@@ -73,7 +78,7 @@ async def test_the_send_suspends_and_two_concurrent_approvals_resume_it_once(
         ("call_3_0", "send_quote", "intent"),
     ]
 
-    second = await demo.scene_double_approval(stage, run_id)
+    second = await scenes.scene_double_approval(stage, run_id)
 
     answered = (await stage.engine.get_run(run_id)).run
     assert answered.state.value == "answered"
@@ -90,7 +95,7 @@ async def test_the_send_suspends_and_two_concurrent_approvals_resume_it_once(
 async def test_a_worker_killed_after_the_draft_commits_leaves_exactly_one_quote(
     stage: Stage,
 ) -> None:
-    result = await demo.scene_crash(stage)
+    result = await scenes.scene_crash(stage)
 
     assert result.run_id is not None
     run = (await stage.engine.get_run(result.run_id)).run
@@ -108,7 +113,7 @@ async def test_a_worker_killed_after_the_draft_commits_leaves_exactly_one_quote(
 async def test_a_halted_run_is_continued_by_its_owner_without_repeating_a_call(
     stage: Stage,
 ) -> None:
-    result = await demo.scene_budget(stage)
+    result = await scenes.scene_budget(stage)
 
     assert result.run_id is not None
     run = (await stage.engine.get_run(result.run_id)).run
@@ -135,7 +140,7 @@ async def test_a_halted_run_is_continued_by_its_owner_without_repeating_a_call(
 
 
 async def test_a_stale_approval_is_refused_and_nothing_is_sent(stage: Stage) -> None:
-    result = await demo.scene_stale_approval(stage)
+    result = await scenes.scene_stale_approval(stage)
 
     assert result.run_id is not None
     view = await stage.engine.get_run(result.run_id)
@@ -163,7 +168,7 @@ async def test_a_stale_approval_is_refused_and_nothing_is_sent(stage: Stage) -> 
 
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
-    """``demo.main`` configures the root logger; put it back for the tests that follow."""
+    """``story.main`` configures the root logger; put it back for the tests that follow."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     yield
@@ -174,13 +179,13 @@ def restore_logging() -> Iterator[None]:
 async def test_the_demo_exits_non_zero_when_a_scene_goes_wrong(
     monkeypatch: pytest.MonkeyPatch, restore_logging: None
 ) -> None:
-    async def broken(stage: Stage) -> demo.SceneResult:
+    async def broken(stage: Stage) -> SceneResult:
         raise RuntimeError("the CRM is on fire")
 
-    monkeypatch.setattr(demo, "scene_budget", broken)
+    monkeypatch.setattr(story, "scene_budget", broken)
 
     # On a thread of its own: main() runs its own event loop, as the CLI does.
-    assert await asyncio.to_thread(demo.main) == 1
+    assert await asyncio.to_thread(story.main) == 1
 
 
 def test_tether_demo_exits_zero_well_within_a_minute() -> None:
@@ -198,3 +203,79 @@ def test_tether_demo_exits_zero_well_within_a_minute() -> None:
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert elapsed < 60
+
+
+# The README's "As a service" walkthrough, word for word.
+README_QUESTION = "Draft and send a quote for Henderson, 200 of SKU-4411"
+STOP_DEADLINE_S = 30
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _state(base: str, run_id: str, log: Path) -> str | None:
+    """The run's state once it has stopped moving (anything but ``running``), else None."""
+    response = httpx.get(
+        f"{base}/v1/runs/{run_id}", headers={"Authorization": "Bearer tether-demo-dana"}
+    )
+    assert response.status_code == 200, response.text + log.read_text()[-3000:]
+    state: str = response.json()["state"]
+    return None if state == "running" else state
+
+
+def _ready(proc: subprocess.Popen[bytes], base: str, log: Path) -> bool:
+    if proc.poll() is not None:
+        raise AssertionError(f"serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+    try:
+        return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.parametrize("empty_url", ["sqlite", "postgresql"], indirect=True)
+def test_the_readmes_service_walkthrough_suspends_the_send_with_no_sandbox_configured(
+    empty_url: str, tmp_path: Path
+) -> None:
+    """``tether serve --workers 1`` on an empty database, with no TETHER_SANDBOX_URL: the
+    demo users exist, the sandbox starts in-process (and the log says where), the README's
+    run reaches ``suspended`` on the send, and SIGTERM stops everything with exit 0."""
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+    env["TETHER_DATABASE_URL"] = empty_url
+    log = tmp_path / "serve.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tether", "serve", "--port", str(port), "--workers", "1"],
+            env=env,
+            cwd=tmp_path,  # where a PostgreSQL setup keeps the sandbox's data
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        kit.poll_until(lambda: _ready(proc, base, log), timeout=60, what="serve to be ready")
+        response = httpx.post(
+            f"{base}/v1/runs",
+            headers={"Authorization": "Bearer tether-demo-dana"},
+            json={"question": README_QUESTION},
+            timeout=30,
+        )
+        assert response.status_code == 202, response.text
+        run_id = response.json()["id"]
+
+        state = kit.poll_until(lambda: _state(base, run_id, log), timeout=60, what="a stop")
+
+        assert state == "suspended", log.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=STOP_DEADLINE_S) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=STOP_DEADLINE_S)
+    started = [
+        json.loads(line) for line in log.read_text().splitlines() if '"sandbox_started"' in line
+    ]
+    assert [entry["db_path"] for entry in started] == [str(tmp_path / "sandbox.db")]

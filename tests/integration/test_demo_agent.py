@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,16 +14,19 @@ import kit
 import pytest
 
 from tether import Engine, MemoryNotifier, Scope, ScriptedModel, Settings, StopKind, ToolContext
-from tether.errors import NoLongerPermitted, UnknownOrExpired
-from tether.sandbox import RunningSandbox
-from tether.sandbox.agent import (
+from tether.agent import Agent, load_agent
+from tether.demo.agent import (
     DEMO_TURNS,
     build_agent,
     draft_quote,
     find_account,
     reconcile_draft,
-    resolve_scope,
+    scope_resolver,
 )
+from tether.demo.crm import Crm
+from tether.demo.lifespan import sandbox_db_for
+from tether.errors import NoLongerPermitted, UnknownOrExpired
+from tether.sandbox import RunningSandbox
 from tether.tools import OutcomeUnknown, ReconcileKind, ToolFailed
 
 _ORDER = {"account_id": "4471", "sku": "SKU-4411", "quantity": 200}
@@ -31,12 +35,17 @@ PREVIEW_KEYS = kit.PREVIEW_KEYS
 
 
 @pytest.fixture
-def crm(sandbox_server: RunningSandbox, monkeypatch: pytest.MonkeyPatch) -> Iterator[httpx.Client]:
-    """The sandbox's admin endpoints, the sandbox back at its seed, the tools pointed at it."""
-    monkeypatch.setenv("TETHER_SANDBOX_URL", sandbox_server.url)
+def crm(sandbox_server: RunningSandbox) -> Iterator[httpx.Client]:
+    """The sandbox's admin endpoints, the sandbox back at its seed."""
     with httpx.Client(base_url=sandbox_server.url, timeout=10) as client:
         client.post("/admin/reset").raise_for_status()
         yield client
+
+
+@pytest.fixture
+def agent(sandbox_server: RunningSandbox) -> Agent:
+    """The demo agent, its tools pointed at the session's sandbox through its settings."""
+    return build_agent(Settings(sandbox_url=sandbox_server.url))
 
 
 @pytest.fixture
@@ -45,9 +54,11 @@ def notifier() -> MemoryNotifier:
 
 
 @pytest.fixture
-def engine(db_url: str, crm: httpx.Client, notifier: MemoryNotifier) -> Iterator[Engine]:
+def engine(
+    db_url: str, agent: Agent, crm: httpx.Client, notifier: MemoryNotifier
+) -> Iterator[Engine]:
     built = Engine(
-        agent=build_agent(),
+        agent=agent,
         model=ScriptedModel(DEMO_TURNS),
         settings=Settings(database_url=db_url),
         notifier=notifier,
@@ -182,15 +193,13 @@ async def test_a_draft_whose_answer_was_lost_is_reconciled_to_exactly_one_quote(
 
 
 async def test_a_write_the_crm_refuses_reaches_the_model_as_a_tool_error(
-    db_url: str, crm: httpx.Client
+    db_url: str, agent: Agent, crm: httpx.Client
 ) -> None:
     turns: list[dict[str, Any]] = [
         {"tool_calls": [{"name": "draft_quote", "arguments": {**_ORDER, "account_id": "5100"}}]},
         {"content": "sorry"},
     ]
-    engine = Engine(
-        agent=build_agent(), model=ScriptedModel(turns), settings=Settings(database_url=db_url)
-    )
+    engine = Engine(agent=agent, model=ScriptedModel(turns), settings=Settings(database_url=db_url))
     try:
         outcome = await engine.ask("dana", "quote Brightwater")
         view = await engine.get_run(outcome.run_id)
@@ -204,30 +213,26 @@ async def test_a_write_the_crm_refuses_reaches_the_model_as_a_tool_error(
     assert crm.get("/admin/quotes").json()["drafted"] == 0
 
 
-def _context(key: str) -> ToolContext:
+def _context(key: str, url: str) -> ToolContext:
     return ToolContext(
         run_id="r",
         user_id="dana",
         tool_call_id="c",
         idempotency_key=key,
         scope=Scope(user_id="dana"),
+        deps=Crm(base_url=url),
     )
 
 
-@pytest.fixture
-def closed_port_url(monkeypatch: pytest.MonkeyPatch) -> str:
-    """A loopback URL where nothing listens, as the tools' CRM."""
+def closed_port() -> str:
+    """A loopback URL where nothing listens."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    monkeypatch.setenv("TETHER_SANDBOX_URL", url)
-    return url
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
-async def test_an_unreachable_crm_is_unknown_for_a_write_and_a_failure_for_a_read(
-    closed_port_url: str,
-) -> None:
-    ctx = _context("r:c")
+async def test_an_unreachable_crm_is_unknown_for_a_write_and_a_failure_for_a_read() -> None:
+    ctx = _context("r:c", closed_port())
     with pytest.raises(OutcomeUnknown):
         await draft_quote.call(draft_quote.validate(_ORDER), ctx)
     with pytest.raises(ToolFailed):
@@ -236,8 +241,10 @@ async def test_an_unreachable_crm_is_unknown_for_a_write_and_a_failure_for_a_rea
 
 
 async def test_the_scope_comes_from_the_crm_with_the_manager_as_approver(
-    crm: httpx.Client,
+    sandbox_server: RunningSandbox, crm: httpx.Client
 ) -> None:
+    resolve_scope = scope_resolver(Crm(base_url=sandbox_server.url))
+
     dana = await resolve_scope("dana")
     stranger = await resolve_scope("nobody")
 
@@ -251,3 +258,94 @@ async def test_the_scope_comes_from_the_crm_with_the_manager_as_approver(
     assert (await resolve_scope("miguel")).approvers == frozenset()
     assert stranger.permissions == {}
     assert not stranger.may_approve("dana")
+
+
+async def test_the_tools_find_the_crm_in_their_deps_not_in_the_environment(
+    sandbox_server: RunningSandbox, crm: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TETHER_SANDBOX_URL", closed_port())
+    ctx = _context("r:c", sandbox_server.url)
+
+    found = await find_account.call(find_account.validate({"query": "Henderson"}), ctx)
+
+    assert found == {
+        "accounts": [
+            {
+                "id": "4471",
+                "name": "Henderson",
+                "discount_tier": "silver",
+                "discount_pct": 5,
+                "credit_hold": False,
+            }
+        ]
+    }
+
+
+async def test_a_tool_without_its_crm_fails_before_calling_anything(crm: httpx.Client) -> None:
+    ctx = ToolContext(
+        run_id="r",
+        user_id="dana",
+        tool_call_id="c",
+        idempotency_key="r:c",
+        scope=Scope(user_id="dana"),
+    )
+
+    with pytest.raises(ToolFailed, match="deps"):
+        await draft_quote.call(draft_quote.validate(_ORDER), ctx)
+    assert (await reconcile_draft("r:c", ctx)).kind is ReconcileKind.UNKNOWN
+    assert counts(crm) == (0, 0)
+
+
+async def test_serving_the_agent_without_a_sandbox_url_starts_one_beside_the_database(
+    tmp_path: Path,
+) -> None:
+    agent = build_agent(Settings(database_url=f"sqlite:///{tmp_path / 'tether.db'}"))
+    assert agent.deps == Crm(base_url=None)
+
+    async with agent.running() as served:
+        assert isinstance(served.deps, Crm) and served.deps.base_url is not None
+        url = served.deps.base_url
+        dana = await served.resolve_scope("dana")
+        send = served.tool("send_quote")
+        assert send is not None and send.permitted is not None
+        assert not await send.permitted(send.validate({"quote_id": "Q-1"}), dana)
+        async with httpx.AsyncClient(base_url=url) as client:
+            assert (await client.get("/healthz")).status_code == 200
+
+    assert dana.approvers == frozenset({"miguel"})
+    assert (tmp_path / "sandbox.db").is_file()
+    async with httpx.AsyncClient(base_url=url) as client:
+        with pytest.raises(httpx.TransportError):
+            await client.get("/healthz")
+
+
+async def test_a_configured_sandbox_url_is_served_as_it_is(
+    agent: Agent, sandbox_server: RunningSandbox
+) -> None:
+    async with agent.running() as served:
+        assert served is agent
+    assert agent.deps == Crm(base_url=sandbox_server.url)
+
+
+@pytest.mark.parametrize(
+    ("database_url", "expected"),
+    [
+        ("sqlite:////srv/tether/tether.db", Path("/srv/tether/sandbox.db")),
+        ("sqlite:///./runs.db", Path("sandbox.db")),
+        ("sqlite://", Path("sandbox.db")),
+        ("postgresql://tether@db/tether", Path("sandbox.db")),
+    ],
+)
+def test_an_in_process_sandbox_keeps_its_data_beside_a_sqlite_database(
+    database_url: str, expected: Path
+) -> None:
+    assert sandbox_db_for(database_url) == expected
+
+
+def test_the_cli_gives_the_agent_factory_its_settings_and_the_agent_names_its_users() -> None:
+    demo = load_agent("tether.demo.agent:build_agent", Settings(sandbox_url="http://crm:1"))
+    plain = load_agent("kit:agent", Settings(sandbox_url="http://crm:1"))
+
+    assert demo.deps == Crm(base_url="http://crm:1")
+    assert dict(demo.users) == {"dana": "tether-demo-dana", "miguel": "tether-demo-miguel"}
+    assert plain.name == "kit" and dict(plain.users) == {}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from tether.errors import ConfigError
 from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
 from tether.models.scripted import ScriptedModel
@@ -12,7 +10,9 @@ __all__ = ["Message", "Model", "ModelResponse", "ScriptedModel", "ToolSpec", "Us
 
 
 def from_spec(spec: str) -> Model:
-    """A model from ``scripted:PATH.json``, ``openai:MODEL`` or ``anthropic:MODEL``."""
+    """A model from ``scripted:PATH.json``, ``openai:MODEL`` or ``anthropic:MODEL``. The
+    SDK adapters find their credentials and base URL (``OPENAI_BASE_URL``, ...) themselves,
+    in ``models.base.sdk_credentials``."""
     kind, sep, rest = spec.partition(":")
     if not sep or not rest:
         raise ConfigError(
@@ -24,7 +24,7 @@ def from_spec(spec: str) -> Model:
     if kind == "openai":
         from tether.models.openai_adapter import OpenAIChatModel
 
-        return OpenAIChatModel(rest, base_url=os.environ.get("OPENAI_BASE_URL") or None)
+        return OpenAIChatModel(rest)
     if kind == "anthropic":
         from tether.models.anthropic_adapter import AnthropicModel
 

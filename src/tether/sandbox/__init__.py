@@ -1,8 +1,8 @@
-"""The demo's stand-in business system: a small CRM served over HTTP with its own database."""
+"""``tether.sandbox``, the name SPEC §8 gives the demo's CRM: an alias of
+``tether.demo.sandbox``, where it lives with the rest of the demo."""
 
 from __future__ import annotations
 
-from tether.sandbox.app import create_app
-from tether.sandbox.server import RunningSandbox, serve, start_in_thread
+from tether.demo.sandbox import RunningSandbox, create_app, serve, start_in_thread
 
 __all__ = ["RunningSandbox", "create_app", "serve", "start_in_thread"]

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tether.sandbox.errors import error_body
+from tether.demo.sandbox.errors import error_body
 
 log = logging.getLogger(__name__)
 

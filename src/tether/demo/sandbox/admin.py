@@ -11,9 +11,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from tether.sandbox.errors import SandboxError
-from tether.sandbox.failures import FailureInjector, FailureKind, route_keys
-from tether.sandbox.routes import Store
+from tether.demo.sandbox.errors import SandboxError
+from tether.demo.sandbox.failures import FailureInjector, FailureKind, route_keys
+from tether.demo.sandbox.routes import Store
 
 router = APIRouter(prefix="/admin")
 

@@ -13,8 +13,9 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from tether.sandbox.db import KeyedRequest, SandboxStore, User, WriteResult, request_digest
-from tether.sandbox.errors import SandboxError
+from tether.demo.sandbox.db import SandboxStore
+from tether.demo.sandbox.errors import SandboxError
+from tether.demo.sandbox.records import KeyedRequest, User, WriteResult, request_digest
 
 USER_HEADER = "X-Sandbox-User"
 IDEMPOTENCY_HEADER = "Idempotency-Key"

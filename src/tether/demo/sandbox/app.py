@@ -16,10 +16,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tether.sandbox import admin, routes
-from tether.sandbox.db import SandboxStore
-from tether.sandbox.errors import SandboxError, error_body
-from tether.sandbox.failures import FailureInjector, FailureMiddleware
+from tether.demo.sandbox import admin, routes
+from tether.demo.sandbox.db import SandboxStore
+from tether.demo.sandbox.errors import SandboxError, error_body
+from tether.demo.sandbox.failures import FailureInjector, FailureMiddleware
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert
 
-from tether.sandbox.schema import accounts, discount_tiers, skus, users
+from tether.demo.sandbox.schema import accounts, discount_tiers, skus, users
 
 SEED_TIERS: tuple[dict[str, Any], ...] = (
     {"tier": "standard", "pct": 0},

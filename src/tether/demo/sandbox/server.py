@@ -11,7 +11,7 @@ from types import TracebackType
 import httpx
 import uvicorn
 
-from tether.sandbox.app import create_app
+from tether.demo.sandbox.app import create_app
 
 log = logging.getLogger(__name__)
 
