@@ -4,7 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench
+.PHONY: demo test lint bench browser
+
+# The browser tests drive Debian's Chromium (never a browser download of Playwright's own).
+CHROMIUM := /usr/bin/chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +23,15 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-test: lint
+$(CHROMIUM):
+	@echo "Chromium is missing: installing Debian's package (the browser tests need it)"
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium
+
+browser: $(CHROMIUM)
+
+test: lint browser
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -44,7 +44,7 @@ ADMIN = os.environ.get("TETHER_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5
 def fresh_database() -> tuple[str, str]:
     name = f"tether_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]
+        conn.execute(f"CREATE DATABASE {name}")
     url = ADMIN.rpartition("/")[0] + "/" + name
     store = Store(url)
     upgrade(store.engine)
@@ -54,7 +54,7 @@ def fresh_database() -> tuple[str, str]:
 
 def drop_database(name: str) -> None:
     with psycopg.connect(ADMIN, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")  # type: ignore[arg-type]
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def engine(url: str, script: str) -> Engine:
@@ -112,9 +112,8 @@ def runs_per_second(workers: int, count: int) -> tuple[float, float]:
                 if proc.wait(timeout=600) != 0:
                     raise RuntimeError((Path(logs) / "w0.log").read_text()[-2000:])
         with eng.store.engine.connect() as conn:
-            states = dict(
-                conn.execute(sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state)).all()
-            )
+            counted = conn.execute(sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state))
+            states: dict[str, int] = {str(state): int(n) for state, n in counted}
             first, last = conn.execute(
                 sa.select(sa.func.min(run_events.c.at), sa.func.max(run_events.c.at)).where(
                     run_events.c.kind.in_(["model_turn", "answered"])
