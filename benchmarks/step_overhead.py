@@ -347,6 +347,7 @@ def trial(url: str, steps: int) -> Trial:
     that varies over time weighs on both alike), on the fresh database at ``url``."""
     model = StampedModel(script(steps))
     engine = bench_engine(url, model)
+    asyncio.run(engine.open())  # the schema is built when the engine opens, not by its constructor
     db = create_db_engine(url)
     halves = (steps // 2, steps - steps // 2)
     floor_bytes: list[Footprint] = []
