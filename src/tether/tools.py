@@ -11,6 +11,7 @@ declared (``UnsafeTool``), and a guard answer that is not an explicit allow refu
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import inspect
 from collections.abc import Awaitable, Callable
@@ -172,11 +173,13 @@ class Tool:
             raise InvalidToolArguments(f"invalid arguments for {self.name}: {problems}") from exc
 
     async def call(self, args: BaseModel, ctx: ToolContext) -> Any:
-        """Run the tool's function."""
+        """Run the tool's function. A plain function runs in a thread, so a slow one never
+        blocks the event loop: other runs and this run's heartbeat go on meanwhile."""
         kwargs = args.model_dump()
-        if self.takes_context:
-            return await _maybe_await(self.fn(ctx, **kwargs))
-        return await _maybe_await(self.fn(**kwargs))
+        positional = (ctx,) if self.takes_context else ()
+        if inspect.iscoroutinefunction(self.fn):
+            return await self.fn(*positional, **kwargs)
+        return await _maybe_await(await asyncio.to_thread(self.fn, *positional, **kwargs))
 
     async def render_preview(self, args: BaseModel, scope: Scope) -> dict[str, Any] | None:
         """The artefact the human approves, or None if the tool has no preview."""

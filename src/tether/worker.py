@@ -29,10 +29,10 @@ import psycopg
 
 from tether.engine import Engine
 from tether.runs import Run
+from tether.store.dialect import CHANNEL
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "tether_runs"
 # A dead side task is restarted after RESTART_FIRST_S, doubling up to RESTART_MAX_S; one
 # that had run longer than RESTART_MAX_S before dying starts again from the first delay.
 RESTART_FIRST_S = 0.5

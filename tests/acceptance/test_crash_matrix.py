@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import kit
 import pytest
@@ -271,7 +272,8 @@ def test_a_paused_worker_cannot_write_after_the_reaper_took_its_run(db_url: str)
             cwd=kit.ROOT,
         )
         try:
-            kit.poll_until(lambda: store.ledger(run.id), what="the first intent")
+            working = Path(os.environ["KIT_EFFECTS_DB"] + ".working")
+            kit.poll_until(working.exists, what="the first tool at work")
             worker.send_signal(signal.SIGSTOP)
             kit.poll_until(lambda: _stale(store, run), what="a stale heartbeat")
             epoch_before = store.get_run(run.id).lease_epoch  # type: ignore[union-attr]

@@ -77,7 +77,8 @@ def test_three_workers_carry_200_runs_through_a_sigkill(pg_url: str, tmp_path: P
 
 
 def test_sigterm_hands_runs_over_without_waiting_for_staleness(db_url: str, tmp_path: Path) -> None:
-    kit.set_world("lookup_ms", "300")
+    # Long enough that all six runs are in hand at once, whatever the machine's load.
+    kit.set_world("lookup_ms", "2000")
     engine = kit.engine(db_url, script_name="work")
     ids = [_sync(engine.start_run("dana", f"job {i}")).id for i in range(6)]
     # A heartbeat timeout far longer than the test: only a handover can move the runs.

@@ -131,6 +131,9 @@ def lookup(query: str) -> dict[str, Any]:
     """Look something up (a read); ``lookup_ms`` in the world makes it take that long."""
     work_ms = int(world("lookup_ms", "0"))
     if work_ms:
+        # Marks, outside the downstream's database, that the work has begun: a test may
+        # stop the process from here on without catching it inside a SQLite lock.
+        Path(os.environ["KIT_EFFECTS_DB"] + ".working").touch()
         time.sleep(work_ms / 1000)  # simulated work, so elapsed-time budgets are exercised
     return {"query": query, "answer": f"about {query}", "pad": "x" * int(world("pad", "0"))}
 
