@@ -40,9 +40,10 @@ class Limits:
 
 
 class LimitsInput(BaseModel):
-    """Limits as a caller may pass them; every field optional, all positive."""
+    """Limits as a caller may pass them; every field optional, all positive. Strict:
+    numbers must be numbers (``"5"`` is refused) and a boolean is not an integer."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     max_steps: int | None = Field(default=None, gt=0, le=100_000)
     max_spend_usd: float | None = Field(default=None, gt=0, le=1_000_000)
