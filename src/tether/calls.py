@@ -7,8 +7,10 @@ The same ``recheck`` serves a call met for the first time and a call a human dec
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +29,18 @@ from tether.tools import (
     Effect,
     InvalidToolArguments,
     OutcomeUnknown,
+    Reconciled,
     ReconcileKind,
     Tool,
     ToolFailed,
 )
 
 log = logging.getLogger(__name__)
+
+# A downstream reconcile could not reach is asked again after RECONCILE_FIRST_S, doubling
+# up to RECONCILE_MAX_S, until the settings' ``reconcile_patience_s``.
+RECONCILE_FIRST_S = 0.25
+RECONCILE_MAX_S = 15.0
 
 
 class Check(str, enum.Enum):
@@ -133,15 +141,14 @@ async def execute(
 ) -> Outcome | None:
     """Run the tool once under the call's idempotency key and store its result. An
     ambiguous failure of a write is reconciled before the loop goes on (invariant 3)."""
+    session.check_held()
     if r.tool.effect is Effect.WRITE and not await session.lease_held():
         raise LeaseLost("this worker no longer owns the run", run_id=session.run.id)
     call = r.call
     fail("before_tool_call", call.name)
     try:
         with TOOL_SECONDS.labels(tool=call.name).time():
-            result = await session.keepalive(
-                r.tool.call(r.args, session.ctx(call, confirmed=confirmed))
-            )
+            result = await r.tool.call(r.args, session.ctx(call, confirmed=confirmed))
     except ToolFailed as exc:
         fail("after_tool_commit", call.name)
         content = error_content(exc.code, exc.message)
@@ -172,8 +179,7 @@ async def reconcile(session: RunSession, r: Resolved, *, confirmed: bool) -> Out
     key, which a deduplicating downstream answers with the first result.
     """
     call = r.call
-    key = idempotency_key(session.run.id, call.id)
-    found = await r.tool.find_outcome(key, session.ctx(call, confirmed=confirmed))
+    found = await find_outcome(session, r, confirmed=confirmed)
     await session.add_event(
         "reconciled", {"tool_call_id": call.id, "tool": call.name, "found": found.kind.value}
     )
@@ -202,14 +208,47 @@ async def settle_decided(session: RunSession, r: Resolved) -> tuple[bool, Outcom
         if r.tool.dedupes:
             return False, None
         return True, await unreconcilable(session, r.call)
-    key = idempotency_key(session.run.id, r.call.id)
-    found = await r.tool.find_outcome(key, session.ctx(r.call, confirmed=True))
+    found = await find_outcome(session, r, confirmed=True)
     if found.kind is ReconcileKind.FOUND:
         await session.append_result(r.call, found.result, CallStatus.OK, counted=True)
         return True, None
-    if found.kind is ReconcileKind.UNKNOWN and not r.tool.dedupes:
+    if found.kind in (ReconcileKind.UNKNOWN, ReconcileKind.UNREACHABLE) and not r.tool.dedupes:
         return True, await unreconcilable(session, r.call)
     return False, None
+
+
+async def find_outcome(session: RunSession, r: Resolved, *, confirmed: bool) -> Reconciled:
+    """Ask the tool, by the call's idempotency key, whether its write took effect. A
+    downstream that cannot be reached now is not "cannot tell": it is asked again with a
+    backoff for up to ``reconcile_patience_s`` while the heartbeat keeps the run's lease;
+    only then is the answer ``unreachable`` for good (the run fails ``unreconcilable``)."""
+    key = idempotency_key(session.run.id, r.call.id)
+    deadline = time.monotonic() + session.s.settings.reconcile_patience_s
+    delay = RECONCILE_FIRST_S
+    tries = 0
+    while True:
+        session.check_held()
+        found = await r.tool.find_outcome(key, session.ctx(r.call, confirmed=confirmed))
+        tries += 1
+        if found.kind is not ReconcileKind.UNREACHABLE:
+            return found
+        if time.monotonic() + delay > deadline:
+            log.error(
+                "reconcile gave up",
+                extra={"run_id": session.run.id, "action": "reconcile", "tries": tries},
+            )
+            return found
+        log.warning(
+            "reconcile could not ask; retrying",
+            extra={
+                "run_id": session.run.id,
+                "action": "reconcile",
+                "error": str(found.result)[:300],
+                "retry_in_s": delay,
+            },
+        )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, RECONCILE_MAX_S)
 
 
 async def unreconcilable(session: RunSession, call: ToolCall) -> Outcome:

@@ -208,6 +208,7 @@ async def _serve(agent_spec: str, host: str, port: int, base: str, slots: int) -
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
         runner = Worker(engine, concurrency=slots) if slots else None
         task = asyncio.create_task(runner.run()) if runner else None
+        died: list[str] = []
 
         def on_signal() -> None:
             # Uvicorn installs its own handlers while it serves and raises the signal again
@@ -217,6 +218,24 @@ async def _serve(agent_spec: str, host: str, port: int, base: str, slots: int) -
             if runner is not None:
                 runner.stop()
 
+        def on_worker_end(done: asyncio.Task[None]) -> None:
+            # The worker outlives database outages; if it ends anyway while serving, the
+            # process must not look healthy: unready at once, then exit non-zero.
+            if runner is None or runner.stopping.is_set():
+                return
+            error = done.exception() if not done.cancelled() else None
+            reason = f"{type(error).__name__}: {error}" if error else "it returned"
+            died.append(reason)
+            app.state.unready = f"the worker stopped ({reason})"
+            log.critical(
+                "the worker stopped; shutting down",
+                exc_info=error,
+                extra={"action": "serve", "error": reason[:500]},
+            )
+            server.should_exit = True
+
+        if task is not None:
+            task.add_done_callback(on_worker_end)
         log.info("serving", extra={"action": "serve", "url": base, "worker_slots": slots})
         with _signals(on_signal):
             try:
@@ -225,6 +244,8 @@ async def _serve(agent_spec: str, host: str, port: int, base: str, slots: int) -
                 on_signal()
                 if task is not None:
                     await asyncio.gather(task, return_exceptions=True)
+        if died:
+            raise typer.Exit(1)
 
 
 @contextmanager

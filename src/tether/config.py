@@ -33,6 +33,12 @@ class Settings:
             max_steps=200, max_spend_usd=50.0, max_tool_calls=400, max_elapsed_ms=86_400_000
         )
     )
+    # How long a store call that met a transient database error (a dropped connection, a
+    # restart, a locked SQLite file) is retried before ``database_unavailable``.
+    db_retry_s: float = 30.0
+    # How long reconciliation keeps asking a downstream it cannot reach before the run is
+    # failed ``unreconcilable`` (the run keeps its lease meanwhile).
+    reconcile_patience_s: float = 120.0
     reaper_batch: int = 20
     # How long a run whose start failed (its scope resolver was down) waits before a
     # worker tries it again.
@@ -72,6 +78,8 @@ class Settings:
             max_recovery_attempts=int(
                 _positive(env, "TETHER_MAX_RECOVERY_ATTEMPTS", 2, whole=True)
             ),
+            db_retry_s=_positive(env, "TETHER_DB_RETRY_S", 30.0),
+            reconcile_patience_s=_positive(env, "TETHER_RECONCILE_PATIENCE_S", 120.0),
             prices=parse_prices(env.get("TETHER_PRICES", "")),
             session_secret=env.get("TETHER_SESSION_SECRET") or None,
         )

@@ -19,6 +19,7 @@ from tether.calls import Check, Resolved
 from tether.errors import (
     AlreadyResumed,
     Changed,
+    DatabaseUnavailable,
     FailpointError,
     GuardFailed,
     InvalidInput,
@@ -32,7 +33,7 @@ from tether.messages import ToolCall
 from tether.metrics import APPROVALS
 from tether.outcome import Outcome
 from tether.previews import diff_previews
-from tether.reasons import HaltReason
+from tether.reasons import FailReason, HaltReason
 from tether.runs import Run, RunState, iso
 from tether.services import Services, hop
 from tether.session import RunSession
@@ -59,6 +60,12 @@ class CallVerdict(str, enum.Enum):
     CHANGED = "changed"
     REFUSED = "refused"  # no such tool any more, or its arguments no longer validate
     RELEASED = "released"  # nothing was pending to decide; the run went back to the workers
+    # The write was attempted and whether it took effect cannot be learnt: the run failed
+    # ``unreconcilable`` and waits for a person (its ledger says ``unknown``).
+    UNRECONCILABLE = "unreconcilable"
+    # The decision is recorded with the run, but this request lost the run to another
+    # owner (it was taken for dead) before finishing: that owner carries the decision out.
+    CONTINUES_ELSEWHERE = "continues_elsewhere"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,12 +121,18 @@ async def decide(
     if recovered:
         settled, stop = await calls.settle_decided(session, r)
         if settled:
-            return Resolution(verdict=CallVerdict.EXECUTED, outcome=stop)
+            return _executed(stop)
     check = await calls.recheck(session, r, confirmed=True, approved_digest=decision.digest)
     if check.verdict is Check.PASSED:
-        executed = await calls.execute(session, r, confirmed=True)
-        return Resolution(verdict=CallVerdict.EXECUTED, outcome=executed)
+        return _executed(await calls.execute(session, r, confirmed=True))
     return await _refused(session, r, check)
+
+
+def _executed(stop: Outcome | None) -> Resolution:
+    """An approved call that ran: executed, unless its outcome could not be learnt."""
+    if stop is not None and stop.reason == FailReason.UNRECONCILABLE.value:
+        return Resolution(verdict=CallVerdict.UNRECONCILABLE, outcome=stop)
+    return Resolution(verdict=CallVerdict.EXECUTED, outcome=stop)
 
 
 async def _refused(session: RunSession, r: Resolved, check: calls.Recheck) -> Resolution:
@@ -250,16 +263,36 @@ async def _claim_then_decide(
         raise _unknown()
     log.info("claimed", extra={"run_id": run.id, "action": "claim", "state": choice.value})
     fail("after_claim")
-    session = await RunSession.start(services, claimed)
+    try:
+        session = await RunSession.start(services, claimed)
+    except LeaseLost:
+        return await _elsewhere(services, run.id, choice)
     try:
         return await _carry_out(session, choice)
-    except (LeaseLost, FailpointError, asyncio.CancelledError):
-        raise
+    except LeaseLost:
+        return await _elsewhere(services, run.id, choice)
+    except (DatabaseUnavailable, FailpointError, asyncio.CancelledError):
+        raise  # the decision is recorded; a reaper carries it out once this run is stale
     except (NoLongerPermitted, Changed, GuardFailed):
         raise
     except Exception as exc:
         await session.fail_on_error(exc)  # invariant 6: never left ownerless in running
         raise
+    finally:
+        session.close()
+
+
+async def _elsewhere(services: Services, run_id: str, choice: Choice) -> ApprovalResult:
+    """This request lost the run after claiming it: the decision is stored with the run,
+    and the owner that took it over carries it out (a recovery re-checks it first)."""
+    log.warning("approval handed over", extra={"run_id": run_id, "action": "lease_lost"})
+    run = await hop(services.store.get_run, run_id)
+    return ApprovalResult(
+        run_id=run_id,
+        decision=choice,
+        state=run.state if run is not None else RunState.RUNNING,
+        outcome=CallVerdict.CONTINUES_ELSEWHERE,
+    )
 
 
 async def _carry_out(session: RunSession, choice: Choice) -> ApprovalResult:

@@ -23,19 +23,22 @@ from tether.budget import Limits, parse_limits
 from tether.config import Settings
 from tether.decision import ApprovalResult
 from tether.errors import InvalidInput, NotFound
+from tether.liveness import Heartbeat
 from tether.models.base import Message, Model
-from tether.notify import LogNotifier, Notifier
+from tether.notify import LogNotifier, Notifier, Outbox
 from tether.outcome import Outcome, StopKind
 from tether.resume import OrphanClaim
 from tether.runs import Run
 from tether.service import ServiceAPI
 from tether.services import Services, hop
-from tether.store import Event, LedgerEntry, Store, ensure_schema
+from tether.store import Event, LedgerEntry, Store
 
 if TYPE_CHECKING:
     from tether.sync import SyncEngine
 
 MAX_QUESTION_CHARS = 100_000
+# How long closing an engine waits for queued notices to go out.
+NOTICE_DRAIN_S = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,17 +98,21 @@ class Engine(ServiceAPI):
         self.store = Store(
             database_url or self.settings.database_url,
             heartbeat_refresh_s=self.settings.heartbeat_timeout_s / 3,
+            retry_s=self.settings.db_retry_s,
         )
         self.worker_id = worker_id or new_worker_id()
         self._migrate_empty = migrate
         self._opened = False
         base = public_url.rstrip("/")
+        notifier = notifier or LogNotifier()
         self.services = Services(
             store=self.store,
             agent=agent,
             model=model,
             settings=self.settings,
-            notifier=notifier or LogNotifier(),
+            notifier=notifier,
+            heartbeat=Heartbeat(self.store, self.settings.heartbeat_timeout_s / 3),
+            outbox=Outbox(notifier, self.store),
             approve_url=lambda token: f"{base}/approve/{token}",
         )
 
@@ -119,7 +126,7 @@ class Engine(ServiceAPI):
         """Check the schema (build it in an empty database with ``migrate=True``). Safe to
         call twice: it checks once per engine."""
         if not self._opened:
-            await hop(ensure_schema, self.store.engine, migrate_empty=self._migrate_empty)
+            await hop(self.store.ensure_schema, migrate_empty=self._migrate_empty)
             self._opened = True
 
     async def __aenter__(self) -> Engine:
@@ -132,11 +139,14 @@ class Engine(ServiceAPI):
         await self.aclose()
 
     def close(self) -> None:
-        """Release the database connections."""
+        """Stop the heartbeat and release the database connections."""
+        self.services.heartbeat.stop()
         self.store.close()
 
     async def aclose(self) -> None:
-        """Release the database connections and the model's client."""
+        """Give queued notices a moment to go out (those that do not are re-issued by a
+        reaper later), then release the model's client and the database connections."""
+        await self.services.outbox.drain(NOTICE_DRAIN_S)
         await self.services.model.aclose()
         self.close()
 

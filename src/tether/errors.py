@@ -56,6 +56,15 @@ class NotReady(TetherError):
     code = "not_ready"
 
 
+class DatabaseUnavailable(TetherError):
+    """The database could not be reached (a dropped connection, a restart, a locked or
+    full SQLite file) for longer than the store retries, or a COMMIT was cut off so its
+    outcome is not known. Retryable: nothing was lost, and a run that met it is recovered
+    once the database is back."""
+
+    code = "database_unavailable"
+
+
 class NotFound(TetherError):
     """The run is missing or not the caller's (the two are never told apart)."""
 

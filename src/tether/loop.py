@@ -15,7 +15,7 @@ import time
 
 from tether import calls
 from tether.decision import decide
-from tether.errors import FailpointError, LeaseLost
+from tether.errors import DatabaseUnavailable, FailpointError, LeaseLost
 from tether.failpoints import fail
 from tether.messages import ToolCall, tool_calls_of
 from tether.metrics import MODEL_SECONDS, STEP_SECONDS
@@ -33,10 +33,14 @@ async def drive(session: RunSession) -> Outcome:
     except LeaseLost:
         log.warning("lease lost", extra={"run_id": session.run.id, "action": "lease_lost"})
         return Outcome(run_id=session.run.id, kind=StopKind.LEASE_LOST)
+    except DatabaseUnavailable:
+        return session.abandon()  # never failed for a database that went away
     except (FailpointError, asyncio.CancelledError):
         raise
     except Exception as exc:
         return await session.fail_on_error(exc)
+    finally:
+        session.close()
 
 
 async def process(session: RunSession, call: ToolCall) -> Outcome | None:
@@ -65,10 +69,11 @@ async def _drive(session: RunSession) -> Outcome:
         if reason is not None:
             return await session.halt(reason)
         fail("before_model_call")
+        session.check_held()
         step_started = time.monotonic()
         with MODEL_SECONDS.time():
-            response = await session.keepalive(
-                session.s.model.request(list(session.messages), list(session.s.agent.tool_specs))
+            response = await session.s.model.request(
+                list(session.messages), list(session.s.agent.tool_specs)
             )
         fail("after_model_call")
         message = await session.append_turn(response)

@@ -1,10 +1,19 @@
-"""Suspension notices: who is asked to approve what, with the token to do it."""
+"""Suspension notices: who is asked to approve what, with the token to do it, and the
+outbox that delivers them off the path of the runs."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tether.hop import hop
+from tether.tokens import hash_token
+
+if TYPE_CHECKING:
+    from tether.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +46,17 @@ class Notice:
 
 class Notifier(Protocol):
     """Where suspension notices go. ``send`` returns False (or raises) when the notice
-    was not delivered; the reaper then re-issues it with a fresh token."""
+    was not delivered; the reaper then re-issues it with a fresh token. A notifier whose
+    ``send`` cannot block (it writes to memory or a log) may say so with a class attribute
+    ``immediate = True``: the outbox then calls it inline."""
 
     async def send(self, notice: Notice) -> bool | None: ...
 
 
 class LogNotifier:
     """Writes notices to the log (the default when no webhook is configured)."""
+
+    immediate = True
 
     async def send(self, notice: Notice) -> None:
         log.info(
@@ -61,6 +74,8 @@ class LogNotifier:
 class MemoryNotifier:
     """Keeps notices in a list; for tests, the demo and scripts."""
 
+    immediate = True
+
     def __init__(self) -> None:
         self.notices: list[Notice] = []
 
@@ -73,3 +88,96 @@ class MemoryNotifier:
             if run_id is None or notice.run_id == run_id:
                 return notice
         raise LookupError(f"no notice for run {run_id}")
+
+
+class Outbox:
+    """Delivers suspension notices from tasks of their own, so a webhook that hangs or
+    fails delays no run: ``post`` only queues the notice (bounded), and up to ``senders``
+    tasks send queued notices, each bounded by ``timeout_s``. A delivered notice is
+    recorded; one that was not (refused, timed out, dropped from a full queue, or lost
+    with the process) stays unrecorded, and the reaper re-issues it with a fresh token.
+    An ``immediate`` notifier is called inline instead.
+    """
+
+    def __init__(
+        self,
+        notifier: Notifier,
+        store: Store,
+        *,
+        size: int = 1000,
+        senders: int = 4,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.notifier = notifier
+        self.store = store
+        self.size = size
+        self.senders = senders
+        self.timeout_s = timeout_s
+        self._queue: asyncio.Queue[Notice] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def post(self, notice: Notice) -> None:
+        """Queue ``notice`` for delivery (or deliver it now, for an immediate notifier)."""
+        if getattr(self.notifier, "immediate", False):
+            await self.deliver(notice)
+            return
+        queue = self._queue_here()
+        try:
+            queue.put_nowait(notice)
+        except asyncio.QueueFull:
+            log.warning(
+                "notice outbox full; the reaper will re-issue the notice",
+                extra={"run_id": notice.run_id, "action": "notify"},
+            )
+            return
+        if len(self._tasks) < self.senders:
+            task = asyncio.get_running_loop().create_task(self._send(queue), name="tether-notify")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def deliver(self, notice: Notice) -> None:
+        """Send one notice (bounded in time) and record its delivery."""
+        try:
+            delivered = await asyncio.wait_for(self.notifier.send(notice), self.timeout_s)
+        except Exception:
+            log.exception("notice failed", extra={"run_id": notice.run_id, "action": "notify"})
+            return
+        if delivered is False:
+            return
+        try:
+            await hop(self.store.mark_notified, notice.run_id, hash_token(notice.token))
+        except Exception:
+            log.exception("notice not recorded", extra={"run_id": notice.run_id})
+
+    @property
+    def pending(self) -> int:
+        """Notices queued and not yet sent."""
+        return self._queue.qsize() if self._queue is not None else 0
+
+    async def drain(self, timeout_s: float) -> None:
+        """Give queued notices up to ``timeout_s`` to go out, then stop the senders."""
+        if self._loop is not asyncio.get_running_loop():
+            return  # queued in a loop that is gone: the reaper re-issues those notices
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _queue_here(self) -> asyncio.Queue[Notice]:
+        """The queue of the running event loop (a new loop starts a new queue)."""
+        loop = asyncio.get_running_loop()
+        if self._queue is None or self._loop is not loop:
+            self._queue, self._loop = asyncio.Queue(self.size), loop
+            self._tasks = set()
+        return self._queue
+
+    async def _send(self, queue: asyncio.Queue[Notice]) -> None:
+        while True:
+            try:
+                notice = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            await self.deliver(notice)

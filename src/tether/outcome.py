@@ -19,6 +19,9 @@ class StopKind(str, enum.Enum):
     CANCELLED = "cancelled"
     RELEASED = "released"  # handed back to the workers, still running
     LEASE_LOST = "lease_lost"  # another owner took the run; this one wrote nothing more
+    # The database could not be reached: this process let go of the run without writing
+    # more, and it is recovered as an orphan (or its write retried) once the database is back.
+    ABANDONED = "abandoned"
 
     @property
     def state(self) -> RunState | None:

@@ -14,6 +14,7 @@ from tether import inputs
 from tether.budget import Limits, parse_limits
 from tether.errors import (
     AlreadyFinished,
+    DatabaseUnavailable,
     FailpointError,
     InvalidInput,
     LeaseLost,
@@ -27,7 +28,7 @@ from tether.outcome import Outcome, StopKind
 from tether.reasons import FailReason
 from tether.runs import Run, RunState, iso
 from tether.services import Services, hop
-from tether.session import RunSession, deliver
+from tether.session import RunSession
 from tether.tokens import hash_token, new_token
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,9 @@ async def carry(services: Services, run: Run, *, stopping: asyncio.Event | None 
         session = await RunSession.start(services, run, stopping=stopping)
     except LeaseLost:
         return Outcome(run_id=run.id, kind=StopKind.LEASE_LOST)
+    except DatabaseUnavailable:
+        # Claimed, then the database went away: a reaper takes it once it is back.
+        return Outcome(run_id=run.id, kind=StopKind.ABANDONED)
     except (FailpointError, asyncio.CancelledError):
         raise
     except Exception as exc:
@@ -116,17 +120,20 @@ async def recover(services: Services, run: Run) -> Outcome:
 
 async def _recover(services: Services, run: Run) -> Outcome:
     session = await RunSession.start(services, run, recovering=True)
-    pending = session.pending_calls()
-    if pending:
-        try:
-            stop = await process(session, pending[0])
-        except (LeaseLost, FailpointError, asyncio.CancelledError):
-            raise
-        except Exception as exc:
-            return await session.fail_on_error(exc)
-        if stop is not None:
-            return stop
-    return await session.release("recovered")
+    try:
+        pending = session.pending_calls()
+        if pending:
+            try:
+                stop = await process(session, pending[0])
+            except (LeaseLost, DatabaseUnavailable, FailpointError, asyncio.CancelledError):
+                raise
+            except Exception as exc:
+                return await session.fail_on_error(exc)
+            if stop is not None:
+                return stop
+        return await session.release("recovered")
+    finally:
+        session.close()
 
 
 async def recover_orphans(services: Services, owner: str) -> list[Outcome]:
@@ -171,7 +178,7 @@ async def reissue_notices(services: Services) -> list[str]:
             preview=run.pending.preview,
             expires_at=iso(run.expires_at) or "",
         )
-        await deliver(services, notice)
+        await services.outbox.post(notice)
     return [run.id for run, _ in reissued]
 
 

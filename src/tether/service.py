@@ -11,7 +11,7 @@ from tether import inputs
 from tether.agent import Agent
 from tether.errors import NotReady
 from tether.runs import Run, RunState
-from tether.services import hop
+from tether.services import hop, hop_once
 from tether.store import Decision, Store, upgrade
 from tether.store.users import new_key
 from tether.tokens import hash_token
@@ -115,7 +115,7 @@ class ServiceAPI:
     async def ready(self) -> None:
         """Raise ``not_ready`` unless the database answers and its schema is current."""
         try:
-            await hop(self.store.ping)
+            await hop_once(self.store.ping)
         except Exception as exc:
             raise NotReady(f"database unreachable: {type(exc).__name__}") from exc
         await self.open()

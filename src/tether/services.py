@@ -1,21 +1,21 @@
-"""What every run session shares within one engine: store, agent, model, settings and
-where notices go; and the one way to reach the synchronous store from async code."""
+"""What every run session shares within one engine: store, agent, model, settings, the
+heartbeat of the leases it holds and the outbox of its notices; and ``hop``, the one way
+to reach the synchronous store from async code (``tether.hop``)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ParamSpec, TypeVar
 
 from tether.agent import Agent
 from tether.config import Settings
+from tether.hop import hop, hop_once
+from tether.liveness import Heartbeat
 from tether.models.base import Model
-from tether.notify import Notifier
+from tether.notify import Notifier, Outbox
 from tether.store import Store
 
-P = ParamSpec("P")
-T = TypeVar("T")
+__all__ = ["Services", "hop", "hop_once"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,9 +27,6 @@ class Services:
     model: Model
     settings: Settings
     notifier: Notifier
+    heartbeat: Heartbeat
+    outbox: Outbox
     approve_url: Callable[[str], str] = field(default=lambda token: f"/approve/{token}")
-
-
-async def hop(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """One thread hop for one store transaction (the store is synchronous)."""
-    return await asyncio.to_thread(fn, *args, **kwargs)

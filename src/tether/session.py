@@ -10,16 +10,14 @@ and budget equal to what it wrote. What to write, and when, is decided by the lo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel
 
 from tether.budget import Budget
-from tether.errors import LeaseLost, TetherError
+from tether.errors import DatabaseUnavailable, LeaseLost, TetherError
 from tether.failpoints import fail
 from tether.messages import ToolCall, pending_tool_calls, tool_calls_of, tool_result
 from tether.models.base import Message, ModelResponse
@@ -36,7 +34,6 @@ from tether.tokens import hash_token, new_token
 from tether.tools import ToolContext
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 def error_content(code: str, message: str) -> dict[str, str]:
@@ -77,6 +74,8 @@ class RunSession:
             c.id for m in messages if m.get("role") == "assistant" for c in tool_calls_of(m)
         }
         self._mark = time.monotonic()
+        # The engine's heartbeat keeps the lease alive until ``close``.
+        self._held = services.heartbeat.hold(self.lease)
 
     @classmethod
     async def start(
@@ -239,7 +238,7 @@ class RunSession:
             preview=preview,
             expires_at=iso(expires_at) or "",
         )
-        await deliver(self.s, notice)
+        await self.s.outbox.post(notice)
         log.info("suspended", extra={"run_id": self.run.id, "action": "suspended"})
         return Outcome(run_id=self.run.id, kind=StopKind.SUSPENDED, notice=notice)
 
@@ -277,6 +276,15 @@ class RunSession:
             return await self.fail(FailReason.ERROR, {"error": message[:2000]})
         except LeaseLost:
             return Outcome(run_id=self.run.id, kind=StopKind.LEASE_LOST)
+        except DatabaseUnavailable:
+            return self.abandon()
+
+    def abandon(self) -> Outcome:
+        """Let go of the run without a write: the database cannot be reached (or a COMMIT
+        of ours was cut off). It stays running under this lease, which nobody keeps alive
+        any more, so a reaper recovers it (reconciling first) once the database is back."""
+        log.warning("run abandoned", extra={"run_id": self.run.id, "action": "abandoned"})
+        return Outcome(run_id=self.run.id, kind=StopKind.ABANDONED)
 
     async def release(self, why: str) -> Outcome:
         """Hand the run back to the workers (still running, no owner)."""
@@ -291,24 +299,14 @@ class RunSession:
 
     # -- liveness --------------------------------------------------------------------------
 
-    async def keepalive(self, work: Awaitable[T]) -> T:
-        """Await ``work`` while heartbeating in the background every third of the timeout,
-        so a long model or tool call is not taken for an orphan."""
-        beat = asyncio.create_task(self._beat())
-        try:
-            return await work
-        finally:
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+    def check_held(self) -> None:
+        """Raise ``LeaseLost`` if the heartbeat found the run taken over: the owner then
+        starts no further tool or model call (its writes are fenced anyway)."""
+        self._held.check()
 
-    async def _beat(self) -> None:
-        interval = self.s.settings.heartbeat_timeout_s / 3
-        while True:
-            await asyncio.sleep(interval)
-            if not await hop(self.s.store.heartbeat, self.lease):
-                log.warning("heartbeat refused", extra={"run_id": self.run.id, "action": "beat"})
-                return
+    def close(self) -> None:
+        """Let go of the run: its lease is no longer kept alive by this process."""
+        self.s.heartbeat.drop(self._held)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -347,16 +345,3 @@ class RunSession:
         self._mark = now
         self.budget = self.budget.after_active(delta)
         return delta
-
-
-async def deliver(services: Services, notice: Notice) -> None:
-    """Send a suspension notice and record its delivery. A notice that fails stays
-    unrecorded, and the reaper re-issues it with a fresh token (``reissue_notices``)."""
-    try:
-        delivered = await services.notifier.send(notice)
-    except Exception:
-        log.exception("notice failed", extra={"run_id": notice.run_id, "action": "notify"})
-        return
-    if delivered is False:
-        return
-    await hop(services.store.mark_notified, notice.run_id, hash_token(notice.token))

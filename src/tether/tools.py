@@ -71,6 +71,7 @@ class ReconcileKind(str, enum.Enum):
     FOUND = "found"  # it took effect; ``result`` is what it returned
     ABSENT = "absent"  # confirmed: it did not take effect
     UNKNOWN = "unknown"  # cannot tell
+    UNREACHABLE = "unreachable"  # could not ask now (the downstream is down): ask again later
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +92,10 @@ class Reconciled:
     @classmethod
     def unknown(cls, reason: str = "") -> Reconciled:
         return cls(kind=ReconcileKind.UNKNOWN, result=reason)
+
+    @classmethod
+    def unreachable(cls, reason: str = "") -> Reconciled:
+        return cls(kind=ReconcileKind.UNREACHABLE, result=reason)
 
 
 class ToolFailed(TetherError):
@@ -175,24 +180,21 @@ class Tool:
     async def call(self, args: BaseModel, ctx: ToolContext) -> Any:
         """Run the tool's function. A plain function runs in a thread, so a slow one never
         blocks the event loop: other runs and this run's heartbeat go on meanwhile."""
-        kwargs = args.model_dump()
         positional = (ctx,) if self.takes_context else ()
-        if inspect.iscoroutinefunction(self.fn):
-            return await self.fn(*positional, **kwargs)
-        return await _maybe_await(await asyncio.to_thread(self.fn, *positional, **kwargs))
+        return await _run(self.fn, *positional, **args.model_dump())
 
     async def render_preview(self, args: BaseModel, scope: Scope) -> dict[str, Any] | None:
         """The artefact the human approves, or None if the tool has no preview."""
         if self.preview is None:
             return None
-        return cast(dict[str, Any], await _maybe_await(self.preview(args, scope)))
+        return cast(dict[str, Any], await _run(self.preview, args, scope))
 
     async def check_guard(self, args: BaseModel, scope: Scope, ctx: ToolContext) -> GuardResult:
         """Run the guard; a tool without one allows everything. Fails closed: only an
         explicit ``GuardResult.allow()`` allows; any other answer refuses."""
         if self.guard is None:
             return GuardResult.allow()
-        verdict = await _maybe_await(self.guard(args, scope, ctx))
+        verdict = await _run(self.guard, args, scope, ctx)
         if isinstance(verdict, GuardResult):
             return verdict if verdict.ok or verdict.reason else GuardResult.refuse("refused")
         return GuardResult.refuse(
@@ -203,15 +205,20 @@ class Tool:
         """Whether ``scope`` still allows this call; tools without a check allow it."""
         if self.permitted is None:
             return True
-        return bool(await _maybe_await(self.permitted(args, scope)))
+        return bool(await _run(self.permitted, args, scope))
 
     async def find_outcome(self, key: str, ctx: ToolContext) -> Reconciled:
-        """Ask the tool whether the write with ``key`` took effect."""
+        """Ask the tool whether the write with ``key`` took effect. A reconcile that
+        raises could not ask (``unreachable``: asked again later); one that returns
+        something else than ``Reconciled`` cannot tell (``unknown``)."""
         if self.reconcile is None:
             return Reconciled.unknown(f"{self.name} has no reconcile")
-        answer = await _maybe_await(self.reconcile(key, ctx))
+        try:
+            answer = await _run(self.reconcile, key, ctx)
+        except Exception as exc:
+            return Reconciled.unreachable(f"{type(exc).__name__}: {exc}"[:500])
         if not isinstance(answer, Reconciled):
-            raise TypeError(f"reconcile of {self.name} must return Reconciled")
+            return Reconciled.unknown(f"reconcile of {self.name} must return Reconciled")
         return answer
 
 
@@ -306,6 +313,15 @@ def tool(
         )
 
     return build(fn) if fn is not None else build
+
+
+async def _run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call one of a tool's functions: an ``async def`` on the event loop, a plain
+    function in a thread, so a slow one (a tool, a guard, a preview, a permission check or
+    a reconcile) never blocks the event loop and the heartbeat of every run goes on."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
+    return await _maybe_await(await asyncio.to_thread(fn, *args, **kwargs))
 
 
 async def _maybe_await(value: Awaitable[T] | T) -> T:

@@ -5,8 +5,9 @@ Side tasks: the reaper (orphans, expiry, retention) and the notice re-issue, eac
 own ``reaper_interval_s`` timer, so a webhook that never answers delays neither claiming
 nor recovery; on PostgreSQL, a listener that wakes the claim loop on ``NOTIFY
 tether_runs``. The monitor logs a side task that died and restarts it after a backoff;
-none dies silently. The claim loop is the worker itself: if it raises, the worker hands
-its runs back and the error propagates (``tether worker`` exits non-zero).
+none dies silently. The claim loop is the worker itself: a claim that fails (the database
+went away) is logged and tried again after a backoff, so the worker outlives a dropped
+connection, a restart or an outage of its database.
 
 ``stop()`` (SIGTERM) stops claiming; each run in hand is handed back at its next step
 boundary, the side tasks end, and ``run()`` returns. Memory stays bounded however long
@@ -28,6 +29,7 @@ from typing import Any
 import psycopg
 
 from tether.engine import Engine
+from tether.errors import DatabaseUnavailable
 from tether.runs import Run
 from tether.store.dialect import CHANNEL
 
@@ -110,10 +112,30 @@ class Worker:
     # -- the claim loop --------------------------------------------------------------------
 
     async def _claim_loop(self, exit_when_idle: bool) -> None:
+        delay = RESTART_FIRST_S
         while not self.stopping.is_set():
             self._wake.clear()
-            if await self._fill():
+            try:
+                if await self._fill():
+                    delay = RESTART_FIRST_S
+                    continue
+            except Exception as exc:
+                # The database went away (or a claim failed otherwise): the runs in hand go
+                # on, and claiming resumes after a backoff. The worker never dies of it.
+                self.counts["claim_error"] += 1
+                log.error(
+                    "claiming failed; retrying",
+                    exc_info=not isinstance(exc, DatabaseUnavailable),
+                    extra={
+                        "action": "claim",
+                        "error": f"{type(exc).__name__}: {exc}"[:500],
+                        "retry_in_s": delay,
+                    },
+                )
+                await self._pause(delay)
+                delay = min(delay * 2, RESTART_MAX_S)
                 continue
+            delay = RESTART_FIRST_S
             idle = not self._tasks and not self._reserved and self._reaped.is_set()
             if exit_when_idle and idle:
                 return

@@ -237,7 +237,7 @@ async def test_an_unreachable_crm_is_unknown_for_a_write_and_a_failure_for_a_rea
         await draft_quote.call(draft_quote.validate(_ORDER), ctx)
     with pytest.raises(ToolFailed):
         await find_account.call(find_account.validate({"query": "Henderson"}), ctx)
-    assert (await reconcile_draft("r:c", ctx)).kind is ReconcileKind.UNKNOWN
+    assert (await reconcile_draft("r:c", ctx)).kind is ReconcileKind.UNREACHABLE
 
 
 async def test_the_scope_comes_from_the_crm_with_the_manager_as_approver(

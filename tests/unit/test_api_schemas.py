@@ -10,6 +10,7 @@ from tether.api.schemas import DEFAULT_STATUS, STATUS, status_for
 
 # The statuses SPEC §6 clients rely on; a change here is a breaking change of the API.
 PUBLISHED = {
+    "database_unavailable": 503,
     "invalid_input": 422,
     "unauthenticated": 401,
     "invalid_config": 400,

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether.api.schemas import error_body, status_for
 from tether.engine import Engine
-from tether.errors import TetherError
+from tether.errors import NotReady, TetherError
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,9 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
     app = FastAPI(title="tether", version="0.1.0", summary="Agent runs that survive interruption")
     app.state.engine = engine
     app.state.public_url = public_url.rstrip("/")
+    # Set by the process that serves the app when a part it depends on stopped (serve's
+    # worker): /readyz then answers 503 while the process shuts down.
+    app.state.unready = None
     app.add_middleware(BodyLimit)
 
     @app.exception_handler(TetherError)
@@ -114,6 +117,8 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> dict[str, bool]:
+        if app.state.unready:
+            raise NotReady(app.state.unready)
         await engine.ready()  # NotReady (503 not_ready) when the database is unreachable
         return {"ok": True}
 

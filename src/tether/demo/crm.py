@@ -89,9 +89,11 @@ class Crm:
                     f"/quotes/by-key/{quote(key, safe='')}", headers={USER_HEADER: user}
                 )
         except httpx.HTTPError as exc:
-            return Reconciled.unknown(f"the CRM could not be reached: {exc!r}")
+            return Reconciled.unreachable(f"the CRM could not be reached: {exc!r}")
         if response.status_code == 404:
             return Reconciled.absent()
+        if response.status_code >= 500:
+            return Reconciled.unreachable(f"the CRM answered {response.status_code}")
         if response.is_error:
             return Reconciled.unknown(f"the CRM answered {response.status_code}")
         record: dict[str, Any] = response.json()

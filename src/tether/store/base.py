@@ -7,14 +7,18 @@ from sqlalchemy.engine import Engine
 
 from tether.store.dialect import Dialect, dialect_for
 from tether.store.engine import create_db_engine
+from tether.store.migrate import ensure_schema
 
 
 class StoreBase:
     """The engine for a URL and its dialect. Creating one does no I/O: connections are
     opened on first use."""
 
-    def __init__(self, url: str, *, heartbeat_refresh_s: float = 0.0) -> None:
+    def __init__(self, url: str, *, heartbeat_refresh_s: float = 0.0, retry_s: float = 0.0) -> None:
         self.url = url
+        # How long ``tether.services.hop`` retries a call that met a transient database
+        # error and committed nothing (``tether.store.faults``).
+        self.retry_s = retry_s
         self.engine: Engine = create_db_engine(url)
         self.dialect: Dialect = dialect_for(self.engine)
         # A step write refreshes a heartbeat older than this (a third of the timeout).
@@ -29,6 +33,10 @@ class StoreBase:
         when the database cannot be reached."""
         with self.engine.connect() as conn:
             conn.execute(sa.select(1)).scalar_one()
+
+    def ensure_schema(self, *, migrate_empty: bool) -> None:
+        """Check the schema is current (build it in an empty database if asked)."""
+        ensure_schema(self.engine, migrate_empty=migrate_empty)
 
     def listen_dsn(self) -> str | None:
         """The libpq DSN a ``LISTEN`` connection should use (PostgreSQL), else None."""

@@ -17,6 +17,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from tether.errors import ConfigError
+from tether.store.faults import track_commits
 
 
 class db_now(FunctionElement[float]):
@@ -53,14 +54,18 @@ def create_db_engine(url: str) -> Engine:
     """An engine for ``url`` with the dialect hooks of its backend installed."""
     url = normalize_url(url)
     if url.startswith("sqlite"):
-        return _sqlite_engine(url)
-    return sa.create_engine(
-        url,
-        pool_pre_ping=True,
-        pool_size=10,
-        max_overflow=20,
-        connect_args={"options": "-c synchronous_commit=on"},
-    )
+        engine = _sqlite_engine(url)
+    else:
+        engine = sa.create_engine(
+            url,
+            pool_pre_ping=True,
+            pool_size=10,
+            max_overflow=20,
+            pool_timeout=10,
+            connect_args={"options": "-c synchronous_commit=on", "connect_timeout": 5},
+        )
+    track_commits(engine)  # a store call is retried only if nothing of it was committed
+    return engine
 
 
 def _sqlite_engine(url: str) -> Engine:

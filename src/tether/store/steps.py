@@ -122,6 +122,12 @@ class Steps(StoreBase):
         with self.engine.begin() as conn:
             return conn.execute(HEARTBEAT, lease_params(lease)).rowcount == 1
 
+    def heartbeat_many(self, leases: Sequence[Lease]) -> list[bool]:
+        """Refresh the heartbeat of every lease in one transaction; for each, whether it
+        is still held (False: another owner took the run)."""
+        with self.engine.begin() as conn:
+            return [conn.execute(HEARTBEAT, lease_params(lease)).rowcount == 1 for lease in leases]
+
     def lease_held(self, lease: Lease) -> bool:
         """Whether ``lease`` still owns the run (checked before a write tool runs)."""
         with self.engine.begin() as conn:

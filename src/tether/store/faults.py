@@ -1,0 +1,79 @@
+"""Which database errors are transient, and whether a failed store call committed anything.
+
+A transient error is one the next attempt may well not meet: a dropped or refused
+connection, a server shutting down or restarting, a serialization failure or deadlock, a
+pool that had no connection free in time, and on SQLite a locked database, a full disk or
+an I/O error. Anything else (a constraint, a programming error) is not transient.
+
+A store call may be tried again only if nothing of it was committed. The engine's
+``commit`` event marks the calling thread just before COMMIT is sent, so a transient
+error met after that mark is *ambiguous*: the COMMIT may have landed. ``attempt`` runs one
+store call in the calling thread and reports a transient error as ``Transient``, with
+that mark; ``tether.services.hop`` decides whether to try again.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Engine
+
+T = TypeVar("T")
+
+# SQLite's transient OperationalErrors, by message (the module has no finer classes).
+_SQLITE_TRANSIENT = ("locked", "busy", "disk", "full", "unable to open", "i/o")
+
+_local = threading.local()
+
+
+class Transient(Exception):
+    """A store call met a transient database error; ``ambiguous`` when a COMMIT of it had
+    been sent, so it may have taken effect. The driver's error is the ``__cause__``."""
+
+    def __init__(self, error: BaseException, *, ambiguous: bool) -> None:
+        super().__init__(f"{type(error).__name__}: {error}"[:500])
+        self.ambiguous = ambiguous
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a database error worth trying again after a pause."""
+    if isinstance(exc, sa_exc.TimeoutError):  # no pooled connection free in time
+        return True
+    cause: BaseException | None = exc
+    if isinstance(exc, sa_exc.DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        cause = exc.orig
+    if isinstance(cause, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return True  # connection lost or refused, shutdown, serialization, deadlock
+    if isinstance(cause, sqlite3.OperationalError):
+        message = str(cause).lower()
+        return any(word in message for word in _SQLITE_TRANSIENT)
+    return False
+
+
+def track_commits(engine: Engine) -> None:
+    """Mark the calling thread whenever ``engine`` is about to send a COMMIT."""
+
+    @sa.event.listens_for(engine, "commit")
+    def _on_commit(_conn: sa.Connection) -> None:
+        _local.committing = True
+
+
+def attempt(call: Callable[[], T]) -> T:
+    """Run one store call in this thread; a transient error comes out as ``Transient``."""
+    _local.committing = False
+    try:
+        return call()
+    except Exception as exc:
+        if is_transient(exc):
+            raise Transient(exc, ambiguous=bool(_local.committing)) from exc
+        raise
+    finally:
+        _local.committing = False
