@@ -39,6 +39,10 @@ class Settings:
     # How long reconciliation keeps asking a downstream it cannot reach before the run is
     # failed ``unreconcilable`` (the run keeps its lease meanwhile).
     reconcile_patience_s: float = 120.0
+    # How long a suspension notice may take to go out, from the suspension to the webhook's
+    # answer; one still undelivered after that (and after the heartbeat timeout) is
+    # re-issued by the reaper with a fresh token, and the late one is never sent.
+    notice_timeout_s: float = 60.0
     reaper_batch: int = 20
     # How long a run whose start failed (its scope resolver was down) waits before a
     # worker tries it again.
@@ -79,6 +83,7 @@ class Settings:
                 _positive(env, "TETHER_MAX_RECOVERY_ATTEMPTS", 2, whole=True)
             ),
             db_retry_s=_positive(env, "TETHER_DB_RETRY_S", 30.0),
+            notice_timeout_s=_positive(env, "TETHER_NOTICE_TIMEOUT_S", 60.0),
             reconcile_patience_s=_positive(env, "TETHER_RECONCILE_PATIENCE_S", 120.0),
             prices=parse_prices(env.get("TETHER_PRICES", "")),
             session_secret=env.get("TETHER_SESSION_SECRET") or None,

@@ -112,7 +112,7 @@ class Engine(ServiceAPI):
             settings=self.settings,
             notifier=notifier,
             heartbeat=Heartbeat(self.store, self.settings.heartbeat_timeout_s / 3),
-            outbox=Outbox(notifier, self.store),
+            outbox=Outbox(notifier, self.store, timeout_s=self.settings.notice_timeout_s),
             approve_url=lambda token: f"{base}/approve/{token}",
         )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -93,7 +94,8 @@ class MemoryNotifier:
 class Outbox:
     """Delivers suspension notices from tasks of their own, so a webhook that hangs or
     fails delays no run: ``post`` only queues the notice (bounded), and up to ``senders``
-    tasks send queued notices, each bounded by ``timeout_s``. A delivered notice is
+    tasks send queued notices, each within ``timeout_s`` of its posting (never later, so
+    it cannot race the re-issue that replaces it). A delivered notice is
     recorded; one that was not (refused, timed out, dropped from a full queue, or lost
     with the process) stays unrecorded, and the reaper re-issues it with a fresh token.
     An ``immediate`` notifier is called inline instead.
@@ -113,7 +115,7 @@ class Outbox:
         self.size = size
         self.senders = senders
         self.timeout_s = timeout_s
-        self._queue: asyncio.Queue[Notice] | None = None
+        self._queue: asyncio.Queue[tuple[Notice, float]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -124,7 +126,7 @@ class Outbox:
             return
         queue = self._queue_here()
         try:
-            queue.put_nowait(notice)
+            queue.put_nowait((notice, time.monotonic() + self.timeout_s))
         except asyncio.QueueFull:
             log.warning(
                 "notice outbox full; the reaper will re-issue the notice",
@@ -136,10 +138,19 @@ class Outbox:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def deliver(self, notice: Notice) -> None:
-        """Send one notice (bounded in time) and record its delivery."""
+    async def deliver(self, notice: Notice, *, deadline: float | None = None) -> None:
+        """Send one notice, by ``deadline`` (monotonic; default: ``timeout_s`` from now),
+        and record its delivery. A notice past its deadline is never sent: by then the
+        reaper may have replaced its token."""
+        left = self.timeout_s if deadline is None else deadline - time.monotonic()
+        if left <= 0:
+            log.warning(
+                "notice not sent in time; the reaper will re-issue it",
+                extra={"run_id": notice.run_id, "action": "notify"},
+            )
+            return
         try:
-            delivered = await asyncio.wait_for(self.notifier.send(notice), self.timeout_s)
+            delivered = await asyncio.wait_for(self.notifier.send(notice), left)
         except Exception:
             log.exception("notice failed", extra={"run_id": notice.run_id, "action": "notify"})
             return
@@ -166,7 +177,7 @@ class Outbox:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _queue_here(self) -> asyncio.Queue[Notice]:
+    def _queue_here(self) -> asyncio.Queue[tuple[Notice, float]]:
         """The queue of the running event loop (a new loop starts a new queue)."""
         loop = asyncio.get_running_loop()
         if self._queue is None or self._loop is not loop:
@@ -174,10 +185,10 @@ class Outbox:
             self._tasks = set()
         return self._queue
 
-    async def _send(self, queue: asyncio.Queue[Notice]) -> None:
+    async def _send(self, queue: asyncio.Queue[tuple[Notice, float]]) -> None:
         while True:
             try:
-                notice = queue.get_nowait()
+                notice, deadline = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            await self.deliver(notice)
+            await self.deliver(notice, deadline=deadline)

@@ -151,7 +151,9 @@ async def recover_orphans(services: Services, owner: str) -> list[Outcome]:
 async def reissue_notices(services: Services) -> list[str]:
     """Re-send suspension notices that were never delivered (the process died between the
     durable suspension and the notice, or the webhook was unreachable), each with a fresh
-    token. Safe twice: each swap is conditional on the undelivered token's hash."""
+    token. Only once a notice's delivery window (``notice_timeout_s``) has closed: the
+    outbox never sends a notice later than that, so a re-issue never races the notice it
+    replaces. Safe twice: each swap is conditional on the undelivered token's hash."""
     fresh: dict[str, str] = {}
 
     def new_hash() -> str:
@@ -161,7 +163,7 @@ async def reissue_notices(services: Services) -> list[str]:
 
     reissued = await hop(
         services.store.reissue_unnotified,
-        older_than_s=services.settings.heartbeat_timeout_s,
+        older_than_s=max(services.settings.heartbeat_timeout_s, services.settings.notice_timeout_s),
         batch=services.settings.reaper_batch,
         new_hashes=new_hash,
     )

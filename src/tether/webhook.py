@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 import httpx
 
 from tether.notify import Notice
 
 log = logging.getLogger(__name__)
+# One TLS context for every notice (httpx builds a new one per client otherwise).
+TLS = ssl.create_default_context()
 
 
 class WebhookNotifier:
@@ -23,7 +26,7 @@ class WebhookNotifier:
 
     async def send(self, notice: Notice) -> bool:
         delay = 0.2
-        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+        async with httpx.AsyncClient(timeout=self.timeout_s, verify=TLS) as client:
             for attempt in range(1, self.attempts + 1):
                 try:
                     response = await client.post(self.url, json=notice.to_json())
