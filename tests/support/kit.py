@@ -5,6 +5,7 @@ helpers and polls with deadlines. Imported by tests and by the worker subprocess
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sqlite3
@@ -23,6 +24,7 @@ from tether.config import Settings
 from tether.notify import MemoryNotifier, Notifier
 
 __all__ = ["MemoryNotifier"]
+from tether.models.base import Message, Model, ModelResponse, ToolSpec
 from tether.tools import OutcomeUnknown
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -250,7 +252,11 @@ def engine(
     notifier: Notifier | None = None,
     **settings: Any,
 ) -> Engine:
-    """An in-process engine on ``url`` for the test agent."""
+    """An in-process engine on ``url`` for the test agent. Unless told otherwise, a
+    notice's delivery window is the heartbeat timeout (a lost one is re-issued as soon
+    as the suspension is stale)."""
+    if "heartbeat_timeout_s" in settings:
+        settings.setdefault("notice_timeout_s", settings["heartbeat_timeout_s"])
     model = ScriptedModel(turns) if turns is not None else script(script_name)
     return Engine(
         agent=agent(),
@@ -284,6 +290,8 @@ def tether_env(url: str, **extra: str) -> dict[str, str]:
             "TETHER_DATABASE_URL": url,
             "PYTHONPATH": str(ROOT / "tests" / "support"),
             "TETHER_HEARTBEAT_TIMEOUT_S": "0.3",
+            # A lost notice is re-issued once both this and the heartbeat timeout passed.
+            "TETHER_NOTICE_TIMEOUT_S": "0.3",
             "TETHER_REAPER_INTERVAL_S": "3600",
         }
     )
@@ -360,3 +368,122 @@ class NoticeReceiver:
 def receiver() -> Iterator[NoticeReceiver]:
     with NoticeReceiver() as r:
         yield r
+
+
+# -- fault trials (tests/acceptance/test_faults.py) ------------------------------------------
+
+
+@tool
+def nap(ctx: ToolContext, ms: int) -> dict[str, Any]:
+    """A read that takes ``ms`` milliseconds in a plain function (so it runs in a thread);
+    each execution is recorded downstream first, so a test can count how often it ran."""
+    conn = _db()
+    try:
+        conn.execute(
+            "INSERT INTO effects (key, tool, item) VALUES (?, 'nap', ?)",
+            (ctx.idempotency_key, str(ms)),
+        )
+    finally:
+        conn.close()
+    time.sleep(ms / 1000)  # the slow work itself
+    return {"slept_ms": ms}
+
+
+async def _careful_guard(args: Any, scope: Scope, ctx: ToolContext) -> GuardResult:
+    """``send``'s guard, slow (``careful_guard_ms`` in the world) when it re-checks a call
+    a human approved: an approval whose re-checks outlast the heartbeat timeout."""
+    if ctx.confirmed:
+        await asyncio.sleep(int(world("careful_guard_ms", "0")) / 1000)
+    return _guard(args, scope, ctx)
+
+
+@tool(
+    effect="write",
+    needs_confirmation=True,
+    dedupes=True,
+    reconcile=_find,
+    preview=_preview,
+    guard=_careful_guard,
+    permitted=_permitted,
+)
+def careful_send(ctx: ToolContext, item: str) -> dict[str, Any]:
+    """``send`` with a slow re-check after approval."""
+    return _apply(ctx, "careful_send", item, dedupe=True)
+
+
+def _naps(count: int, ms: int) -> list[dict[str, Any]]:
+    return [{"tool_calls": [call("nap", ms=ms)]} for _ in range(count)]
+
+
+FAULT_SCRIPTS: dict[str, list[dict[str, Any]]] = {
+    **SCRIPTS,
+    # several steps, each a short nap, then a deduplicating write and the answer: a run
+    # that is in progress for a few seconds.
+    "steps": [*_naps(6, 300), {"tool_calls": [call("record", item="s")]}, {"content": "done"}],
+    # one plain-function read far longer than the trials' heartbeat timeouts.
+    "slow": [*_naps(1, 6000), {"content": "done"}],
+    "careful_send": [{"tool_calls": [call("careful_send", item="c")]}, {"content": "done"}],
+}
+
+
+class ByQuestion(Model):
+    """Plays the script the run's question names (``"script:NAME ..."``, else
+    ``KIT_SCRIPT``), so one process can carry runs of different scripts."""
+
+    name = "scripted:by-question"
+
+    def __init__(self) -> None:
+        self._models: dict[str, ScriptedModel] = {}
+
+    async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        question = next((str(m.get("content")) for m in messages if m.get("role") == "user"), "")
+        first = question.split(maxsplit=1)[0] if question.strip() else ""
+        name = (
+            first.removeprefix("script:")
+            if first.startswith("script:")
+            else os.environ.get("KIT_SCRIPT", "standard")
+        )
+        if name not in self._models:
+            self._models[name] = ScriptedModel(FAULT_SCRIPTS[name])
+        return await self._models[name].request(messages, tools)
+
+
+def fault_agent() -> Agent:
+    """The test agent with ``nap`` and ``careful_send``; each run's question picks its
+    script."""
+    return Agent(
+        name="kit-faults",
+        system_prompt="You are a test agent.",
+        tools=(lookup, record, write_once, blind_write, send, nap, careful_send),
+        resolve_scope=resolve,
+        default_model=ByQuestion,
+    )
+
+
+def fault_engine(url: str, *, notifier: Notifier | None = None, **settings: Any) -> Engine:
+    """An in-process engine on ``url`` for ``fault_agent``."""
+    return Engine(
+        agent=fault_agent(),
+        model=ByQuestion(),
+        settings=Settings(database_url=url, **settings),
+        notifier=notifier or MemoryNotifier(),
+    )
+
+
+def spawn_agent(*args: str, agent: str, env: dict[str, str], log: Path) -> subprocess.Popen[str]:
+    """``spawn`` for another agent of this kit (``--agent kit:fault_agent``)."""
+    with log.open("a") as sink:
+        return subprocess.Popen(
+            [PYTHON, "-m", "tether", *args, "--agent", agent],
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+        )
+
+
+def write_effect(ctx: ToolContext, tool_name: str, item: str) -> dict[str, Any]:
+    """Apply one write downstream for ``ctx``'s key (no deduplication); honours
+    ``inject_failure`` like the kit's own writes."""
+    return _apply(ctx, tool_name, item, dedupe=False)
