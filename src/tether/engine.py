@@ -139,8 +139,10 @@ class Engine(ServiceAPI):
         await self.aclose()
 
     def close(self) -> None:
-        """Stop the heartbeat and release the database connections."""
+        """Stop the heartbeat and the notice senders, and release the database
+        connections."""
         self.services.heartbeat.stop()
+        self.services.outbox.stop()
         self.store.close()
 
     async def aclose(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -118,9 +119,14 @@ class Outbox:
         self._queue: asyncio.Queue[tuple[Notice, float]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # A delivery is recorded in a thread; ``stop`` waits for one in flight, so no
+        # record opens a connection after the engine closed its store.
+        self._lock = threading.Lock()
+        self._stopped = False
 
     async def post(self, notice: Notice) -> None:
         """Queue ``notice`` for delivery (or deliver it now, for an immediate notifier)."""
+        self._stopped = False  # an engine used again after close delivers again
         if getattr(self.notifier, "immediate", False):
             await self.deliver(notice)
             return
@@ -157,9 +163,23 @@ class Outbox:
         if delivered is False:
             return
         try:
-            await hop(self.store.mark_notified, notice.run_id, hash_token(notice.token))
+            await hop(self._record, notice.run_id, hash_token(notice.token))
         except Exception:
             log.exception("notice not recorded", extra={"run_id": notice.run_id})
+
+    def _record(self, run_id: str, token_hash: str) -> None:
+        """Record a delivery, in a thread (nothing once the outbox was stopped)."""
+        with self._lock:
+            if not self._stopped:
+                self.store.mark_notified(run_id, token_hash)
+
+    def stop(self) -> None:
+        """Stop delivering (the engine is closing): queued notices are dropped, to be
+        re-issued by a reaper. Blocks until a record in flight has finished."""
+        for task in list(self._tasks):
+            task.cancel()
+        with self._lock:
+            self._stopped = True
 
     @property
     def pending(self) -> int:
