@@ -90,7 +90,11 @@ class Budget:
 
     def after_tool_call(self) -> Budget:
         """The budget after one more counted tool call."""
-        return replace(self, tool_calls=self.tool_calls + 1)
+        return self.after_tool_calls(1)
+
+    def after_tool_calls(self, count: int) -> Budget:
+        """The budget after ``count`` more counted tool calls."""
+        return replace(self, tool_calls=self.tool_calls + count)
 
     def after_active(self, elapsed_ms: int) -> Budget:
         """The budget after ``elapsed_ms`` more active time."""

@@ -23,7 +23,7 @@ from tether.metrics import TOOL_SECONDS
 from tether.outcome import Outcome
 from tether.previews import digest
 from tether.reasons import FailReason
-from tether.session import RunSession, error_content
+from tether.session import Result, RunSession, error_content
 from tether.store import CallStatus, idempotency_key
 from tether.tools import (
     Effect,
@@ -70,18 +70,33 @@ class Resolved:
     args: BaseModel
 
 
-async def resolve(session: RunSession, call: ToolCall) -> Resolved | None:
-    """The call's tool and validated arguments; None when there is no such tool or the
-    arguments do not fit, after storing why as the call's result for the model."""
+def resolved(session: RunSession, call: ToolCall) -> Resolved | Result:
+    """The call's tool and validated arguments, or, when there is no such tool or the
+    arguments do not fit, the refusal to store as its result (nothing is written)."""
     tool = session.s.agent.tool(call.name)
     if tool is None:
-        await session.refuse(call, "unknown_tool", f"there is no tool {call.name!r}")
-        return None
+        return refusal(call, "unknown_tool", f"there is no tool {call.name!r}")
     try:
         return Resolved(call=call, tool=tool, args=tool.validate(call.parsed_arguments()))
     except InvalidToolArguments as exc:
-        await session.refuse(call, exc.code, exc.message)
+        return refusal(call, exc.code, exc.message)
+
+
+def refusal(call: ToolCall, code: str, message: str) -> Result:
+    """A call that did not run, with why: stored as its result, not counted."""
+    return Result(
+        call=call, content=error_content(code, message), status=CallStatus.ERROR, counted=False
+    )
+
+
+async def resolve(session: RunSession, call: ToolCall) -> Resolved | None:
+    """The call's tool and validated arguments; None when there is no such tool or the
+    arguments do not fit, after storing why as the call's result for the model."""
+    r = resolved(session, call)
+    if isinstance(r, Result):
+        await session.append_result(call, r.content, r.status, counted=False)
         return None
+    return r
 
 
 async def recheck(
@@ -136,14 +151,75 @@ async def first_call(session: RunSession, call: ToolCall) -> Outcome | None:
     return await execute(session, r, confirmed=False)
 
 
-async def execute(
-    session: RunSession, r: Resolved, *, confirmed: bool, reissue: bool = False
-) -> Outcome | None:
-    """Run the tool once under the call's idempotency key and store its result. An
-    ambiguous failure of a write is reconciled before the loop goes on (invariant 3)."""
+def plain_read(tool: Tool | None) -> bool:
+    """A call that may run before its turn is durable, and beside other such calls: a
+    read that needs no confirmation (or no tool at all: it is refused without running)."""
+    return tool is None or (tool.effect is Effect.READ and not tool.needs_confirmation)
+
+
+async def read_step(session: RunSession, calls: list[ToolCall]) -> list[Result] | None:
+    """The results of a turn whose calls are all plain reads, run concurrently before
+    anything of the turn is written, so the turn and its results are one commit. None
+    (nothing ran) when the turn holds another kind of call or the tool-call budget could
+    stop it partway: the turn then takes the two-write path.
+
+    A crash before that commit loses the turn and its reads, which have no effect: the
+    next owner asks the model again from the stored messages (``after_reads``)."""
+    if not all(plain_read(session.s.agent.tool(call.name)) for call in calls):
+        return None
+    if not _room_for(session, len(calls)):
+        return None
     session.check_held()
-    if r.tool.effect is Effect.WRITE and not await session.lease_held():
-        raise LeaseLost("this worker no longer owns the run", run_id=session.run.id)
+    results = await asyncio.gather(*(read(session, call) for call in calls))
+    for call in calls:  # `after_reads:TOOL` fires for a step that read with TOOL
+        fail("after_reads", call.name)
+    return list(results)
+
+
+async def read_batch(session: RunSession, calls: list[ToolCall]) -> Outcome | None:
+    """Consecutive plain reads of a stored turn, run concurrently, their results stored
+    in the model's call order (a read has no effect, so running it beside another is
+    safe; writes are never batched). One at a time when the budget could stop them."""
+    if not _room_for(session, len(calls)):
+        for call in calls:
+            stop = await first_call(session, call)
+            if stop is not None:
+                return stop
+        return None
+    session.take_recovering()  # a read that may have run before a crash simply runs again
+    session.check_held()
+    results = await asyncio.gather(*(read(session, call) for call in calls))
+    for r in results:
+        await session.append_result(r.call, r.content, r.status, counted=r.counted)
+        if r.status is CallStatus.OK:
+            fail("after_step_persist", r.call.name)
+    return None
+
+
+def _room_for(session: RunSession, count: int) -> bool:
+    """Whether the budget allows ``count`` more tool calls without a halt between them."""
+    ahead = session.budget.after_tool_calls(max(0, count - 1))
+    return ahead.check_before_tool_call(session.run.limits) is None
+
+
+async def read(session: RunSession, call: ToolCall) -> Result:
+    """A plain read's result: refused (unknown, invalid, not permitted, guard), or run."""
+    r = resolved(session, call)
+    if isinstance(r, Result):
+        return r
+    check = await recheck(session, r, confirmed=False)
+    if check.verdict is Check.NOT_PERMITTED:
+        return refusal(call, "not_permitted", f"{call.name} is not permitted for you")
+    if check.verdict is not Check.PASSED:
+        return refusal(call, "guard_failed", check.reason or "refused")
+    invoked = await invoke(session, r, confirmed=False)
+    assert invoked is not None  # a read's failure is never ambiguous
+    return invoked
+
+
+async def invoke(session: RunSession, r: Resolved, *, confirmed: bool) -> Result | None:
+    """Run the tool once under the call's idempotency key: its result, or None when a
+    write failed ambiguously (it may have taken effect). Nothing is written."""
     call = r.call
     fail("before_tool_call", call.name)
     try:
@@ -152,21 +228,34 @@ async def execute(
     except ToolFailed as exc:
         fail("after_tool_commit", call.name)
         content = error_content(exc.code, exc.message)
-        await session.append_result(call, content, CallStatus.ERROR, counted=True)
-        return None
+        return Result(call=call, content=content, status=CallStatus.ERROR, counted=True)
     except OutcomeUnknown as exc:
         fail("after_tool_commit", call.name)
-        if r.tool.effect is not Effect.WRITE:
-            content = error_content("tool_error", exc.message)
-            await session.append_result(call, content, CallStatus.ERROR, counted=True)
+        if r.tool.effect is Effect.WRITE:
+            log.warning("outcome unknown", extra={"run_id": session.run.id, "action": "unknown"})
             return None
-        log.warning("outcome unknown", extra={"run_id": session.run.id, "action": "unknown"})
-        if reissue:
-            return await unreconcilable(session, call)
-        return await reconcile(session, r, confirmed=confirmed)
+        content = error_content("tool_error", exc.message)
+        return Result(call=call, content=content, status=CallStatus.ERROR, counted=True)
     fail("after_tool_commit", call.name)
-    await session.append_result(call, result, CallStatus.OK, counted=True)
-    fail("after_step_persist", call.name)
+    return Result(call=call, content=result, status=CallStatus.OK, counted=True)
+
+
+async def execute(
+    session: RunSession, r: Resolved, *, confirmed: bool, reissue: bool = False
+) -> Outcome | None:
+    """Run the tool once under the call's idempotency key and store its result. An
+    ambiguous failure of a write is reconciled before the loop goes on (invariant 3)."""
+    session.check_held()
+    if r.tool.effect is Effect.WRITE and not await session.lease_held():
+        raise LeaseLost("this worker no longer owns the run", run_id=session.run.id)
+    result = await invoke(session, r, confirmed=confirmed)
+    if result is None:
+        if reissue:
+            return await unreconcilable(session, r.call)
+        return await reconcile(session, r, confirmed=confirmed)
+    await session.append_result(r.call, result.content, result.status, counted=True)
+    if result.status is CallStatus.OK:
+        fail("after_step_persist", r.call.name)
     return None
 
 

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 POINTS: tuple[str, ...] = (
     "before_model_call",  # the loop is about to call the model; nothing new is durable
     "after_model_call",  # the model answered; its turn is not persisted
+    "after_reads",  # a read-only step's reads returned; nothing of the turn is durable
     "after_intent",  # the assistant turn and its ledger intents are durable; no tool ran
     "before_tool_call",  # one tool call is about to run; earlier calls' results are durable
     "after_tool_commit",  # a tool returned (its effect committed); its result is not durable

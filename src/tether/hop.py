@@ -9,6 +9,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import ParamSpec, TypeVar
 
 from tether.errors import DatabaseUnavailable
@@ -28,21 +29,22 @@ async def hop(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """One thread hop for one store call (the store is synchronous).
 
     A call that meets a transient database error and committed nothing is tried again
-    with a backoff, for up to the store's ``retry_s``; after that, or when its COMMIT was
-    cut off (it may have landed), ``DatabaseUnavailable`` is raised (see
-    ``tether.store.faults``). ``fn`` is a method of the store.
+    with a backoff, for up to the store's ``retry_s``; so is an ``idempotent`` one (a step
+    write) whose COMMIT was cut off, since it cannot apply twice. After that, or when the
+    COMMIT of another call was cut off (it may have landed), ``DatabaseUnavailable`` is
+    raised (see ``tether.store.faults``). ``fn`` is a method of the store.
     """
     patience = float(getattr(getattr(fn, "__self__", None), "retry_s", 0.0))
     deadline: float | None = None
     delay = RETRY_FIRST_S
     while True:
         try:
-            return await asyncio.to_thread(faults.attempt, functools.partial(fn, *args, **kwargs))
+            return await _in_thread(fn, *args, **kwargs)
         except faults.Transient as exc:
             now = time.monotonic()
             if deadline is None:
                 deadline = now + patience
-            if exc.ambiguous or now + delay > deadline:
+            if (exc.ambiguous and not faults.is_idempotent(fn)) or now + delay > deadline:
                 raise _unavailable(fn, exc) from exc.__cause__
             log.warning(
                 "database error; retrying",
@@ -55,9 +57,17 @@ async def hop(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 async def hop_once(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """``hop`` without retries, for a caller that must answer now (readiness)."""
     try:
-        return await asyncio.to_thread(faults.attempt, functools.partial(fn, *args, **kwargs))
+        return await _in_thread(fn, *args, **kwargs)
     except faults.Transient as exc:
         raise _unavailable(fn, exc) from exc.__cause__
+
+
+async def _in_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """One attempt of ``fn`` in a thread: the store's own executor (sized to its
+    connection pool) when ``fn`` is a store method, else the loop's default one."""
+    executor: Executor | None = getattr(getattr(fn, "__self__", None), "executor", None)
+    call = functools.partial(faults.attempt, functools.partial(fn, *args, **kwargs))
+    return await asyncio.get_running_loop().run_in_executor(executor, call)
 
 
 def _name(fn: Callable[..., object]) -> str:

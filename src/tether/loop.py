@@ -17,10 +17,11 @@ from tether import calls
 from tether.decision import decide
 from tether.errors import DatabaseUnavailable, FailpointError, LeaseLost
 from tether.failpoints import fail
-from tether.messages import ToolCall, tool_calls_of
+from tether.messages import ToolCall
 from tether.metrics import MODEL_SECONDS, STEP_SECONDS
 from tether.outcome import Outcome, StopKind
 from tether.session import RunSession
+from tether.store import CallStatus
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,12 @@ async def process(session: RunSession, call: ToolCall) -> Outcome | None:
 async def _drive(session: RunSession) -> Outcome:
     step_started: float | None = None
     while True:
-        for call in session.pending_calls():
+        for batch in batches(session, session.pending_calls()):
             if session.stopping:
                 return await session.release("worker stopping")
-            stop = await process(session, call)
+            stop = await (
+                calls.read_batch(session, batch) if len(batch) > 1 else process(session, batch[0])
+            )
             if stop is not None:
                 return stop
         if step_started is not None:  # the turn and all its calls are done
@@ -76,16 +79,37 @@ async def _drive(session: RunSession) -> Outcome:
                 list(session.messages), list(session.s.agent.tool_specs)
             )
         fail("after_model_call")
-        message = await session.append_turn(response)
-        turn_calls = tool_calls_of(message)
-        if not turn_calls:
+        turn = session.turn_of(response)
+        if not turn.calls:
+            await session.append_turn(turn)
             STEP_SECONDS.observe(time.monotonic() - step_started)
             log.info("answered", extra={"run_id": session.run.id, "action": "answered"})
-            answer = message.get("content")
+            answer = turn.message.get("content")
             return Outcome(
                 run_id=session.run.id,
                 kind=StopKind.ANSWERED,
                 answer=answer if isinstance(answer, str) else None,
             )
-        for call in turn_calls:  # `after_intent:TOOL` fires for a turn that calls TOOL
-            fail("after_intent", call.name)
+        results = await calls.read_step(session, turn.calls)
+        await session.append_turn(turn, results or ())  # a read-only step: one commit
+        for result in results or ():
+            if result.status is CallStatus.OK:
+                fail("after_step_persist", result.call.name)
+        if results is None:
+            for call in turn.calls:  # `after_intent:TOOL` fires for a turn that calls TOOL
+                fail("after_intent", call.name)
+
+
+def batches(session: RunSession, pending: list[ToolCall]) -> list[list[ToolCall]]:
+    """The pending calls in order, consecutive plain reads grouped (they run concurrently;
+    a write or a call that needs confirmation is always alone)."""
+    groups: list[list[ToolCall]] = []
+    after_read = False
+    for call in pending:
+        read = calls.plain_read(session.s.agent.tool(call.name))
+        if read and after_read:
+            groups[-1].append(call)
+        else:
+            groups.append([call])
+        after_read = read
+    return groups

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -39,6 +41,43 @@ log = logging.getLogger(__name__)
 def error_content(code: str, message: str) -> dict[str, str]:
     """The body of a tool result that reports an error to the model."""
     return {"error": code, "message": message}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Turn:
+    """An assistant turn about to be stored: its message, calls, spend and trace data."""
+
+    message: Message
+    calls: list[ToolCall]
+    spend: float
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result:
+    """A tool call's result about to be stored; ``counted`` when the tool ran."""
+
+    call: ToolCall
+    content: Any
+    status: CallStatus
+    counted: bool
+
+    @property
+    def summary(self) -> Any:
+        """What the ledger records of a result that is not ``ok`` (its error code)."""
+        if isinstance(self.content, dict) and self.status is not CallStatus.OK:
+            return self.content.get("error")
+        return None
+
+    def event(self) -> dict[str, Any]:
+        """Its trace event's data (traced only when it is not ``ok``)."""
+        summary = self.summary
+        return {
+            "tool": self.call.name,
+            "tool_call_id": self.call.id,
+            "status": self.status.value,
+            **({"error": summary} if summary else {}),
+        }
 
 
 class RunSession:
@@ -141,9 +180,9 @@ class RunSession:
 
     # -- durable writes (one transaction each) ---------------------------------------------
 
-    async def append_turn(self, response: ModelResponse) -> Message:
-        """The assistant turn with its spend, the step count and its calls' ledger intents;
-        a turn without calls is the final answer and moves the run to ``answered``."""
+    def turn_of(self, response: ModelResponse) -> Turn:
+        """The assistant turn to store for ``response`` (tool call ids made unique in
+        the run), with its spend; nothing is written yet."""
         message = self._normalized(response.message)
         calls = tool_calls_of(message)
         spend = spend_usd(response.model, response.usage, self.s.settings.prices)
@@ -154,46 +193,52 @@ class RunSession:
             "input_tokens": response.usage.input_tokens,
             "output_tokens": response.usage.output_tokens,
         }
+        return Turn(message=message, calls=calls, spend=spend, event=event)
+
+    async def append_turn(self, turn: Turn, results: Sequence[Result] = ()) -> None:
+        """The assistant turn with its spend, the step count and its calls' ledger intents;
+        a turn without calls is the final answer and moves the run to ``answered``. A
+        read-only step passes the ``results`` of all its calls, stored in the same
+        transaction (their ledger entries then record the outcomes)."""
+        by_call = {r.call.id: r for r in results}
+        stored = [tool_result(r.call.id, r.content) for r in results]
+        counted = sum(1 for r in results if r.counted)
         await hop(
             self.s.store.persist_turn,
             self.lease,
-            message=message,
-            spend_usd=spend,
+            seq=len(self.messages),
+            message=turn.message,
+            spend_usd=turn.spend,
             elapsed_ms=self._elapsed(),
-            intents=[self._intent(call) for call in calls],
-            final=not calls,
-            event=event,
+            intents=[self._intent(call, by_call.get(call.id)) for call in turn.calls],
+            final=not turn.calls,
+            event=turn.event,
+            results=stored,
+            counted=counted,
+            result_events=[r.event() for r in results if r.status is not CallStatus.OK],
         )
-        self.messages.append(message)
-        self.budget = self.budget.after_turn(spend)
+        self.messages.append(turn.message)
+        self.messages.extend(stored)
+        self.budget = self.budget.after_turn(turn.spend).after_tool_calls(counted)
         self._recovering = False
-        return message
 
     async def append_result(
         self, call: ToolCall, content: Any, status: CallStatus, *, counted: bool
     ) -> None:
         """One tool result with its ledger outcome and counters."""
+        result = Result(call=call, content=content, status=status, counted=counted)
         message = tool_result(call.id, content)
-        summary = (
-            content.get("error")
-            if isinstance(content, dict) and status is not CallStatus.OK
-            else None
-        )
         await hop(
             self.s.store.persist_tool_result,
             self.lease,
+            seq=len(self.messages),
             tool_call_id=call.id,
             message=message,
             status=status,
-            summary=summary,
+            summary=result.summary,
             elapsed_ms=self._elapsed(),
             counted=counted,
-            event={
-                "tool": call.name,
-                "tool_call_id": call.id,
-                "status": status.value,
-                **({"error": summary} if summary else {}),
-            },
+            event=result.event(),
         )
         self.messages.append(message)
         if counted:
@@ -310,7 +355,7 @@ class RunSession:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _intent(self, call: ToolCall) -> Intent:
+    def _intent(self, call: ToolCall, result: Result | None = None) -> Intent:
         tool = self.s.agent.tool(call.name)
         arguments = call.parsed_arguments()
         return Intent(
@@ -318,6 +363,8 @@ class RunSession:
             tool=call.name[:128],
             arguments=arguments if isinstance(arguments, dict) else {"_raw": str(arguments)},
             effect=tool.effect.value if tool is not None else "read",
+            status=CallStatus.INTENT if result is None else result.status,
+            result=None if result is None else result.summary,
         )
 
     def _normalized(self, message: Message) -> Message:

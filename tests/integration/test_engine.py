@@ -129,6 +129,7 @@ async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) ->
     call = {"id": "c1", "type": "function", "function": {"name": "write_once", "arguments": "{}"}}
     engine.store.persist_turn(
         claimed.lease(),
+        seq=2,
         message={"role": "assistant", "content": None, "tool_calls": [call]},
         spend_usd=0.5,
         elapsed_ms=3,
@@ -147,6 +148,7 @@ async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) ->
     with pytest.raises(LeaseLost):
         engine.store.persist_tool_result(
             claimed.lease(),
+            seq=3,
             tool_call_id="c1",
             message=tool_result("c1", {"late": True}),
             status=CallStatus.ERROR,
@@ -158,6 +160,7 @@ async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) ->
     with pytest.raises(LeaseLost):
         engine.store.persist_turn(
             claimed.lease(),
+            seq=3,
             message={"role": "assistant", "content": "late"},
             spend_usd=1.0,
             elapsed_ms=7,
@@ -203,14 +206,15 @@ async def test_bytes_written_per_step_do_not_grow_with_history(db_url: str) -> N
             written[0] += len(statement) + _param_bytes(parameters)
 
     run = await engine.start_run("dana", "go", limits={"max_steps": 200, "max_tool_calls": 200})
-    original = engine.store.persist_tool_result
+    original = engine.store.persist_turn
 
     def persist(*args, **kwargs):  # type: ignore[no-untyped-def]
         before = written[0]
         original(*args, **kwargs)
-        per_step.append(written[0] - before)
+        if kwargs.get("results"):  # a read-only step: the turn and its result, one write
+            per_step.append(written[0] - before)
 
-    engine.store.persist_tool_result = persist  # type: ignore[method-assign]
+    engine.store.persist_turn = persist  # type: ignore[method-assign]
     outcome = await engine.run_until_stop(run.id)
     assert outcome.kind is StopKind.ANSWERED
     assert len(per_step) == 80

@@ -293,6 +293,11 @@ class RunMachine(RuleBasedStateMachine):
             self._turn(before[-1], 1, False, 0.5, 3)
         return lease
 
+    def _seq(self, lease: Lease) -> int:
+        """The message count the writer of ``lease`` knows (the model's)."""
+        run = self.runs.get(lease.run_id)
+        return len(run.messages) if run is not None else 0
+
     def _fenced(self, lease: Lease, write: Callable[[], object]) -> Expected | None:
         """An owner's write: the run's model if it applied. A lease that is not the run's
         current one is refused with ``LeaseLost`` and nothing changes anywhere
@@ -342,6 +347,7 @@ class RunMachine(RuleBasedStateMachine):
             lease,
             lambda: self.store.persist_turn(
                 lease,
+                seq=self._seq(lease),
                 message=message,
                 spend_usd=spend,
                 elapsed_ms=ms,
@@ -367,6 +373,7 @@ class RunMachine(RuleBasedStateMachine):
             lease,
             lambda: self.store.persist_tool_result(
                 lease,
+                seq=self._seq(lease),
                 tool_call_id=call,
                 message=message,
                 status=status,
@@ -732,6 +739,7 @@ class RunMachine(RuleBasedStateMachine):
                 lease,
                 lambda: self.store.persist_turn(
                     lease,
+                    seq=self._seq(lease),
                     message=late,
                     spend_usd=0.5,
                     elapsed_ms=7,

@@ -111,7 +111,14 @@ def _reach(store: Store, state: str) -> str:
     if state == "answered":
         message = {"role": "assistant", "content": "done"}
         store.persist_turn(
-            lease, message=message, spend_usd=0, elapsed_ms=1, intents=[], final=True, event={}
+            lease,
+            seq=1,
+            message=message,
+            spend_usd=0,
+            elapsed_ms=1,
+            intents=[],
+            final=True,
+            event={},
         )
     elif state == "cancelled":
         assert store.cancel(run_id=lease.run_id, user_id="dana", by="dana") is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
@@ -23,9 +25,26 @@ class StoreBase:
         self.dialect: Dialect = dialect_for(self.engine)
         # A step write refreshes a heartbeat older than this (a third of the timeout).
         self.heartbeat_refresh_s = heartbeat_refresh_s
+        self._executor: ThreadPoolExecutor | None = None
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The threads async callers reach the store through (``tether.hop``): one per
+        connection the pool can open, so 50 concurrent approvals do not queue behind the
+        event loop's default executor (min(32, cores + 4) threads, shared with every other
+        ``to_thread``). Threads start on first use."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=_connections(self.engine), thread_name_prefix="tether-store"
+            )
+        return self._executor
 
     def close(self) -> None:
-        """Release the database connections."""
+        """Release the database connections and the store's idle threads (both come back
+        on next use)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
         self.engine.dispose()
 
     def ping(self) -> None:
@@ -41,3 +60,11 @@ class StoreBase:
     def listen_dsn(self) -> str | None:
         """The libpq DSN a ``LISTEN`` connection should use (PostgreSQL), else None."""
         return self.dialect.listen_dsn(self.engine.url)
+
+
+def _connections(engine: Engine) -> int:
+    """How many connections ``engine``'s pool may open at once."""
+    pool = engine.pool
+    size = getattr(pool, "size", lambda: 5)()
+    overflow = max(0, getattr(pool, "_max_overflow", 0))
+    return max(1, int(size) + int(overflow))

@@ -19,6 +19,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from tether.errors import ConfigError, LeaseLost
 from tether.store import pg_steps
 from tether.store.statements import (
+    INSERT_DONE,
     INSERT_INTENT,
     INSERT_MESSAGE,
     RECORD_OUTCOME,
@@ -35,7 +36,7 @@ _Query = TypeVar("_Query", bound=sa.Select[Any])
 
 # PostgreSQL: each step write as one statement, by shape (final turn or not, traced or not).
 _PG_TURN = {
-    final: pg_steps.turn_statement(TURN_FINAL.statement if final else TURN, final=final)
+    final: pg_steps.turn_statement(TURN_FINAL.statement if final else TURN)
     for final in (False, True)
 }
 _PG_RESULT = {traced: pg_steps.result_statement(RESULT, traced=traced) for traced in (False, True)}
@@ -51,6 +52,15 @@ def fenced(conn: Connection, stmt: Any, params: dict[str, Any]) -> int:
     if row is None:
         raise LeaseLost("this worker no longer owns the run", run_id=params["b_id"])
     return int(row[0]) - 1
+
+
+def _ledger_row(intent: dict[str, Any], done: bool) -> dict[str, Any]:
+    """An intent's columns for ``INSERT_INTENT`` (or, ``done``, for ``INSERT_DONE``)."""
+    row = {k: v for k, v in intent.items() if k != "done"}
+    if not done:
+        row.pop("status")
+        row.pop("result")
+    return row
 
 
 class Dialect:
@@ -86,17 +96,27 @@ class Dialect:
         params: dict[str, Any],
         *,
         final: bool,
-        message: dict[str, Any],
+        messages: list[dict[str, Any]],
         intents: list[dict[str, Any]],
-        event: dict[str, Any],
+        events: list[tuple[str, dict[str, Any]]],
     ) -> None:
-        """The fenced counters, the assistant message, its ledger intents, its event."""
+        """The fenced counters, the assistant message (and, for a read-only step, its
+        calls' results after it), the ledger entries, the events."""
         run_id = params["b_id"]
-        seq = fenced(conn, TURN_FINAL.statement if final else TURN, params)
-        conn.execute(INSERT_MESSAGE, {"run_id": run_id, "seq": seq, "message": message})
-        if intents:
-            conn.execute(INSERT_INTENT, [{**i, "run_id": run_id, "seq": seq} for i in intents])
-        add_event(conn, run_id, "answered" if final else "model_turn", event)
+        fenced(conn, TURN_FINAL.statement if final else TURN, params)
+        seq = params["b_seq"]
+        rows = [{"run_id": run_id, "seq": seq + i, "message": m} for i, m in enumerate(messages)]
+        conn.execute(INSERT_MESSAGE, rows)
+        for done, insert in ((False, INSERT_INTENT), (True, INSERT_DONE)):
+            group = [
+                {**_ledger_row(i, done), "run_id": run_id, "seq": seq}
+                for i in intents
+                if i["done"] is done
+            ]
+            if group:
+                conn.execute(insert, group)
+        for kind, data in events:
+            add_event(conn, run_id, kind, data)
 
     def write_result(
         self,
@@ -154,11 +174,16 @@ class PostgresDialect(Dialect):
         params: dict[str, Any],
         *,
         final: bool,
-        message: dict[str, Any],
+        messages: list[dict[str, Any]],
         intents: list[dict[str, Any]],
-        event: dict[str, Any],
+        events: list[tuple[str, dict[str, Any]]],
     ) -> None:
-        values = {**params, "b_message": message, "b_intents": intents, "b_event": event}
+        values = {
+            **params,
+            "b_messages": messages,
+            "b_intents": intents,
+            "b_events": [{"kind": kind, "data": data} for kind, data in events],
+        }
         fenced(conn, _PG_TURN[final], values)
 
     def write_result(

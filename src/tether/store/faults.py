@@ -9,7 +9,8 @@ A store call may be tried again only if nothing of it was committed. The engine'
 ``commit`` event marks the calling thread just before COMMIT is sent, so a transient
 error met after that mark is *ambiguous*: the COMMIT may have landed. ``attempt`` runs one
 store call in the calling thread and reports a transient error as ``Transient``, with
-that mark; ``tether.services.hop`` decides whether to try again.
+that mark; ``tether.hop`` decides whether to try again: only a call marked ``idempotent``
+is tried again after an ambiguous error.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., object])
 
 # SQLite's transient OperationalErrors, by message (the module has no finer classes).
 _SQLITE_TRANSIENT = ("locked", "busy", "disk", "full", "unable to open", "i/o")
@@ -56,6 +58,18 @@ def is_transient(exc: BaseException) -> bool:
         message = str(cause).lower()
         return any(word in message for word in _SQLITE_TRANSIENT)
     return False
+
+
+def idempotent(fn: F) -> F:
+    """Mark a store call that may be tried again even after its COMMIT was cut off: it
+    detects its own earlier landing (a step write compares the message count), so a
+    second try can never apply it twice."""
+    fn.idempotent = True  # type: ignore[attr-defined]
+    return fn
+
+
+def is_idempotent(fn: Callable[..., object]) -> bool:
+    return bool(getattr(fn, "idempotent", False))
 
 
 def track_commits(engine: Engine) -> None:

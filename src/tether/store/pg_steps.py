@@ -44,8 +44,37 @@ def _event(fenced: sa.CTE, kind: str) -> sa.CTE:
     return run_events.insert().from_select(["run_id", "at", "kind", "data"], rows).cte("e")
 
 
+def _messages(fenced: sa.CTE) -> sa.CTE:
+    """Insert the step's messages (one JSON array, in order) from the seq ``b_seq``."""
+    given = (
+        sa.func.json_array_elements(_json("b_messages"))
+        .table_valued(sa.column("value", sa.JSON), with_ordinality="n")
+        .render_derived(name="ms")
+    )
+    rows = sa.select(
+        sa.bindparam("b_id", type_=sa.String),
+        sa.bindparam("b_seq", type_=sa.Integer) + given.c.n - 1,
+        given.c.value,
+    ).select_from(fenced.join(given, sa.true()))
+    return run_messages.insert().from_select(["run_id", "seq", "message"], rows).cte("m")
+
+
+def _events(fenced: sa.CTE) -> sa.CTE:
+    """The step's trace events, from one JSON array of ``{"kind", "data"}``."""
+    given = (
+        sa.func.json_to_recordset(_json("b_events"))
+        .table_valued(sa.column("kind", sa.Text), sa.column("data", sa.JSON))
+        .render_derived(name="ev", with_types=True)
+    )
+    rows = sa.select(
+        sa.bindparam("b_id", type_=sa.String), db_now(), given.c.kind, given.c.data
+    ).select_from(fenced.join(given, sa.true()))
+    return run_events.insert().from_select(["run_id", "at", "kind", "data"], rows).cte("e")
+
+
 def _intents(fenced: sa.CTE) -> sa.CTE:
-    """The turn's ledger intents, from one JSON array (any number of calls, one shape)."""
+    """The turn's ledger entries, from one JSON array (any number of calls, one shape):
+    intents, or the outcomes of a read-only step's calls (``done``)."""
     given = (
         sa.func.json_to_recordset(_json("b_intents"))
         .table_valued(
@@ -54,6 +83,9 @@ def _intents(fenced: sa.CTE) -> sa.CTE:
             sa.column("tool", sa.Text),
             sa.column("arguments", sa.JSON),
             sa.column("effect", sa.Text),
+            sa.column("status", sa.Text),
+            sa.column("result", sa.JSON),
+            sa.column("done", sa.Boolean),
         )
         .render_derived(name="i", with_types=True)
     )
@@ -61,12 +93,14 @@ def _intents(fenced: sa.CTE) -> sa.CTE:
         given.c.idempotency_key,
         sa.bindparam("b_id", type_=sa.String),
         given.c.tool_call_id,
-        fenced.c.message_count - 1,
+        sa.bindparam("b_seq", type_=sa.Integer),
         given.c.tool,
         given.c.arguments,
         given.c.effect,
-        sa.literal(CallStatus.INTENT.value),
+        given.c.status,
+        given.c.result,
         db_now(),
+        sa.case((given.c.done, db_now()), else_=sa.null()),
     ).select_from(fenced.join(given, sa.true()))
     columns = [
         "idempotency_key",
@@ -77,7 +111,9 @@ def _intents(fenced: sa.CTE) -> sa.CTE:
         "arguments",
         "effect",
         "status",
+        "result",
         "intent_at",
+        "outcome_at",
     ]
     return tool_calls.insert().from_select(columns, rows).cte("l")
 
@@ -100,14 +136,11 @@ def _outcome(fenced: sa.CTE) -> sa.CTE:
     )
 
 
-def turn_statement(fenced_update: sa.Update, *, final: bool) -> sa.Select[Any]:
-    """The assistant turn, its counters, its ledger intents and its trace event."""
+def turn_statement(fenced_update: sa.Update) -> sa.Select[Any]:
+    """The assistant turn (and a read-only step's results), its counters, its ledger
+    entries and its trace events."""
     fenced = fenced_update.cte("r")
-    parts = [
-        _message(fenced),
-        _intents(fenced),
-        _event(fenced, "answered" if final else "model_turn"),
-    ]
+    parts = [_messages(fenced), _intents(fenced), _events(fenced)]
     return sa.select(fenced.c.message_count).add_cte(*parts)
 
 

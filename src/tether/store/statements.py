@@ -41,23 +41,32 @@ _FRESH_HEARTBEAT = sa.case(
     else_=runs.c.heartbeat_at,
 )
 
+# A step write also compares the stored message count with the one its writer holds
+# (``b_seq``: the seq of its first message). A write is thus applied at most once: tried
+# again after its COMMIT was cut off, it matches no row if the first attempt landed, and
+# the store finds its own message at ``b_seq`` (``Steps._landed``).
+AT_SEQ = runs.c.message_count == sa.bindparam("b_seq", type_=sa.Integer)
+
 _TURN_VALUES: dict[str, Any] = {
     "step": runs.c.step + 1,
     "steps": runs.c.steps + 1,
     "spend_usd": runs.c.spend_usd + sa.bindparam("b_spend", type_=sa.Float),
     "elapsed_ms": runs.c.elapsed_ms + sa.bindparam("b_elapsed", type_=sa.BigInteger),
-    "message_count": runs.c.message_count + 1,
+    # A read-only step stores its calls' results with its turn (``b_added`` messages).
+    "tool_calls": runs.c.tool_calls + sa.bindparam("b_counted", type_=sa.Integer),
+    "message_count": runs.c.message_count + sa.bindparam("b_added", type_=sa.Integer),
     "heartbeat_at": _FRESH_HEARTBEAT,
 }
 
-# The assistant turn's counters; RETURNING the new message count (the message's seq + 1).
-TURN = runs.update().where(LEASE).values(**_TURN_VALUES).returning(runs.c.message_count)
+# The assistant turn's counters; RETURNING the new message count.
+TURN = runs.update().where(LEASE, AT_SEQ).values(**_TURN_VALUES).returning(runs.c.message_count)
 
 # A final answer: the same counters, and running → answered.
 TURN_FINAL = Transition(
     RUNNING,
     RunState.ANSWERED,
     OWNS,
+    AT_SEQ,
     returning=(runs.c.message_count,),
     **_TURN_VALUES,
     owner=None,
@@ -66,7 +75,7 @@ TURN_FINAL = Transition(
 
 RESULT = (
     runs.update()
-    .where(LEASE)
+    .where(LEASE, AT_SEQ)
     .values(
         tool_calls=runs.c.tool_calls + sa.bindparam("b_counted", type_=sa.Integer),
         elapsed_ms=runs.c.elapsed_ms + sa.bindparam("b_elapsed", type_=sa.BigInteger),
@@ -143,6 +152,9 @@ INSERT_EVENT = run_events.insert().values(at=db_now())
 
 INSERT_INTENT = tool_calls.insert().values(status=CallStatus.INTENT.value, intent_at=db_now())
 
+# A ledger entry whose outcome is known when it is written (a read-only step's calls).
+INSERT_DONE = tool_calls.insert().values(intent_at=db_now(), outcome_at=db_now())
+
 RECORD_OUTCOME = (
     tool_calls.update()
     .where(
@@ -153,6 +165,22 @@ RECORD_OUTCOME = (
         status=sa.bindparam("b_status"),
         result=sa.bindparam("b_result", type_=sa.JSON),
         outcome_at=db_now(),
+    )
+)
+
+# The message at ``b_seq`` while ``b_owner``/``b_epoch`` still hold the run, or after the
+# run answered (a final turn clears the owner): how a step write tried again learns that
+# its first attempt landed.
+LANDED = (
+    sa.select(run_messages.c.message)
+    .select_from(run_messages.join(runs, runs.c.id == run_messages.c.run_id))
+    .where(
+        run_messages.c.run_id == sa.bindparam("b_id"),
+        run_messages.c.seq == sa.bindparam("b_seq"),
+        sa.or_(
+            sa.and_(OWNS, state_in([RUNNING])),
+            state_in([RunState.ANSWERED]),
+        ),
     )
 )
 

@@ -15,12 +15,14 @@ from sqlalchemy.engine import Connection
 from tether.errors import LeaseLost
 from tether.models.base import Message
 from tether.runs import FailReason, HaltReason, Lease, Pending
+from tether.store import faults
 from tether.store.base import StoreBase
 from tether.store.records import CallStatus
 from tether.store.statements import (
     FAIL,
     HALT,
     HEARTBEAT,
+    LANDED,
     LEASE_HELD,
     RECORD_OUTCOME,
     REFRESH_SCOPE,
@@ -34,12 +36,15 @@ from tether.store.transitions import Transition
 
 @dataclass(frozen=True, kw_only=True)
 class Intent:
-    """A ledger intent to write with the assistant turn that asks for the call."""
+    """A ledger entry to write with the assistant turn that asks for the call: an intent,
+    or, for a call of a read-only step (run before its turn is written), its outcome."""
 
     tool_call_id: str
     tool: str
     arguments: dict[str, Any]
     effect: str
+    status: CallStatus = CallStatus.INTENT
+    result: Any = None
 
 
 def idempotency_key(run_id: str, tool_call_id: str) -> str:
@@ -54,20 +59,30 @@ def _lost(lease: Lease) -> LeaseLost:
 class Steps(StoreBase):
     """Step writes and the transitions out of ``running``, each fenced by the lease."""
 
+    @faults.idempotent
     def persist_turn(
         self,
         lease: Lease,
         *,
+        seq: int,
         message: Message,
         spend_usd: float,
         elapsed_ms: int,
         intents: Sequence[Intent],
         final: bool,
         event: dict[str, Any],
+        results: Sequence[Message] = (),
+        counted: int = 0,
+        result_events: Sequence[dict[str, Any]] = (),
     ) -> None:
         """The assistant turn with its spend, step count and the ledger intents of its tool
         calls, in one transaction: the turn *is* the intent. A final answer also moves the
-        run to ``answered``."""
+        run to ``answered``. A read-only step passes its calls' ``results`` too (their
+        ledger entries then carry the outcome, ``counted`` of them ran, and
+        ``result_events`` trace the ones that did not succeed): one commit for the step.
+
+        ``seq`` is the run's message count as the writer knows it: idempotent, so a try
+        after a COMMIT that was cut off finds the first try's turn and does nothing."""
         keyed = [
             {
                 "idempotency_key": idempotency_key(lease.run_id, i.tool_call_id),
@@ -75,24 +90,39 @@ class Steps(StoreBase):
                 "tool": i.tool,
                 "arguments": i.arguments,
                 "effect": i.effect,
+                "status": i.status.value,
+                "result": i.result,
+                "done": i.status is not CallStatus.INTENT,
             }
             for i in intents
         ]
+        messages = [message, *results]
         params = {
             **lease_params(lease),
+            "b_seq": seq,
+            "b_added": len(messages),
+            "b_counted": counted,
             "b_spend": spend_usd,
             "b_elapsed": elapsed_ms,
             "b_fresh": self.heartbeat_refresh_s,
         }
-        with self.engine.begin() as conn:
-            self.dialect.write_turn(
-                conn, params, final=final, message=message, intents=keyed, event=event
-            )
+        kind = "answered" if final else "model_turn"
+        events = [(kind, event), *(("tool_result", e) for e in result_events)]
+        try:
+            with self.engine.begin() as conn:
+                self.dialect.write_turn(
+                    conn, params, final=final, messages=messages, intents=keyed, events=events
+                )
+        except LeaseLost:
+            if not self._landed(lease, seq, message):
+                raise
 
+    @faults.idempotent
     def persist_tool_result(
         self,
         lease: Lease,
         *,
+        seq: int,
         tool_call_id: str,
         message: Message,
         status: CallStatus,
@@ -103,9 +133,10 @@ class Steps(StoreBase):
     ) -> None:
         """A tool's result message, its ledger outcome and the counters, in one
         transaction. Only a result that is not ``ok`` gets a trace event: a routine result
-        is in the messages already."""
+        is in the messages already. Idempotent by ``seq``, as ``persist_turn``."""
         params = {
             **lease_params(lease),
+            "b_seq": seq,
             "b_counted": 1 if counted else 0,
             "b_elapsed": elapsed_ms,
             "b_fresh": self.heartbeat_refresh_s,
@@ -114,8 +145,20 @@ class Steps(StoreBase):
             "b_result": summary,
         }
         traced = status is not CallStatus.OK
+        try:
+            with self.engine.begin() as conn:
+                self.dialect.write_result(conn, params, traced=traced, message=message, event=event)
+        except LeaseLost:
+            if not self._landed(lease, seq, message):
+                raise
+
+    def _landed(self, lease: Lease, seq: int, message: Message) -> bool:
+        """Whether a step write that matched no row had landed already: its message is at
+        ``seq`` and the lease still holds (or the run answered). A write tried again after
+        its COMMIT was cut off lands here; a writer that lost its lease does not."""
         with self.engine.begin() as conn:
-            self.dialect.write_result(conn, params, traced=traced, message=message, event=event)
+            stored = conn.execute(LANDED, {**lease_params(lease), "b_seq": seq}).scalar()
+        return stored is not None and stored == message
 
     def heartbeat(self, lease: Lease) -> bool:
         """Refresh the lease's heartbeat; False if the lease was lost."""
