@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import kit
+import pgproxy
 import psycopg
 import pytest
 import sqlalchemy as sa
@@ -379,3 +380,65 @@ async def test_a_hung_notifier_holds_up_no_run(db_url: str) -> None:
         engine.services.outbox.timeout_s = 0.01
         await engine.aclose()
         await answering.aclose()
+
+
+# -- a step write whose COMMIT is cut off after it landed --------------------------------------
+
+# The "work" script's step writes, in order: a read-only step (turn and result), a write's
+# turn with its intent, that write's result, the final answer.
+STEP_WRITES = ["read step", "write's turn", "write's result", "answer"]
+
+
+@pytest.mark.parametrize("cut_at", range(len(STEP_WRITES)), ids=STEP_WRITES)
+async def test_a_step_write_cut_off_after_its_commit_landed_is_retried_and_applied_once(
+    pg_url: str, cut_at: int
+) -> None:
+    """The connection drops right after the server committed a step write, before the
+    answer reached us (a real TCP cut). The write is tried again; the message count it
+    is conditional on has moved, so the retry changes nothing and finds its own landing:
+    no message, counter or effect is doubled, and the run goes on."""
+    base, _, dbname = pg_url.rpartition("/")
+    with pgproxy.proxy() as cutter:
+        url = f"{base.rsplit('@', 1)[0]}@127.0.0.1:{cutter.port}/{dbname}"
+        engine = kit.engine(url, script_name="work", db_retry_s=10.0)
+        step_writes: list[str] = []
+
+        @sa.event.listens_for(engine.store.engine, "before_cursor_execute")
+        def spot(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+            if statement.lstrip().startswith("WITH r AS"):
+                step_writes.append(statement)
+                if len(step_writes) == cut_at + 1:
+                    cutter.arm()
+
+        try:
+            outcome = await engine.ask("dana", "go")
+            view = await engine.get_run(outcome.run_id)
+            ledger = await engine.ledger(outcome.run_id)
+        finally:
+            engine.close()
+    assert cutter.cuts == 1, "no COMMIT was cut off: the test proved nothing"
+    assert len(step_writes) == len(STEP_WRITES) + 1  # the cut write was sent twice
+    assert outcome.kind is StopKind.ANSWERED
+    roles = [m["role"] for m in view.messages]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    budget = view.run.budget
+    assert (budget.steps, budget.tool_calls) == (3, 2)
+    assert [(e.tool, e.status.value) for e in ledger] == [("lookup", "ok"), ("record", "ok")]
+    assert [tool for _, tool, _ in kit.effects()] == ["record"]
+
+
+async def test_a_pooled_connection_that_died_while_idle_costs_one_retry(pg_url: str) -> None:
+    """No pre-ping before each transaction: a connection the server dropped while it sat
+    in the pool fails at its first statement (nothing was committed), and the call is
+    tried again on a fresh connection."""
+    store = Store(pg_url, retry_s=10.0)
+    errors: list[bool] = []
+    try:
+        await hop(store.add_user, "erin", "key-of-erin-0123456789")
+        assert _terminate(pg_url.rsplit("/", 1)[1]) >= 1  # the pooled connection, idle
+        sa.event.listen(store.engine, "handle_error", lambda ctx: errors.append(ctx.is_disconnect))
+        await hop(store.add_user, "finn", "key-of-finn-0123456789")
+        assert store.user_for_key("key-of-finn-0123456789") == "finn"
+    finally:
+        store.close()
+    assert errors == [True], "the dead connection was not used: the test proved nothing"

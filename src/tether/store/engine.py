@@ -56,9 +56,12 @@ def create_db_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         engine = _sqlite_engine(url)
     else:
+        # No pre-ping: it would cost a round trip before every transaction. A pooled
+        # connection that died meanwhile fails at its first statement, before any COMMIT,
+        # and ``tether.hop`` tries the call again on a fresh one (the pool drops every
+        # connection older than the failure).
         engine = sa.create_engine(
             url,
-            pool_pre_ping=True,
             pool_size=10,
             max_overflow=20,
             pool_timeout=10,
