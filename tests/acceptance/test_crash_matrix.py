@@ -133,6 +133,8 @@ def effects_by_tool() -> dict[str, int]:
 CASES = [
     (["before_model_call=crash"], "standard", STANDARD),
     (["after_model_call=crash"], "standard", STANDARD),
+    (["after_reads=crash"], "standard", STANDARD),
+    (["after_reads:lookup=crash", "after_reads:lookup=crash"], "standard", STANDARD),
     (["after_intent=crash"], "standard", STANDARD),
     (["after_intent:record=crash"], "standard", STANDARD),
     (["before_tool_call=crash"], "standard", STANDARD),
