@@ -49,6 +49,11 @@ it). Run from the repository root, with the ``compare`` extra installed::
     .venv/bin/python benchmarks/compare.py [--steps 10,50,100,200] [--repeat 5]
         [--systems floor,tether,dbos,langgraph,langgraph-delta] [--backends sqlite,postgresql]
         [--resume-steps 200] [--resume-repeat 3] [--out benchmarks/compare.png] [--quick]
+        [--update-readme]
+
+``--quick`` (N=5,20, one repetition, a 20-step run to resume) checks that it works and
+writes its chart to the temp folder unless ``--out`` is given. ``--update-readme`` also
+puts the figures between the markers of benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import shlex
 import shutil
 import statistics
@@ -102,7 +108,18 @@ LABELS = {
     "langgraph": "LangGraph",
     "langgraph-delta": "LangGraph, DeltaChannel",
 }
+COLORS = {
+    "floor": "tab:gray",
+    "tether": "tab:blue",
+    "dbos": "tab:green",
+    "langgraph": "tab:red",
+    "langgraph-delta": "tab:purple",
+}
 BACKENDS = ("sqlite", "postgresql")
+README = HERE / "README.md"
+# benchmarks/README.md's figures of the last full run lie between these lines.
+BEGIN_FIGURES = "<!-- compare.py figures: begin -->"
+END_FIGURES = "<!-- compare.py figures: end -->"
 DEFAULT_STEPS = (10, 50, 100, 200)
 QUICK_STEPS = (5, 20)
 CHILD_TIMEOUT_S = 1800
@@ -466,7 +483,7 @@ def chart(
                 )
                 for n in ns
             ]
-            ax.plot(ns, ys, marker="o", label=LABELS[system])
+            ax.plot(ns, ys, marker="o", label=LABELS[system], color=COLORS[system])
         ax.set_title(backend)
         ax.set_xlabel("steps in the run (N)")
         ax.set_ylabel("ms per step (median; log scale)")
@@ -499,6 +516,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume-repeat", type=int, default=None, help="default 3")
     parser.add_argument("--out", type=Path, default=None, help="the PNG (default: here)")
     parser.add_argument("--quick", action="store_true", help="N=5,20, 1 repetition")
+    parser.add_argument(
+        "--update-readme",
+        action="store_true",
+        help="also put the figures into benchmarks/README.md (between its markers)",
+    )
     parser.add_argument("--child", choices=list(SYSTEMS), help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=["measure", "prepare", "resume"], help=argparse.SUPPRESS)
     parser.add_argument("--database", help=argparse.SUPPRESS)
@@ -529,7 +551,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.child:
         child(args)
         return
-    command = "benchmarks/compare.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = ".venv/bin/python benchmarks/compare.py " + shlex.join(
+        sys.argv[1:] if argv is None else argv
+    )
     started = time.perf_counter()
     load_start = load_average()
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -553,7 +577,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f" repetition(s); resume: {args.resume_steps}-step run, median of"
         f" {args.resume_repeat}; load average {load_start:.2f} at start, {load_end:.2f} at end"
         f" (children: {min(loads, default=math.nan):.2f}-{max(loads, default=math.nan):.2f});"
-        f" {elapsed:.0f} s in all"
+        f" {elapsed:.0f} s in all, {os.cpu_count()} cores"
     )
     print()
     print(summary)
@@ -562,22 +586,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     for line in remarks:
         print(f"note: {line}")
     chart(figures, args.systems, args.backends, args.repeat, args.out)
-    md = args.out.with_suffix(".md")
-    md.write_text(
-        "\n\n".join(
-            [
-                "# compare.py, last run",
-                f"`{command}`",
-                summary,
-                markdown_table(table),
-                *(f"Note: {line}." for line in remarks),
-                "ms/step at every N (the chart):",
-                by_n(figures, args.systems, args.backends),
-            ]
-        )
-        + "\n"
+    block = "\n\n".join(
+        [
+            f"`{command}`",
+            summary,
+            markdown_table(table),
+            *(f"Note: {line}." for line in remarks),
+            "ms/step at every N (the chart):",
+            by_n(figures, args.systems, args.backends),
+        ]
     )
+    md = args.out.with_suffix(".md")
+    md.write_text(f"# compare.py, last run\n\n{block}\n")
     print(f"\nchart: {args.out}\ntable: {md}")
+    if args.update_readme:
+        update_readme(block)
+        print(f"figures: {README}")
+
+
+def update_readme(block: str) -> None:
+    """Replace the figures between the markers of benchmarks/README.md with ``block``."""
+    text = README.read_text()
+    start, end = text.find(BEGIN_FIGURES), text.find(END_FIGURES)
+    if start < 0 or end < start:
+        raise SystemExit(f"{README}: the figure markers are missing")
+    README.write_text(text[: start + len(BEGIN_FIGURES)] + "\n" + block + "\n" + text[end:])
 
 
 if __name__ == "__main__":
