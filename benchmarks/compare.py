@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -115,6 +116,8 @@ COLORS = {
     "langgraph": "tab:red",
     "langgraph-delta": "tab:purple",
 }
+# system → the package it needs beyond tether's own (the `compare` extra)
+NEEDS = {"dbos": "dbos", "langgraph": "langgraph", "langgraph-delta": "langgraph"}
 BACKENDS = ("sqlite", "postgresql")
 README = HERE / "README.md"
 # benchmarks/README.md's figures of the last full run lie between these lines.
@@ -531,6 +534,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ]
     if unknown:
         parser.error(f"unknown systems or backends: {', '.join(unknown)}")
+    missing = sorted(
+        {
+            NEEDS[s]
+            for s in args.systems
+            if s in NEEDS and importlib.util.find_spec(NEEDS[s]) is None
+        }
+        | ({"matplotlib"} if importlib.util.find_spec("matplotlib") is None else set())
+    )
+    if missing and not args.child:
+        parser.error(
+            f"missing {', '.join(missing)}: install the extra (pip install -e '.[dev,compare]')"
+            " or leave those systems out (--systems)"
+        )
     quick = args.quick
     args.steps = args.steps or list(QUICK_STEPS if quick else DEFAULT_STEPS)
     args.repeat = args.repeat or (1 if quick else 5)
