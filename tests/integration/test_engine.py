@@ -205,6 +205,17 @@ async def test_bytes_written_per_step_do_not_grow_with_history(db_url: str) -> N
         if statement.lstrip().upper().startswith(("INSERT", "UPDATE", "WITH")):
             written[0] += len(statement) + _param_bytes(parameters)
 
+    @sa.event.listens_for(engine.store.engine, "connect")
+    def trace(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+        # SQLite's step writes go to the driver's cursor (``sqlite_steps``): its trace
+        # callback sees each statement with its values expanded.
+        if engine.store.dialect.name == "sqlite":
+            dbapi_conn.set_trace_callback(sqlite_write)
+
+    def sqlite_write(statement: str) -> None:
+        if statement.lstrip().upper().startswith(("INSERT", "UPDATE")):
+            written[0] += len(statement)
+
     run = await engine.start_run("dana", "go", limits={"max_steps": 200, "max_tool_calls": 200})
     original = engine.store.persist_turn
 

@@ -5,7 +5,8 @@ system database subclasses do): how claim candidates are locked (``SKIP LOCKED``
 nothing: SQLite serialises writers at ``BEGIN IMMEDIATE``), how idle workers are woken
 (``pg_notify`` or nothing: they poll), the DSN a ``LISTEN`` connection uses, and the two
 step writes, which PostgreSQL sends as one statement each (``pg_steps``) because there
-every statement is a round trip.
+every statement is a round trip, and SQLite sends to the driver's cursor directly
+(``sqlite_steps``) because there the cost is the work around each statement.
 """
 
 from __future__ import annotations
@@ -17,17 +18,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine
 
 from tether.errors import ConfigError, LeaseLost
-from tether.store import pg_steps
-from tether.store.statements import (
-    INSERT_DONE,
-    INSERT_INTENT,
-    INSERT_MESSAGE,
-    RECORD_OUTCOME,
-    RESULT,
-    TURN,
-    TURN_FINAL,
-    add_event,
-)
+from tether.store import pg_steps, sqlite_steps
+from tether.store.statements import RESULT, TURN, TURN_FINAL
 
 # The notification channel a ready run is announced on (PostgreSQL).
 CHANNEL = "tether_runs"
@@ -54,18 +46,9 @@ def fenced(conn: Connection, stmt: Any, params: dict[str, Any]) -> int:
     return int(row[0]) - 1
 
 
-def _ledger_row(intent: dict[str, Any], done: bool) -> dict[str, Any]:
-    """An intent's columns for ``INSERT_INTENT`` (or, ``done``, for ``INSERT_DONE``)."""
-    row = {k: v for k, v in intent.items() if k != "done"}
-    if not done:
-        row.pop("status")
-        row.pop("result")
-    return row
-
-
 class Dialect:
-    """The portable behaviour: plain statement sequences, no row locks, no notifications.
-    A backend overrides what it does differently."""
+    """The portable behaviour: no row locks, no notifications. A backend overrides what it
+    does differently, and gives its own step writes."""
 
     name: ClassVar[str]
     # Whether a ready run is announced (so workers may LISTEN instead of polling).
@@ -100,23 +83,10 @@ class Dialect:
         intents: list[dict[str, Any]],
         events: list[tuple[str, dict[str, Any]]],
     ) -> None:
-        """The fenced counters, the assistant message (and, for a read-only step, its
-        calls' results after it), the ledger entries, the events."""
-        run_id = params["b_id"]
-        fenced(conn, TURN_FINAL.statement if final else TURN, params)
-        seq = params["b_seq"]
-        rows = [{"run_id": run_id, "seq": seq + i, "message": m} for i, m in enumerate(messages)]
-        conn.execute(INSERT_MESSAGE, rows)
-        for done, insert in ((False, INSERT_INTENT), (True, INSERT_DONE)):
-            group = [
-                {**_ledger_row(i, done), "run_id": run_id, "seq": seq}
-                for i in intents
-                if i["done"] is done
-            ]
-            if group:
-                conn.execute(insert, group)
-        for kind, data in events:
-            add_event(conn, run_id, kind, data)
+        """The fenced counters (``LeaseLost`` when the lease or ``b_seq`` does not hold),
+        the assistant message (and, for a read-only step, its calls' results after it)
+        from ``b_seq``, the ledger entries, the events."""
+        raise NotImplementedError
 
     def write_result(
         self,
@@ -127,24 +97,46 @@ class Dialect:
         message: dict[str, Any],
         event: dict[str, Any],
     ) -> None:
-        """The fenced counters, the tool's result message, its ledger outcome (the
-        ``b_key``/``b_status``/``b_result`` of ``params``) and, if ``traced``, an event."""
-        run_id = params["b_id"]
-        seq = fenced(conn, RESULT, params)
-        conn.execute(INSERT_MESSAGE, {"run_id": run_id, "seq": seq, "message": message})
-        conn.execute(RECORD_OUTCOME, params)
-        if traced:
-            add_event(conn, run_id, "tool_result", event)
+        """The fenced counters, the tool's result message at ``b_seq``, its ledger outcome
+        (the ``b_key``/``b_status``/``b_result`` of ``params``) and, if ``traced``, an
+        event."""
+        raise NotImplementedError
 
 
 class SqliteDialect(Dialect):
     """SQLite: writers serialise at ``BEGIN IMMEDIATE``, so claims need no row locks, and
-    a statement is a function call, so the portable step writes are already cheap."""
+    a statement is a function call, so a step write is a short statement sequence, sent
+    to the driver's cursor directly (``sqlite_steps``)."""
 
     name: ClassVar[str] = "sqlite"
 
     def insert_new(self, table: sa.Table) -> sa.Insert:
         return sqlite.insert(table).on_conflict_do_nothing()
+
+    def write_turn(
+        self,
+        conn: Connection,
+        params: dict[str, Any],
+        *,
+        final: bool,
+        messages: list[dict[str, Any]],
+        intents: list[dict[str, Any]],
+        events: list[tuple[str, dict[str, Any]]],
+    ) -> None:
+        sqlite_steps.write_turn(
+            conn, params, final=final, messages=messages, intents=intents, events=events
+        )
+
+    def write_result(
+        self,
+        conn: Connection,
+        params: dict[str, Any],
+        *,
+        traced: bool,
+        message: dict[str, Any],
+        event: dict[str, Any],
+    ) -> None:
+        sqlite_steps.write_result(conn, params, traced=traced, message=message, event=event)
 
 
 class PostgresDialect(Dialect):

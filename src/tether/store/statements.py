@@ -155,11 +155,17 @@ INSERT_INTENT = tool_calls.insert().values(status=CallStatus.INTENT.value, inten
 # A ledger entry whose outcome is known when it is written (a read-only step's calls).
 INSERT_DONE = tool_calls.insert().values(intent_at=db_now(), outcome_at=db_now())
 
+# The statuses an outcome may replace, inlined (no expanding IN: the statement is also
+# compiled once for SQLite's driver cursor, ``sqlite_steps``).
+_OPEN: list[sa.ColumnElement[str]] = [
+    sa.literal_column(f"'{s.value}'") for s in (CallStatus.INTENT, CallStatus.UNKNOWN)
+]
+
 RECORD_OUTCOME = (
     tool_calls.update()
     .where(
         tool_calls.c.idempotency_key == sa.bindparam("b_key"),
-        tool_calls.c.status.in_([CallStatus.INTENT.value, CallStatus.UNKNOWN.value]),
+        tool_calls.c.status.in_(_OPEN),
     )
     .values(
         status=sa.bindparam("b_status"),
