@@ -169,11 +169,10 @@ async def read_step(session: RunSession, calls: list[ToolCall]) -> list[Result] 
         return None
     if not _room_for(session, len(calls)):
         return None
-    session.check_held()
-    results = await asyncio.gather(*(read(session, call) for call in calls))
+    results = await read_all(session, calls)
     for call in calls:  # `after_reads:TOOL` fires for a step that read with TOOL
         fail("after_reads", call.name)
-    return list(results)
+    return results
 
 
 async def read_batch(session: RunSession, calls: list[ToolCall]) -> Outcome | None:
@@ -187,9 +186,7 @@ async def read_batch(session: RunSession, calls: list[ToolCall]) -> Outcome | No
                 return stop
         return None
     session.take_recovering()  # a read that may have run before a crash simply runs again
-    session.check_held()
-    results = await asyncio.gather(*(read(session, call) for call in calls))
-    for r in results:
+    for r in await read_all(session, calls):
         await session.append_result(r.call, r.content, r.status, counted=r.counted)
         if r.status is CallStatus.OK:
             fail("after_step_persist", r.call.name)
@@ -200,6 +197,17 @@ def _room_for(session: RunSession, count: int) -> bool:
     """Whether the budget allows ``count`` more tool calls without a halt between them."""
     ahead = session.budget.after_tool_calls(max(0, count - 1))
     return ahead.check_before_tool_call(session.run.limits) is None
+
+
+async def read_all(session: RunSession, calls: list[ToolCall]) -> list[Result]:
+    """Run plain reads concurrently; their results in call order. A read that raised
+    raises here once every read has ended, so none is left running behind the run."""
+    session.check_held()
+    done = await asyncio.gather(*(read(session, call) for call in calls), return_exceptions=True)
+    for outcome in done:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return [r for r in done if isinstance(r, Result)]
 
 
 async def read(session: RunSession, call: ToolCall) -> Result:

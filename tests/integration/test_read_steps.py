@@ -59,7 +59,12 @@ def _agent(meeting: Meeting) -> Agent:
         met = await meeting.enter(label, 1)
         return {"name": label, "met": met, "alongside": alongside}
 
-    return Agent(name="reads", system_prompt="test", tools=(meet, note))
+    @tool
+    async def boom() -> dict[str, Any]:
+        """A read with a bug in it."""
+        raise RuntimeError("a bug in a read")
+
+    return Agent(name="reads", system_prompt="test", tools=(meet, note, boom))
 
 
 def _engine(url: str, turns: list[dict[str, Any]], meeting: Meeting) -> Engine:
@@ -185,3 +190,24 @@ async def test_the_tool_call_budget_still_halts_between_the_same_calls(
     assert outcome.kind is StopKind.HALTED and outcome.reason == "max_tool_calls"
     assert [r["name"] for r in _results(view.messages)] == ["a", "b", "c", "d"][:max_tool_calls]
     assert view.run.budget.tool_calls == max_tool_calls
+
+
+async def test_a_read_that_raises_fails_the_run_and_stores_nothing_of_its_step(
+    db_url: str,
+) -> None:
+    meeting = Meeting()
+    turns: list[dict[str, Any]] = [
+        {"tool_calls": [call("meet", label="a", size=1), call("boom")]},
+        {"content": "done"},
+    ]
+    engine = _engine(db_url, turns, meeting)
+    try:
+        outcome = await engine.ask("dana", "go")
+        view = await engine.get_run(outcome.run_id)
+        events = await engine.events(outcome.run_id)
+    finally:
+        engine.close()
+    assert outcome.kind is StopKind.FAILED
+    assert [m["role"] for m in view.messages] == ["system", "user"]
+    assert meeting.order == ["a"]  # the other read had ended before the run failed
+    assert "a bug in a read" in events[-1].data["error"]
