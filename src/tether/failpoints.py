@@ -25,7 +25,7 @@ POINTS: tuple[str, ...] = (
     "after_intent",  # the assistant turn and its ledger intents are durable; no tool ran
     "before_tool_call",  # one tool call is about to run; earlier calls' results are durable
     "after_tool_commit",  # a tool returned (its effect committed); its result is not durable
-    "after_step_persist",  # a tool result is durable
+    "after_step_persist",  # a tool result (or a whole read-only step) is durable
     "before_suspend",  # a preview is rendered for confirmation; the suspension is not durable
     "after_suspend",  # the suspension is durable; the notice is not sent
     "after_claim",  # a resumption claimed the run; nothing else done
