@@ -3,21 +3,27 @@ of ready runs, suspensions and orphans, continuing a halted run, cancelling.
 
 Every state change here is a ``Transition`` (one conditional UPDATE checked against the
 table), so two claimers racing for one run cannot both win: the loser's UPDATE matches
-no row and it is told so (None).
+no row and it is told so (None). On PostgreSQL the claims of suspensions and orphans are
+one statement each (``pg_claims``), built here from the same transitions.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from tether.budget import Limits
 from tether.models.base import Message
 from tether.runs import FailReason, Run, RunState, can_transition
+from tether.store import pg_claims
 from tether.store.base import StoreBase
 from tether.store.engine import db_now
+from tether.store.records import Decision
 from tether.store.schema import decisions, runs
 from tether.store.statements import INSERT_MESSAGE, add_event
 from tether.store.transitions import Transition, state_in
@@ -43,21 +49,25 @@ _READY_CANDIDATE = (
 )
 _CLAIM_READY = Transition(RUNNING, RUNNING, _ID, runs.c.owner.is_(None), _NOT_DELAYED, **_CLAIMED)
 
+_TOKEN = runs.c.pending_token_hash == sa.bindparam("b_token_hash")
 _CLAIM_SUSPENDED = Transition(
-    RunState.SUSPENDED,
-    RUNNING,
-    _ID,
-    runs.c.pending_token_hash == sa.bindparam("b_token_hash"),
-    runs.c.expires_at > db_now(),
-    **_CLAIMED,
+    RunState.SUSPENDED, RUNNING, _ID, _TOKEN, runs.c.expires_at > db_now(), **_CLAIMED
+)
+_PG_CLAIM_SUSPENDED = pg_claims.suspended_statement(_CLAIM_SUSPENDED.statement)
+_DECISION_OF_TOKEN = sa.select(decisions).where(
+    decisions.c.token_hash == sa.bindparam("b_token_hash")
 )
 
-# An orphan: running under an owner whose heartbeat is older than ``b_stale`` seconds.
-# The claim re-checks it, so a run whose owner came back (or that another reaper took)
-# meanwhile is left alone.
+# No pass start to stay before: the largest float (finite, so it renders in any plan).
+_NO_CUTOFF = sys.float_info.max
+# An orphan: running under an owner whose heartbeat is older than ``b_stale`` seconds,
+# and older than ``b_before`` (the start of the reaper's pass: a run it claimed has a
+# fresh heartbeat, so one pass never takes a run twice). The claim re-checks both, so a
+# run whose owner came back (or that another reaper took) meanwhile is left alone.
 _STALE = sa.and_(
     runs.c.owner.is_not(None),
     runs.c.heartbeat_at < db_now() - sa.bindparam("b_stale", type_=sa.Float),
+    runs.c.heartbeat_at < sa.bindparam("b_before", value=_NO_CUTOFF, type_=sa.Float),
 )
 _ORPHANS = (
     sa.select(runs.c.id)
@@ -65,26 +75,36 @@ _ORPHANS = (
     .order_by(runs.c.heartbeat_at)
     .limit(sa.bindparam("b_batch", type_=sa.Integer))
 )
-_RECOVER = Transition(
-    RUNNING,
-    RUNNING,
-    _ID,
-    _STALE,
-    runs.c.recovery_attempts < sa.bindparam("b_max"),
-    **_CLAIMED,
-    recovery_attempts=runs.c.recovery_attempts + 1,
+_WITHIN = runs.c.recovery_attempts < sa.bindparam("b_max")
+_PAST = runs.c.recovery_attempts >= sa.bindparam("b_max")
+_RECOVERED: dict[str, Any] = {**_CLAIMED, "recovery_attempts": runs.c.recovery_attempts + 1}
+_EXHAUSTED: dict[str, Any] = {
+    "returning": (runs.c.id, runs.c.recovery_attempts),
+    "fail_reason": FailReason.RECOVERY_EXHAUSTED.value,
+    "owner": None,
+    "updated_at": db_now(),
+}
+_RECOVER = Transition(RUNNING, RUNNING, _ID, _STALE, _WITHIN, **_RECOVERED)
+_EXHAUST = Transition(RUNNING, RunState.FAILED, _ID, _STALE, _PAST, **_EXHAUSTED)
+# PostgreSQL: the same two transitions over a whole batch of locked candidates at once.
+_LOCKED = _ORPHANS.with_for_update(skip_locked=True).cte("c")
+_IN_BATCH = runs.c.id == _LOCKED.c.id
+_PG_CLAIM_ORPHANS = pg_claims.orphans_statement(
+    Transition(RUNNING, RUNNING, _IN_BATCH, _STALE, _WITHIN, **_RECOVERED).statement,
+    Transition(RUNNING, RunState.FAILED, _IN_BATCH, _STALE, _PAST, **_EXHAUSTED).statement,
 )
-_EXHAUST = Transition(
-    RUNNING,
-    RunState.FAILED,
-    _ID,
-    _STALE,
-    runs.c.recovery_attempts >= sa.bindparam("b_max"),
-    returning=(runs.c.recovery_attempts,),
-    fail_reason=FailReason.RECOVERY_EXHAUSTED.value,
-    owner=None,
-    updated_at=db_now(),
-)
+_CENSUS = sa.select(db_now(), sa.select(runs.c.id).where(state_in([RUNNING]), _STALE).exists())
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuspensionClaim:
+    """What a claim of a suspension found: the run it claimed with the decision it
+    recorded, or (``run`` None) the decision that had already used the token; neither
+    when the token is unknown, expired or superseded."""
+
+    run: Run | None = None
+    decision: Decision | None = None
+
 
 _LIMITS = ("max_steps", "max_spend_usd", "max_tool_calls", "max_elapsed_ms")
 _GRANTED: dict[str, Any] = {name: sa.bindparam(f"b_{name}") for name in _LIMITS}
@@ -180,66 +200,137 @@ class Claims(StoreBase):
     def claim_suspended(
         self, *, run_id: str, token_hash: str, owner: str, decision: str, approver: str
     ) -> Run | None:
+        """The run claimed by ``claim_decision``, or None if the claim lost."""
+        return self.claim_decision(
+            run_id=run_id, token_hash=token_hash, owner=owner, decision=decision, approver=approver
+        ).run
+
+    def claim_decision(
+        self, *, run_id: str, token_hash: str, owner: str, decision: str, approver: str
+    ) -> SuspensionClaim:
         """The one claim of a suspension (invariant 5): suspended → running under
         ``owner``, conditional on the token and on ``expires_at`` against the database's
-        clock, recording the decision, who and when in the same transaction. None if the
-        token was used, expired or superseded meanwhile."""
-        params = {"b_id": run_id, "b_token_hash": token_hash, "b_owner": owner}
+        clock, recording the decision, who and when in the same transaction. A claim that
+        lost reads, in the same transaction, the decision that used the token (a new
+        statement sees what the winner committed while this UPDATE waited on its lock), so
+        a loser is answered without another trip to the store."""
+        params = {
+            "b_id": run_id,
+            "b_token_hash": token_hash,
+            "b_owner": owner,
+            "b_decision": decision,
+            "b_approver": approver,
+        }
         with self.engine.begin() as conn:
-            row = _CLAIM_SUSPENDED.one(conn, params)
-            if row is None:
-                return None
-            run = Run.from_row(row._mapping)
-            assert run.pending is not None
-            conn.execute(
-                decisions.insert().values(
-                    token_hash=token_hash,
-                    run_id=run_id,
-                    tool_call_id=run.pending.tool_call_id,
-                    decision=decision,
-                    decided_by=approver,
-                    decided_at=db_now(),
-                    digest=run.pending.digest,
-                )
+            if self.dialect.one_statement_claims:
+                won = conn.execute(_PG_CLAIM_SUSPENDED, params).first()
+                if won is not None:
+                    mapping = won._mapping
+                    recorded = {c.name: mapping[f"d_{c.name}"] for c in decisions.c}
+                    return SuspensionClaim(
+                        run=Run.from_row(mapping), decision=Decision.from_row(recorded)
+                    )
+            else:
+                claim = self._claim_suspension(conn, params)
+                if claim is not None:
+                    return claim
+            used = conn.execute(_DECISION_OF_TOKEN, params).first()
+            return SuspensionClaim(decision=Decision.from_row(used._mapping) if used else None)
+
+    @staticmethod
+    def _claim_suspension(conn: Connection, params: dict[str, Any]) -> SuspensionClaim | None:
+        """The claim as a statement sequence (SQLite)."""
+        row = _CLAIM_SUSPENDED.one(conn, params)
+        if row is None:
+            return None
+        run = Run.from_row(row._mapping)
+        assert run.pending is not None
+        recorded = conn.execute(
+            decisions.insert()
+            .values(
+                token_hash=params["b_token_hash"],
+                run_id=run.id,
+                tool_call_id=run.pending.tool_call_id,
+                decision=params["b_decision"],
+                decided_by=params["b_approver"],
+                decided_at=db_now(),
+                digest=run.pending.digest,
             )
-            data = {"decision": decision, "by": approver, "tool_call_id": run.pending.tool_call_id}
-            add_event(conn, run_id, "decision", data)
-            return run
+            .returning(*decisions.c)
+        ).one()
+        data = {
+            "decision": params["b_decision"],
+            "by": params["b_approver"],
+            "tool_call_id": run.pending.tool_call_id,
+        }
+        add_event(conn, run.id, "decision", data)
+        return SuspensionClaim(run=run, decision=Decision.from_row(recorded._mapping))
+
+    def orphan_census(self, *, stale_after_s: float) -> tuple[float, bool]:
+        """The database's clock now, and whether any run's owner has a heartbeat older
+        than ``stale_after_s`` by it: where a reaper pass starts, in one read."""
+        with self.engine.connect() as conn:
+            now, any_orphan = conn.execute(_CENSUS, {"b_stale": stale_after_s}).one()
+            return float(now), bool(any_orphan)
 
     def claim_orphans(
-        self, *, owner: str, stale_after_s: float, max_attempts: int, batch: int
+        self,
+        *,
+        owner: str,
+        stale_after_s: float,
+        max_attempts: int,
+        batch: int,
+        before: float | None = None,
     ) -> tuple[list[Run], list[str]]:
         """Take over up to ``batch`` runs whose owner's heartbeat is older than
-        ``stale_after_s`` (database clock), oldest first. Each claim is one conditional
-        UPDATE that re-checks staleness and gives a new lease epoch that counts the
-        attempt; a run already at ``max_attempts`` is failed instead
-        (``recovery_exhausted``). Returns (claimed, exhausted ids).
+        ``stale_after_s`` (database clock), oldest first, and older than ``before`` if
+        given (a reaper's pass passes its start, so it never takes one run twice). Each
+        claim is a conditional UPDATE that re-checks staleness and gives a new lease epoch
+        that counts the attempt; a run already at ``max_attempts`` is failed instead
+        (``recovery_exhausted``). Returns (claimed, exhausted ids). On PostgreSQL the
+        batch is one statement.
 
         Safe to run twice or concurrently: candidates are locked with SKIP LOCKED on
         PostgreSQL (SQLite serialises writers), and a run another reaper claimed has a
         fresh heartbeat, so the re-check leaves it alone.
         """
-        params = {"b_owner": owner, "b_stale": stale_after_s, "b_max": max_attempts}
+        params = {
+            "b_owner": owner,
+            "b_stale": stale_after_s,
+            "b_max": max_attempts,
+            "b_batch": batch,
+            "b_before": _NO_CUTOFF if before is None else before,
+        }
+        with self.engine.begin() as conn:
+            if self.dialect.one_statement_claims:
+                rows = conn.execute(_PG_CLAIM_ORPHANS, params).all()
+                claimed = [Run.from_row(r._mapping) for r in rows if r.id is not None]
+                return claimed, list(rows[0].exhausted or []) if rows else []
+            return self._claim_orphans(conn, params)
+
+    def _claim_orphans(
+        self, conn: Connection, params: dict[str, Any]
+    ) -> tuple[list[Run], list[str]]:
+        """The orphan claim as a statement sequence, one run at a time (SQLite)."""
         claimed: list[Run] = []
         exhausted: list[str] = []
-        with self.engine.begin() as conn:
-            candidates = self.dialect.candidates(_ORPHANS)
-            for run_id in conn.execute(candidates, {**params, "b_batch": batch}).scalars().all():
-                row = _RECOVER.one(conn, {**params, "b_id": run_id})
-                if row is not None:
-                    run = Run.from_row(row._mapping)
-                    claimed.append(run)
-                    data = {"recovery_attempts": run.recovery_attempts, "owner": owner}
-                    add_event(conn, run_id, "recovering", data)
-                    continue
-                failed = _EXHAUST.one(conn, {**params, "b_id": run_id})
-                if failed is not None:
-                    exhausted.append(run_id)
-                    data = {
-                        "reason": FailReason.RECOVERY_EXHAUSTED.value,
-                        "recovery_attempts": failed.recovery_attempts,
-                    }
-                    add_event(conn, run_id, "failed", data)
+        candidates = self.dialect.candidates(_ORPHANS)
+        for run_id in conn.execute(candidates, params).scalars().all():
+            row = _RECOVER.one(conn, {**params, "b_id": run_id})
+            if row is not None:
+                run = Run.from_row(row._mapping)
+                claimed.append(run)
+                data = {"recovery_attempts": run.recovery_attempts, "owner": params["b_owner"]}
+                add_event(conn, run_id, "recovering", data)
+                continue
+            failed = _EXHAUST.one(conn, {**params, "b_id": run_id})
+            if failed is not None:
+                exhausted.append(run_id)
+                data = {
+                    "reason": FailReason.RECOVERY_EXHAUSTED.value,
+                    "recovery_attempts": failed.recovery_attempts,
+                }
+                add_event(conn, run_id, "failed", data)
         return claimed, exhausted
 
     def continue_halted(

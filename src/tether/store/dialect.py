@@ -53,6 +53,9 @@ class Dialect:
     name: ClassVar[str]
     # Whether a ready run is announced (so workers may LISTEN instead of polling).
     notifies: ClassVar[bool] = False
+    # Whether the claims of suspensions and orphans are sent as one statement each
+    # (``pg_claims``, chosen by ``claims.py``) rather than as statement sequences.
+    one_statement_claims: ClassVar[bool] = False
 
     def candidates(self, query: _Query) -> _Query:
         """Lock the rows a claim picks, so concurrent claimers pick different ones."""
@@ -144,6 +147,7 @@ class PostgresDialect(Dialect):
 
     name: ClassVar[str] = "postgresql"
     notifies: ClassVar[bool] = True
+    one_statement_claims: ClassVar[bool] = True
 
     def candidates(self, query: _Query) -> _Query:
         return query.with_for_update(skip_locked=True)
