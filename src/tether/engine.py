@@ -270,10 +270,16 @@ class Engine(ServiceAPI):
         await self.open()
         return await resume.cancel_run(self.services, run_id, user)
 
-    async def claim_orphans(self, limit: int) -> OrphanClaim:
-        """Take over up to ``limit`` runs whose owner's heartbeat is stale."""
+    async def claim_orphans(self, limit: int, *, before: float | None = None) -> OrphanClaim:
+        """Take over up to ``limit`` runs whose owner's heartbeat is stale (and older than
+        ``before``, on the database's clock, if given)."""
         await self.open()
-        return await resume.claim_orphans(self.services, self.worker_id, limit)
+        return await resume.claim_orphans(self.services, self.worker_id, limit, before=before)
+
+    async def orphan_census(self) -> tuple[float, bool]:
+        """The database's clock now and whether any run's owner has a stale heartbeat."""
+        await self.open()
+        return await resume.orphan_census(self.services)
 
     async def recover(self, run: Run) -> Outcome:
         """Reconcile one claimed orphan and hand it back to the workers."""

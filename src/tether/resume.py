@@ -41,6 +41,10 @@ class OrphanClaim:
     claimed: list[Run] = field(default_factory=list)
     exhausted: list[str] = field(default_factory=list)
 
+    def filled(self, limit: int) -> bool:
+        """Whether the claim took as many orphans as it asked for: more may be waiting."""
+        return len(self.claimed) + len(self.exhausted) >= limit
+
 
 async def carry(services: Services, run: Run, *, stopping: asyncio.Event | None = None) -> Outcome:
     """Start a run this process claimed and drive it to its next stop. A start that fails
@@ -74,13 +78,25 @@ async def carry(services: Services, run: Run, *, stopping: asyncio.Event | None 
     return await drive(session)
 
 
-async def claim_orphans(services: Services, owner: str, limit: int) -> OrphanClaim:
-    """Take over up to ``limit`` runs whose owner's heartbeat is stale (one conditional
-    UPDATE each, with a new lease epoch); those past their recovery attempts are failed
-    ``recovery_exhausted`` instead (invariant 9).
+async def orphan_census(services: Services) -> tuple[float, bool]:
+    """The database's clock now and whether any run's owner has a stale heartbeat by it
+    (one indexed read, no claim): where a reaper pass starts."""
+    return await hop(
+        services.store.orphan_census, stale_after_s=services.settings.heartbeat_timeout_s
+    )
 
-    Safe to run from two reapers at once: each orphan's claim re-checks staleness, so
-    only one reaper holds it.
+
+async def claim_orphans(
+    services: Services, owner: str, limit: int, *, before: float | None = None
+) -> OrphanClaim:
+    """Take over up to ``limit`` runs whose owner's heartbeat is stale (and older than
+    ``before``, a reaper pass's start on the database's clock, so one pass never takes a
+    run twice nor spends more than one recovery attempt on it), each with a new lease
+    epoch; those past their recovery attempts are failed ``recovery_exhausted`` instead
+    (invariant 9).
+
+    Safe to run from two reapers at once: each orphan's claim is conditional on its
+    staleness, so only one reaper holds it.
     """
     claimed, exhausted = await hop(
         services.store.claim_orphans,
@@ -88,6 +104,7 @@ async def claim_orphans(services: Services, owner: str, limit: int) -> OrphanCla
         stale_after_s=services.settings.heartbeat_timeout_s,
         max_attempts=services.settings.max_recovery_attempts,
         batch=limit,
+        before=before,
     )
     RECOVERIES.labels(outcome=FailReason.RECOVERY_EXHAUSTED.value).inc(len(exhausted))
     return OrphanClaim(claimed=claimed, exhausted=exhausted)
@@ -137,15 +154,23 @@ async def _recover(services: Services, run: Run) -> Outcome:
 
 
 async def recover_orphans(services: Services, owner: str) -> list[Outcome]:
-    """One reaper pass over stale runs: claim a batch and recover them concurrently, so
-    none waits behind another long enough to go stale again. Safe twice (see above)."""
-    claim = await claim_orphans(services, owner, services.settings.reaper_batch)
-    exhausted = [
-        Outcome(run_id=run_id, kind=StopKind.FAILED, reason=FailReason.RECOVERY_EXHAUSTED.value)
-        for run_id in claim.exhausted
-    ]
-    recovered = await asyncio.gather(*(recover(services, run) for run in claim.claimed))
-    return [*exhausted, *recovered]
+    """One reaper pass over stale runs (``tether reap``): claim a batch of
+    ``reaper_batch``, recover it concurrently (none waits behind another long enough to
+    go stale again), and go on with the next batch until no orphan that was stale when
+    the pass began is left. Safe twice (see ``claim_orphans``); bounded, since a run the
+    pass claimed has a fresh heartbeat and is never taken again by the same pass."""
+    began, _ = await orphan_census(services)
+    batch = services.settings.reaper_batch
+    outcomes: list[Outcome] = []
+    while True:
+        claim = await claim_orphans(services, owner, batch, before=began)
+        outcomes.extend(
+            Outcome(run_id=run_id, kind=StopKind.FAILED, reason=FailReason.RECOVERY_EXHAUSTED.value)
+            for run_id in claim.exhausted
+        )
+        outcomes.extend(await asyncio.gather(*(recover(services, run) for run in claim.claimed)))
+        if not claim.filled(batch):
+            return outcomes
 
 
 async def reissue_notices(services: Services) -> list[str]:

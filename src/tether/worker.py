@@ -9,6 +9,19 @@ none dies silently. The claim loop is the worker itself: a claim that fails (the
 went away) is logged and tried again after a backoff, so the worker outlives a dropped
 connection, a restart or an outage of its database.
 
+A reaper pass recovers orphans in bulk: it claims them in batches into the slots as they
+free, each recovery a task of its own, until no orphan that was stale when the pass began
+is left, so a thousand orphans take one pass, and none waits claimed without a slot (where
+its heartbeat would go stale again). The fair rule for the slots: while runs wait for a
+worker, recoveries hold at most ``orphan_share`` of them, all but a quarter (runs keep at
+least one slot when there are two or more), and the claim loop leaves a pass what it is
+owed of that share; when no run waits, recoveries may take every free slot. Orphans thus
+go first (with one slot, before any new run), yet a burst of them never stops the queue.
+A pass holds no slot while nothing can be claimed: it keeps freed slots back only for the
+one read that tells whether any orphan is stale, and then while orphans are known to be
+left; it ends on ``stop()``, on a batch that came back short, or when no slot freed for a
+whole interval.
+
 ``stop()`` (SIGTERM) stops claiming; each run in hand is handed back at its next step
 boundary, the side tasks end, and ``run()`` returns. Memory stays bounded however long
 the worker lives: it keeps counters, never the outcomes themselves.
@@ -20,18 +33,15 @@ import asyncio
 import collections
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-
-import psycopg
 
 from tether.engine import Engine
 from tether.errors import DatabaseUnavailable
+from tether.listen import listen
+from tether.resume import OrphanClaim
 from tether.runs import Run
-from tether.store.dialect import CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +51,8 @@ RESTART_FIRST_S = 0.5
 RESTART_MAX_S = 30.0
 # Side tasks whose pass may be abandoned on stop: re-issue is safe to cut short (a notice
 # left undelivered is re-issued later) and the listener only wakes the loop. The reaper
-# finishes its pass, so that orphans it claimed are recovered, not left to go stale.
+# ends its pass after the batch in flight, so that orphans it claimed are recovered, not
+# left to go stale.
 CANCEL_ON_STOP = frozenset({"notices", "listener"})
 
 
@@ -67,7 +78,12 @@ class Worker:
         self.restarts: collections.Counter[str] = collections.Counter()
         self._tasks: set[asyncio.Task[None]] = set()
         self._reserved = 0  # slots held while a claim (of a run or orphans) is in flight
-        self._reaper_waiting = False  # the reaper wants the next slot that frees
+        # The fair rule (module docstring): the most slots recoveries hold while runs wait.
+        self.orphan_share = max(1, concurrency - max(1, concurrency // 4))
+        self._recovering = 0  # the tasks of ``_tasks`` that recover an orphan
+        self._claiming_orphans = 0  # slots reserved for a claim of orphans in flight
+        self._runs_waiting = True  # runs wait for a worker, as the claim loop last saw
+        self._orphans_left = False  # a reaper pass is under way and orphans are left
         self._wake = asyncio.Event()  # a run may be waiting, or a slot freed
         self._freed = asyncio.Event()  # a slot freed (the reaper waits on it)
         self._reaped = asyncio.Event()  # the first reaper pass was attempted
@@ -106,7 +122,7 @@ class Worker:
             side["notices"] = self._notices
         dsn = self.engine.store.listen_dsn()
         if dsn is not None:
-            side["listener"] = lambda: self._listener(dsn)
+            side["listener"] = lambda: listen(dsn, self._announced)
         return side
 
     # -- the claim loop --------------------------------------------------------------------
@@ -139,23 +155,43 @@ class Worker:
             idle = not self._tasks and not self._reserved and self._reaped.is_set()
             if exit_when_idle and idle:
                 return
-            with contextlib.suppress(asyncio.TimeoutError):
+            try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s)
+            except TimeoutError:
+                self._runs_waiting = True  # the poll: a run may have come meanwhile
 
     def _free(self) -> int:
         return self.concurrency - len(self._tasks) - self._reserved
 
+    def _room_for_runs(self) -> int:
+        """Free slots the claim loop may fill: all but what a reaper pass is owed."""
+        owed = 0
+        if self._orphans_left:
+            owed = max(0, self.orphan_share - self._recovering - self._claiming_orphans)
+        return self._free() - owed
+
+    def _room_for_orphans(self) -> int:
+        """Free slots a reaper pass may claim orphans into now (the fair rule)."""
+        room = self._free()
+        if self._runs_waiting:
+            room = min(room, self.orphan_share - self._recovering)
+        return max(0, room)
+
     async def _fill(self) -> bool:
-        """Claim runs into the free slots (leaving one to a waiting reaper); True if any."""
+        """Claim runs into the free slots (leaving a reaper pass its share); True if any.
+        Finding none waiting lets a reaper pass have every free slot."""
         claimed = False
-        while self._free() - self._reaper_waiting > 0 and not self.stopping.is_set():
+        while self._room_for_runs() > 0 and not self.stopping.is_set():
             self._reserved += 1  # the slot is taken while the claim is in flight
             try:
                 run = await self.engine.claim_next()
             finally:
                 self._reserved -= 1
             if run is None:
+                self._runs_waiting = False
+                self._freed.set()
                 break
+            self._runs_waiting = True
             claimed = True
             self._spawn(self._carry(run), run)
         return claimed
@@ -199,6 +235,8 @@ class Worker:
             self.counts["error"] += 1
             log.exception("recovery failed", extra={"run_id": run.id, "action": "recover"})
             return
+        finally:
+            self._recovering -= 1
         self.counts[outcome.kind.value] += 1
         log.info(
             "orphan recovered",
@@ -246,11 +284,11 @@ class Worker:
     # -- side tasks --------------------------------------------------------------------------
 
     async def _reaper(self) -> None:
-        """Every ``reaper_interval_s``: recover orphans into free slots, expire suspensions
+        """Every ``reaper_interval_s``: recover orphans into the slots, expire suspensions
         past their window, purge runs past retention."""
         while not self.stopping.is_set():
             try:
-                recovered = await self._claim_orphans()  # waits up to an interval for a slot
+                recovered = await self._recover_orphans()
                 expired = await self.engine.expire_suspended()
                 purged = await self.engine.purge_retained()
             finally:
@@ -269,22 +307,44 @@ class Worker:
                 )
             await self._pause(self.engine.settings.reaper_interval_s)
 
-    async def _claim_orphans(self) -> int:
-        """Claim at most as many orphans as there are free slots and recover each as a
-        task of this worker, so none waits behind another and goes stale again. Orphans
-        go before new runs: with no slot free, the next one that frees is held for them
-        (for up to one interval). Safe beside other reapers: each orphan's claim is one
-        conditional UPDATE with a new lease epoch, so only one of them recovers it."""
-        free = await self._slots_for_orphans()
-        if free <= 0:
-            return 0
-        self._reserved += free
+    async def _recover_orphans(self) -> int:
+        """One reaper pass over the orphans: batches claimed into the slots as they free
+        (the fair rule of the module docstring), each orphan recovered as a task of this
+        worker, until no orphan that was stale when the pass began is left; the number
+        claimed. Safe beside other reapers: each orphan's claim is conditional on its
+        staleness and gives a new lease epoch, so only one of them recovers it; and a run
+        claimed by this pass has a fresh heartbeat, so the pass takes it at most once."""
+        # Until the census answers, a slot that frees is kept for this pass (orphans go
+        # before new runs); after it, only while orphans are known to be left.
+        self._orphans_left = True
+        claimed = 0
         try:
-            claim = await self.engine.claim_orphans(free)
+            began, self._orphans_left = await self.engine.orphan_census()
+            while self._orphans_left and not self.stopping.is_set():
+                room = self._room_for_orphans() or await self._wait_for_room()
+                if room <= 0:
+                    break
+                limit = min(room, self.engine.settings.reaper_batch)
+                claim = await self._claim_batch(limit, began)
+                claimed += len(claim.claimed)
+                self._orphans_left = claim.filled(limit)
         finally:
-            self._reserved -= free
+            self._orphans_left = False
+            self._wake.set()  # the claim loop may have left slots free for this pass
+        return claimed
+
+    async def _claim_batch(self, limit: int, began: float) -> OrphanClaim:
+        """Claim up to ``limit`` orphans into as many slots and start their recoveries."""
+        self._reserved += limit
+        self._claiming_orphans += limit
+        try:
+            claim = await self.engine.claim_orphans(limit, before=began)
+        finally:
+            self._reserved -= limit
+            self._claiming_orphans -= limit
             self._wake.set()  # slots the orphans did not take go back to the claim loop
         for run in claim.claimed:
+            self._recovering += 1
             self._spawn(self._recover(run), run)
         for run_id in claim.exhausted:
             self.counts["failed"] += 1
@@ -292,23 +352,21 @@ class Worker:
                 "recovery attempts exhausted",
                 extra={"run_id": run_id, "action": "recover", "state": "failed"},
             )
-        return len(claim.claimed)
+        return claim
 
-    async def _slots_for_orphans(self) -> int:
+    async def _wait_for_room(self) -> int:
+        """Wait until the fair rule gives orphans a slot (the claim loop leaves freed
+        slots to this pass meanwhile); 0 on stop or if none came within an interval."""
         deadline = time.monotonic() + self.engine.settings.reaper_interval_s
-        self._reaper_waiting = True
-        try:
-            while self._free() <= 0 and not self.stopping.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return 0
-                self._freed.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._freed.wait(), timeout=left)
-        finally:
-            self._reaper_waiting = False
-            self._wake.set()  # the claim loop may have held a slot back for us
-        return 0 if self.stopping.is_set() else self._free()
+        while not self.stopping.is_set():
+            room = self._room_for_orphans()
+            left = deadline - time.monotonic()
+            if room > 0 or left <= 0:
+                return room
+            self._freed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), timeout=left)
+        return 0
 
     async def _notices(self) -> None:
         """Every ``reaper_interval_s``: re-send undelivered suspension notices. Its own
@@ -319,32 +377,7 @@ class Worker:
                 log.info("notices reissued", extra={"action": "reissue", "runs": reissued})
             await self._pause(self.engine.settings.reaper_interval_s)
 
-    async def _listener(self, dsn: str) -> None:
-        """LISTEN on PostgreSQL in a thread of its own and wake the claim loop on each
-        notice. A lost connection raises here, so the monitor logs it and reconnects."""
-        loop = asyncio.get_running_loop()
-        done = threading.Event()
-
-        def wake() -> None:
-            loop.call_soon_threadsafe(self._wake.set)
-
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-listen")
-        try:
-            await loop.run_in_executor(pool, _listen, dsn, wake, done)
-        finally:
-            done.set()  # a cancelled wait leaves the thread running: tell it to return
-            pool.shutdown(wait=False)
-
-
-def _listen(dsn: str, wake: Callable[[], None], done: threading.Event) -> None:
-    """Block on ``LISTEN tether_runs`` until ``done``; call ``wake`` on each notice (and
-    once on connecting, for notices sent while no connection listened)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"LISTEN {CHANNEL}")
-        try:
-            wake()
-            while not done.is_set():
-                for _ in conn.notifies(timeout=1.0, stop_after=1):
-                    wake()
-        except RuntimeError:
-            return  # the event loop closed under us
+    def _announced(self) -> None:
+        """A run became ready somewhere (NOTIFY): runs wait; wake the claim loop."""
+        self._runs_waiting = True
+        self._wake.set()

@@ -4,13 +4,14 @@ Orphans are left by ``tether worker`` processes killed at a failpoint; a suspens
 is refused by its webhook, so it is due for re-issue on every pass. A second worker with a
 one-second interval then recovers the orphans and re-issues the notice.
 
-What is asserted, and why it is robust: the recovering worker has one slot, so it claims at
-most one orphan per reaper pass, and the four recoveries take four passes; each re-issue of
-the notice is one pass of the notices task. Under a 5 s floor (the old PostgreSQL worker,
-which checked the reaper only after a 5 s idle wait) four passes span at least 15 s and five
-at least 20 s of the database clock, whatever the load. With a 1 s interval they span about
-3 s and 4 s, so the assertions leave a factor of four to a loaded machine before they could
-fail spuriously, and a floor fails them every time.
+What is asserted, and why it is robust: each re-issue of the notice is one pass of the
+notices task. Under a 5 s floor (the old PostgreSQL worker, which checked the reaper only
+after a 5 s idle wait) five passes span at least 20 s of the database clock, whatever the
+load. With a 1 s interval they span about 4 s, so the assertion leaves a factor of four to
+a loaded machine before it could fail spuriously, and a floor fails it every time. The
+recovering worker has one slot; one reaper pass recovers all four orphans through it, one
+after another (a pass goes on claiming into its slots until no orphan is left), so their
+recoveries span well under the three passes' worth they are allowed.
 """
 
 from __future__ import annotations

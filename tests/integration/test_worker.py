@@ -280,9 +280,9 @@ async def test_orphans_are_claimed_into_free_slots_and_recovered_by_the_worker(
     limits: list[int] = []
     claim = engine.claim_orphans
 
-    async def counted(limit: int) -> Any:
+    async def counted(limit: int, **kwargs: Any) -> Any:
         limits.append(limit)
-        return await claim(limit)
+        return await claim(limit, **kwargs)
 
     monkeypatch.setattr(engine, "claim_orphans", counted)
     worker = Worker(engine, concurrency=1)
