@@ -180,7 +180,7 @@ async def resume_after_confirmation(
     """
     choice = _choice(decision, approver)
     token_hash = hash_token(inputs.token(token))
-    run, used = await hop(services.store.find_by_token, token_hash)
+    run, used = await _find(services, token_hash)
     if run is None:
         if used is not None and await may_see(services, used.run_id, approver):
             APPROVALS.labels(outcome=AlreadyResumed.code).inc()
@@ -188,6 +188,47 @@ async def resume_after_confirmation(
         APPROVALS.labels(outcome=UnknownOrExpired.code).inc()
         raise _unknown()
     return await _claim_and_carry_out(services, owner, run, token_hash, choice, approver)
+
+
+async def _find(services: Services, token_hash: str) -> tuple[Run | None, Decision | None]:
+    """The run suspended on a token and the decision that used it, read once for all the
+    callers of that token in flight here. A shared read is as good as a caller's own: a
+    token exists only once its suspension is durable, and a read that found it unused
+    started after the first caller had it, so after that."""
+    found, _ = await services.inflight.run(
+        ("find", token_hash), lambda: hop(services.store.find_by_token, token_hash)
+    )
+    return found
+
+
+async def _claim(
+    services: Services, owner: str, run: Run, token_hash: str, choice: Choice, approver: str
+) -> Run:
+    """Claim the suspension (the one conditional UPDATE that records the decision), or
+    raise ``already_resumed`` with the winning decision, or ``unknown_or_expired``.
+
+    Callers of one token in flight here send one claim: the first caller's. The others
+    lost to it, or to whatever it lost to, as their own UPDATE would have (a token that
+    is not claimable never becomes claimable again), so they are answered from its
+    result without waiting on the run's row lock for an UPDATE that cannot win."""
+    claim, mine = await services.inflight.run(
+        ("claim", token_hash),
+        lambda: hop(
+            services.store.claim_decision,
+            run_id=run.id,
+            token_hash=token_hash,
+            owner=owner,
+            decision=choice.value,
+            approver=approver,
+        ),
+    )
+    if mine and claim.run is not None:
+        return claim.run
+    if claim.decision is not None:
+        raise AlreadyResumed(
+            "this request was already decided", decision=decision_json(claim.decision)
+        )
+    raise _unknown()
 
 
 async def resume_by_run(
@@ -248,19 +289,7 @@ async def _claim_then_decide(
     scope = await services.agent.resolve_scope(run.user_id)
     if not scope.may_approve(approver):
         raise _unknown()
-    claimed = await hop(
-        services.store.claim_suspended,
-        run_id=run.id,
-        token_hash=token_hash,
-        owner=owner,
-        decision=choice.value,
-        approver=approver,
-    )
-    if claimed is None:
-        _, used = await hop(services.store.find_by_token, token_hash)
-        if used is not None:
-            raise AlreadyResumed("this request was already decided", decision=decision_json(used))
-        raise _unknown()
+    claimed = await _claim(services, owner, run, token_hash, choice, approver)
     log.info("claimed", extra={"run_id": run.id, "action": "claim", "state": choice.value})
     fail("after_claim")
     try:

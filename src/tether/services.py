@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from tether.agent import Agent
 from tether.config import Settings
 from tether.hop import hop, hop_once
+from tether.inflight import InFlight
 from tether.liveness import Heartbeat
 from tether.models.base import Model
 from tether.notify import Notifier, Outbox
@@ -30,3 +31,5 @@ class Services:
     heartbeat: Heartbeat
     outbox: Outbox
     approve_url: Callable[[str], str] = field(default=lambda token: f"/approve/{token}")
+    # Concurrent lookups and claims of one token in this process, sent once (decision.py).
+    inflight: InFlight = field(default_factory=InFlight)
