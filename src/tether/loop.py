@@ -3,8 +3,10 @@
 Durable writes of a step, in order (each a transaction, each fenced by the lease):
 1. the assistant turn, with its spend, step count and the ledger intents of its calls;
 2. for each tool call of the turn, in order: the tool's result with its counters.
-A call that needs confirmation suspends the run instead. Each gap between two writes is a
-named failpoint; what the next owner sees at each one is in docs/step-protocol.md.
+A call that needs confirmation suspends the run instead. A turn whose calls are all plain
+reads is one write: the reads run first, concurrently, and the turn is stored with their
+results. Each gap between two writes is a named failpoint; what the next owner sees at
+each one is in docs/step-protocol.md.
 """
 
 from __future__ import annotations
