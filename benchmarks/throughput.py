@@ -6,13 +6,25 @@
    answer, so process start-up is not counted.
 2. The latency (median, p99) of 50 concurrent approvals of one token: 50 threads, each
    with its own engine, released together; exactly one wins, 49 get already_resumed.
+3. The latency of the claim of an approval (target: p99 <= 10 ms), in process: 50
+   approvals of one token started together on one engine (as one ``tether serve``
+   carries them), each timed from its entry into ``Engine.resume_after_confirmation``
+   until its claim is decided: the winner's ``claim_suspended`` returned the run, a loser
+   got ``AlreadyResumed``. The tool the winner then runs is not counted. Measured with
+   the store's default pool and thread pool (10 + 20 connections, as many threads), then
+   with both at 8 and at 60, to tell whether they bound it; and once more with the
+   default pool after ``gc.freeze()`` (as a server could do once started), since the
+   tail that remains is the interpreter's full garbage collections (50-60 ms each here).
 
-Run: .venv/bin/python benchmarks/throughput.py [--runs 200] [--rounds 5]
+Run: .venv/bin/python benchmarks/throughput.py [--runs 200] [--rounds 5] [--tokens 50]
+     (``--only claims`` for part 3 alone)
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import gc
 import os
 import statistics
 import subprocess
@@ -20,8 +32,10 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import sqlalchemy as sa
@@ -35,7 +49,8 @@ import bench_agent  # noqa: E402
 from tether import Engine, MemoryNotifier  # noqa: E402
 from tether.config import Settings  # noqa: E402
 from tether.errors import AlreadyResumed  # noqa: E402
-from tether.store import Store, upgrade  # noqa: E402
+from tether.store import Store, faults, upgrade  # noqa: E402
+from tether.store.engine import normalize_url  # noqa: E402
 from tether.store.schema import run_events, runs  # noqa: E402
 
 ADMIN = os.environ.get("TETHER_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -182,11 +197,124 @@ def approval_latencies(rounds: int, concurrent: int = 50) -> tuple[list[float], 
         drop_database(name)
 
 
+def _sized(eng: Engine, url: str, size: int | None) -> None:
+    """Give ``eng``'s store a pool of ``size`` connections (and so as many threads),
+    before its first use; None keeps the default."""
+    if size is None:
+        return
+    eng.store.engine.dispose()
+    eng.store.engine = sa.create_engine(
+        normalize_url(url), pool_size=size, max_overflow=0, pool_timeout=30
+    )
+    faults.track_commits(eng.store.engine)
+
+
+def _timed_claims(store: Store, decided: dict[str, float]) -> None:
+    """Record when the winning claim of each token hash was decided (in its thread, as
+    the claim returns). Bound to the store, so ``hop`` still finds its executor."""
+    name = "claim_decision" if hasattr(store, "claim_decision") else "claim_suspended"
+    claim = getattr(store, name)
+
+    def timed(self: Store, **kwargs: Any) -> Any:
+        result = claim(**kwargs)
+        if getattr(result, "run", result) is not None:
+            decided[kwargs["token_hash"]] = time.perf_counter()
+        return result
+
+    setattr(store, name, types.MethodType(timed, store))
+
+
+async def _claim_round(eng: Engine, notifier: MemoryNotifier, concurrent: int) -> list[float]:
+    """One token, ``concurrent`` approvals started together; each one's claim latency."""
+    from tether.tokens import hash_token
+
+    outcome = await eng.ask("bench", "publish a")
+    token = notifier.last(outcome.run_id).token
+    decided: dict[str, float] = {}
+    _timed_claims(eng.store, decided)
+
+    async def approve() -> tuple[float, bool]:
+        start = time.perf_counter()
+        try:
+            await eng.resume_after_confirmation(token, "approve", "bench")
+        except AlreadyResumed:
+            return (time.perf_counter() - start) * 1000, False
+        return (decided[hash_token(token)] - start) * 1000, True
+
+    results = await asyncio.gather(*(approve() for _ in range(concurrent)))
+    if sum(won for _, won in results) != 1:
+        raise RuntimeError(f"{sum(won for _, won in results)} approvals won one token")
+    return [ms for ms, _ in results]
+
+
+async def _claims(
+    url: str, tokens: int, concurrent: int, size: int | None, freeze: bool
+) -> list[float]:
+    notifier = MemoryNotifier()
+    os.environ["BENCH_SCRIPT"] = "publish"
+    eng = Engine(
+        agent=bench_agent.agent(),
+        model=bench_agent.model(),
+        settings=Settings(database_url=url),
+        notifier=notifier,
+    )
+    _sized(eng, url, size)
+    latencies: list[float] = []
+    try:
+        await _claim_round(eng, notifier, concurrent)  # warm the pool and the caches
+        if freeze:  # what a server could do once started: full collections skip all that
+            gc.collect()
+            gc.freeze()
+        for _ in range(tokens):
+            latencies.extend(await _claim_round(eng, notifier, concurrent))
+    finally:
+        gc.unfreeze()
+        await eng.aclose()
+    return latencies
+
+
+def claim_latencies(
+    tokens: int, concurrent: int = 50, size: int | None = None, *, freeze: bool = False
+) -> list[float]:
+    """Claim latencies (ms) of ``concurrent`` approvals of each of ``tokens`` tokens."""
+    name, url = fresh_database()
+    try:
+        return asyncio.run(_claims(url, tokens, concurrent, size, freeze))
+    finally:
+        drop_database(name)
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def print_claims(tokens: int) -> None:
+    print(
+        f"\nThe claim of an approval, 50 concurrent approvals of one token on one engine, "
+        f"{tokens} tokens (target p99 <= 10 ms)"
+    )
+    print(f"{'pool / threads':>28} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}  verdict")
+    configs = [("10 + 20 (default)", None, False), ("8", 8, False), ("60", 60, False)]
+    configs.append(("10 + 20, gc.freeze() at start", None, True))
+    for label, size, freeze in configs:
+        ms = claim_latencies(tokens, size=size, freeze=freeze)
+        verdict = "PASS" if _p(ms, 0.99) <= 10.0 else "MISS"
+        print(f"{label:>28} {_p(ms, 0.5):>8.1f} {_p(ms, 0.99):>8.1f} {max(ms):>8.1f}  {verdict}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=50)
+    parser.add_argument("--only", choices=["claims"], default=None)
     args = parser.parse_args()
+    load = os.getloadavg()
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    if args.only == "claims":
+        print_claims(args.tokens)
+        return
     print(f"PostgreSQL, {args.runs} runs of 10 steps each (9 tool steps + answer)")
     print(f"{'workers':>8} {'runs/s':>10} {'seconds':>9} {'vs 1 worker':>12}")
     base: float | None = None
@@ -203,6 +331,7 @@ def main() -> None:
         f"  latency median {statistics.median(latencies):.1f} ms, p99 {p99:.1f} ms, "
         f"max {latencies[-1]:.1f} ms"
     )
+    print_claims(args.tokens)
 
 
 if __name__ == "__main__":
