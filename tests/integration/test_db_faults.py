@@ -30,6 +30,7 @@ from kit import call
 
 from conftest import PG_ADMIN_URL
 from tether import Agent, Reconciled, Scope, ScriptedModel, ToolContext, tool
+from tether.budget import Limits
 from tether.config import Settings
 from tether.decision import CallVerdict
 from tether.engine import Engine
@@ -86,6 +87,51 @@ async def test_a_call_cut_off_at_its_commit_is_not_retried_and_is_reported(db_ur
         with pytest.raises(DatabaseUnavailable, match="outcome is unknown"):
             await hop(store.add_user, "erin", "key-of-erin-0123456789")
         assert len(seen) == 1
+    finally:
+        store.close()
+
+
+async def test_a_step_write_cut_off_at_its_commit_is_retried_and_applied_once(
+    db_url: str,
+) -> None:
+    """A step write is the exception: it cannot apply twice (it is conditional on the
+    message count), so a COMMIT that failed is tried again. Here the COMMIT never reached
+    the database; the retry applies the write, once (for a COMMIT that landed, see
+    ``test_a_step_write_cut_off_after_its_commit_landed_...``)."""
+    store = Store(db_url, retry_s=30.0)
+    try:
+        run_id = "r-commit-cut"
+        store.create_run(
+            run_id=run_id,
+            user_id="dana",
+            question="q",
+            route={},
+            limits=Limits(),
+            scope={},
+            versions={},
+            messages=[{"role": "user", "content": "q"}],
+        )
+        claimed = store.claim_ready("w1", run_id)
+        assert claimed is not None
+        seen = _fail_once(store.engine, "commit", _transient(db_url))
+        await hop(
+            store.persist_turn,
+            claimed.lease(),
+            seq=1,
+            message={"role": "assistant", "content": "done"},
+            spend_usd=0.01,
+            elapsed_ms=1,
+            intents=[],
+            final=True,
+            event={},
+        )
+        assert len(seen) >= 2  # the first COMMIT failed, the second went through
+        assert store.messages(run_id) == [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "done"},
+        ]
+        run = store.get_run(run_id)
+        assert run is not None and run.state is RunState.ANSWERED and run.budget.steps == 1
     finally:
         store.close()
 
