@@ -493,13 +493,22 @@ def chart(
         ax.set_yscale("log")
         ax.set_xticks(ns)
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(ticker.FuncFormatter(_minor_label))
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small")
+    # One legend under both panels, where no line runs.
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small")
     fig.suptitle(f"8 KiB tool result per step, durable commits; median of {repeats} repetition(s)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def _minor_label(value: float, _pos: int) -> str:
+    """Label the 2s and 5s between the decades of a log axis, and nothing else."""
+    text = f"{value:g}"
+    return text if text.lstrip("0.")[:1] in ("2", "5") else ""
 
 
 # -- the command -------------------------------------------------------------------------
