@@ -111,6 +111,20 @@ class Sample:
     def from_json(cls, data: Mapping[str, Any]) -> Sample:
         return cls(**data)
 
+    @classmethod
+    def checked(
+        cls, system: str, db: Database, steps: int, seconds: float, stored: int, failures: list[str]
+    ) -> Sample:
+        """A run's sample, its stored-check the verdict of ``failures``."""
+        return cls(
+            system=system,
+            backend=db.backend,
+            steps=steps,
+            seconds=seconds,
+            stored_bytes=stored,
+            check=verdict(failures),
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class Resumed:

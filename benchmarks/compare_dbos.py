@@ -187,14 +187,7 @@ def measure(system: str, db: Database, steps: int) -> Sample:
         expect(failures, "answer", answer, "done")
     finally:
         shutdown()
-    return Sample(
-        system=system,
-        backend=db.backend,
-        steps=steps,
-        seconds=seconds,
-        stored_bytes=stored,
-        check=verdict(failures),
-    )
+    return Sample.checked(system, db, steps, seconds, stored, failures)
 
 
 def prepare(system: str, db: Database, steps: int) -> str:

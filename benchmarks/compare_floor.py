@@ -171,14 +171,7 @@ def measure(system: str, db: Database, steps: int) -> Sample:
         store.close()
     # system, user, then each step's assistant turn and (but the last) its tool result
     failures = check(db, run_id, steps, 2 + 2 * steps - 1, steps - 2)
-    return Sample(
-        system=system,
-        backend=db.backend,
-        steps=steps,
-        seconds=seconds,
-        stored_bytes=stored,
-        check=verdict(failures),
-    )
+    return Sample.checked(system, db, steps, seconds, stored, failures)
 
 
 def prepare(system: str, db: Database, steps: int) -> str:

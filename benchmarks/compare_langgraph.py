@@ -192,14 +192,7 @@ def measure(system: str, db: Database, steps: int) -> Sample:
         system, db, thread, checkpoints=2 * steps + 1, messages=2 * steps + 1, last_n=steps - 2
     )
     expect(failures, "answer", result["messages"][-1].content, ANSWER)
-    return Sample(
-        system=system,
-        backend=db.backend,
-        steps=steps,
-        seconds=seconds,
-        stored_bytes=stored,
-        check=verdict(failures),
-    )
+    return Sample.checked(system, db, steps, seconds, stored, failures)
 
 
 def prepare(system: str, db: Database, steps: int) -> str:

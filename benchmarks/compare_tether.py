@@ -119,14 +119,7 @@ def measure(system: str, db: Database, steps: int) -> Sample:
     failures = check(
         db, run_id, steps=steps, messages=2 * steps + 1, state="answered", last_n=steps - 2
     )
-    return Sample(
-        system=system,
-        backend=db.backend,
-        steps=steps,
-        seconds=seconds,
-        stored_bytes=stored,
-        check=verdict(failures),
-    )
+    return Sample.checked(system, db, steps, seconds, stored, failures)
 
 
 async def _prepare(db: Database, steps: int) -> str:

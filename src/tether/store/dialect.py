@@ -116,30 +116,9 @@ class SqliteDialect(Dialect):
     def insert_new(self, table: sa.Table) -> sa.Insert:
         return sqlite.insert(table).on_conflict_do_nothing()
 
-    def write_turn(
-        self,
-        conn: Connection,
-        params: dict[str, Any],
-        *,
-        final: bool,
-        messages: list[dict[str, Any]],
-        intents: list[dict[str, Any]],
-        events: list[tuple[str, dict[str, Any]]],
-    ) -> None:
-        sqlite_steps.write_turn(
-            conn, params, final=final, messages=messages, intents=intents, events=events
-        )
-
-    def write_result(
-        self,
-        conn: Connection,
-        params: dict[str, Any],
-        *,
-        traced: bool,
-        message: dict[str, Any],
-        event: dict[str, Any],
-    ) -> None:
-        sqlite_steps.write_result(conn, params, traced=traced, message=message, event=event)
+    # The step writes, on the driver's cursor.
+    write_turn = staticmethod(sqlite_steps.write_turn)
+    write_result = staticmethod(sqlite_steps.write_result)
 
 
 class PostgresDialect(Dialect):
