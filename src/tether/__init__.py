@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from tether.agent import Agent
+from tether.approval_preview import ApprovalPreview
+from tether.approvals import ApprovalResult
 from tether.budget import Budget, Limits
 from tether.config import Settings
-from tether.decision import ApprovalResult, CallVerdict, Choice
+from tether.decision import CallVerdict, Choice
 from tether.engine import Engine, ReapReport, RunView
 from tether.errors import TetherError
 from tether.models import Model, ScriptedModel
@@ -24,11 +26,13 @@ from tether.tools import (
     Tool,
     ToolContext,
     ToolFailed,
+    ToolUnavailable,
     tool,
 )
 
 __all__ = [
     "Agent",
+    "ApprovalPreview",
     "ApprovalResult",
     "Budget",
     "CallVerdict",
@@ -61,5 +65,6 @@ __all__ = [
     "Tool",
     "ToolContext",
     "ToolFailed",
+    "ToolUnavailable",
     "tool",
 ]

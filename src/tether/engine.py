@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tether import decision as approvals
-from tether import inputs, resume
+from tether import approval_preview, approvals, inputs, resume
 from tether.agent import Agent
+from tether.approval_preview import ApprovalPreview
+from tether.approvals import ApprovalResult
 from tether.budget import Limits, parse_limits
 from tether.config import Settings
-from tether.decision import ApprovalResult
 from tether.errors import InvalidInput, NotFound
 from tether.liveness import Heartbeat
 from tether.models.base import Message, Model
@@ -223,12 +223,28 @@ class Engine(ServiceAPI):
     # -- resumptions -----------------------------------------------------------------------
 
     async def resume_after_confirmation(
-        self, token: str, decision: str, approver: str
+        self,
+        token: str,
+        decision: str,
+        approver: str,
+        *,
+        reason: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        digest: str | None = None,
     ) -> ApprovalResult:
-        """Carry out a human decision on a suspended run (SPEC §4)."""
+        """Carry out a human decision on a suspended run (SPEC §4, §9): with a reason, and
+        for an approval the approver's edited ``arguments`` and the ``digest`` of the
+        preview they saw."""
         await self.open()
         return await approvals.resume_after_confirmation(
-            self.services, self.worker_id, token, decision, approver
+            self.services,
+            self.worker_id,
+            token,
+            decision,
+            approver,
+            reason=reason,
+            arguments=arguments,
+            digest=digest,
         )
 
     async def resume_by_run(
@@ -239,9 +255,13 @@ class Engine(ServiceAPI):
         *,
         tool_call_id: str,
         digest: str | None,
+        reason: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        approved_digest: str | None = None,
     ) -> ApprovalResult:
         """Decide the pending call ``tool_call_id`` of ``run_id`` (shown with ``digest``)
-        from an inbox, without the token; same claim, checks and errors as a token."""
+        from an inbox, without the token; same claim, checks and errors as a token.
+        ``approved_digest``: the digest of the re-rendered preview of an edit."""
         await self.open()
         return await approvals.resume_by_run(
             self.services,
@@ -251,6 +271,31 @@ class Engine(ServiceAPI):
             approver,
             tool_call_id=tool_call_id,
             digest=digest,
+            reason=reason,
+            arguments=arguments,
+            approved_digest=approved_digest,
+        )
+
+    async def preview_approval(
+        self, token: str, approver: str, arguments: dict[str, Any] | None = None
+    ) -> ApprovalPreview:
+        """The pending call's preview with ``arguments`` (default: as pending), and its
+        digest; never claims, never changes anything (SPEC §9)."""
+        await self.open()
+        return await approval_preview.preview_approval(self.services, token, approver, arguments)
+
+    async def preview_by_run(
+        self,
+        run_id: str,
+        approver: str,
+        *,
+        tool_call_id: str,
+        arguments: dict[str, Any] | None = None,
+    ) -> ApprovalPreview:
+        """``preview_approval`` for the inbox, by run and pending call."""
+        await self.open()
+        return await approval_preview.preview_by_run(
+            self.services, run_id, approver, tool_call_id=tool_call_id, arguments=arguments
         )
 
     async def continue_run(

@@ -95,15 +95,20 @@ class Pending:
     arguments: dict[str, Any]
     preview: dict[str, Any] | None
     digest: str | None
+    # The model's arguments when ``arguments`` are an approver's edit of them (SPEC §9).
+    edited_from: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "tool_call_id": self.tool_call_id,
             "tool": self.tool,
             "arguments": self.arguments,
             "preview": self.preview,
             "digest": self.digest,
         }
+        if self.edited_from is not None:
+            data["edited_from"] = self.edited_from
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Pending:
@@ -113,6 +118,7 @@ class Pending:
             arguments=dict(data["arguments"]),
             preview=data.get("preview"),
             digest=data.get("digest"),
+            edited_from=data.get("edited_from"),
         )
 
 
@@ -138,6 +144,8 @@ class Run:
     halt_reason: str | None
     fail_reason: str | None
     recovery_attempts: int
+    # Consecutive failed model calls (SPEC §10); a stored turn resets it.
+    model_failures: int
     owner: str | None
     lease_epoch: int
     heartbeat_at: float | None
@@ -177,6 +185,7 @@ class Run:
             halt_reason=row["halt_reason"],
             fail_reason=row["fail_reason"],
             recovery_attempts=row["recovery_attempts"],
+            model_failures=row["model_failures"],
             owner=row["owner"],
             lease_epoch=row["lease_epoch"],
             heartbeat_at=row["heartbeat_at"],

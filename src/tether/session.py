@@ -250,10 +250,16 @@ class RunSession:
         await self.append_result(call, content, CallStatus.ERROR, counted=False)
 
     async def suspend(
-        self, call: ToolCall, args: BaseModel, preview: dict[str, Any] | None
+        self,
+        call: ToolCall,
+        args: BaseModel,
+        preview: dict[str, Any] | None,
+        *,
+        edited_from: dict[str, Any] | None = None,
     ) -> Outcome:
         """Suspend on ``call`` with its rendered ``preview`` and a fresh token (only the
-        token's hash is stored), then send the notice."""
+        token's hash is stored), then send the notice. ``edited_from``: the model's
+        arguments, when ``args`` are an approver's edit of them."""
         fail("before_suspend", call.name)
         token = new_token()
         pending = Pending(
@@ -262,6 +268,7 @@ class RunSession:
             arguments=args.model_dump(mode="json"),
             preview=preview,
             digest=digest(preview) if preview is not None else None,
+            edited_from=edited_from,
         )
         expires_at = await hop(
             self.s.store.suspend,
@@ -286,6 +293,10 @@ class RunSession:
         await self.s.outbox.post(notice)
         log.info("suspended", extra={"run_id": self.run.id, "action": "suspended"})
         return Outcome(run_id=self.run.id, kind=StopKind.SUSPENDED, notice=notice)
+
+    async def record_edit(self, call: ToolCall, arguments: dict[str, Any]) -> None:
+        """Record in the ledger the edited arguments ``call`` is about to run with."""
+        await hop(self.s.store.record_edit, self.lease, tool_call_id=call.id, arguments=arguments)
 
     async def halt(self, reason: HaltReason) -> Outcome:
         """running → halted; the run keeps its budget and messages for its owner."""
@@ -335,6 +346,17 @@ class RunSession:
         """Hand the run back to the workers (still running, no owner)."""
         await hop(self.s.store.release, self.lease, elapsed_ms=self._elapsed(), event={"why": why})
         return Outcome(run_id=self.run.id, kind=StopKind.RELEASED, reason=why)
+
+    async def retry_model(self, delay_s: float, event: dict[str, Any]) -> tuple[int, float]:
+        """Hand the run back after a transient model failure, claimable after ``delay_s``
+        (``store.retry_model``); the consecutive failures now counted, and ``ready_at``."""
+        return await hop(
+            self.s.store.retry_model,
+            self.lease,
+            elapsed_ms=self._elapsed(),
+            delay_s=delay_s,
+            event=event,
+        )
 
     async def add_event(self, kind: str, data: dict[str, Any]) -> None:
         await hop(self.s.store.add_event, self.run.id, kind, data)

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tether.decision import ApprovalResult
+from tether.approvals import ApprovalResult
 from tether.outcome import Outcome
 from tether.runs import Run
 
@@ -35,8 +35,12 @@ class SyncEngine:
     def ask(self, user_id: str, question: str, **kwargs: Any) -> Outcome:
         return self._run(self._engine.ask(user_id, question, **kwargs))
 
-    def resume_after_confirmation(self, token: str, decision: str, approver: str) -> ApprovalResult:
-        return self._run(self._engine.resume_after_confirmation(token, decision, approver))
+    def resume_after_confirmation(
+        self, token: str, decision: str, approver: str, **kwargs: Any
+    ) -> ApprovalResult:
+        return self._run(
+            self._engine.resume_after_confirmation(token, decision, approver, **kwargs)
+        )
 
     def continue_run(self, run_id: str, user: str, **kwargs: Any) -> Run:
         return self._run(self._engine.continue_run(run_id, user, **kwargs))

@@ -82,7 +82,7 @@ async def test_the_send_suspends_and_two_concurrent_approvals_resume_it_once(
 
     answered = (await stage.engine.get_run(run_id)).run
     assert answered.state.value == "answered"
-    decisions = await events(stage, run_id, "decision")
+    decisions = await events(stage, run_id, "approved")
     assert [(e.data["decision"], e.data["by"]) for e in decisions] == [("approve", "dana")]
     assert await ledger(stage, run_id) == [(i, t, "ok") for i, t in DEMO_CALLS]
     counts = henderson(stage)
@@ -152,7 +152,7 @@ async def test_a_stale_approval_is_refused_and_nothing_is_sent(stage: Stage) -> 
     send_result = json.loads(view.messages[-2]["content"])
     assert send_result["error"] == "guard_failed"
     assert "credit hold" in send_result["message"]
-    decisions = await events(stage, result.run_id, "decision")
+    decisions = await events(stage, result.run_id, "approved")
     assert [(e.data["decision"], e.data["by"]) for e in decisions] == [
         ("approve", "dana"),
         ("approve", "miguel"),

@@ -271,7 +271,7 @@ async def test_events_are_the_runs_trace_oldest_first_with_iso_times(db_url: str
         assert all(set(item) == {"id", "at", "kind", "data"} for item in items)
         kinds = [item["kind"] for item in items]
         assert kinds[0] == "created"
-        assert kinds.index("suspended") < kinds.index("decision")
+        assert kinds.index("suspended") < kinds.index("approved")
         assert [item["id"] for item in items] == sorted(item["id"] for item in items)
         times = [parse_iso(item["at"]) for item in items]
         assert times == sorted(times)

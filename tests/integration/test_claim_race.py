@@ -18,7 +18,7 @@ import kit
 import pytest
 
 from tether import Engine, MemoryNotifier, StopKind
-from tether.decision import ApprovalResult
+from tether.approvals import ApprovalResult
 from tether.errors import AlreadyResumed, UnknownOrExpired
 from tether.store import Store
 from tether.store.claims import SuspensionClaim
@@ -73,7 +73,7 @@ def test_one_of_n_concurrent_store_claims_wins_and_the_rest_read_its_decision(
         assert winner.run.owner == f"approval-{winner.decision.by.split('-')[1]}"
         # Every loser learnt the decision that won, as it was recorded.
         assert all(c.decision == winner.decision for c in claims)
-        decided = [e for e in store.events(run_id) if e.kind == "decision"]
+        decided = [e for e in store.events(run_id) if e.kind in ("approved", "declined")]
         assert [e.data["by"] for e in decided] == [winner.decision.by]
         assert store.find_by_token(hash_token(token)) == (None, winner.decision)
     finally:
@@ -103,7 +103,13 @@ async def test_concurrent_approvals_in_and_across_processes_resume_once(db_url: 
         assert len(won) == 1 and len(lost) == 23
         (_, recorded) = await asyncio.to_thread(engines[0].store.find_by_token, hash_token(token))
         assert recorded is not None and recorded.decision == won[0].decision.value
-        expected = {"decision": recorded.decision, "by": "dana", "at": _iso(recorded.at)}
+        expected = {
+            "decision": recorded.decision,
+            "by": "dana",
+            "at": _iso(recorded.at),
+            "reason": None,
+            "arguments": None,
+        }
         assert all(exc.code == "already_resumed" for exc in lost)
         assert all(exc.details["decision"] == expected for exc in lost)
         # The approved send ran at most once, under its one key.

@@ -206,20 +206,38 @@ class Claims(StoreBase):
         ).run
 
     def claim_decision(
-        self, *, run_id: str, token_hash: str, owner: str, decision: str, approver: str
+        self,
+        *,
+        run_id: str,
+        token_hash: str,
+        owner: str,
+        decision: str,
+        approver: str,
+        reason: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        digest: str | None = None,
+        event: dict[str, Any] | None = None,
     ) -> SuspensionClaim:
         """The one claim of a suspension (invariant 5): suspended → running under
         ``owner``, conditional on the token and on ``expires_at`` against the database's
-        clock, recording the decision, who and when in the same transaction. A claim that
-        lost reads, in the same transaction, the decision that used the token (a new
-        statement sees what the winner committed while this UPDATE waited on its lock), so
-        a loser is answered without another trip to the store."""
+        clock, recording the decision (who, when, the approver's ``reason``, the
+        ``arguments`` the call is to run with when they are not the model's, and the
+        ``digest`` the approver saw, by default the pending preview's) and its
+        ``approved`` / ``declined`` event (``event``: its data) in the same transaction.
+        A claim that lost reads, in the same transaction, the decision that used the token
+        (a new statement sees what the winner committed while this UPDATE waited on its
+        lock), so a loser is answered without another trip to the store."""
         params = {
             "b_id": run_id,
             "b_token_hash": token_hash,
             "b_owner": owner,
             "b_decision": decision,
             "b_approver": approver,
+            "b_reason": reason,
+            "b_arguments": arguments,
+            "b_digest": digest,
+            "b_kind": "declined" if decision == "decline" else "approved",
+            "b_event": {"decision": decision, "by": approver, **(event or {})},
         }
         with self.engine.begin() as conn:
             if self.dialect.one_statement_claims:
@@ -254,16 +272,14 @@ class Claims(StoreBase):
                 decision=params["b_decision"],
                 decided_by=params["b_approver"],
                 decided_at=db_now(),
-                digest=run.pending.digest,
+                digest=params["b_digest"] or run.pending.digest,
+                reason=params["b_reason"],
+                arguments=params["b_arguments"],
             )
             .returning(*decisions.c)
         ).one()
-        data = {
-            "decision": params["b_decision"],
-            "by": params["b_approver"],
-            "tool_call_id": run.pending.tool_call_id,
-        }
-        add_event(conn, run.id, "decision", data)
+        data = {**params["b_event"], "tool_call_id": run.pending.tool_call_id}
+        add_event(conn, run.id, params["b_kind"], data)
         return SuspensionClaim(run=run, decision=Decision.from_row(recorded._mapping))
 
     def orphan_census(self, *, stale_after_s: float) -> tuple[float, bool]:

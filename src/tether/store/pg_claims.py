@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
 
 from tether.reasons import FailReason
 from tether.store.engine import db_now
@@ -69,8 +70,9 @@ def orphans_statement(recover: sa.Update, exhaust: sa.Update) -> sa.Select[Any]:
 
 
 def suspended_statement(claim: sa.Update) -> sa.Select[Any]:
-    """Claim a suspension and record the decision (who, when, on which digest) and its
-    event, all from the claim's RETURNING: nothing is written when the claim lost.
+    """Claim a suspension and record the decision (who, when, on which digest, why, with
+    which edited arguments) and its ``approved`` / ``declined`` event, all from the claim's
+    RETURNING: nothing is written when the claim lost.
 
     Returns the claimed run's row with the decision's columns (``d_*``), or no row."""
     r = claim.cte("r")
@@ -86,6 +88,8 @@ def suspended_statement(claim: sa.Update) -> sa.Select[Any]:
                 "decided_by",
                 "decided_at",
                 "digest",
+                "reason",
+                "arguments",
             ],
             sa.select(
                 _text("b_token_hash"),
@@ -94,19 +98,18 @@ def suspended_statement(claim: sa.Update) -> sa.Select[Any]:
                 _text("b_decision"),
                 _text("b_approver"),
                 db_now(),
-                r.c.pending["digest"].as_string(),
+                sa.func.coalesce(_text("b_digest"), r.c.pending["digest"].as_string()),
+                _text("b_reason"),
+                sa.bindparam("b_arguments", type_=sa.JSON),
             ),
         )
         .returning(*decisions.c)
         .cte("d")
     )
-    event = _event(
-        r,
-        "e",
-        "decision",
-        decision=_text("b_decision"),
-        by=_text("b_approver"),
-        tool_call_id=call_id,
+    data = sa.cast(sa.bindparam("b_event", type_=sa.JSON), JSONB).op("||")(
+        sa.func.jsonb_build_object("tool_call_id", call_id)
     )
+    rows = sa.select(r.c.id, db_now(), _text("b_kind"), sa.cast(data, sa.JSON))
+    event = run_events.insert().from_select(_EVENT_COLUMNS, rows).cte("e")
     recorded = [decided.c[c.name].label(f"d_{c.name}") for c in decisions.c]
     return sa.select(*r.c, *recorded).select_from(r.join(decided, sa.true())).add_cte(event)

@@ -37,6 +37,8 @@ class LedgerEntry:
     result: Any
     intent_at: float
     outcome_at: float | None
+    # The arguments the call ran with when an approver edited the model's (SPEC §9).
+    edited_arguments: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> LedgerEntry:
@@ -52,13 +54,15 @@ class LedgerEntry:
             result=row["result"],
             intent_at=row["intent_at"],
             outcome_at=row["outcome_at"],
+            edited_arguments=row["edited_arguments"],
         )
 
 
 @dataclass(frozen=True, kw_only=True)
 class Decision:
-    """A human decision that used a token: what, who, when (DB clock), and the digest of the
-    preview it was given on."""
+    """A human decision that used a token: what, who, when (DB clock), the digest of the
+    preview the approver saw, their reason, and the arguments the call is to run with when
+    they are not the model's (an approver's edit, SPEC §9)."""
 
     run_id: str
     tool_call_id: str
@@ -66,6 +70,8 @@ class Decision:
     by: str
     at: float
     digest: str | None
+    reason: str | None = None
+    arguments: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Decision:
@@ -76,6 +82,8 @@ class Decision:
             by=row["decided_by"],
             at=row["decided_at"],
             digest=row["digest"],
+            reason=row["reason"],
+            arguments=row["arguments"],
         )
 
 

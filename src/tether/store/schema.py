@@ -76,6 +76,8 @@ runs = sa.Table(
     # A run handed back with a delay (a retry's backoff) is not claimable before this
     # time of the database's clock; NULL when it may be claimed at once (migration 0003).
     sa.Column("ready_at", sa.Float, nullable=True),
+    # Consecutive failed model calls; a successful call resets it (SPEC §10, migration 0004).
+    sa.Column("model_failures", sa.Integer, nullable=False, server_default="0"),
 )
 
 # Partial indexes: the reaper, the worker queue, expiry and retention each scan only the
@@ -135,6 +137,8 @@ tool_calls = sa.Table(
     sa.Column("result", sa.JSON, nullable=True),
     sa.Column("intent_at", sa.Float, nullable=False),
     sa.Column("outcome_at", sa.Float, nullable=True),
+    # The arguments the call ran with when a human edited them (SPEC §9, migration 0004).
+    sa.Column("edited_arguments", sa.JSON, nullable=True),
 )
 sa.Index("tool_calls_run", tool_calls.c.run_id, tool_calls.c.seq)
 
@@ -152,6 +156,9 @@ decisions = sa.Table(
     sa.Column("decided_by", sa.String(128), nullable=False),
     sa.Column("decided_at", sa.Float, nullable=False),
     sa.Column("digest", sa.String(64), nullable=True),
+    # The approver's reason and edited arguments (SPEC §9, migration 0004).
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("arguments", sa.JSON, nullable=True),
 )
 sa.Index("decisions_run", decisions.c.run_id, decisions.c.tool_call_id)
 

@@ -56,6 +56,9 @@ _TURN_VALUES: dict[str, Any] = {
     "tool_calls": runs.c.tool_calls + sa.bindparam("b_counted", type_=sa.Integer),
     "message_count": runs.c.message_count + sa.bindparam("b_added", type_=sa.Integer),
     "heartbeat_at": _FRESH_HEARTBEAT,
+    # A stored turn is a model call that succeeded: the count of consecutive failed ones
+    # starts again (SPEC §10). A constant in an UPDATE that happens anyway costs nothing.
+    "model_failures": sa.literal_column("0"),
 }
 
 # The assistant turn's counters; RETURNING the new message count.
@@ -146,6 +149,18 @@ RELEASE = Transition(
     ready_at=sa.case((_DELAY > 0, db_now() + _DELAY), else_=sa.null()),
 )
 
+# Handed back after a model call that failed transiently: claimable after the backoff,
+# with one more consecutive failure counted; RETURNING the count and when it may run.
+MODEL_RETRY = Transition(
+    RUNNING,
+    RUNNING,
+    OWNS,
+    returning=(runs.c.model_failures, runs.c.ready_at),
+    **_LEAVE,
+    ready_at=db_now() + _DELAY,
+    model_failures=runs.c.model_failures + 1,
+)
+
 INSERT_MESSAGE = run_messages.insert()
 
 INSERT_EVENT = run_events.insert().values(at=db_now())
@@ -160,6 +175,12 @@ INSERT_DONE = tool_calls.insert().values(intent_at=db_now(), outcome_at=db_now()
 _OPEN: list[sa.ColumnElement[str]] = [
     sa.literal_column(f"'{s.value}'") for s in (CallStatus.INTENT, CallStatus.UNKNOWN)
 ]
+
+RECORD_EDIT = (
+    tool_calls.update()
+    .where(tool_calls.c.idempotency_key == sa.bindparam("b_key"))
+    .values(edited_arguments=sa.bindparam("b_args", type_=sa.JSON))
+)
 
 RECORD_OUTCOME = (
     tool_calls.update()

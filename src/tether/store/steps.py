@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from tether.errors import LeaseLost
 from tether.models.base import Message
-from tether.runs import FailReason, HaltReason, Lease, Pending
+from tether.runs import FailReason, HaltReason, Lease, Pending, iso
 from tether.store import faults
 from tether.store.base import StoreBase
 from tether.store.records import CallStatus
@@ -24,6 +24,8 @@ from tether.store.statements import (
     HEARTBEAT,
     LANDED,
     LEASE_HELD,
+    MODEL_RETRY,
+    RECORD_EDIT,
     RECORD_OUTCOME,
     REFRESH_SCOPE,
     RELEASE,
@@ -176,6 +178,15 @@ class Steps(StoreBase):
         with self.engine.begin() as conn:
             return conn.execute(LEASE_HELD, lease_params(lease)).first() is not None
 
+    def record_edit(self, lease: Lease, *, tool_call_id: str, arguments: dict[str, Any]) -> None:
+        """Record in the ledger the arguments an approver edited a call to, before it runs
+        with them (SPEC §9). Fenced by the lease; safe twice (it sets the same value)."""
+        params = {**lease_params(lease), "b_key": idempotency_key(lease.run_id, tool_call_id)}
+        with self.engine.begin() as conn:
+            if conn.execute(LEASE_HELD, lease_params(lease)).first() is None:
+                raise _lost(lease)
+            conn.execute(RECORD_EDIT, {**params, "b_args": arguments})
+
     def refresh_scope(self, lease: Lease, scope: dict[str, Any]) -> None:
         """Store the scope just re-resolved, with the database's time."""
         with self.engine.begin() as conn:
@@ -266,6 +277,20 @@ class Steps(StoreBase):
             if delay_s <= 0:
                 # A delayed run is not claimable yet: waking workers now would be useless.
                 self.dialect.wake(conn)
+
+    def retry_model(
+        self, lease: Lease, *, elapsed_ms: int, delay_s: float, event: dict[str, Any]
+    ) -> tuple[int, float]:
+        """Hand a running run back after a model call that failed transiently: owner
+        cleared, one more consecutive model failure counted, claimable no sooner than the
+        database's clock + ``delay_s``; traced as ``model_retry`` with ``attempt`` (the new
+        count) and ``retry_at``. Returns both (the count, ``ready_at``)."""
+        with self.engine.begin() as conn:
+            row = self._leave(conn, MODEL_RETRY, lease, elapsed_ms, b_delay=delay_s)
+            attempt, ready_at = int(row[0]), float(row[1])
+            data = {"attempt": attempt, **event, "retry_at": iso(ready_at)}
+            add_event(conn, lease.run_id, "model_retry", data)
+        return attempt, ready_at
 
     @staticmethod
     def _leave(

@@ -1,0 +1,100 @@
+"""Previews of a pending call with an approver's edited arguments (SPEC §9): what the
+approver sees, and the digest they send with their approval. Never claims, never writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tether import inputs
+from tether.approvals import checked_arguments, find_suspended, unknown_or_expired
+from tether.errors import InvalidInput
+from tether.previews import digest as digest_of
+from tether.runs import Run, RunState
+from tether.services import Services, hop
+from tether.tokens import hash_token
+from tether.tools import InvalidToolArguments
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalPreview:
+    """The preview a pending call would have with ``arguments`` (validated), and its
+    digest: what an approver sees before approving an edit. Nothing was claimed."""
+
+    tool: str
+    arguments: dict[str, Any]
+    preview: dict[str, Any] | None
+    digest: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "tool": self.tool,
+            "arguments": self.arguments,
+            "preview": self.preview,
+            "digest": self.digest,
+        }
+
+
+async def preview_approval(
+    services: Services, token: str, approver: str, arguments: dict[str, Any] | None = None
+) -> ApprovalPreview:
+    """The preview the pending call of a token's run would have with ``arguments``
+    (default: its pending arguments), rendered now with the owner's scope resolved now.
+    Never claims and never writes: safe to call any number of times. The same
+    authorisation as deciding (``unknown_or_expired`` otherwise)."""
+    inputs.user_id(approver, "approver")
+    if arguments is not None:
+        checked_arguments(arguments)
+    run, _ = await find_suspended(services, hash_token(inputs.token(token)))
+    if run is None:
+        raise unknown_or_expired()
+    return await _preview(services, run, approver, arguments)
+
+
+async def preview_by_run(
+    services: Services,
+    run_id: str,
+    approver: str,
+    *,
+    tool_call_id: str,
+    arguments: dict[str, Any] | None = None,
+) -> ApprovalPreview:
+    """``preview_approval`` from an inbox that knows the run and its pending call."""
+    inputs.user_id(approver, "approver")
+    if arguments is not None:
+        checked_arguments(arguments)
+    run = await hop(services.store.get_run, inputs.run_id(run_id))
+    if (
+        run is None
+        or run.state is not RunState.SUSPENDED
+        or run.pending is None
+        or run.pending.tool_call_id != tool_call_id
+    ):
+        raise unknown_or_expired()
+    return await _preview(services, run, approver, arguments)
+
+
+async def _preview(
+    services: Services, run: Run, approver: str, arguments: dict[str, Any] | None
+) -> ApprovalPreview:
+    pending = run.pending
+    assert pending is not None
+    scope = await services.agent.resolve_scope(run.user_id)
+    if not scope.may_approve(approver):
+        raise unknown_or_expired()
+    tool = services.agent.tool(pending.tool)
+    if tool is None:
+        raise InvalidInput(f"the pending tool {pending.tool!r} is not served here")
+    try:
+        args = tool.validate(pending.arguments if arguments is None else arguments)
+    except InvalidToolArguments as exc:
+        raise InvalidInput(exc.message) from exc
+    preview = await tool.render_preview(args, scope)
+    return ApprovalPreview(
+        tool=pending.tool,
+        arguments=args.model_dump(mode="json"),
+        preview=preview,
+        digest=digest_of(preview) if preview is not None else None,
+    )

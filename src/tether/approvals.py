@@ -1,0 +1,405 @@
+"""The approval resumption (SPEC §4, §9): check the decision, claim the suspension once
+(the one conditional UPDATE that records the decision), then carry it out
+(``decision.py``); and previews of an edited call, which never claim.
+
+An approval executes in the request that carries it: the claim, the re-checks, the tool
+or the decline, and its durable result; the rest of the loop is handed back to the
+workers. Everything an approver sends is validated before anything is claimed, so a bad
+request changes nothing and the token still works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from tether import inputs
+from tether.decision import CallVerdict, Choice, decide
+from tether.errors import (
+    AlreadyResumed,
+    Changed,
+    DatabaseUnavailable,
+    FailpointError,
+    GuardFailed,
+    InvalidInput,
+    LeaseLost,
+    NoLongerPermitted,
+    TetherError,
+    UnknownOrExpired,
+)
+from tether.failpoints import fail
+from tether.messages import canonical_json
+from tether.metrics import APPROVALS
+from tether.outcome import Outcome
+from tether.runs import Pending, Run, RunState, iso
+from tether.services import Services, hop
+from tether.session import RunSession
+from tether.store import Decision
+from tether.tokens import hash_token
+from tether.tools import InvalidToolArguments
+
+log = logging.getLogger(__name__)
+
+MAX_REASON_CHARS = 2000
+MAX_ARGUMENTS_CHARS = 100_000
+DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalResult:
+    """A decision that took effect: what was decided, and where the run is now."""
+
+    run_id: str
+    decision: Choice
+    state: RunState
+    outcome: CallVerdict
+    ok: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "run_id": self.run_id,
+            "decision": self.decision.value,
+            "state": self.state.value,
+            "outcome": self.outcome.value,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Asked:
+    """A decision as an approver sent it, checked: the choice, who, why, the edited
+    arguments (not yet validated against the tool) and the digest of what they saw."""
+
+    choice: Choice
+    approver: str
+    reason: str | None = None
+    arguments: dict[str, Any] | None = None
+    digest: str | None = None
+
+
+def asked(
+    decision: Any,
+    approver: Any,
+    *,
+    reason: Any = None,
+    arguments: Any = None,
+    digest: Any = None,
+) -> Asked:
+    """Check what an approver sent (``invalid_input`` otherwise; nothing is claimed)."""
+    if decision not in (c.value for c in Choice):
+        raise InvalidInput("decision must be one of approve, decline")
+    choice = Choice(decision)
+    inputs.user_id(approver, "approver")
+    if reason is not None:
+        if not isinstance(reason, str):
+            raise InvalidInput("reason must be a string")
+        reason = inputs.text(reason, "reason", MAX_REASON_CHARS) if reason.strip() else None
+    if arguments is not None:
+        if choice is Choice.DECLINE:
+            raise InvalidInput("arguments go with an approval only, not with a decline")
+        checked_arguments(arguments)
+    if digest is not None and (not isinstance(digest, str) or not DIGEST.fullmatch(digest)):
+        raise InvalidInput("digest must be the 64 lowercase hex characters of a preview digest")
+    return Asked(
+        choice=choice, approver=approver, reason=reason, arguments=arguments, digest=digest
+    )
+
+
+def checked_arguments(arguments: Any) -> dict[str, Any]:
+    """Edited arguments: a JSON object of bounded size."""
+    if not isinstance(arguments, dict):
+        raise InvalidInput("arguments must be a JSON object")
+    try:
+        size = len(canonical_json(arguments))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"arguments must be JSON: {exc}") from exc
+    if size > MAX_ARGUMENTS_CHARS:
+        raise InvalidInput(f"arguments must be at most {MAX_ARGUMENTS_CHARS} characters of JSON")
+    return arguments
+
+
+def decision_json(decision: Decision) -> dict[str, Any]:
+    """A recorded decision as ``already_resumed`` answers carry it."""
+    return {
+        "decision": decision.decision,
+        "by": decision.by,
+        "at": iso(decision.at),
+        "reason": decision.reason,
+        "arguments": decision.arguments,
+    }
+
+
+def unknown_or_expired() -> UnknownOrExpired:
+    return UnknownOrExpired("this approval link is unknown or has expired")
+
+
+def _already(decision: Decision) -> AlreadyResumed:
+    APPROVALS.labels(outcome=AlreadyResumed.code).inc()
+    return AlreadyResumed("this request was already decided", decision=decision_json(decision))
+
+
+# -- deciding ---------------------------------------------------------------------------------
+
+
+async def resume_after_confirmation(
+    services: Services,
+    owner: str,
+    token: str,
+    decision: str,
+    approver: str,
+    *,
+    reason: str | None = None,
+    arguments: dict[str, Any] | None = None,
+    digest: str | None = None,
+) -> ApprovalResult:
+    """Carry out a human decision on a suspended run: check it, claim first, then
+    re-check, then the tool or the decline, and its durable result; the rest of the loop
+    goes to the workers.
+
+    Safe to call twice with one token: only one claim can succeed; the other caller gets
+    ``already_resumed`` with the decision that won (its reason and edits included).
+    """
+    ask = asked(decision, approver, reason=reason, arguments=arguments, digest=digest)
+    token_hash = hash_token(inputs.token(token))
+    run, used = await find_suspended(services, token_hash)
+    if run is None:
+        if used is not None and await may_see(services, used.run_id, approver):
+            raise _already(used)
+        APPROVALS.labels(outcome=UnknownOrExpired.code).inc()
+        raise unknown_or_expired()
+    return await _claim_and_carry_out(services, owner, run, token_hash, ask)
+
+
+async def resume_by_run(
+    services: Services,
+    owner: str,
+    run_id: str,
+    decision: str,
+    approver: str,
+    *,
+    tool_call_id: str,
+    digest: str | None,
+    reason: str | None = None,
+    arguments: dict[str, Any] | None = None,
+    approved_digest: str | None = None,
+) -> ApprovalResult:
+    """The same decision, taken from an inbox that knows the run but not the token (only
+    its hash is stored). The approver names the call and the digest of the pending preview
+    they were shown (``digest``), so a click cannot approve a request re-suspended on
+    another preview after the page was rendered; ``approved_digest`` is the digest of the
+    re-rendered preview of their edit. Claims through the same conditional UPDATE.
+
+    Safe to call twice: the second claim finds the run no longer suspended on that call
+    and answers ``already_resumed`` with the decision that won.
+    """
+    ask = asked(
+        decision,
+        approver,
+        reason=reason,
+        arguments=arguments,
+        digest=approved_digest if approved_digest is not None else digest,
+    )
+    run = await _pending_run(services, run_id, tool_call_id, digest)
+    if run is None or run.pending_token_hash is None:
+        used = await hop(services.store.decision_for_call, run_id, str(tool_call_id))
+        if used is not None and await may_see(services, run_id, approver):
+            raise _already(used)
+        raise unknown_or_expired()
+    return await _claim_and_carry_out(services, owner, run, run.pending_token_hash, ask)
+
+
+async def _pending_run(
+    services: Services, run_id: str, tool_call_id: Any, digest: str | None
+) -> Run | None:
+    """The run, when it is suspended on ``tool_call_id`` shown with ``digest``."""
+    if not isinstance(tool_call_id, str) or not 0 < len(tool_call_id) <= 128:
+        raise unknown_or_expired()
+    run = await hop(services.store.get_run, inputs.run_id(run_id))
+    if (
+        run is None
+        or run.state is not RunState.SUSPENDED
+        or run.pending is None
+        or run.pending.tool_call_id != tool_call_id
+        or run.pending.digest != digest
+    ):
+        return None
+    return run
+
+
+async def find_suspended(services: Services, token_hash: str) -> tuple[Run | None, Decision | None]:
+    """The run suspended on a token and the decision that used it, read once for all the
+    callers of that token in flight here. A shared read is as good as a caller's own: a
+    token exists only once its suspension is durable, and a read that found it unused
+    started after the first caller had it, so after that."""
+    found, _ = await services.inflight.run(
+        ("find", token_hash), lambda: hop(services.store.find_by_token, token_hash)
+    )
+    return found
+
+
+def _recorded(services: Services, pending: Pending, ask: Asked) -> tuple[Any, dict[str, Any]]:
+    """What the claim records of an approval beside the choice: the arguments the call is
+    to run with when they are not the model's (this edit, or an earlier one the pending
+    call carries), and the event's data. Edited arguments are validated by the tool's
+    schema here, before anything is claimed (``invalid_input``)."""
+    event: dict[str, Any] = {"reason": ask.reason}
+    arguments = None
+    if ask.choice is Choice.APPROVE:
+        if ask.arguments is not None:
+            arguments = _validated(services, pending, ask.arguments)
+        elif pending.edited_from is not None:
+            arguments = pending.arguments
+    if arguments is not None:
+        event["arguments_from"] = pending.edited_from or pending.arguments
+        event["arguments_to"] = arguments
+    return arguments, event
+
+
+def _validated(services: Services, pending: Pending, arguments: dict[str, Any]) -> Any:
+    tool = services.agent.tool(pending.tool)
+    if tool is None:
+        raise InvalidInput(f"the pending tool {pending.tool!r} is not served here")
+    try:
+        return tool.validate(arguments).model_dump(mode="json")
+    except InvalidToolArguments as exc:
+        raise InvalidInput(exc.message) from exc
+
+
+async def _claim(services: Services, owner: str, run: Run, token_hash: str, ask: Asked) -> Run:
+    """Claim the suspension (the one conditional UPDATE that records the decision), or
+    raise ``already_resumed`` with the winning decision, or ``unknown_or_expired``.
+
+    Callers of one token in flight here send one claim: the first caller's. The others
+    lost to it, or to whatever it lost to, as their own UPDATE would have (a token that
+    is not claimable never becomes claimable again), so they are answered from its
+    result without waiting on the run's row lock for an UPDATE that cannot win."""
+    assert run.pending is not None
+    arguments, event = _recorded(services, run.pending, ask)
+    claim, mine = await services.inflight.run(
+        ("claim", token_hash),
+        lambda: hop(
+            services.store.claim_decision,
+            run_id=run.id,
+            token_hash=token_hash,
+            owner=owner,
+            decision=ask.choice.value,
+            approver=ask.approver,
+            reason=ask.reason,
+            arguments=arguments,
+            digest=ask.digest,
+            event=event,
+        ),
+    )
+    if mine and claim.run is not None:
+        return claim.run
+    if claim.decision is not None:
+        raise AlreadyResumed(
+            "this request was already decided", decision=decision_json(claim.decision)
+        )
+    raise unknown_or_expired()
+
+
+async def _claim_and_carry_out(
+    services: Services, owner: str, run: Run, token_hash: str, ask: Asked
+) -> ApprovalResult:
+    try:
+        result = await _claim_then_decide(services, owner, run, token_hash, ask)
+    except TetherError as exc:
+        APPROVALS.labels(outcome=exc.code).inc()
+        raise
+    APPROVALS.labels(outcome=result.outcome.value).inc()
+    return result
+
+
+async def _claim_then_decide(
+    services: Services, owner: str, run: Run, token_hash: str, ask: Asked
+) -> ApprovalResult:
+    scope = await services.agent.resolve_scope(run.user_id)
+    if not scope.may_approve(ask.approver):
+        raise unknown_or_expired()
+    claimed = await _claim(services, owner, run, token_hash, ask)
+    log.info("claimed", extra={"run_id": run.id, "action": "claim", "state": ask.choice.value})
+    fail("after_claim")
+    try:
+        session = await RunSession.start(services, claimed)
+    except LeaseLost:
+        return await _elsewhere(services, run.id, ask.choice)
+    try:
+        return await _carry_out(session, ask.choice)
+    except LeaseLost:
+        return await _elsewhere(services, run.id, ask.choice)
+    except (DatabaseUnavailable, FailpointError, asyncio.CancelledError):
+        raise  # the decision is recorded; a reaper carries it out once this run is stale
+    except (NoLongerPermitted, Changed, GuardFailed):
+        raise
+    except Exception as exc:
+        await session.fail_on_error(exc)  # invariant 6: never left ownerless in running
+        raise
+    finally:
+        session.close()
+
+
+async def _elsewhere(services: Services, run_id: str, choice: Choice) -> ApprovalResult:
+    """This request lost the run after claiming it: the decision is stored with the run,
+    and the owner that took it over carries it out (a recovery re-checks it first)."""
+    log.warning("approval handed over", extra={"run_id": run_id, "action": "lease_lost"})
+    run = await hop(services.store.get_run, run_id)
+    return ApprovalResult(
+        run_id=run_id,
+        decision=choice,
+        state=run.state if run is not None else RunState.RUNNING,
+        outcome=CallVerdict.CONTINUES_ELSEWHERE,
+    )
+
+
+async def _carry_out(session: RunSession, choice: Choice) -> ApprovalResult:
+    pending = session.pending_calls()
+    decision = session.take_decision(pending[0].id) if pending else None
+    if decision is None:
+        outcome = await session.release("no pending call to decide")
+        return _result(session, choice, outcome, CallVerdict.RELEASED)
+    call = pending[0]
+    resolution = await decide(session, call, decision, recovered=False)
+    fail("after_resume_execute", call.name)
+    outcome = resolution.outcome or await session.release("decision carried out")
+    if resolution.verdict is CallVerdict.NO_LONGER_PERMITTED:
+        raise NoLongerPermitted(resolution.reason or "no longer permitted", run_id=session.run.id)
+    if resolution.verdict is CallVerdict.CHANGED:
+        notice = outcome.notice
+        assert notice is not None
+        raise Changed(
+            "the details changed while this was waiting; please review again",
+            diff=resolution.diff,
+            token=notice.token,
+            preview=notice.preview,
+            expires_at=notice.expires_at,
+        )
+    if resolution.verdict is CallVerdict.GUARD_FAILED:
+        raise GuardFailed(
+            resolution.reason or "refused by the tool's guard", reason=resolution.reason
+        )
+    return _result(session, choice, outcome, resolution.verdict)
+
+
+def _result(
+    session: RunSession, choice: Choice, outcome: Outcome, verdict: CallVerdict
+) -> ApprovalResult:
+    return ApprovalResult(
+        run_id=session.run.id,
+        decision=choice,
+        state=outcome.state or RunState.RUNNING,
+        outcome=verdict,
+    )
+
+
+async def may_see(services: Services, run_id: str, approver: str) -> bool:
+    """Whether ``approver`` may learn about ``run_id``'s decisions (owner or approver by
+    the owner's scope now); otherwise the token is ``unknown_or_expired``."""
+    run = await hop(services.store.get_run, run_id)
+    if run is None:
+        return False
+    scope = await services.agent.resolve_scope(run.user_id)
+    return scope.may_approve(approver)
