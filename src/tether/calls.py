@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import random
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,9 @@ from tether.tools import (
     Reconciled,
     ReconcileKind,
     Tool,
+    ToolContext,
     ToolFailed,
+    ToolUnavailable,
 )
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,11 @@ log = logging.getLogger(__name__)
 # up to RECONCILE_MAX_S, until the settings' ``reconcile_patience_s``.
 RECONCILE_FIRST_S = 0.25
 RECONCILE_MAX_S = 15.0
+# A read that timed out or failed transiently runs again after TOOL_RETRY_FIRST_S,
+# doubling up to TOOL_RETRY_MAX_S (each pause jittered), at most its ``retries`` times.
+TOOL_RETRY_FIRST_S = 0.2
+TOOL_RETRY_MAX_S = 5.0
+TRANSIENT = (TimeoutError, OutcomeUnknown, ToolUnavailable)
 
 
 class Check(str, enum.Enum):
@@ -63,11 +71,19 @@ class Recheck:
 
 @dataclass(frozen=True, kw_only=True)
 class Resolved:
-    """A call whose tool exists and whose arguments validate."""
+    """A call whose tool exists and whose arguments validate; ``edited`` holds the
+    arguments an approver edited the model's to (it runs with those, SPEC §9)."""
 
     call: ToolCall
     tool: Tool
     args: BaseModel
+    edited: dict[str, Any] | None = None
+
+    def shown(self, content: Any) -> Any:
+        """The result the model sees: an edited call's says it ran with edited arguments."""
+        if self.edited is None:
+            return content
+        return {"edited_by_user": {"arguments": self.edited}, "result": content}
 
 
 def resolved(session: RunSession, call: ToolCall) -> Resolved | Result:
@@ -80,6 +96,16 @@ def resolved(session: RunSession, call: ToolCall) -> Resolved | Result:
         return Resolved(call=call, tool=tool, args=tool.validate(call.parsed_arguments()))
     except InvalidToolArguments as exc:
         return refusal(call, exc.code, exc.message)
+
+
+def edited(r: Resolved, arguments: dict[str, Any]) -> Resolved | Result:
+    """The call with an approver's edited ``arguments`` validated by the tool's schema,
+    or the refusal to store when they no longer fit it (the tool changed since)."""
+    try:
+        args = r.tool.validate(arguments)
+    except InvalidToolArguments as exc:
+        return refusal(r.call, exc.code, exc.message)
+    return Resolved(call=r.call, tool=r.tool, args=args, edited=args.model_dump(mode="json"))
 
 
 def refusal(call: ToolCall, code: str, message: str) -> Result:
@@ -134,7 +160,9 @@ async def first_call(session: RunSession, call: ToolCall) -> Outcome | None:
     r = await resolve(session, call)
     if r is None:
         return None
-    if recovered and r.tool.effect is Effect.WRITE and not r.tool.needs_confirmation:
+    if recovered and r.tool.effect is Effect.WRITE and r.tool.needs_confirmation is not True:
+        # It may have run before the crash (a conditional confirmation may have said no):
+        # its outcome is asked by key, never re-run blindly.
         return await reconcile(session, r, confirmed=False)
     reason = session.budget.check_before_tool_call(session.run.limits)
     if reason is not None:
@@ -146,7 +174,7 @@ async def first_call(session: RunSession, call: ToolCall) -> Outcome | None:
     if check.verdict is not Check.PASSED:
         await session.refuse(call, "guard_failed", check.reason or "refused")
         return None
-    if r.tool.needs_confirmation:
+    if await r.tool.confirmation_needed(r.args, session.scope):
         return await session.suspend(call, r.args, check.preview)
     return await execute(session, r, confirmed=False)
 
@@ -154,7 +182,7 @@ async def first_call(session: RunSession, call: ToolCall) -> Outcome | None:
 def plain_read(tool: Tool | None) -> bool:
     """A call that may run before its turn is durable, and beside other such calls: a
     read that needs no confirmation (or no tool at all: it is refused without running)."""
-    return tool is None or (tool.effect is Effect.READ and not tool.needs_confirmation)
+    return tool is None or (tool.effect is Effect.READ and not tool.may_confirm)
 
 
 async def read_step(session: RunSession, calls: list[ToolCall]) -> list[Result] | None:
@@ -226,26 +254,67 @@ async def read(session: RunSession, call: ToolCall) -> Result:
 
 
 async def invoke(session: RunSession, r: Resolved, *, confirmed: bool) -> Result | None:
-    """Run the tool once under the call's idempotency key: its result, or None when a
-    write failed ambiguously (it may have taken effect). Nothing is written."""
+    """Run the tool under the call's idempotency key, bounded by its timeout (a read that
+    timed out or failed transiently is tried again, ``attempts``): its result, or None
+    when a write timed out or failed ambiguously (it may have taken effect: the caller
+    reconciles it). Nothing is written; however many attempts, it is one tool call."""
     call = r.call
     fail("before_tool_call", call.name)
     try:
         with TOOL_SECONDS.labels(tool=call.name).time():
-            result = await r.tool.call(r.args, session.ctx(call, confirmed=confirmed))
-    except ToolFailed as exc:
+            result = await attempts(session, r, session.ctx(call, confirmed=confirmed))
+    except (TimeoutError, OutcomeUnknown, ToolFailed) as exc:
         fail("after_tool_commit", call.name)
-        content = error_content(exc.code, exc.message)
-        return Result(call=call, content=content, status=CallStatus.ERROR, counted=True)
-    except OutcomeUnknown as exc:
-        fail("after_tool_commit", call.name)
-        if r.tool.effect is Effect.WRITE:
-            log.warning("outcome unknown", extra={"run_id": session.run.id, "action": "unknown"})
+        ambiguous = not isinstance(exc, ToolFailed)
+        if ambiguous and r.tool.effect is Effect.WRITE:
+            log.warning(
+                "outcome unknown",
+                extra={"run_id": session.run.id, "action": "unknown", "error": str(exc)[:300]},
+            )
             return None
-        content = error_content("tool_error", exc.message)
+        content = failure_content(r.tool, exc)
         return Result(call=call, content=content, status=CallStatus.ERROR, counted=True)
     fail("after_tool_commit", call.name)
     return Result(call=call, content=result, status=CallStatus.OK, counted=True)
+
+
+async def attempts(session: RunSession, r: Resolved, ctx: ToolContext) -> Any:
+    """The tool's answer. A read that timed out or failed transiently (``TRANSIENT``) is
+    tried again, up to its ``retries``, after a jittered exponential backoff; the last
+    failure is raised. A write runs once: it is never run again blindly.
+
+    Safe to run a read twice: it has no effect."""
+    tries = 1 + (r.tool.retries if r.tool.effect is Effect.READ else 0)
+    delay = TOOL_RETRY_FIRST_S
+    for attempt in range(1, tries):
+        try:
+            return await r.tool.call(r.args, ctx)
+        except TRANSIENT as exc:
+            log.warning(
+                "tool failed transiently; retrying",
+                extra={
+                    "run_id": session.run.id,
+                    "action": "tool_retry",
+                    "tool": r.tool.name,
+                    "attempt": attempt,
+                    "error": f"{type(exc).__name__}: {exc}"[:300],
+                },
+            )
+        await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+        delay = min(delay * 2, TOOL_RETRY_MAX_S)
+        session.check_held()
+    return await r.tool.call(r.args, ctx)
+
+
+def failure_content(tool: Tool, exc: TimeoutError | OutcomeUnknown | ToolFailed) -> dict[str, str]:
+    """What the model sees of a call that failed: ``tool_timeout`` for a timeout,
+    ``tool_unavailable`` for a transient failure, else the tool's error."""
+    after = f" (tried {1 + tool.retries} times)" if tool.retries else ""
+    if isinstance(exc, TimeoutError):
+        return error_content("tool_timeout", (str(exc) or f"{tool.name} timed out") + after)
+    if isinstance(exc, ToolUnavailable | OutcomeUnknown):
+        return error_content("tool_unavailable", exc.message + after)
+    return error_content(exc.code, exc.message)
 
 
 async def execute(
@@ -261,7 +330,7 @@ async def execute(
         if reissue:
             return await unreconcilable(session, r.call)
         return await reconcile(session, r, confirmed=confirmed)
-    await session.append_result(r.call, result.content, result.status, counted=True)
+    await session.append_result(r.call, r.shown(result.content), result.status, counted=True)
     if result.status is CallStatus.OK:
         fail("after_step_persist", r.call.name)
     return None
@@ -277,17 +346,19 @@ async def reconcile(session: RunSession, r: Resolved, *, confirmed: bool) -> Out
     """
     call = r.call
     found = await find_outcome(session, r, confirmed=confirmed)
+    fail("after_outcome_found", call.name)
     await session.add_event(
         "reconciled", {"tool_call_id": call.id, "tool": call.name, "found": found.kind.value}
     )
     if found.kind is ReconcileKind.FOUND:
-        await session.append_result(call, found.result, CallStatus.OK, counted=True)
+        await session.append_result(call, r.shown(found.result), CallStatus.OK, counted=True)
     elif r.tool.dedupes:
         stop = await execute(session, r, confirmed=confirmed, reissue=True)
         if stop is not None:
             return stop
     elif found.kind is ReconcileKind.ABSENT:
-        await session.refuse(call, "not_completed", "this call did not complete; it had no effect")
+        absent = error_content("not_completed", "this call did not complete; it had no effect")
+        await session.append_result(call, r.shown(absent), CallStatus.ERROR, counted=False)
     else:
         return await unreconcilable(session, call)
     fail("after_reconcile", call.name)
@@ -307,7 +378,7 @@ async def settle_decided(session: RunSession, r: Resolved) -> tuple[bool, Outcom
         return True, await unreconcilable(session, r.call)
     found = await find_outcome(session, r, confirmed=True)
     if found.kind is ReconcileKind.FOUND:
-        await session.append_result(r.call, found.result, CallStatus.OK, counted=True)
+        await session.append_result(r.call, r.shown(found.result), CallStatus.OK, counted=True)
         return True, None
     if found.kind in (ReconcileKind.UNKNOWN, ReconcileKind.UNREACHABLE) and not r.tool.dedupes:
         return True, await unreconcilable(session, r.call)

@@ -9,21 +9,20 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.agent import Agent, load_agent
+from tether.agent import load_agent
+from tether.cli_engine import engine_for, on_engine, pick_model
 from tether.config import Settings
 from tether.engine import Engine
-from tether.errors import ConfigError, TetherError, UnknownOrExpired
+from tether.errors import InvalidInput, TetherError, UnknownOrExpired
 from tether.logs import configure
-from tether.models.base import Message, Model, ModelResponse, ToolSpec
-from tether.notify import LogNotifier, Notifier
 from tether.runs import iso, run_to_json
 
 DEFAULT_AGENT = "tether.demo.agent:build_agent"
@@ -57,79 +56,6 @@ def main() -> None:
 
 
 # -- building the one engine of a process --------------------------------------------------
-
-
-class NoModel(Model):
-    """Stands in for a model in commands that never call one (migrate, approve, runs, ...)
-    when neither ``TETHER_MODEL`` nor the agent names one."""
-
-    name = "none"
-
-    async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
-        raise ConfigError("set TETHER_MODEL (this agent has no default model)")
-
-
-def pick_model(agent: Agent, settings: Settings, *, required: bool) -> Model:
-    """``TETHER_MODEL``, else the agent's default model; ``required`` by commands that
-    carry runs, so a missing model is a start-up error there."""
-    if settings.model:
-        from tether.models import from_spec
-
-        return from_spec(settings.model)
-    if agent.default_model is not None:
-        return agent.default_model()
-    if required:
-        raise ConfigError("set TETHER_MODEL (this agent has no default model)")
-    return NoModel()
-
-
-def pick_notifier(settings: Settings) -> Notifier:
-    """Suspension notices go to ``TETHER_WEBHOOK_URL``, or to the log."""
-    if settings.webhook_url:
-        from tether.webhook import WebhookNotifier
-
-        return WebhookNotifier(settings.webhook_url)
-    return LogNotifier()
-
-
-@asynccontextmanager
-async def engine_for(
-    agent_spec: str,
-    *,
-    serve_agent: bool = False,
-    carries_runs: bool = False,
-    migrate_empty: bool = False,
-    public_url: str = "",
-) -> AsyncIterator[Engine]:
-    """The process's one engine for ``agent_spec``, configured from the environment and
-    opened. ``serve_agent`` enters the agent's lifespan first (what it needs running
-    beside it, e.g. the demo's sandbox), for commands that call its tools or scope."""
-    settings = Settings.from_env()
-    loaded = load_agent(agent_spec, settings)
-    model = pick_model(loaded, settings, required=carries_runs)
-    async with loaded.running() if serve_agent else nullcontext(loaded) as agent:
-        engine = Engine(
-            agent=agent,
-            model=model,
-            settings=settings,
-            notifier=pick_notifier(settings),
-            migrate=migrate_empty,
-            public_url=public_url,
-        )
-        async with engine:
-            yield engine
-
-
-def on_engine(
-    agent_spec: str, action: Callable[[Engine], Awaitable[T]], *, serve_agent: bool = False
-) -> T:
-    """Run ``action`` on the engine of ``agent_spec``, in a fresh event loop."""
-
-    async def go() -> T:
-        async with engine_for(agent_spec, serve_agent=serve_agent) as engine:
-            return await action(engine)
-
-    return asyncio.run(go())
 
 
 def _emit(data: Any) -> None:
@@ -292,6 +218,13 @@ def reap(agent: AgentOpt = DEFAULT_AGENT) -> None:
 def approve(
     token: str,
     decline: Annotated[bool, typer.Option("--decline", help="decline instead")] = False,
+    reason: Annotated[str | None, typer.Option(help="why (the model sees it on a decline)")] = None,
+    arguments: Annotated[
+        str | None, typer.Option(help="approve with these edited arguments (a JSON object)")
+    ] = None,
+    digest: Annotated[
+        str | None, typer.Option(help="the digest of the preview approved (of the edit)")
+    ] = None,
     as_user: Annotated[
         str | None, typer.Option("--as", help="act as this user (default: the run's owner)")
     ] = None,
@@ -303,10 +236,13 @@ def approve(
 
     async def decide(engine: Engine) -> dict[str, Any] | TetherError:
         try:
+            edited = None if arguments is None else _json_arg(arguments, "--arguments")
             approver = as_user or await engine.owner_of_token(token)
             if approver is None:
                 raise UnknownOrExpired("this token is unknown or expired")
-            result = await engine.resume_after_confirmation(token, decision, approver)
+            result = await engine.resume_after_confirmation(
+                token, decision, approver, reason=reason, arguments=edited, digest=digest
+            )
         except TetherError as exc:
             return exc
         return result.to_json()
@@ -317,6 +253,13 @@ def approve(
         _emit(answer.to_dict())
         raise typer.Exit(1)
     _emit(answer)
+
+
+def _json_arg(text: str, option: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{option} must be JSON: {exc}") from exc
 
 
 @app.command("continue")

@@ -14,17 +14,23 @@ from __future__ import annotations
 import asyncio
 import enum
 import inspect
+import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from tether.bounded import still_running, within
 from tether.errors import ConfigError, TetherError
 from tether.models.base import ToolSpec
 from tether.scope import Scope
 
 T = TypeVar("T")
+# How long a tool call may take before it is abandoned (SPEC §10), unless declared.
+DEFAULT_TIMEOUT_S = 60.0
+log = logging.getLogger(__name__)
 
 
 class Effect(str, enum.Enum):
@@ -104,6 +110,14 @@ class ToolFailed(TetherError):
     code = "tool_error"
 
 
+class ToolUnavailable(ToolFailed):
+    """A tool could not do its work now (its downstream is down or overloaded) and did not
+    take effect: "try again". A read is tried again up to its ``retries``; then the model
+    sees ``tool_unavailable``."""
+
+    code = "tool_unavailable"
+
+
 class OutcomeUnknown(TetherError):
     """A write failed ambiguously (timeout, dropped connection, 5xx): it may have taken
     effect. tether reconciles it by idempotency key before the loop goes on."""
@@ -128,6 +142,9 @@ Preview = Callable[[Any, Scope], Any]
 Guard = Callable[[Any, Scope, ToolContext], Any]
 Reconcile = Callable[[str, ToolContext], Any]
 Permitted = Callable[[Any, Scope], Any]
+# A confirmation that depends on the call: (validated arguments, scope) → whether a human
+# must approve it (SPEC §9), e.g. ``lambda args, scope: args.amount > 1000``.
+Confirmation = Callable[[Any, Scope], Any]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,7 +157,9 @@ class Tool:
     fn: Callable[..., Any]
     takes_context: bool
     effect: Effect = Effect.READ
-    needs_confirmation: bool = False
+    # True, False, or a function of (validated arguments, scope) asked each time the call
+    # is about to execute.
+    needs_confirmation: bool | Confirmation = False
     # The downstream deduplicates by idempotency key (a repeated key returns the first
     # result), so reconciling may re-issue the call with the same key.
     dedupes: bool = False
@@ -152,9 +171,14 @@ class Tool:
     # while it runs fails the run ``unreconcilable`` for a person to look at.
     accept_unreconcilable: bool = False
     version: str = "1"
+    # Seconds a call may take; past them it is abandoned: a read is retried (``retries``
+    # times), a write's outcome is unknown and it is reconciled (SPEC §10).
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    retries: int = 0
 
     def __post_init__(self) -> None:
         check_safe(self)
+        check_timing(self)
 
     def spec(self) -> ToolSpec:
         """The tool as the model sees it."""
@@ -178,10 +202,13 @@ class Tool:
             raise InvalidToolArguments(f"invalid arguments for {self.name}: {problems}") from exc
 
     async def call(self, args: BaseModel, ctx: ToolContext) -> Any:
-        """Run the tool's function. A plain function runs in a thread, so a slow one never
-        blocks the event loop: other runs and this run's heartbeat go on meanwhile."""
+        """Run the tool's function, bounded by ``timeout_s`` (``TimeoutError`` past it). A
+        plain function runs in a thread of its own, so a slow one never blocks the event
+        loop: other runs and this run's heartbeat go on meanwhile (``tether.bounded``)."""
         positional = (ctx,) if self.takes_context else ()
-        return await _run(self.fn, *positional, **args.model_dump())
+        key = ctx.idempotency_key if self.effect is Effect.WRITE else None
+        kwargs = args.model_dump()
+        return await within(self.fn, positional, kwargs, timeout_s=self.timeout_s, key=key)
 
     async def render_preview(self, args: BaseModel, scope: Scope) -> dict[str, Any] | None:
         """The artefact the human approves, or None if the tool has no preview."""
@@ -201,6 +228,23 @@ class Tool:
             f"the guard of {self.name} answered {verdict!r:.100}, not GuardResult.allow()"
         )
 
+    @property
+    def may_confirm(self) -> bool:
+        """Whether some call of this tool may need a human's confirmation."""
+        return self.needs_confirmation is not False
+
+    async def confirmation_needed(self, args: BaseModel, scope: Scope) -> bool:
+        """Whether this call needs a human's confirmation now. A conditional confirmation
+        that raises asks a human (fails closed)."""
+        rule = self.needs_confirmation
+        if isinstance(rule, bool):
+            return rule
+        try:
+            return bool(await _run(rule, args, scope))
+        except Exception:
+            log.exception("confirmation check failed", extra={"tool": self.name})
+            return True
+
     async def is_permitted(self, args: BaseModel, scope: Scope) -> bool:
         """Whether ``scope`` still allows this call; tools without a check allow it."""
         if self.permitted is None:
@@ -219,6 +263,9 @@ class Tool:
             return Reconciled.unreachable(f"{type(exc).__name__}: {exc}"[:500])
         if not isinstance(answer, Reconciled):
             return Reconciled.unknown(f"reconcile of {self.name} must return Reconciled")
+        if answer.kind is ReconcileKind.ABSENT and still_running(key):
+            # Absent for now: the call that overran its timeout may yet take effect.
+            return Reconciled.unreachable(f"{self.name} overran its timeout and still runs")
         return answer
 
 
@@ -233,10 +280,33 @@ def check_safe(t: Tool) -> None:
                 "the first result for a repeated idempotency key), or, knowingly, "
                 "accept_unreconcilable=True (a crash mid-call then fails the run)."
             )
-    if t.preview is not None and not t.needs_confirmation:
+    if not isinstance(t.needs_confirmation, bool) and not callable(t.needs_confirmation):
+        raise UnsafeTool(
+            f"tool {t.name}: needs_confirmation must be True, False or a function of "
+            f"(arguments, scope), not {t.needs_confirmation!r:.100}"
+        )
+    if t.preview is not None and not t.may_confirm:
         raise UnsafeTool(
             f"tool {t.name} has a preview but needs no confirmation, so nobody would see "
             "it. Declare needs_confirmation=True, or drop the preview."
+        )
+
+
+def check_timing(t: Tool) -> None:
+    """Refuse a timeout or retry count that cannot work, and retries on a write: a write
+    is never run again blindly (a timed-out one is reconciled by its key instead)."""
+    timeout = t.timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise ConfigError(f"tool {t.name}: timeout_s must be a number of seconds, not {timeout!r}")
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise ConfigError(f"tool {t.name}: timeout_s must be > 0 and finite, not {timeout!r}")
+    if isinstance(t.retries, bool) or not isinstance(t.retries, int) or t.retries < 0:
+        raise ConfigError(f"tool {t.name}: retries must be a whole number >= 0, not {t.retries!r}")
+    if t.effect is Effect.WRITE and t.retries:
+        raise UnsafeTool(
+            f"tool {t.name} is a write with retries={t.retries}: tether never runs a write "
+            "again blindly. A write that times out or fails ambiguously is reconciled by its "
+            "idempotency key instead (reconcile=, dedupes=). Drop retries (reads only)."
         )
 
 
@@ -250,7 +320,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     effect: Effect | str = Effect.READ,
-    needs_confirmation: bool = False,
+    needs_confirmation: bool | Confirmation = False,
     dedupes: bool = False,
     preview: Preview | None = None,
     guard: Guard | None = None,
@@ -258,6 +328,8 @@ def tool(
     permitted: Permitted | None = None,
     accept_unreconcilable: bool = False,
     version: str = "1",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    retries: int = 0,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -267,7 +339,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     effect: Effect | str = Effect.READ,
-    needs_confirmation: bool = False,
+    needs_confirmation: bool | Confirmation = False,
     dedupes: bool = False,
     preview: Preview | None = None,
     guard: Guard | None = None,
@@ -275,6 +347,8 @@ def tool(
     permitted: Permitted | None = None,
     accept_unreconcilable: bool = False,
     version: str = "1",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    retries: int = 0,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a typed function. A first parameter annotated ``ToolContext``
     receives the call's context; every other parameter is an argument the model gives."""
@@ -310,6 +384,8 @@ def tool(
             permitted=permitted,
             accept_unreconcilable=accept_unreconcilable,
             version=version,
+            timeout_s=timeout_s,
+            retries=retries,
         )
 
     return build(fn) if fn is not None else build

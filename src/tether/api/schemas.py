@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from tether.approvals import DIGEST, MAX_REASON_CHARS
 from tether.budget import LimitsInput
 from tether.engine import MAX_QUESTION_CHARS
 from tether.runs import RunState
@@ -86,11 +87,41 @@ DECISIONS: tuple[str, ...] = get_args(Decision)
 
 
 class DecisionIn(BaseModel):
-    """A human decision on a pending request."""
+    """A human decision on a pending request (SPEC §9): a reason (either decision), and
+    with an approval the edited arguments and the digest of the preview the approver saw."""
 
     model_config = ConfigDict(extra="forbid")
 
     decision: Decision
+    reason: Annotated[str, AfterValidator(_text)] | None = Field(
+        None, max_length=MAX_REASON_CHARS, description="why; reaches the model on a decline"
+    )
+    arguments: dict[str, Any] | None = Field(
+        None, description="the approver's edit of the pending call's arguments (approve only)"
+    )
+    digest: str | None = Field(
+        None,
+        pattern=DIGEST.pattern,
+        description="the digest of the preview the approver saw (from the preview endpoint)",
+    )
+
+
+class PreviewIn(BaseModel):
+    """Arguments to render the pending call's preview with (absent: as pending)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    arguments: dict[str, Any] | None = None
+
+
+class PreviewOut(BaseModel):
+    """The preview the pending call would have with the arguments, and its digest."""
+
+    ok: Literal[True]
+    tool: str
+    arguments: dict[str, Any]
+    preview: dict[str, Any] | None
+    digest: str | None
 
 
 class ContinueIn(BaseModel):
@@ -202,6 +233,8 @@ class DecisionOut(BaseModel):
     decision: str
     by: str
     at: str | None
+    reason: str | None = None
+    arguments: dict[str, Any] | None = None
 
 
 class DiffOut(BaseModel):

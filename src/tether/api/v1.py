@@ -24,6 +24,8 @@ from tether.api.schemas import (
     DecisionIn,
     ErrorOut,
     EventListOut,
+    PreviewIn,
+    PreviewOut,
     RunDetailOut,
     RunListOut,
     RunOut,
@@ -198,8 +200,38 @@ async def cancel_run(run_id: str, user: Caller, engine: EngineDep) -> dict[str, 
 )
 async def decide(token: str, body: DecisionIn, user: Caller, engine: EngineDep) -> dict[str, Any]:
     # Shielded: a client that hangs up must not interrupt a claimed decision mid-way.
-    result = await asyncio.shield(engine.resume_after_confirmation(token, body.decision, user))
+    deciding = engine.resume_after_confirmation(
+        token,
+        body.decision,
+        user,
+        reason=body.reason,
+        arguments=body.arguments,
+        digest=body.digest,
+    )
+    result = await asyncio.shield(deciding)
     return {**result.to_json(), "ok": True}
+
+
+@router.post(
+    "/approvals/{token}/preview",
+    response_model=PreviewOut,
+    tags=["approvals"],
+    summary="Preview an edited request without deciding",
+    description="Renders the preview the pending request would have with `arguments` "
+    "(absent: as pending) and its digest, to send with an approval of the edit. Never "
+    "claims the token and never changes anything; the same authorisation as deciding.",
+    responses=_responses(
+        (401, _AUTH),
+        (404, "`unknown_or_expired`: no such token, expired, or not the caller's to use"),
+        (413, _TOO_LARGE),
+        (422, _INVALID),
+    ),
+)
+async def preview(
+    token: str, user: Caller, engine: EngineDep, body: PreviewIn | None = None
+) -> dict[str, Any]:
+    shown = await engine.preview_approval(token, user, body.arguments if body else None)
+    return shown.to_json()
 
 
 # -- helpers -------------------------------------------------------------------------------

@@ -1,0 +1,91 @@
+"""The engine a ``tether`` command works on: configured from the environment, with the
+agent it names, its model and its notifier."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, nullcontext
+from typing import TypeVar
+
+from tether.agent import Agent, load_agent
+from tether.config import Settings
+from tether.engine import Engine
+from tether.errors import ConfigError
+from tether.models.base import Message, Model, ModelResponse, ToolSpec
+from tether.notify import LogNotifier, Notifier
+
+T = TypeVar("T")
+
+
+class NoModel(Model):
+    """Stands in for a model in commands that never call one (migrate, approve, runs, ...)
+    when neither ``TETHER_MODEL`` nor the agent names one."""
+
+    name = "none"
+
+    async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        raise ConfigError("set TETHER_MODEL (this agent has no default model)")
+
+
+def pick_model(agent: Agent, settings: Settings, *, required: bool) -> Model:
+    """``TETHER_MODEL``, else the agent's default model; ``required`` by commands that
+    carry runs, so a missing model is a start-up error there."""
+    if settings.model:
+        from tether.models import from_spec
+
+        return from_spec(settings.model)
+    if agent.default_model is not None:
+        return agent.default_model()
+    if required:
+        raise ConfigError("set TETHER_MODEL (this agent has no default model)")
+    return NoModel()
+
+
+def pick_notifier(settings: Settings) -> Notifier:
+    """Suspension notices go to ``TETHER_WEBHOOK_URL``, or to the log."""
+    if settings.webhook_url:
+        from tether.webhook import WebhookNotifier
+
+        return WebhookNotifier(settings.webhook_url)
+    return LogNotifier()
+
+
+@asynccontextmanager
+async def engine_for(
+    agent_spec: str,
+    *,
+    serve_agent: bool = False,
+    carries_runs: bool = False,
+    migrate_empty: bool = False,
+    public_url: str = "",
+) -> AsyncIterator[Engine]:
+    """The process's one engine for ``agent_spec``, configured from the environment and
+    opened. ``serve_agent`` enters the agent's lifespan first (what it needs running
+    beside it, e.g. the demo's sandbox), for commands that call its tools or scope."""
+    settings = Settings.from_env()
+    loaded = load_agent(agent_spec, settings)
+    model = pick_model(loaded, settings, required=carries_runs)
+    async with loaded.running() if serve_agent else nullcontext(loaded) as agent:
+        engine = Engine(
+            agent=agent,
+            model=model,
+            settings=settings,
+            notifier=pick_notifier(settings),
+            migrate=migrate_empty,
+            public_url=public_url,
+        )
+        async with engine:
+            yield engine
+
+
+def on_engine(
+    agent_spec: str, action: Callable[[Engine], Awaitable[T]], *, serve_agent: bool = False
+) -> T:
+    """Run ``action`` on the engine of ``agent_spec``, in a fresh event loop."""
+
+    async def go() -> T:
+        async with engine_for(agent_spec, serve_agent=serve_agent) as engine:
+            return await action(engine)
+
+    return asyncio.run(go())

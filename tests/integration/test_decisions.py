@@ -1,0 +1,306 @@
+"""Richer decisions (SPEC §9, §13) through the Python API, on both backends: a decline's
+reason reaches the model and every record of the decision; an approver's edit is
+validated before anything is claimed, re-rendered, executed only on the digest the
+approver saw, once, under the call's one key; previews never change anything; a
+confirmation may depend on the call; and the race of mixed decisions on one token still
+has one winner whose decision (reason and edits) every loser is told."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import kit
+import pytest
+from pydantic import BaseModel
+
+from tether import Agent, ApprovalResult, Engine, MemoryNotifier, Scope, StopKind, ToolContext, tool
+from tether.config import Settings
+from tether.errors import AlreadyResumed, Changed, InvalidInput, UnknownOrExpired
+from tether.models import ScriptedModel
+from tether.runs import RunState
+from tether.store import CallStatus
+
+
+async def suspended(engine: Engine, notifier: MemoryNotifier) -> tuple[str, str]:
+    outcome = await engine.ask("dana", "send b")
+    assert outcome.kind is StopKind.SUSPENDED
+    return outcome.run_id, notifier.last(outcome.run_id).token
+
+
+def results(messages: list[dict[str, Any]]) -> list[Any]:
+    return [json.loads(m["content"]) for m in messages if m.get("role") == "tool"]
+
+
+@pytest.fixture
+async def sending(db_url: str) -> Any:
+    notifier = MemoryNotifier()
+    engine = kit.engine(db_url, script_name="send", notifier=notifier)
+    try:
+        yield engine, notifier
+    finally:
+        engine.close()
+
+
+async def test_a_decline_reason_reaches_the_model_the_decision_its_event_and_later_answers(
+    sending: tuple[Engine, MemoryNotifier],
+) -> None:
+    engine, notifier = sending
+    run_id, token = await suspended(engine, notifier)
+    result = await engine.resume_after_confirmation(
+        token, "decline", "dana", reason="the customer asked to wait"
+    )
+    assert result.outcome.value == "declined"
+    await engine.run_until_stop(run_id)
+    view = await engine.get_run(run_id)
+    assert results(view.messages)[-1] == {
+        "error": "declined_by_user",
+        "message": "the user declined this action",
+        "reason": "the customer asked to wait",
+    }
+    (declined,) = [e.data for e in await engine.events(run_id) if e.kind == "declined"]
+    assert declined == {
+        "decision": "decline",
+        "by": "dana",
+        "reason": "the customer asked to wait",
+        "tool_call_id": view.messages[-2]["tool_call_id"],
+    }
+    with pytest.raises(AlreadyResumed) as used:
+        await engine.resume_after_confirmation(token, "approve", "dana")
+    assert used.value.details["decision"]["reason"] == "the customer asked to wait"
+    assert used.value.details["decision"]["decision"] == "decline"
+    assert kit.effects() == []
+
+
+async def test_an_edit_approved_on_its_previews_digest_runs_once_under_the_same_key(
+    sending: tuple[Engine, MemoryNotifier],
+) -> None:
+    engine, notifier = sending
+    run_id, token = await suspended(engine, notifier)
+    before = (await engine.get_run(run_id)).run
+    assert before.pending is not None
+    call_id = before.pending.tool_call_id
+    shown = await engine.preview_approval(token, "dana", {"item": "c"})
+    assert shown.preview == {"item": "c", "price": "100"} and shown.digest is not None
+    assert shown.digest != before.pending.digest
+    result = await engine.resume_after_confirmation(
+        token, "approve", "dana", arguments={"item": "c"}, digest=shown.digest, reason="c, not b"
+    )
+    assert result.outcome.value == "executed"
+    await engine.run_until_stop(run_id)
+    view = await engine.get_run(run_id)
+    # The model's message is as it wrote it; its result says the call was edited.
+    assistant = next(m for m in view.messages if m.get("role") == "assistant")
+    assert json.loads(assistant["tool_calls"][0]["function"]["arguments"]) == {"item": "b"}
+    assert results(view.messages)[-1] == {
+        "edited_by_user": {"arguments": {"item": "c"}},
+        "result": {"done": "send", "item": "c"},
+    }
+    assert kit.effects() == [(f"{run_id}:{call_id}", "send", "c")]
+    (entry,) = [e for e in await engine.ledger(run_id) if e.tool == "send"]
+    assert entry.arguments == {"item": "b"} and entry.edited_arguments == {"item": "c"}
+    assert entry.status is CallStatus.OK
+    (approved,) = [e.data for e in await engine.events(run_id) if e.kind == "approved"]
+    assert approved["arguments_from"] == {"item": "b"}
+    assert approved["arguments_to"] == {"item": "c"}
+    assert approved["reason"] == "c, not b" and approved["by"] == "dana"
+    with pytest.raises(AlreadyResumed) as used:
+        await engine.resume_after_confirmation(token, "decline", "dana")
+    assert used.value.details["decision"]["arguments"] == {"item": "c"}
+
+
+async def test_an_edit_on_a_stale_digest_is_changed_then_the_edited_call_is_approved_by_new_token(
+    sending: tuple[Engine, MemoryNotifier],
+) -> None:
+    engine, notifier = sending
+    run_id, token = await suspended(engine, notifier)
+    with pytest.raises(Changed) as changed:
+        # The digest of the pending preview, not of the edit: the approver did not see it.
+        pending = (await engine.get_run(run_id)).run.pending
+        assert pending is not None
+        await engine.resume_after_confirmation(
+            token, "approve", "dana", arguments={"item": "c"}, digest=pending.digest
+        )
+    assert changed.value.details["diff"] == [{"path": "item", "before": "b", "after": "c"}]
+    again = (await engine.get_run(run_id)).run
+    assert again.state is RunState.SUSPENDED and again.pending is not None
+    assert again.pending.arguments == {"item": "c"}
+    assert again.pending.edited_from == {"item": "b"}
+    assert kit.effects() == []
+    new_token = changed.value.details["token"]
+    assert new_token != token
+    await engine.resume_after_confirmation(new_token, "approve", "dana")
+    await engine.run_until_stop(run_id)
+    view = await engine.get_run(run_id)
+    # Approved later by a new token, without arguments: it still ran edited, and says so.
+    assert results(view.messages)[-1]["edited_by_user"] == {"arguments": {"item": "c"}}
+    assert [item for _, _, item in kit.effects()] == ["c"]
+
+
+async def test_invalid_input_changes_nothing_and_the_token_still_works(
+    sending: tuple[Engine, MemoryNotifier],
+) -> None:
+    engine, notifier = sending
+    run_id, token = await suspended(engine, notifier)
+    before = (await engine.get_run(run_id)).run
+    bad: list[dict[str, Any]] = [
+        {"decision": "approve", "arguments": {"item": 3}},  # not the tool's schema
+        {"decision": "approve", "arguments": {"item": "c", "extra": 1}},
+        {"decision": "approve", "arguments": ["c"]},  # not an object
+        {"decision": "approve", "digest": "not-hex"},
+        {"decision": "approve", "digest": "A" * 64},
+        {"decision": "decline", "arguments": {"item": "c"}},  # arguments on a decline
+        {"decision": "decline", "reason": "x" * 2001},
+        {"decision": "decline", "reason": 5},
+        {"decision": "maybe"},
+    ]
+    for body in bad:
+        decision = body.pop("decision")
+        with pytest.raises(InvalidInput):
+            await engine.resume_after_confirmation(token, decision, "dana", **body)
+    with pytest.raises(InvalidInput):
+        await engine.preview_approval(token, "dana", {"item": 3})
+    after = (await engine.get_run(run_id)).run
+    assert after.state is RunState.SUSPENDED and after.pending == before.pending
+    assert [e.kind for e in await engine.events(run_id)][-1] == "suspended"
+    result = await engine.resume_after_confirmation(token, "approve", "dana")
+    assert isinstance(result, ApprovalResult) and result.outcome.value == "executed"
+
+
+async def test_a_preview_never_claims_nor_writes_and_answers_only_those_who_may_decide(
+    sending: tuple[Engine, MemoryNotifier],
+) -> None:
+    engine, notifier = sending
+    run_id, token = await suspended(engine, notifier)
+    before = (await engine.get_run(run_id)).run
+    trace = await engine.events(run_id)
+    as_pending = await engine.preview_approval(token, "dana")
+    assert before.pending is not None
+    assert as_pending.digest == before.pending.digest
+    assert as_pending.arguments == {"item": "b"}
+    for _ in range(3):
+        await engine.preview_approval(token, "boss", {"item": "z"})
+    with pytest.raises(UnknownOrExpired):
+        await engine.preview_approval(token, "mallory", {"item": "z"})
+    with pytest.raises(UnknownOrExpired):
+        await engine.preview_approval("no-such-token", "dana")
+    after = (await engine.get_run(run_id)).run
+    assert after == before and await engine.events(run_id) == trace
+    assert (await engine.resume_after_confirmation(token, "approve", "dana")).ok
+
+
+async def test_twenty_mixed_decisions_on_one_token_have_one_winner_every_loser_is_told(
+    db_url: str,
+) -> None:
+    notifier = MemoryNotifier()
+    engines = [kit.engine(db_url, script_name="send", notifier=notifier) for _ in range(2)]
+    try:
+        run_id, token = await suspended(engines[0], notifier)
+        shown = await engines[0].preview_approval(token, "dana", {"item": "e"})
+
+        async def one(i: int) -> ApprovalResult | AlreadyResumed:
+            engine = engines[i % 2]
+            try:
+                if i % 3 == 0:
+                    return await engine.resume_after_confirmation(
+                        token, "decline", "dana", reason=f"no ({i})"
+                    )
+                if i % 3 == 1:
+                    return await engine.resume_after_confirmation(
+                        token,
+                        "approve",
+                        "boss",
+                        arguments={"item": "e"},
+                        digest=shown.digest,
+                        reason=f"edit ({i})",
+                    )
+                return await engine.resume_after_confirmation(token, "approve", "dana")
+            except AlreadyResumed as exc:
+                return exc
+
+        answers = await asyncio.gather(*(one(i) for i in range(20)))
+        won = [a for a in answers if isinstance(a, ApprovalResult)]
+        lost = [a for a in answers if isinstance(a, AlreadyResumed)]
+        assert len(won) == 1 and len(lost) == 19
+        winner = lost[0].details["decision"]
+        assert all(a.details["decision"] == winner for a in lost)
+        assert winner["decision"] == won[0].decision.value
+        if winner["decision"] == "decline":
+            assert winner["reason"].startswith("no (") and kit.effects() == []
+        elif winner["arguments"] is not None:
+            assert winner["reason"].startswith("edit (") and winner["by"] == "boss"
+            assert [item for _, _, item in kit.effects()] == ["e"]
+        else:
+            assert winner["reason"] is None
+            assert [item for _, _, item in kit.effects()] == ["b"]
+        decided = [e for e in await engines[0].events(run_id) if e.kind in ("approved", "declined")]
+        assert len(decided) == 1
+    finally:
+        for engine in engines:
+            engine.close()
+
+
+# -- conditional confirmation ---------------------------------------------------------------
+
+
+class PayArgs(BaseModel):
+    amount: int
+
+
+def _large(args: Any, scope: Scope) -> bool:
+    return bool(args.amount > 1000)
+
+
+def _pay_preview(args: Any, scope: Scope) -> dict[str, Any]:
+    return {"amount": args.amount}
+
+
+@tool(effect="write", dedupes=True, needs_confirmation=_large, preview=_pay_preview)
+def pay(ctx: ToolContext, amount: int) -> dict[str, Any]:
+    """Pay an amount; a human confirms large ones."""
+    return kit.write_effect(ctx, "pay", str(amount))
+
+
+def pay_engine(url: str, amounts: list[int], notifier: MemoryNotifier) -> Engine:
+    turns: list[dict[str, Any]] = [
+        {"tool_calls": [kit.call("pay", amount=amount)]} for amount in amounts
+    ]
+    agent = Agent(name="payer", system_prompt="Pay.", tools=(pay,), resolve_scope=kit.resolve)
+    return Engine(
+        agent=agent,
+        model=ScriptedModel([*turns, {"content": "paid"}]),
+        settings=Settings(database_url=url),
+        notifier=notifier,
+    )
+
+
+async def test_a_confirmation_may_depend_on_the_call_and_is_asked_each_time(db_url: str) -> None:
+    notifier = MemoryNotifier()
+    engine = pay_engine(db_url, [10, 5000], notifier)
+    try:
+        outcome = await engine.ask("dana", "pay")
+        # The small payment ran at once; the large one waits for a human.
+        assert outcome.kind is StopKind.SUSPENDED
+        assert [item for _, tool_name, item in kit.effects() if tool_name == "pay"] == ["10"]
+        notice = notifier.last(outcome.run_id)
+        assert notice.arguments == {"amount": 5000}
+        # Edited down below the threshold, on the digest of the edit's preview: it runs.
+        shown = await engine.preview_approval(notice.token, "dana", {"amount": 900})
+        await engine.resume_after_confirmation(
+            notice.token, "approve", "dana", arguments={"amount": 900}, digest=shown.digest
+        )
+        assert (await engine.run_until_stop(outcome.run_id)).kind is StopKind.ANSWERED
+        assert [item for _, _, item in kit.effects()] == ["10", "900"]
+    finally:
+        engine.close()
+
+
+def test_a_confirmation_that_is_not_a_bool_or_a_function_is_refused_when_declared() -> None:
+    from tether.tools import UnsafeTool
+
+    with pytest.raises(UnsafeTool):
+
+        @tool(effect="write", dedupes=True, needs_confirmation="yes")  # type: ignore[call-overload]
+        def odd(ctx: ToolContext, amount: int) -> dict[str, Any]:
+            return {}
