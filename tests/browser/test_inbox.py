@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import socket
 import threading
@@ -16,7 +17,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import kit
 import pytest
@@ -24,7 +25,7 @@ import uvicorn
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tether import Engine, MemoryNotifier, StopKind
+from tether import Agent, Engine, MemoryNotifier, ScriptedModel, StopKind, tool
 from tether.api.app import create_app
 from tether.config import Settings
 
@@ -128,7 +129,15 @@ class Served:
 
     def decisions(self, run_id: str) -> list[dict[str, Any]]:
         events = off_loop(lambda: self.engine.events(run_id))
-        return [e.data for e in events if e.kind == "decision"]
+        return [e.data for e in events if e.kind in ("approved", "declined")]
+
+    def tool_result(self, run_id: str) -> dict[str, Any]:
+        """What the model sees of the run's one tool call."""
+        view = off_loop(lambda: self.engine.get_run(run_id))
+        [message] = [m for m in view.messages if m.get("role") == "tool"]
+        content = message["content"]
+        result: dict[str, Any] = json.loads(content) if isinstance(content, str) else content
+        return result
 
 
 def off_loop(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -145,15 +154,12 @@ def _free_port() -> int:
         return port
 
 
-@pytest.fixture
-def served(sqlite_url: str) -> Iterator[Served]:
-    """The app for the test agent, served by uvicorn in a thread until the test ends."""
+@contextlib.contextmanager
+def _serving(url: str, agent: Agent, model: ScriptedModel) -> Iterator[Served]:
+    """The app for ``agent``, served by uvicorn in a thread until the block ends."""
     notifier = MemoryNotifier()
     engine = Engine(
-        agent=kit.agent(),
-        model=kit.script("send"),
-        settings=Settings(database_url=sqlite_url),
-        notifier=notifier,
+        agent=agent, model=model, settings=Settings(database_url=url), notifier=notifier
     )
     posts = DecisionPosts(create_app(engine))
     port = _free_port()
@@ -181,7 +187,44 @@ def served(sqlite_url: str) -> Iterator[Served]:
 
 
 @pytest.fixture
+def served(sqlite_url: str) -> Iterator[Served]:
+    """The app for the test agent (its confirmed ``send`` takes one string, ``item``)."""
+    with _serving(sqlite_url, kit.agent(), kit.script("send")) as app:
+        yield app
+
+
+def _ship_preview(args: Any, scope: Any) -> dict[str, Any]:
+    return {"sku": args.sku, "quantity": args.quantity, "speed": args.speed}
+
+
+@tool(effect="write", needs_confirmation=True, dedupes=True, preview=_ship_preview)
+def ship(
+    sku: str,
+    quantity: int,
+    rush: bool = False,
+    speed: Literal["ground", "air"] = "ground",
+    labels: list[str] | None = None,
+) -> dict[str, Any]:
+    """Ship an order (a write a human confirms); its downstream deduplicates by key."""
+    return {"shipped": sku, "quantity": quantity, "rush": rush, "speed": speed}
+
+
+@pytest.fixture
+def shipping(sqlite_url: str) -> Iterator[Served]:
+    """The app for an agent whose one tool takes a string, an integer, a boolean, an enum
+    and a list: every kind of control of the edit form."""
+    agent = Agent(name="shipping", system_prompt="Ship.", tools=(ship,), resolve_scope=kit.resolve)
+    order = {"sku": "A-1", "quantity": 3}
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": "ship", "arguments": order}]}, {"content": "shipped"}]
+    )
+    with _serving(sqlite_url, agent, model) as app:
+        yield app
+
+
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """One Chromium for the module; each test gets its own context (cookies, pages)."""
     if not CHROMIUM.exists():
         pytest.fail(
             f"{CHROMIUM} is missing: the browser tests drive Debian's Chromium. Install it with "
@@ -259,7 +302,7 @@ def test_sign_in_see_the_request_and_a_double_click_approves_once(
     expect(page.locator("dd.decision")).to_have_text("approve")
     shot(page, "already-decided")
     page.get_by_role("link", name="Open the run").click()
-    expect(page.locator("table.timeline")).to_contain_text("decision")
+    expect(page.locator("table.timeline")).to_contain_text("approved")
     expect(page.locator("table.budget tr", has_text="tool calls")).to_contain_text("1")
     shot(page, "run")
 
@@ -310,3 +353,88 @@ def test_the_browser_holds_no_scripts_and_the_session_cookie_is_http_only(
     expect(page).to_have_url(served.url + "/login")
     page.goto(served.url + "/")
     expect(page).to_have_url(served.url + "/login?next=/")
+
+
+def test_a_decline_with_a_reason_is_told_to_the_model_and_shown_afterwards(
+    served: Served, page: Page
+) -> None:
+    run_id, token = served.suspend()
+    sign_in(page, served)
+    page.goto(f"{served.url}/approve/{token}")
+    page.get_by_label("Reason").fill("Wrong customer: send it to Henderson.")
+    page.get_by_role("button", name="Decline").click()
+    expect(page.locator("section.outcome h1")).to_have_text("Declined")
+    expect(page.locator(".decision-reason")).to_have_text("Wrong customer: send it to Henderson.")
+    shot(page, "declined-with-reason")
+    result = served.tool_result(run_id)
+    assert result["error"] == "declined_by_user"
+    assert result["reason"] == "Wrong customer: send it to Henderson."
+    assert [d["reason"] for d in served.decisions(run_id)] == [result["reason"]]
+    assert kit.effects() == []
+
+    page.goto(f"{served.url}/approve/{token}")
+    expect(page.locator("section.outcome h1")).to_have_text("Already decided")
+    expect(page.locator(".decision-reason")).to_have_text("Wrong customer: send it to Henderson.")
+
+
+def test_an_edit_from_the_inbox_is_previewed_then_approved_and_executes_as_edited(
+    served: Served, page: Page
+) -> None:
+    run_id, _ = served.suspend()
+    sign_in(page, served)
+    card = page.locator(f"#run-{run_id}")
+    card.locator("summary", has_text="Edit the arguments").click()
+    expect(card.get_by_label("Item")).to_have_value("b")
+    card.get_by_label("Item").fill("c")
+    card.get_by_role("button", name="Preview the edits").click()
+
+    expect(page.get_by_role("heading", name="Approve the edited action?")).to_be_visible()
+    row = page.locator("table.edits tbody tr")
+    expect(row.locator("td.before")).to_have_text("b")
+    expect(row.locator("td.after")).to_have_text("c")
+    expect(page.locator(".preview table.kv tr", has_text="item")).to_contain_text("c")
+    assert page.locator("script").count() == 0
+    shot(page, "edit-preview")
+    assert served.decisions(run_id) == [] and kit.effects() == []  # the preview did nothing
+
+    page.get_by_label("Reason").fill("c, not b")
+    page.get_by_role("button", name="Approve with these edits").click()
+    expect(page.locator("section.outcome h1")).to_have_text("Approved")
+    expect(page.locator(".edited-arguments")).to_contain_text("c")
+    shot(page, "approved-with-edits")
+    assert [e[1:] for e in kit.effects()] == [("send", "c")]
+    assert served.tool_result(run_id)["edited_by_user"] == {"arguments": {"item": "c"}}
+    [decision] = served.decisions(run_id)
+    assert decision["reason"] == "c, not b"
+
+
+def test_an_invalid_edit_shows_the_error_and_the_request_can_still_be_edited_and_approved(
+    shipping: Served, page: Page
+) -> None:
+    run_id, token = shipping.suspend()
+    sign_in(page, shipping)
+    page.goto(f"{shipping.url}/approve/{token}")
+    page.locator("summary", has_text="Edit the arguments").click()
+    expect(page.get_by_label("Quantity")).to_have_value("3")
+    expect(page.get_by_label("Rush")).not_to_be_checked()
+    expect(page.get_by_label("Speed")).to_have_value("ground")
+    page.get_by_label("Labels").fill('"fragile"')  # JSON, but not a list
+    page.get_by_role("button", name="Preview the edits").click()
+    expect(page.locator(".edit-error")).to_contain_text("labels")
+    expect(page.get_by_label("Labels")).to_have_value('"fragile"')  # as typed, open
+    assert page.locator("script").count() == 0
+    shot(page, "edit-invalid")
+    assert shipping.decisions(run_id) == []
+
+    page.get_by_label("Labels").fill('["fragile"]')
+    page.get_by_label("Quantity").fill("4")
+    page.get_by_label("Rush").check()
+    page.get_by_label("Speed").select_option("air")
+    page.get_by_role("button", name="Preview the edits").click()
+    expect(page.locator(".preview table.kv tr", has_text="speed")).to_contain_text("air")
+    page.get_by_role("button", name="Approve with these edits").click()
+    expect(page.locator("section.outcome h1")).to_have_text("Approved")
+    edited = {"sku": "A-1", "quantity": 4, "rush": True, "speed": "air", "labels": ["fragile"]}
+    result = shipping.tool_result(run_id)
+    assert result["edited_by_user"] == {"arguments": edited}
+    assert result["result"] == {"shipped": "A-1", "quantity": 4, "rush": True, "speed": "air"}

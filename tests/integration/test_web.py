@@ -10,16 +10,17 @@ import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import kit
 import pytest
 
 import tether.api.web.inbox
-from tether import Engine, MemoryNotifier, ScriptedModel, StopKind
+from tether import Agent, Engine, MemoryNotifier, ScriptedModel, StopKind, tool
 from tether.api.app import create_app
 from tether.config import Settings
+from tether.errors import InvalidInput
 from tether.runs import Run, RunState
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -47,7 +48,9 @@ class Web:
         return (await self.engine.get_run(run_id)).run
 
     async def decisions(self, run_id: str) -> list[dict[str, Any]]:
-        return [e.data for e in await self.engine.events(run_id) if e.kind == "decision"]
+        return [
+            e.data for e in await self.engine.events(run_id) if e.kind in ("approved", "declined")
+        ]
 
 
 async def _web(db_url: str, model: ScriptedModel | None = None, agent: Any = None) -> Web:
@@ -339,7 +342,7 @@ async def test_the_run_page_shows_state_budget_timeline_and_messages_to_its_owne
     assert own.status_code == 200
     assert "state-running" in own.text and "send the thing" in own.text
     assert '<th scope="row">tool calls</th><td>1</td>' in own.text
-    assert "<code>decision</code>" in own.text and "role-tool" in own.text
+    assert "<code>approved</code>" in own.text and "role-tool" in own.text
     assert "<code>send</code>" in own.text  # the assistant's tool call, by name
     assert missing.status_code == foreign.status_code == 404
     assert "send the thing" not in foreign.text
@@ -529,3 +532,337 @@ async def test_an_inbox_decision_by_a_stranger_changes_nothing(web: Web) -> None
     assert refused.status_code == 404
     assert (await web.run(run_id)).state is RunState.SUSPENDED
     assert kit.effects() == []
+
+
+# -- decisions with a reason, and edits (SPEC §9) -------------------------------------------
+
+
+def _ship_preview(args: Any, scope: Any) -> dict[str, Any]:
+    return {"sku": args.sku, "quantity": args.quantity, "cost": args.quantity * args.weight}
+
+
+@tool(effect="write", needs_confirmation=True, dedupes=True, preview=_ship_preview)
+def ship(
+    sku: str,
+    quantity: int,
+    rush: bool = False,
+    speed: Literal["ground", "air"] = "ground",
+    weight: float = 1.5,
+    labels: list[str] | None = None,
+) -> dict[str, Any]:
+    """Ship an order (a write a human confirms); its downstream deduplicates by key."""
+    return {"shipped": sku, "quantity": quantity, "rush": rush, "speed": speed}
+
+
+SHIP_ORDER = {"sku": "A-1", "quantity": 3, "rush": False, "speed": "ground"}
+
+
+@pytest.fixture
+async def shipping(db_url: str) -> AsyncIterator[Web]:
+    """The inbox of an agent whose one tool has string, integer, number, boolean, enum and
+    list arguments."""
+    agent = Agent(name="shipping", system_prompt="Ship.", tools=(ship,), resolve_scope=kit.resolve)
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": "ship", "arguments": SHIP_ORDER}]}, {"content": "shipped"}]
+    )
+    w = await _web(db_url, model=model, agent=agent)
+    yield w
+    w.engine.close()
+
+
+def _tag(page: str, name: str) -> str:
+    """The control named ``name`` (its opening tag; a select or textarea up to its end)."""
+    found = re.search(rf'<(input|select|textarea)[^>]*name="{re.escape(name)}"[^>]*>', page)
+    assert found, f"no control {name}"
+    if found.group(1) == "input":
+        return found.group(0)
+    end = page.index(f"</{found.group(1)}>", found.end())
+    return page[found.start() : end]
+
+
+def _hidden(page: str, name: str) -> str:
+    found = re.search(rf'type="hidden" name="{re.escape(name)}" value="([^"]*)"', page)
+    assert found, f"no hidden field {name}"
+    return html.unescape(found.group(1))
+
+
+async def _tool_result(web: Web, run_id: str) -> dict[str, Any]:
+    view = await web.engine.get_run(run_id)
+    [result] = [m for m in view.messages if m.get("role") == "tool"]
+    content = result["content"]
+    parsed: dict[str, Any] = json.loads(content) if isinstance(content, str) else content
+    return parsed
+
+
+async def test_the_edit_form_comes_from_the_tools_schema_prefilled_on_every_page(
+    shipping: Web,
+) -> None:
+    run_id, token = await shipping.suspended()
+    before = await shipping.run(run_id)
+    async with shipping.client() as client:
+        await sign_in(client, shipping.keys["dana"])
+        pages = [await client.get(f"/approve/{token}"), await client.get("/")]
+        pages.append(await client.get(f"/runs/{run_id}"))
+        refused_get = await client.get(f"/approve/{token}/preview")
+    for shown in pages:
+        assert shown.status_code == 200
+        assert 'type="text"' in _tag(shown.text, "arg.sku")
+        assert 'value="A-1"' in _tag(shown.text, "arg.sku")
+        quantity = _tag(shown.text, "arg.quantity")
+        assert 'type="number"' in quantity and 'step="1"' in quantity and 'value="3"' in quantity
+        assert 'step="any"' in _tag(shown.text, "arg.weight")
+        assert 'value="1.5"' in _tag(shown.text, "arg.weight")
+        rush = _tag(shown.text, "arg.rush")
+        assert 'type="checkbox"' in rush and "checked" not in rush
+        speed = _tag(shown.text, "arg.speed")
+        assert '<option value="ground" selected>' in speed and '<option value="air">' in speed
+        assert _tag(shown.text, "arg.labels").startswith("<textarea")
+        assert 'name="reason" maxlength="2000"' in shown.text
+    assert refused_get.status_code == 405  # previews are POSTs; a GET does nothing
+    after = await shipping.run(run_id)
+    assert after.state is RunState.SUSPENDED and after.updated_at == before.updated_at
+
+
+async def test_a_previewed_edit_changes_nothing_and_approving_it_runs_the_edited_call(
+    shipping: Web,
+) -> None:
+    run_id, token = await shipping.suspended()
+    before = await shipping.run(run_id)
+    edits = {"arg.sku": "A-1", "arg.quantity": "5", "arg.rush": "true", "arg.speed": "air"}
+    edits |= {"arg.weight": "2", "arg.labels": '["fragile"]'}
+    async with shipping.client() as client:
+        await sign_in(client, shipping.keys["boss"])
+        csrf = await session_csrf(client)
+        previews = [
+            await client.post(f"/approve/{token}/preview", data={**edits, "csrf": csrf})
+            for _ in range(2)
+        ]
+        assert (await shipping.run(run_id)).updated_at == before.updated_at
+        assert await shipping.decisions(run_id) == []
+        shown = previews[0]
+        assert shown.status_code == 200 and "Approve the edited action?" in shown.text
+        assert '<th scope="row">cost</th><td>10.0</td>' in shown.text  # re-rendered: 5 x 2
+        edited = json.loads(_hidden(shown.text, "arguments"))
+        assert edited == {
+            "sku": "A-1",
+            "quantity": 5,
+            "rush": True,
+            "speed": "air",
+            "weight": 2.0,
+            "labels": ["fragile"],
+        }
+        expected = await shipping.engine.preview_approval(token, "boss", edited)
+        assert _hidden(shown.text, "digest") == expected.digest
+        assert 'value="5"' in _tag(shown.text, "arg.quantity")  # edit again from here
+        approved = await client.post(
+            f"/approve/{token}",
+            data={
+                "decision": "approve",
+                "arguments": _hidden(shown.text, "arguments"),
+                "digest": _hidden(shown.text, "digest"),
+                "reason": "ship five, by air",
+                "csrf": csrf,
+            },
+        )
+    assert approved.status_code == 200 and "Approved" in approved.text
+    assert "With the edited arguments" in approved.text and "ship five, by air" in approved.text
+    result = await _tool_result(shipping, run_id)
+    assert result["edited_by_user"] == {"arguments": edited}
+    assert result["result"]["quantity"] == 5 and result["result"]["speed"] == "air"
+    [event] = await shipping.decisions(run_id)
+    assert event["by"] == "boss" and event["reason"] == "ship five, by air"
+
+
+async def test_an_invalid_edit_shows_what_is_wrong_and_the_request_stays_decidable(
+    shipping: Web,
+) -> None:
+    run_id, token = await shipping.suspended()
+    before = await shipping.run(run_id)
+    async with shipping.client() as client:
+        await sign_in(client, shipping.keys["dana"])
+        csrf = await session_csrf(client)
+        base = {"arg.sku": "A-1", "arg.quantity": "3", "csrf": csrf}
+        fraction = await client.post(
+            f"/approve/{token}/preview", data={**base, "arg.quantity": "2.5"}
+        )
+        not_json = await client.post(
+            f"/approve/{token}/preview", data={**base, "arg.labels": "[fragile"}
+        )
+        wrong_choice = await client.post(
+            f"/approve/{token}/preview", data={**base, "arg.speed": "teleport"}
+        )
+        tampered = await client.post(
+            f"/approve/{token}",
+            data={"decision": "approve", "arguments": "[1]", "csrf": csrf},
+        )
+        for refused in (fraction, not_json, wrong_choice):
+            assert refused.status_code == 422 and "Your edits were not accepted" in refused.text
+            assert f'action="/approve/{token}"' in refused.text  # still decidable here
+        assert "quantity" in fraction.text and 'value="2.5"' in _tag(fraction.text, "arg.quantity")
+        assert "not valid JSON" in not_json.text and "[fragile" in not_json.text
+        assert "speed" in wrong_choice.text
+        assert tampered.status_code == 422 and "JSON object" in tampered.text
+        after = await shipping.run(run_id)
+        assert after.state is RunState.SUSPENDED and after.updated_at == before.updated_at
+        assert await shipping.decisions(run_id) == []
+        approved = await client.post(
+            f"/approve/{token}", data={"decision": "approve", "csrf": csrf}
+        )
+    assert approved.status_code == 200 and "Approved" in approved.text
+    assert "edited_by_user" not in await _tool_result(shipping, run_id)
+
+
+async def test_the_preview_routes_need_a_session_its_csrf_token_and_the_right_user(
+    web: Web,
+) -> None:
+    run_id, token = await web.suspended()
+    run = await web.run(run_id)
+    assert run.pending is not None
+    call = {"tool_call_id": run.pending.tool_call_id, "digest": run.pending.digest or ""}
+    edit = {"arg.item": "c"}
+    async with web.client() as anonymous:
+        by_link = await anonymous.post(f"/approve/{token}/preview", data=edit)
+        by_run = await anonymous.post(f"/runs/{run_id}/preview", data={**call, **edit})
+    assert by_link.status_code == 403 and by_run.status_code == 303
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        csrf = await session_csrf(client)
+        refused = [
+            await client.post(f"/approve/{token}/preview", data=edit),
+            await client.post(f"/runs/{run_id}/preview", data={**call, **edit, "csrf": "x"}),
+            await client.post(
+                f"/approve/{token}/preview",
+                data={**edit, "csrf": csrf},
+                headers={"Sec-Fetch-Site": "cross-site"},
+            ),
+        ]
+        other_call = await client.post(
+            f"/runs/{run_id}/preview", data={**edit, "tool_call_id": "nope", "csrf": csrf}
+        )
+    assert [r.status_code for r in refused] == [403, 403, 403]
+    assert other_call.status_code == 404
+    async with web.client() as stranger:
+        await sign_in(stranger, web.keys["eve"])
+        csrf = await session_csrf(stranger)
+        hidden = [
+            await stranger.post(f"/approve/{token}/preview", data={**edit, "csrf": csrf}),
+            await stranger.post(f"/runs/{run_id}/preview", data={**call, **edit, "csrf": csrf}),
+        ]
+    for response in hidden:
+        assert response.status_code == 404 and "unknown or has expired" in response.text
+        assert "dana" not in response.text
+    after = await web.run(run_id)
+    assert after.state is RunState.SUSPENDED and after.updated_at == run.updated_at
+    assert await web.decisions(run_id) == [] and kit.effects() == []
+
+
+async def test_an_inbox_edit_executes_only_the_arguments_whose_preview_was_shown(
+    web: Web,
+) -> None:
+    run_id, _ = await web.suspended()
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        inbox = await client.get("/")
+        found = INBOX_FORM.search(inbox.text)
+        assert found and found.group(1) == run_id
+        call = {"tool_call_id": found.group(2), "digest": found.group(3)}
+        csrf = csrf_of(inbox.text)
+        shown = await client.post(
+            f"/runs/{run_id}/preview", data={**call, "arg.item": "c", "csrf": csrf}
+        )
+        assert shown.status_code == 200 and f'action="/runs/{run_id}/decision"' in shown.text
+        assert _hidden(shown.text, "digest") == found.group(3)  # the suspension it names
+        decision = {
+            **call,
+            "decision": "approve",
+            "approved_digest": _hidden(shown.text, "approved_digest"),
+            "csrf": csrf,
+        }
+        # Arguments other than the previewed ones, under the previewed digest: not executed.
+        swapped = await client.post(
+            f"/runs/{run_id}/decision", data={**decision, "arguments": '{"item": "d"}'}
+        )
+        assert swapped.status_code == 409 and "The details changed" in swapped.text
+        assert kit.effects() == []
+        again = INBOX_FORM.search((await client.get("/")).text)
+        assert again and again.group(2) == found.group(2)  # the same call, suspended again
+        shown = await client.post(
+            f"/runs/{run_id}/preview",
+            data={"tool_call_id": again.group(2), "digest": again.group(3), "arg.item": "c"}
+            | {"csrf": csrf},
+        )
+        approved = await client.post(
+            f"/runs/{run_id}/decision",
+            data={
+                "tool_call_id": again.group(2),
+                "digest": again.group(3),
+                "decision": "approve",
+                "arguments": _hidden(shown.text, "arguments"),
+                "approved_digest": _hidden(shown.text, "approved_digest"),
+                "csrf": csrf,
+            },
+        )
+    assert approved.status_code == 200 and "Approved" in approved.text
+    assert [e[1:] for e in kit.effects()] == [("send", "c")]
+    assert (await _tool_result(web, run_id))["edited_by_user"] == {"arguments": {"item": "c"}}
+
+
+async def test_a_decline_reason_reaches_the_model_and_every_later_answer(web: Web) -> None:
+    run_id, token = await web.suspended()
+    run = await web.run(run_id)
+    assert run.pending is not None
+    form = {"tool_call_id": run.pending.tool_call_id, "digest": run.pending.digest or ""}
+    async with web.client() as client:
+        await sign_in(client, web.keys["boss"])
+        csrf = await session_csrf(client)
+        too_long = await client.post(
+            f"/runs/{run_id}/decision",
+            data={**form, "decision": "decline", "reason": "x" * 2001, "csrf": csrf},
+        )
+        assert too_long.status_code == 422 and await web.decisions(run_id) == []
+        reason = "wrong <b>customer</b>\r\nsend it to Henderson"
+        declined = await client.post(
+            f"/runs/{run_id}/decision",
+            data={**form, "decision": "decline", "reason": reason, "csrf": csrf},
+        )
+        again = await client.post(
+            f"/runs/{run_id}/decision", data={**form, "decision": "approve", "csrf": csrf}
+        )
+        reopened = await client.get(f"/approve/{token}")
+    stored = "wrong <b>customer</b>\nsend it to Henderson"
+    escaped = html.escape(stored, quote=False)
+    assert declined.status_code == 200 and "Declined" in declined.text
+    for shown in (declined, again, reopened):
+        assert f'<p class="decision-reason">{escaped}</p>' in shown.text
+    assert again.status_code == 409 and "Already decided" in again.text
+    result = await _tool_result(web, run_id)
+    assert result["error"] == "declined_by_user" and result["reason"] == stored
+    assert [(d["by"], d["reason"]) for d in await web.decisions(run_id)] == [("boss", stored)]
+    assert kit.effects() == []
+
+
+def test_edit_fields_read_back_as_json_values_and_leave_bad_text_to_validation() -> None:
+    from tether.api.web.forms import edit_fields, read_edits
+
+    parameters = ship.spec().parameters
+    fields = {f.name: f for f in edit_fields(parameters, {"sku": "A", "labels": ["x"]})}
+    assert {name: f.kind for name, f in fields.items()} == {
+        "sku": "text",
+        "quantity": "number",
+        "rush": "checkbox",
+        "speed": "select",
+        "weight": "number",
+        "labels": "json",
+    }
+    assert fields["speed"].value == "ground" and fields["weight"].value == "1.5"  # defaults
+    assert json.loads(fields["labels"].value) == ["x"] and fields["labels"].nullable
+    assert fields["quantity"].required and not fields["rush"].required
+    read = read_edits(
+        parameters,
+        {"arg.sku": "B", "arg.quantity": "7", "arg.speed": "air", "arg.labels": ""},
+    )
+    assert read == {"sku": "B", "quantity": 7, "rush": False, "speed": "air", "labels": None}
+    loose = read_edits(parameters, {"arg.quantity": "seven", "arg.weight": "NaN"})
+    assert loose["quantity"] == "seven" and loose["weight"] == "NaN"  # validation refuses
+    with pytest.raises(InvalidInput, match="not valid JSON"):
+        read_edits(parameters, {"arg.labels": "[NaN]"})

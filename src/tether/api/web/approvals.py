@@ -4,8 +4,9 @@ session's CSRF token, from the link's page or from the inbox."""
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -16,6 +17,7 @@ from tether.api.deps import engine_of
 from tether.api.schemas import DECISIONS
 from tether.api.web.pages import (
     message,
+    not_from_this_session,
     outcome,
     page,
     pending_view,
@@ -60,15 +62,22 @@ async def approval_page(request: Request, token: str) -> Response:
         lookup = await engine.approval_request(token)
     except UnknownOrExpired:
         return unknown_or_expired(request, session)
-    view = pending_view(lookup.run, session.user, lookup.now)
+    view = pending_view(lookup.run, session.user, lookup.now, agent=engine.agent, token=token)
     if view is not None:
         if await engine.may_decide(view.run.user_id, session.user):
-            return page(request, "approve.html", {"item": view, "token": token}, session=session)
+            context = {"item": view, "error": None}
+            return page(request, "approve.html", context, session=session)
     elif lookup.used is not None and lookup.decided_run is not None:
         decided = lookup.decided_run
         if await engine.may_decide(decided.user_id, session.user):
             used = lookup.used
-            shown = {"decision": used.decision, "by": used.by, "at": when(used.at)}
+            shown = {
+                "decision": used.decision,
+                "by": used.by,
+                "at": when(used.at),
+                "reason": used.reason,
+                "arguments": used.arguments,
+            }
             return outcome(request, session, 200, "already_resumed", decision=shown, run=decided)
     return unknown_or_expired(request, session)
 
@@ -90,14 +99,23 @@ async def decide(request: Request, token: str) -> Response:
             sign_in=login_url(f"/approve/{token}"),
         )
     if not acts(request, session, form):
-        return _not_from_this_session(request, session)
+        return not_from_this_session(request, session)
     decision = field(form, "decision")
     if decision not in DECISIONS:
         return _invalid_decision(request, session)
-    engine = engine_of(request)
-    return await _carry_out(
-        request, session, engine.resume_after_confirmation(token, decision, session.user)
+    try:
+        reason, arguments = _reason_and_arguments(form)
+    except InvalidInput as exc:
+        return _invalid(request, session, exc)
+    deciding = engine_of(request).resume_after_confirmation(
+        token,
+        decision,
+        session.user,
+        reason=reason,
+        arguments=arguments,
+        digest=field(form, "digest") or None,
     )
+    return await _carry_out(request, session, deciding, reason=reason, arguments=arguments)
 
 
 @router.post("/runs/{run_id}/decision")
@@ -109,30 +127,46 @@ async def decide_from_inbox(request: Request, run_id: str) -> Response:
     if session is None:
         return RedirectResponse(login_url("/"), status_code=303)
     if not acts(request, session, form):
-        return _not_from_this_session(request, session)
+        return not_from_this_session(request, session)
     decision = field(form, "decision")
     call, shown = field(form, "tool_call_id"), field(form, "digest")
     if decision not in DECISIONS or not call or not inputs.RUN_ID.fullmatch(run_id):
         return _invalid_decision(request, session)
-    engine = engine_of(request)
-    return await _carry_out(
-        request,
-        session,
-        engine.resume_by_run(
-            run_id, decision, session.user, tool_call_id=call, digest=shown or None
-        ),
+    try:
+        reason, arguments = _reason_and_arguments(form)
+    except InvalidInput as exc:
+        return _invalid(request, session, exc)
+    deciding = engine_of(request).resume_by_run(
+        run_id,
+        decision,
+        session.user,
+        tool_call_id=call,
+        digest=shown or None,
+        reason=reason,
+        arguments=arguments,
+        approved_digest=field(form, "approved_digest") or None,
     )
+    return await _carry_out(request, session, deciding, reason=reason, arguments=arguments)
 
 
-def _not_from_this_session(request: Request, session: Session) -> Response:
-    return message(
-        request,
-        session,
-        403,
-        "Refused",
-        "Nothing was decided: this form was not sent from your own session's page.",
-        kind="refused",
-    )
+def _reason_and_arguments(form: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+    """A decision form's reason (None when left empty) and edited arguments (the hidden
+    JSON of a previewed edit; None when the form carries none). The engine checks both."""
+    reason = field(form, "reason").replace("\r\n", "\n").strip() or None
+    text = field(form, "arguments")
+    if not text:
+        return reason, None
+    try:
+        arguments = json.loads(text)
+    except ValueError as exc:
+        raise InvalidInput("the edited arguments are not JSON") from exc
+    if not isinstance(arguments, dict):
+        raise InvalidInput("the edited arguments must be a JSON object")
+    return reason, arguments
+
+
+def _invalid(request: Request, session: Session, exc: InvalidInput) -> Response:
+    return message(request, session, 422, "Invalid", exc.message, kind="refused")
 
 
 def _invalid_decision(request: Request, session: Session) -> Response:
@@ -142,9 +176,15 @@ def _invalid_decision(request: Request, session: Session) -> Response:
 
 
 async def _carry_out(
-    request: Request, session: Session, deciding: Awaitable[ApprovalResult]
+    request: Request,
+    session: Session,
+    deciding: Awaitable[ApprovalResult],
+    *,
+    reason: str | None,
+    arguments: dict[str, Any] | None,
 ) -> Response:
-    """Awaits the decision and renders what became of it, or why there was none."""
+    """Awaits the decision and renders what became of it (with the reason and edited
+    arguments it carried), or why there was none."""
     engine = engine_of(request)
     try:
         result = await deciding
@@ -154,6 +194,8 @@ async def _carry_out(
             "decision": used.get("decision"),
             "by": used.get("by"),
             "at": _iso_for_people(used.get("at")),
+            "reason": used.get("reason"),
+            "arguments": used.get("arguments"),
         }
         return outcome(request, session, 409, "already_resumed", decision=decided, run=None)
     except Changed as exc:
@@ -166,14 +208,23 @@ async def _carry_out(
     except UnknownOrExpired:
         return unknown_or_expired(request, session)
     except InvalidInput as exc:
-        return message(request, session, 422, "Invalid", exc.message, kind="refused")
+        return _invalid(request, session, exc)
     log.info(
         "decided on the web",
         extra={"run_id": result.run_id, "action": "web_decision", "state": result.state},
     )
     run = await engine.find_run(result.run_id)
     owner = run.user_id if run is not None else None
-    return outcome(request, session, 200, "done", result=result, owner=owner)
+    return outcome(
+        request,
+        session,
+        200,
+        "done",
+        result=result,
+        owner=owner,
+        reason=reason,
+        arguments=arguments,
+    )
 
 
 def _iso_for_people(stamp: Any) -> str:
@@ -187,6 +238,8 @@ async def _changed(request: Request, session: Session, engine: Engine, exc: Chan
     item = None
     if new_token:
         lookup = await engine.approval_request(new_token)
-        item = pending_view(lookup.run, session.user, lookup.now)
+        item = pending_view(
+            lookup.run, session.user, lookup.now, agent=engine.agent, token=new_token
+        )
     diff = list(exc.details.get("diff") or [])
-    return outcome(request, session, 409, "changed", diff=diff, item=item, token=new_token)
+    return outcome(request, session, 409, "changed", diff=diff, item=item)

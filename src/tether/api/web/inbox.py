@@ -30,8 +30,9 @@ async def inbox(request: Request) -> Response:
     session = session_of(request)
     if session is None:
         return RedirectResponse(login_url("/"), status_code=303)
-    found = await engine_of(request).pending_approvals(session.user, limit=INBOX_LIMIT)
-    views = (pending_view(run, session.user, found.now) for run in found.runs)
+    engine = engine_of(request)
+    found = await engine.pending_approvals(session.user, limit=INBOX_LIMIT)
+    views = (pending_view(run, session.user, found.now, agent=engine.agent) for run in found.runs)
     items = [view for view in views if view is not None]
     return page(request, "inbox.html", {"items": items}, session=session)
 
@@ -51,7 +52,7 @@ async def run_page(request: Request, run_id: str) -> Response:
     run = view.run
     pending = None
     if run.state is RunState.SUSPENDED:
-        pending = pending_view(run, session.user, await engine.now())
+        pending = pending_view(run, session.user, await engine.now(), agent=engine.agent)
     context: dict[str, Any] = {
         "run": run,
         "pending": pending,

@@ -14,6 +14,8 @@ from fastapi import Request
 from fastapi.responses import Response
 from fastapi.templating import Jinja2Templates
 
+from tether.agent import Agent
+from tether.api.web.forms import EditField, edit_fields
 from tether.runs import Run, RunState, iso
 
 if TYPE_CHECKING:
@@ -100,22 +102,85 @@ templates = Jinja2Templates(env=_environment())
 
 
 @dataclass(frozen=True, kw_only=True)
+class Target:
+    """Where a request's forms post: its approval link, or (from the inbox, which has no
+    token) its run, with the call and the preview digest the page showed."""
+
+    decide: str
+    preview: str
+    hidden: tuple[tuple[str, str], ...]
+    # The field that carries the digest of a re-rendered (edited) preview.
+    edited_digest: str
+    # Prefix of the page element ids of this request's forms (an inbox shows many).
+    key: str
+    back: str
+
+
+def token_target(token: str) -> Target:
+    return Target(
+        decide=f"/approve/{token}",
+        preview=f"/approve/{token}/preview",
+        hidden=(),
+        edited_digest="digest",
+        key="request",
+        back=f"/approve/{token}",
+    )
+
+
+def run_target(run_id: str, tool_call_id: str, digest: str) -> Target:
+    return Target(
+        decide=f"/runs/{run_id}/decision",
+        preview=f"/runs/{run_id}/preview",
+        hidden=(("tool_call_id", tool_call_id), ("digest", digest)),
+        edited_digest="approved_digest",
+        key=f"run-{run_id}",
+        back=f"/#run-{run_id}",
+    )
+
+
+def tool_parameters(agent: Agent, name: str) -> dict[str, Any] | None:
+    """The JSON schema of the arguments of ``agent``'s tool ``name`` (None if it has no
+    such tool), from the specs the agent builds once."""
+    spec = next((spec for spec in agent.tool_specs if spec.name == name), None)
+    return spec.parameters if spec is not None else None
+
+
+@dataclass(frozen=True, kw_only=True)
 class PendingView:
-    """A suspended run as a page shows it: the stored request and its window."""
+    """A suspended run as a page shows it: the stored request and its window, where its
+    forms post, and its arguments as edit-form controls."""
 
     run: Run
     mine: bool
     left: str
+    target: Target
+    fields: tuple[EditField, ...] = ()
 
 
-def pending_view(run: Run | None, viewer: str, now: float) -> PendingView | None:
-    """The run's pending request as ``viewer`` sees it; None unless it is suspended and its
-    window (judged by the database's clock, ``now``) is still open."""
+def pending_view(
+    run: Run | None, viewer: str, now: float, *, agent: Agent, token: str | None = None
+) -> PendingView | None:
+    """The run's pending request as ``viewer`` sees it (its forms posting to ``token``'s
+    link if given, else to the run); None unless it is suspended and its window (judged by
+    the database's clock, ``now``) is still open."""
     if run is None or run.state is not RunState.SUSPENDED:
         return None
     if run.pending is None or run.expires_at is None or run.expires_at <= now:
         return None
-    return PendingView(run=run, mine=run.user_id == viewer, left=time_left(run.expires_at - now))
+    pending = run.pending
+    parameters = tool_parameters(agent, pending.tool)
+    fields = edit_fields(parameters, pending.arguments) if parameters is not None else ()
+    if token is not None:
+        target = token_target(token)
+    else:
+        target = run_target(run.id, pending.tool_call_id, pending.digest or "")
+    return PendingView(
+        run=run,
+        mine=run.user_id == viewer,
+        left=time_left(run.expires_at - now),
+        target=target,
+        fields=fields,
+    )
 
 
 # -- pages -------------------------------------------------------------------------------
@@ -161,6 +226,17 @@ def unknown_or_expired(request: Request, session: Session | None) -> Response:
         404,
         "Unknown or expired",
         "This approval link is unknown or has expired.",
+        kind="refused",
+    )
+
+
+def not_from_this_session(request: Request, session: Session) -> Response:
+    return message(
+        request,
+        session,
+        403,
+        "Refused",
+        "Nothing was decided: this form was not sent from your own session's page.",
         kind="refused",
     )
 

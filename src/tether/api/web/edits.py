@@ -1,0 +1,143 @@
+"""Editing a pending call before approving it (SPEC §9), with no scripts: the edit form
+(generated from the tool's schema) posts here, and the page answers with the preview
+re-rendered from the edited arguments and its digest, then the approval form that carries
+both. Nothing is claimed or changed here; the decision is a separate POST."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+
+from tether import ApprovalPreview, inputs
+from tether.api.deps import engine_of
+from tether.api.web.approvals import MAX_TOKEN_CHARS
+from tether.api.web.forms import edit_fields, read_edits
+from tether.api.web.pages import (
+    PendingView,
+    message,
+    not_from_this_session,
+    page,
+    pending_view,
+    run_target,
+    tool_parameters,
+    unknown_or_expired,
+)
+from tether.api.web.sessions import Session, acts, field, login_url, posted, session_of
+from tether.errors import InvalidInput, TetherError, UnknownOrExpired
+
+router = APIRouter(include_in_schema=False)
+
+Previewing = Callable[[dict[str, Any]], Awaitable[ApprovalPreview]]
+
+
+@router.post("/approve/{token}/preview")
+async def preview_from_link(request: Request, token: str) -> Response:
+    """The request behind an approval link with the posted edits, re-rendered; the same
+    session, CSRF and authorisation rules as deciding, and nothing changes."""
+    session = session_of(request)
+    form = await posted(request)
+    if session is None:
+        return message(
+            request,
+            None,
+            403,
+            "Sign in first",
+            "Nothing was changed: sign in, then edit from the request's page.",
+            kind="refused",
+            sign_in=login_url(f"/approve/{token}"),
+        )
+    if not acts(request, session, form):
+        return not_from_this_session(request, session)
+    if not token or len(token) > MAX_TOKEN_CHARS:
+        return unknown_or_expired(request, session)
+    engine = engine_of(request)
+    try:
+        lookup = await engine.approval_request(token)
+    except UnknownOrExpired:
+        return unknown_or_expired(request, session)
+    item = pending_view(lookup.run, session.user, lookup.now, agent=engine.agent, token=token)
+    if item is None or not await engine.may_decide(item.run.user_id, session.user):
+        return unknown_or_expired(request, session)
+
+    def previewing(arguments: dict[str, Any]) -> Awaitable[ApprovalPreview]:
+        return engine.preview_approval(token, session.user, arguments)
+
+    return await _edited(request, session, item, form, previewing)
+
+
+@router.post("/runs/{run_id}/preview")
+async def preview_from_inbox(request: Request, run_id: str) -> Response:
+    """The same from the inbox or the run's page, which name the call and the digest of the
+    preview they showed (carried on into the approval form)."""
+    session = session_of(request)
+    form = await posted(request)
+    if session is None:
+        return RedirectResponse(login_url("/"), status_code=303)
+    if not acts(request, session, form):
+        return not_from_this_session(request, session)
+    call, shown = field(form, "tool_call_id"), field(form, "digest")
+    if not call or not inputs.RUN_ID.fullmatch(run_id):
+        return unknown_or_expired(request, session)
+    engine = engine_of(request)
+    run = await engine.find_run(run_id)
+    item = pending_view(run, session.user, await engine.now(), agent=engine.agent)
+    if (
+        item is None
+        or item.run.pending is None
+        or item.run.pending.tool_call_id != call
+        or not await engine.may_decide(item.run.user_id, session.user)
+    ):
+        return unknown_or_expired(request, session)
+    item = dataclasses.replace(item, target=run_target(run_id, call, shown))
+
+    def previewing(arguments: dict[str, Any]) -> Awaitable[ApprovalPreview]:
+        return engine.preview_by_run(run_id, session.user, tool_call_id=call, arguments=arguments)
+
+    return await _edited(request, session, item, form, previewing)
+
+
+async def _edited(
+    request: Request,
+    session: Session,
+    item: PendingView,
+    form: Mapping[str, Any],
+    previewing: Previewing,
+) -> Response:
+    """The edited call's preview and approval form; or, for edits that do not validate,
+    the request again with what is wrong and the edits as typed (422), still decidable."""
+    pending = item.run.pending
+    assert pending is not None  # a pending view has its call
+    parameters = tool_parameters(engine_of(request).agent, pending.tool) or {}
+    try:
+        shown = await previewing(read_edits(parameters, form))
+    except InvalidInput as exc:
+        again = dataclasses.replace(item, fields=edit_fields(parameters, {}, submitted=form))
+        context = {"item": again, "error": exc.message}
+        return page(request, "approve.html", context, session=session, status=422)
+    except UnknownOrExpired:
+        return unknown_or_expired(request, session)
+    except TetherError as exc:
+        text = f"The edited action could not be previewed: {exc.message}. Nothing was decided."
+        return message(request, session, 409, "No preview", text, kind="refused")
+    context = {
+        "item": dataclasses.replace(item, fields=edit_fields(parameters, shown.arguments)),
+        "shown": shown,
+        "arguments": json.dumps(shown.arguments, ensure_ascii=False, sort_keys=True),
+        "changes": _changes(pending.arguments, shown.arguments),
+    }
+    return page(request, "preview.html", context, session=session)
+
+
+def _changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The arguments an edit changed: name, as requested, as edited."""
+    names = dict.fromkeys([*before, *after])
+    return [
+        {"path": name, "before": before.get(name), "after": after.get(name)}
+        for name in names
+        if before.get(name) != after.get(name)
+    ]
