@@ -48,11 +48,28 @@ class Settings:
     # worker tries it again.
     start_retry_s: float = 5.0
     purge_batch: int = 200
+    # A model call that failed transiently (SPEC §10): the run is handed back for
+    # ``model_retry_first_s``, doubling per consecutive failure up to ``model_retry_max_s``;
+    # the ``max_model_attempts``-th consecutive failure fails it ``model_unavailable``.
+    max_model_attempts: int = 5
+    model_retry_first_s: float = 1.0
+    model_retry_max_s: float = 300.0
     # Price overrides (TETHER_PRICES) over the built-in table of tether.models.pricing.
     prices: Mapping[str, Price] = field(default_factory=dict)
     # Signs the inbox's session cookies; None: a random secret per process (a restart
     # signs everyone out). Kept out of repr so it never reaches a log line.
     session_secret: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_model_attempts < 1:
+            raise ConfigError(
+                f"max_model_attempts must be at least 1, got {self.max_model_attempts}"
+            )
+        if not 0 < self.model_retry_first_s <= self.model_retry_max_s:
+            raise ConfigError(
+                "the first model retry delay must be positive and at most "
+                f"{self.model_retry_max_s:g}s, got {self.model_retry_first_s:g}s"
+            )
 
     @property
     def suspension_ttl_s(self) -> float:
@@ -85,6 +102,8 @@ class Settings:
             db_retry_s=_positive(env, "TETHER_DB_RETRY_S", 30.0),
             notice_timeout_s=_positive(env, "TETHER_NOTICE_TIMEOUT_S", 60.0),
             reconcile_patience_s=_positive(env, "TETHER_RECONCILE_PATIENCE_S", 120.0),
+            max_model_attempts=int(_positive(env, "TETHER_MAX_MODEL_ATTEMPTS", 5, whole=True)),
+            model_retry_first_s=_positive(env, "TETHER_MODEL_RETRY_FIRST_S", 1.0),
             prices=parse_prices(env.get("TETHER_PRICES", "")),
             session_secret=env.get("TETHER_SESSION_SECRET") or None,
         )

@@ -97,9 +97,19 @@ class LeaseLost(TetherError):
 
 
 class ModelError(TetherError):
-    """The model provider failed in a way the SDK's own retries did not absorb."""
+    """The model provider failed in a way the SDK's own retries did not absorb.
+    ``transient`` (a timeout, a connection error, HTTP 408, 409, 429, 5xx): asking again
+    later may succeed, so the run is handed back with a delay; otherwise (any other 4xx, a
+    reply that cannot be read) asking again cannot help and the run fails (SPEC §10)."""
 
     code = "model_error"
+
+    def __init__(
+        self, message: str, *, status: int | None = None, transient: bool = False, **details: Any
+    ) -> None:
+        super().__init__(message, **details, **({} if status is None else {"status": status}))
+        self.status = status
+        self.transient = transient
 
 
 class FailpointError(TetherError):

@@ -1,7 +1,8 @@
 """The step loop: carries one claimed run to its next stop, one durable write per gap.
 
 Durable writes of a step, in order (each a transaction, each fenced by the lease):
-1. the assistant turn, with its spend, step count and the ledger intents of its calls;
+1. the assistant turn, with its spend, step count and the ledger intents of its calls
+   (a model call that failed writes no turn: see ``outage.py``);
 2. for each tool call of the turn, in order: the tool's result with its counters.
 A call that needs confirmation suspends the run instead. A turn whose calls are all plain
 reads is one write: the reads run first, concurrently, and the turn is stored with their
@@ -17,10 +18,11 @@ import time
 
 from tether import calls
 from tether.decision import decide
-from tether.errors import DatabaseUnavailable, FailpointError, LeaseLost
+from tether.errors import DatabaseUnavailable, FailpointError, LeaseLost, ModelError
 from tether.failpoints import fail
 from tether.messages import ToolCall
 from tether.metrics import MODEL_SECONDS, STEP_SECONDS
+from tether.outage import model_failed
 from tether.outcome import Outcome, StopKind
 from tether.session import RunSession
 from tether.store import CallStatus
@@ -57,6 +59,7 @@ async def process(session: RunSession, call: ToolCall) -> Outcome | None:
 
 async def _drive(session: RunSession) -> Outcome:
     step_started: float | None = None
+    failures = session.run.model_failures  # consecutive failed model calls, as stored
     while True:
         for batch in batches(session, session.pending_calls()):
             if session.stopping:
@@ -76,10 +79,14 @@ async def _drive(session: RunSession) -> Outcome:
         fail("before_model_call")
         session.check_held()
         step_started = time.monotonic()
-        with MODEL_SECONDS.time():
-            response = await session.s.model.request(
-                list(session.messages), list(session.s.agent.tool_specs)
-            )
+        try:
+            with MODEL_SECONDS.time():
+                response = await session.s.model.request(
+                    list(session.messages), list(session.s.agent.tool_specs)
+                )
+        except ModelError as exc:  # handed back with a delay, or failed (SPEC §10)
+            return await model_failed(session, exc, failures)
+        failures = 0  # the stored turn resets the stored count too
         fail("after_model_call")
         turn = session.turn_of(response)
         if not turn.calls:

@@ -22,3 +22,8 @@ class FailReason(str, enum.Enum):
     UNRECONCILABLE = "unreconcilable"
     RECOVERY_EXHAUSTED = "recovery_exhausted"
     ERROR = "error"  # an unexpected error in the loop; its message is in the event
+    # TETHER_MAX_MODEL_ATTEMPTS consecutive model calls failed transiently (SPEC §10).
+    MODEL_UNAVAILABLE = "model_unavailable"
+    # The provider refused the request itself (a 4xx that asking again cannot fix); its
+    # message is in the event.
+    MODEL_ERROR = "model_error"

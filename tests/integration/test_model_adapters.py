@@ -1,178 +1,33 @@
 """The OpenAI and Anthropic adapters against loopback servers that speak each API.
 
 The official SDKs do the HTTP, so these tests prove what actually goes over the wire
-(tool results, system prompt, tool schemas) and how provider failures surface.
+(tool results, system prompt, tool schemas) and how provider failures surface, transient
+or not. The servers are ``tests/support/fakellm.py``; what a run does when its model
+fails is in ``test_model_outage.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import threading
-import time
-from collections import deque
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
-from typing import Any
 
-import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fakellm import (
+    ANTHROPIC_PATH,
+    OPENAI_PATH,
+    FakeLLMServer,
+    Reply,
+    anthropic_message,
+    openai_completion,
+)
 
 from tether.errors import ConfigError, ModelError
 from tether.models.anthropic_adapter import AnthropicModel, to_anthropic_messages
 from tether.models.base import Message, ToolSpec, Usage
 from tether.models.openai_adapter import OpenAIChatModel
 from tether.models.pricing import spend_usd
-
-READY_DEADLINE_S = 10.0
-
-# --- fake servers -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Recorded:
-    """One request the fake server received."""
-
-    headers: dict[str, str]
-    body: dict[str, Any]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Reply:
-    """A scripted answer; with ``hold`` the server waits for the event before answering."""
-
-    status: int = 200
-    body: dict[str, Any] = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)
-    hold: threading.Event | None = None
-
-
-class FakeLLMServer:
-    """A uvicorn server on a loopback port, in a thread, that answers one POST path with
-    scripted replies and records every request it gets."""
-
-    def __init__(self, path: str) -> None:
-        self.requests: list[Recorded] = []
-        self._replies: deque[Reply] = deque()
-        self._lock = threading.Lock()
-        app = FastAPI()
-        app.add_api_route(path, self._handle, methods=["POST"])
-        app.add_api_route("/healthz", self._healthz, methods=["GET"])
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", ws="none", http="h11")
-        self._server = uvicorn.Server(config)
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind(("127.0.0.1", 0))
-        # Listening before uvicorn starts: early connections wait in the backlog.
-        self._sock.listen(64)
-        self.port: int = self._sock.getsockname()[1]
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def script(self, *replies: Reply) -> None:
-        with self._lock:
-            self._replies.extend(replies)
-
-    def reset(self) -> None:
-        with self._lock:
-            self.requests.clear()
-            self._replies.clear()
-
-    async def _healthz(self) -> dict[str, bool]:
-        return {"ok": True}
-
-    async def _handle(self, request: Request) -> JSONResponse:
-        body = await request.json()
-        with self._lock:
-            self.requests.append(Recorded(headers=dict(request.headers), body=body))
-            reply = self._replies.popleft() if self._replies else None
-        if reply is None:
-            return JSONResponse({"error": {"message": "no reply scripted"}}, status_code=599)
-        if reply.hold is not None:
-            await asyncio.to_thread(reply.hold.wait, READY_DEADLINE_S)
-        return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
-
-    def start(self) -> None:
-        self._thread.start()
-        deadline = time.monotonic() + READY_DEADLINE_S
-        with httpx.Client(timeout=1.0) as client:
-            while True:
-                try:
-                    if client.get(f"{self.url}/healthz").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or not self._thread.is_alive():
-                    raise RuntimeError("fake LLM server did not become ready")
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(READY_DEADLINE_S)
-        self._sock.close()
-        assert not self._thread.is_alive(), "fake LLM server did not stop"
-
-
-def openai_completion(
-    *,
-    content: str | None = None,
-    tool_calls: list[dict[str, Any]] | None = None,
-    prompt_tokens: int = 10,
-    completion_tokens: int = 5,
-    model: str = "gpt-4o-mini-2024-07-18",
-) -> dict[str, Any]:
-    """A Chat Completions response body."""
-    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "created": 1_700_000_000,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": "tool_calls" if tool_calls else "stop",
-                "logprobs": None,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
-
-
-def anthropic_message(
-    content: list[dict[str, Any]],
-    *,
-    input_tokens: int = 10,
-    output_tokens: int = 5,
-    model: str = "claude-haiku-4-5-20251001",
-) -> dict[str, Any]:
-    """A Messages response body."""
-    has_tool_use = any(block["type"] == "tool_use" for block in content)
-    return {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": content,
-        "stop_reason": "tool_use" if has_tool_use else "end_turn",
-        "stop_sequence": None,
-        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
-    }
-
 
 # --- fixtures ---------------------------------------------------------------------------
 
@@ -207,7 +62,7 @@ def no_provider_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def openai_server_process() -> Iterator[FakeLLMServer]:
-    server = FakeLLMServer("/v1/chat/completions")
+    server = FakeLLMServer(OPENAI_PATH)
     server.start()
     yield server
     server.stop()
@@ -215,7 +70,7 @@ def openai_server_process() -> Iterator[FakeLLMServer]:
 
 @pytest.fixture(scope="module")
 def anthropic_server_process() -> Iterator[FakeLLMServer]:
-    server = FakeLLMServer("/v1/messages")
+    server = FakeLLMServer(ANTHROPIC_PATH)
     server.start()
     yield server
     server.stop()
@@ -405,11 +260,12 @@ async def test_openai_timeout_becomes_model_error(openai_server: FakeLLMServer) 
         "gpt-4o-mini", base_url=f"{openai_server.url}/v1", timeout_s=0.2, max_retries=0
     )
     try:
-        with pytest.raises(ModelError, match=r"timed out after 0\.2s"):
+        with pytest.raises(ModelError, match=r"timed out after 0\.2s") as caught:
             await model.request([{"role": "user", "content": "hi"}], [])
     finally:
         release.set()
         await model.aclose()
+    assert caught.value.transient and caught.value.status is None
 
 
 async def test_openai_unreachable_server_becomes_model_error() -> None:
@@ -422,6 +278,7 @@ async def test_openai_unreachable_server_becomes_model_error() -> None:
     finally:
         await model.aclose()
     assert type(caught.value.__cause__).__name__ == "APIConnectionError"
+    assert caught.value.transient
 
 
 async def test_openai_reads_base_url_and_key_from_the_environment(
@@ -608,10 +465,26 @@ async def test_anthropic_unreachable_server_becomes_model_error() -> None:
         "claude-haiku-4-5", base_url=f"http://127.0.0.1:{unused_port()}", max_retries=0
     )
     try:
-        with pytest.raises(ModelError, match="could not be reached"):
+        with pytest.raises(ModelError, match="could not be reached") as caught:
             await model.request([{"role": "user", "content": "hi"}], [])
     finally:
         await model.aclose()
+    assert caught.value.transient
+
+
+async def test_anthropic_timeout_is_a_transient_model_error(
+    anthropic_server: FakeLLMServer,
+) -> None:
+    anthropic_server.script(Reply.hung())
+    model = AnthropicModel(
+        "claude-haiku-4-5", base_url=anthropic_server.url, timeout_s=0.2, max_retries=0
+    )
+    try:
+        with pytest.raises(ModelError, match=r"timed out after 0\.2s") as caught:
+            await model.request([{"role": "user", "content": "hi"}], [])
+    finally:
+        await model.aclose()
+    assert caught.value.transient and caught.value.status is None
 
 
 async def test_anthropic_reads_base_url_and_key_from_the_environment(
@@ -636,6 +509,43 @@ def test_anthropic_without_key_or_base_url_is_a_config_error() -> None:
 
 
 # --- Anthropic translation (pure) -------------------------------------------------------
+
+
+# SPEC §13: transient = 408, 409, 429, 5xx (529 included); permanent = every other 4xx.
+CLASSIFIED = [
+    *((status, True) for status in (408, 409, 429, 500, 502, 503, 529)),
+    *((status, False) for status in (400, 401, 403, 404, 422)),
+]
+
+
+@pytest.mark.parametrize(("status", "transient"), CLASSIFIED)
+async def test_openai_http_failure_is_transient_exactly_for_the_retryable_statuses(
+    gpt: OpenAIChatModel, openai_server: FakeLLMServer, status: int, transient: bool
+) -> None:
+    openai_server.script(Reply.failure(status, f"provider says {status}"))
+
+    with pytest.raises(ModelError) as caught:
+        await gpt.request([{"role": "user", "content": "hi"}], [])
+
+    assert caught.value.status == status
+    assert caught.value.transient is transient
+    assert f"HTTP {status}: provider says {status}" in caught.value.message
+    assert len(openai_server.requests) == 1
+
+
+@pytest.mark.parametrize(("status", "transient"), CLASSIFIED)
+async def test_anthropic_http_failure_is_transient_exactly_for_the_retryable_statuses(
+    claude: AnthropicModel, anthropic_server: FakeLLMServer, status: int, transient: bool
+) -> None:
+    anthropic_server.script(Reply.failure(status, f"provider says {status}"))
+
+    with pytest.raises(ModelError) as caught:
+        await claude.request([{"role": "user", "content": "hi"}], [])
+
+    assert caught.value.status == status
+    assert caught.value.transient is transient
+    assert f"HTTP {status}: provider says {status}" in caught.value.message
+    assert len(anthropic_server.requests) == 1
 
 
 def test_parallel_tool_results_and_a_following_user_message_share_one_user_turn() -> None:

@@ -109,6 +109,17 @@ def provider_message(body: object) -> str | None:
     return None
 
 
+# Statuses worth asking again later (SPEC §13): a request timeout, a conflict, rate
+# limiting, and any 5xx, Anthropic's 529 "overloaded" included. Every other 4xx says the
+# request itself is wrong (bad key, bad model, bad schema): the same request fails again.
+TRANSIENT_STATUSES = frozenset({408, 409, 429})
+
+
+def transient_status(status: int | None) -> bool:
+    """Whether a provider's HTTP status is a transient failure."""
+    return status is not None and (status in TRANSIENT_STATUSES or 500 <= status <= 599)
+
+
 def model_error(
     exc: Exception,
     name: str,
@@ -119,13 +130,21 @@ def model_error(
     connection_error: type[Exception],
 ) -> ModelError:
     """A ``ModelError`` naming the HTTP status and the provider's message, from an SDK
-    exception; each SDK passes its own exception classes."""
+    exception, marked ``transient`` or not (SPEC §13); each SDK passes its own exception
+    classes. Timeouts and connection errors are transient; a reply that cannot be read is
+    not. This is the error of the whole call, after the SDK's own retries: one call."""
     if isinstance(exc, status_error):
         status = getattr(exc, "status_code", None)
         detail = provider_message(getattr(exc, "body", None)) or getattr(exc, "message", str(exc))
-        return ModelError(f"{name} failed with HTTP {status}: {detail}", status=status)
+        return ModelError(
+            f"{name} failed with HTTP {status}: {detail}",
+            status=status,
+            transient=transient_status(status),
+        )
+    # The SDKs' timeout error is a connection error too: test it first.
     if isinstance(exc, timeout_error):
-        return ModelError(f"{name} timed out after {timeout_s:g}s")
+        return ModelError(f"{name} timed out after {timeout_s:g}s", transient=True)
     if isinstance(exc, connection_error):
-        return ModelError(f"{name} could not be reached: {getattr(exc, 'message', exc)}")
+        message = f"{name} could not be reached: {getattr(exc, 'message', exc)}"
+        return ModelError(message, transient=True)
     return ModelError(f"{name} failed: {exc}")

@@ -1,0 +1,213 @@
+"""Local servers that speak the OpenAI Chat Completions and Anthropic Messages APIs, for
+tests that drive the real SDK adapters over real HTTP.
+
+Each answers its one POST path with scripted replies, in order, and records every request
+it gets. A reply may succeed, fail with any status in the provider's error shape
+(``Reply.failure``: 429, 500, 529, 401, ...), wait for an event before answering, or never
+answer (``Reply.hang``: the client's timeout is what ends it). A request with no reply
+scripted gets 599, so a test that asks more than it scripted sees it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+READY_DEADLINE_S = 10.0
+
+OPENAI_PATH = "/v1/chat/completions"
+ANTHROPIC_PATH = "/v1/messages"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recorded:
+    """One request the fake server received."""
+
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reply:
+    """A scripted answer; with ``hold`` the server waits for the event before answering;
+    with ``hang`` it does not answer until the server is reset or stopped."""
+
+    status: int = 200
+    body: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    hold: threading.Event | None = None
+    hang: bool = False
+
+    @classmethod
+    def failure(cls, status: int, message: str, **headers: str) -> Reply:
+        """An error in the shape both providers use: ``{"error": {"type", "message"}}``.
+        The SDKs' own retries are told not to retry it (``x-should-retry``) unless
+        ``headers`` say otherwise, so one reply is one failed call."""
+        body = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return cls(status=status, body=body, headers={"x-should-retry": "false", **headers})
+
+    @classmethod
+    def hung(cls) -> Reply:
+        """A request the server never answers: the client's timeout ends it."""
+        return cls(hang=True)
+
+
+class FakeLLMServer:
+    """A uvicorn server on a loopback port, in a thread, that answers one POST path with
+    scripted replies and records every request it gets."""
+
+    def __init__(self, path: str) -> None:
+        self.requests: list[Recorded] = []
+        self._replies: deque[Reply] = deque()
+        self._lock = threading.Lock()
+        # Set to let every hanging request go (at a reset and at stop).
+        self._unhang = threading.Event()
+        app = FastAPI()
+        app.add_api_route(path, self._handle, methods=["POST"])
+        app.add_api_route("/healthz", self._healthz, methods=["GET"])
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", ws="none", http="h11")
+        self._server = uvicorn.Server(config)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        # Listening before uvicorn starts: early connections wait in the backlog.
+        self._sock.listen(64)
+        self.port: int = self._sock.getsockname()[1]
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def script(self, *replies: Reply) -> None:
+        with self._lock:
+            self._replies.extend(replies)
+
+    def reset(self) -> None:
+        """Forget requests and replies, and let any hanging request go."""
+        self._unhang.set()
+        with self._lock:
+            self.requests.clear()
+            self._replies.clear()
+            self._unhang = threading.Event()
+
+    def count(self) -> int:
+        """How many requests arrived so far."""
+        with self._lock:
+            return len(self.requests)
+
+    async def _healthz(self) -> dict[str, bool]:
+        return {"ok": True}
+
+    async def _handle(self, request: Request) -> JSONResponse:
+        body = await request.json()
+        with self._lock:
+            self.requests.append(Recorded(headers=dict(request.headers), body=body))
+            reply = self._replies.popleft() if self._replies else None
+            unhang = self._unhang
+        if reply is None:
+            return JSONResponse({"error": {"message": "no reply scripted"}}, status_code=599)
+        if reply.hang:
+            await asyncio.to_thread(unhang.wait, READY_DEADLINE_S)
+            return JSONResponse({"error": {"message": "hung up"}}, status_code=599)
+        if reply.hold is not None:
+            await asyncio.to_thread(reply.hold.wait, READY_DEADLINE_S)
+        return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+
+    def start(self) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + READY_DEADLINE_S
+        with httpx.Client(timeout=1.0) as client:
+            while True:
+                try:
+                    if client.get(f"{self.url}/healthz").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline or not self._thread.is_alive():
+                    raise RuntimeError("fake LLM server did not become ready")
+
+    def stop(self) -> None:
+        self._unhang.set()
+        self._server.should_exit = True
+        self._thread.join(READY_DEADLINE_S)
+        self._sock.close()
+        assert not self._thread.is_alive(), "fake LLM server did not stop"
+
+
+@contextmanager
+def running(path: str) -> Iterator[FakeLLMServer]:
+    """A started fake server for ``path`` (``OPENAI_PATH`` or ``ANTHROPIC_PATH``)."""
+    server = FakeLLMServer(path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def openai_completion(
+    *,
+    content: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    prompt_tokens: int = 10,
+    completion_tokens: int = 5,
+    model: str = "gpt-4o-mini-2024-07-18",
+) -> dict[str, Any]:
+    """A Chat Completions response body."""
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def anthropic_message(
+    content: list[dict[str, Any]],
+    *,
+    input_tokens: int = 10,
+    output_tokens: int = 5,
+    model: str = "claude-haiku-4-5-20251001",
+) -> dict[str, Any]:
+    """A Messages response body."""
+    has_tool_use = any(block["type"] == "tool_use" for block in content)
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": "tool_use" if has_tool_use else "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+    }
