@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ from tether.metrics import TOOL_SECONDS
 from tether.outcome import Outcome
 from tether.previews import digest
 from tether.reasons import FailReason
+from tether.retries import attempts, failure_content
 from tether.session import Result, RunSession, error_content
 from tether.store import CallStatus, idempotency_key
 from tether.tools import (
@@ -33,9 +33,7 @@ from tether.tools import (
     Reconciled,
     ReconcileKind,
     Tool,
-    ToolContext,
     ToolFailed,
-    ToolUnavailable,
 )
 
 log = logging.getLogger(__name__)
@@ -44,11 +42,6 @@ log = logging.getLogger(__name__)
 # up to RECONCILE_MAX_S, until the settings' ``reconcile_patience_s``.
 RECONCILE_FIRST_S = 0.25
 RECONCILE_MAX_S = 15.0
-# A read that timed out or failed transiently runs again after TOOL_RETRY_FIRST_S,
-# doubling up to TOOL_RETRY_MAX_S (each pause jittered), at most its ``retries`` times.
-TOOL_RETRY_FIRST_S = 0.2
-TOOL_RETRY_MAX_S = 5.0
-TRANSIENT = (TimeoutError, OutcomeUnknown, ToolUnavailable)
 
 
 class Check(str, enum.Enum):
@@ -260,9 +253,10 @@ async def invoke(session: RunSession, r: Resolved, *, confirmed: bool) -> Result
     reconciles it). Nothing is written; however many attempts, it is one tool call."""
     call = r.call
     fail("before_tool_call", call.name)
+    ctx = session.ctx(call, confirmed=confirmed)
     try:
         with TOOL_SECONDS.labels(tool=call.name).time():
-            result = await attempts(session, r, session.ctx(call, confirmed=confirmed))
+            result = await attempts(session, r.tool, r.args, ctx)
     except (TimeoutError, OutcomeUnknown, ToolFailed) as exc:
         fail("after_tool_commit", call.name)
         ambiguous = not isinstance(exc, ToolFailed)
@@ -276,45 +270,6 @@ async def invoke(session: RunSession, r: Resolved, *, confirmed: bool) -> Result
         return Result(call=call, content=content, status=CallStatus.ERROR, counted=True)
     fail("after_tool_commit", call.name)
     return Result(call=call, content=result, status=CallStatus.OK, counted=True)
-
-
-async def attempts(session: RunSession, r: Resolved, ctx: ToolContext) -> Any:
-    """The tool's answer. A read that timed out or failed transiently (``TRANSIENT``) is
-    tried again, up to its ``retries``, after a jittered exponential backoff; the last
-    failure is raised. A write runs once: it is never run again blindly.
-
-    Safe to run a read twice: it has no effect."""
-    tries = 1 + (r.tool.retries if r.tool.effect is Effect.READ else 0)
-    delay = TOOL_RETRY_FIRST_S
-    for attempt in range(1, tries):
-        try:
-            return await r.tool.call(r.args, ctx)
-        except TRANSIENT as exc:
-            log.warning(
-                "tool failed transiently; retrying",
-                extra={
-                    "run_id": session.run.id,
-                    "action": "tool_retry",
-                    "tool": r.tool.name,
-                    "attempt": attempt,
-                    "error": f"{type(exc).__name__}: {exc}"[:300],
-                },
-            )
-        await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-        delay = min(delay * 2, TOOL_RETRY_MAX_S)
-        session.check_held()
-    return await r.tool.call(r.args, ctx)
-
-
-def failure_content(tool: Tool, exc: TimeoutError | OutcomeUnknown | ToolFailed) -> dict[str, str]:
-    """What the model sees of a call that failed: ``tool_timeout`` for a timeout,
-    ``tool_unavailable`` for a transient failure, else the tool's error."""
-    after = f" (tried {1 + tool.retries} times)" if tool.retries else ""
-    if isinstance(exc, TimeoutError):
-        return error_content("tool_timeout", (str(exc) or f"{tool.name} timed out") + after)
-    if isinstance(exc, ToolUnavailable | OutcomeUnknown):
-        return error_content("tool_unavailable", exc.message + after)
-    return error_content(exc.code, exc.message)
 
 
 async def execute(

@@ -30,6 +30,7 @@ POINTS: tuple[str, ...] = (
     "after_suspend",  # the suspension is durable; the notice is not sent
     "after_claim",  # a resumption claimed the run; nothing else done
     "after_resume_execute",  # an approved call's result is durable; the run not handed back
+    "after_outcome_found",  # reconciling learnt a write's outcome; nothing of it is stored
     "after_reconcile",  # the reaper appended a reconciled result; the run not handed back
 )
 ACTIONS = ("crash", "error")
