@@ -58,4 +58,6 @@ async def model_failed(session: RunSession, error: ModelError, failures: int) ->
     delay = backoff_s(attempt, settings)
     attempt, ready_at = await session.retry_model(delay, event)
     log.warning("model retry", extra={**extra, "attempt": attempt, "retry_at": iso(ready_at)})
-    return Outcome(run_id=session.run.id, kind=StopKind.RELEASED, reason="model_retry")
+    return Outcome(
+        run_id=session.run.id, kind=StopKind.RELEASED, reason="model_retry", retry_in_s=delay
+    )

@@ -49,13 +49,15 @@ _KIND_OF = {state: kind for kind, state in _STATE_OF.items()}
 @dataclass(frozen=True, kw_only=True)
 class Outcome:
     """Where a run stopped: the kind, the halt or fail reason, the suspension's notice,
-    and the model's final answer when it answered."""
+    the model's final answer when it answered, and, for a run handed back with a delay (a
+    backoff), in how many seconds it may be claimed again."""
 
     run_id: str
     kind: StopKind
     reason: str | None = None
     notice: Notice | None = None
     answer: str | None = None
+    retry_in_s: float | None = None
 
     @property
     def state(self) -> RunState | None:

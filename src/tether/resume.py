@@ -74,7 +74,9 @@ async def carry(services: Services, run: Run, *, stopping: asyncio.Event | None 
             delay_s=delay,
             kind="start_failed",
         )
-        return Outcome(run_id=run.id, kind=StopKind.RELEASED, reason="start_failed")
+        return Outcome(
+            run_id=run.id, kind=StopKind.RELEASED, reason="start_failed", retry_in_s=delay
+        )
     return await drive(session)
 
 

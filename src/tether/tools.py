@@ -354,7 +354,7 @@ def tool(
     receives the call's context; every other parameter is an argument the model gives."""
 
     def build(func: Callable[..., Any]) -> Tool:
-        hints = get_type_hints(func)
+        hints = get_type_hints(func, include_extras=True)
         params = list(inspect.signature(func).parameters.values())
         takes_context = bool(params) and hints.get(params[0].name) is ToolContext
         fields: dict[str, Any] = {}

@@ -214,10 +214,9 @@ class Worker:
             log.exception("carrying a run failed", extra={"run_id": run.id, "action": "carry"})
             return
         self.counts[outcome.kind.value] += 1
-        if outcome.reason == "start_failed":
+        if outcome.retry_in_s is not None:
             # Handed back with a delay: no NOTIFY marks the moment it is ready again.
-            retry_s = self.engine.settings.start_retry_s
-            asyncio.get_running_loop().call_later(retry_s, self._wake.set)
+            asyncio.get_running_loop().call_later(outcome.retry_in_s, self._wake.set)
         log.info(
             "run stopped",
             extra={

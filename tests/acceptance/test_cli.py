@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 
@@ -37,6 +38,37 @@ def test_approve_exits_0_when_it_took_effect_and_1_with_the_code_when_refused(
     unknown = kit.tether("approve", "no-such-token", env=env)
     assert unknown.returncode == 1 and "unknown_or_expired" in unknown.stderr
     assert len(kit.effects()) == 1
+
+
+def test_approve_takes_a_reason_and_edited_arguments_with_the_digest_of_their_preview(
+    db_url: str,
+) -> None:
+    notifier = kit.MemoryNotifier()
+    engine = kit.engine(db_url, script_name="send", notifier=notifier)
+    first = engine.sync.ask("dana", "send").run_id
+    second = engine.sync.ask("dana", "send").run_id
+    token, other = notifier.last(first).token, notifier.last(second).token
+    shown = asyncio.run(engine.preview_approval(token, "dana", {"item": "c"}))
+    engine.close()
+    env = kit.tether_env(db_url)
+
+    bad = kit.tether("approve", token, "--arguments", "{not json", env=env)
+    assert bad.returncode == 1 and "invalid_input" in bad.stderr
+    wrong = kit.tether("approve", token, "--arguments", '{"item": 1}', env=env)
+    assert wrong.returncode == 1 and "invalid_input" in wrong.stderr
+    edited = ("--arguments", '{"item": "c"}', "--digest", str(shown.digest))
+    done = kit.tether("approve", token, *edited, "--reason", "c it is", env=env)
+    assert done.returncode == 0, done.stderr
+    assert _json(done.stdout)["outcome"] == "executed"
+    assert [item for _, _, item in kit.effects()] == ["c"]
+    declined = kit.tether("approve", other, "--decline", "--reason", "not now", env=env)
+    assert declined.returncode == 0, declined.stderr
+    store = Store(db_url)
+    try:
+        (decided,) = [e.data for e in store.events(second) if e.kind == "declined"]
+    finally:
+        store.close()
+    assert decided["reason"] == "not now"
 
 
 def test_continue_cancel_and_runs_show(db_url: str) -> None:

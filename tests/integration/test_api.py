@@ -644,7 +644,7 @@ async def test_the_openapi_document_describes_auth_and_every_refusal(db_url: str
         if path.startswith("/v1/")
         for method, op in item.items()
     ]
-    assert len(operations) == 7
+    assert len(operations) == 8
     for path, method, op in operations:
         assert op["security"] == [{"HTTPBearer": []}], (path, method)
         assert "401" in op["responses"], (path, method)
@@ -703,3 +703,90 @@ def test_generated_requests_never_get_a_server_error(case: Any, api_session: Any
     # `ignored_auth` re-sends without our session (through the leaky client above);
     # test_every_endpoint_refuses_a_missing_or_unknown_key_with_401 covers it.
     case.validate_response(response, excluded_checks=(ignored_auth,))
+
+
+# -- richer decisions (SPEC §9) ---------------------------------------------------------------
+
+
+async def test_an_edit_is_previewed_then_approved_on_its_digest_and_a_decline_carries_a_reason(
+    db_url: str,
+) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        before = await fingerprint(api.engine)
+        preview = await api.client.post(
+            f"/v1/approvals/{token}/preview", json={"arguments": {"item": "c"}}, headers=DANA
+        )
+        assert preview.status_code == 200, preview.text
+        shown = preview.json()
+        assert shown["preview"] == {"item": "c", "price": "100"} and len(shown["digest"]) == 64
+        assert shown["arguments"] == {"item": "c"} and shown["tool"] == "send"
+        as_pending = await api.client.post(f"/v1/approvals/{token}/preview", headers=DANA)
+        assert as_pending.json()["arguments"] == {"item": "b"}
+        assert await fingerprint(api.engine) == before  # a preview changes nothing
+        body = {"decision": "approve", "arguments": {"item": "c"}, "digest": shown["digest"]}
+        decided = await api.client.post(f"/v1/approvals/{token}", json=body, headers=DANA)
+        assert decided.status_code == 200, decided.text
+        assert decided.json()["outcome"] == "executed"
+        again = await api.client.post(
+            f"/v1/approvals/{token}", json={"decision": "decline", "reason": "late"}, headers=DANA
+        )
+        used = refused(again, 409, "already_resumed", ("decision",))
+        assert used["decision"]["arguments"] == {"item": "c"}
+        assert used["decision"]["reason"] is None
+        assert [item for _, _, item in kit.effects()] == ["c"]
+
+        other, other_token = await api.suspended()
+        declined = await api.client.post(
+            f"/v1/approvals/{other_token}",
+            json={"decision": "decline", "reason": "not this week"},
+            headers=DANA,
+        )
+        assert declined.status_code == 200, declined.text
+        await api.engine.run_until_stop(other)
+        messages = (await api.run(other))["messages"]
+        result = json.loads(next(m for m in reversed(messages) if m["role"] == "tool")["content"])
+        assert result["reason"] == "not this week" and result["error"] == "declined_by_user"
+
+
+async def test_a_stale_digest_is_changed_with_a_diff_and_a_new_token(db_url: str) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        pending = (await api.run(run_id))["pending"]
+        shown = await api.client.post(f"/v1/approvals/{token}/preview", headers=DANA)
+        body = {"decision": "approve", "arguments": {"item": "d"}, "digest": shown.json()["digest"]}
+        response = await api.client.post(f"/v1/approvals/{token}", json=body, headers=DANA)
+        changed = refused(response, 409, "changed", ("diff", "token", "preview", "expires_at"))
+        assert changed["diff"] == [{"path": "item", "before": "b", "after": "d"}]
+        now = await api.run(run_id)
+        assert now["state"] == "suspended" and now["pending"]["arguments"] == {"item": "d"}
+        assert pending["arguments"] == {"item": "b"}
+        assert kit.effects() == []
+
+
+async def test_bad_decisions_and_previews_are_clear_4xx_and_change_nothing(db_url: str) -> None:
+    async with serving(db_url) as api:
+        _, token = await api.suspended()
+        before = await fingerprint(api.engine)
+        bodies: list[dict[str, Any]] = [
+            {"decision": "decline", "reason": "x" * 2001},
+            {"decision": "approve", "arguments": ["c"]},
+            {"decision": "approve", "arguments": "c"},
+            {"decision": "approve", "arguments": {"item": 5}},
+            {"decision": "approve", "digest": "xyz"},
+            {"decision": "approve", "digest": "0" * 63},
+            {"decision": "decline", "arguments": {"item": "c"}},
+            {"decision": "approve", "reason": 7},
+        ]
+        for body in bodies:
+            response = await api.client.post(f"/v1/approvals/{token}", json=body, headers=DANA)
+            refused(response, 422, "invalid_input")
+        for arguments in (["c"], {"item": 5}):
+            response = await api.client.post(
+                f"/v1/approvals/{token}/preview", json={"arguments": arguments}, headers=DANA
+            )
+            refused(response, 422, "invalid_input")
+        stranger = await api.client.post(f"/v1/approvals/{token}/preview", headers=MIGUEL)
+        refused(stranger, 404, "unknown_or_expired")
+        assert await fingerprint(api.engine) == before
+        assert (await api.decide(token)).status_code == 200  # the token still works

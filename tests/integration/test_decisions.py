@@ -301,6 +301,6 @@ def test_a_confirmation_that_is_not_a_bool_or_a_function_is_refused_when_declare
 
     with pytest.raises(UnsafeTool):
 
-        @tool(effect="write", dedupes=True, needs_confirmation="yes")  # type: ignore[call-overload]
+        @tool(effect="write", dedupes=True, needs_confirmation="yes")  # type: ignore[call-overload, misc]
         def odd(ctx: ToolContext, amount: int) -> dict[str, Any]:
             return {}
