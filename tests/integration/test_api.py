@@ -712,7 +712,7 @@ async def test_an_edit_is_previewed_then_approved_on_its_digest_and_a_decline_ca
     db_url: str,
 ) -> None:
     async with serving(db_url) as api:
-        run_id, token = await api.suspended()
+        _, token = await api.suspended()
         before = await fingerprint(api.engine)
         preview = await api.client.post(
             f"/v1/approvals/{token}/preview", json={"arguments": {"item": "c"}}, headers=DANA
