@@ -8,11 +8,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether import inputs
-from tether.approvals import checked_arguments, find_suspended, unknown_or_expired
+from tether.approvals import (
+    checked_arguments,
+    find_suspended,
+    suspended_on,
+    unknown_or_expired,
+)
 from tether.errors import InvalidInput
 from tether.previews import digest as digest_of
-from tether.runs import Run, RunState
-from tether.services import Services, hop
+from tether.runs import Run
+from tether.services import Services
 from tether.tokens import hash_token
 from tether.tools import InvalidToolArguments
 
@@ -65,13 +70,8 @@ async def preview_by_run(
     inputs.user_id(approver, "approver")
     if arguments is not None:
         checked_arguments(arguments)
-    run = await hop(services.store.get_run, inputs.run_id(run_id))
-    if (
-        run is None
-        or run.state is not RunState.SUSPENDED
-        or run.pending is None
-        or run.pending.tool_call_id != tool_call_id
-    ):
+    run = await suspended_on(services, run_id, tool_call_id)
+    if run is None:
         raise unknown_or_expired()
     return await _preview(services, run, approver, arguments)
 

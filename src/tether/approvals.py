@@ -211,20 +211,22 @@ async def resume_by_run(
     return await _claim_and_carry_out(services, owner, run, run.pending_token_hash, ask)
 
 
+async def suspended_on(services: Services, run_id: str, tool_call_id: Any) -> Run | None:
+    """The run, when it is suspended on the call ``tool_call_id``."""
+    if not isinstance(tool_call_id, str) or not 0 < len(tool_call_id) <= 128:
+        raise unknown_or_expired()
+    run = await hop(services.store.get_run, inputs.run_id(run_id))
+    if run is None or run.state is not RunState.SUSPENDED or run.pending is None:
+        return None
+    return run if run.pending.tool_call_id == tool_call_id else None
+
+
 async def _pending_run(
     services: Services, run_id: str, tool_call_id: Any, digest: str | None
 ) -> Run | None:
     """The run, when it is suspended on ``tool_call_id`` shown with ``digest``."""
-    if not isinstance(tool_call_id, str) or not 0 < len(tool_call_id) <= 128:
-        raise unknown_or_expired()
-    run = await hop(services.store.get_run, inputs.run_id(run_id))
-    if (
-        run is None
-        or run.state is not RunState.SUSPENDED
-        or run.pending is None
-        or run.pending.tool_call_id != tool_call_id
-        or run.pending.digest != digest
-    ):
+    run = await suspended_on(services, run_id, tool_call_id)
+    if run is None or run.pending is None or run.pending.digest != digest:
         return None
     return run
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import Field
 
 from tether import ToolContext, tool
 from tether.errors import ConfigError, FailpointError
@@ -41,6 +42,21 @@ def test_a_tool_from_a_typed_function_has_a_schema_and_effect() -> None:
 def test_bad_arguments_are_refused_with_a_reason(raw: object) -> None:
     with pytest.raises(InvalidToolArguments, match="send_quote"):
         send_quote.validate(raw)
+
+
+@tool
+def order(quantity: Annotated[int, Field(gt=0, le=1000)]) -> dict[str, int]:
+    """Order a quantity."""
+    return {"ordered": quantity}
+
+
+def test_annotated_constraints_of_a_tools_parameters_hold_and_reach_its_schema() -> None:
+    assert order.validate({"quantity": 5}).model_dump() == {"quantity": 5}
+    for bad in (0, -2, 1001):
+        with pytest.raises(InvalidToolArguments, match="quantity"):
+            order.validate({"quantity": bad})
+    schema = order.spec().parameters["properties"]["quantity"]
+    assert schema["exclusiveMinimum"] == 0 and schema["maximum"] == 1000
 
 
 @given(st.dictionaries(st.text(max_size=5), st.integers(), max_size=6))

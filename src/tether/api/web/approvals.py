@@ -21,6 +21,7 @@ from tether.api.web.pages import (
     outcome,
     page,
     pending_view,
+    sign_in_first,
     unknown_or_expired,
     when,
 )
@@ -89,15 +90,7 @@ async def decide(request: Request, token: str) -> Response:
     session = session_of(request)
     form = await posted(request)
     if session is None:
-        return message(
-            request,
-            None,
-            403,
-            "Sign in first",
-            "Nothing was decided: sign in, then decide from the request's page.",
-            kind="refused",
-            sign_in=login_url(f"/approve/{token}"),
-        )
+        return sign_in_first(request, login_url(f"/approve/{token}"), "decided")
     if not acts(request, session, form):
         return not_from_this_session(request, session)
     decision = field(form, "decision")

@@ -24,6 +24,7 @@ from tether.api.web.pages import (
     page,
     pending_view,
     run_target,
+    sign_in_first,
     tool_parameters,
     unknown_or_expired,
 )
@@ -42,15 +43,7 @@ async def preview_from_link(request: Request, token: str) -> Response:
     session = session_of(request)
     form = await posted(request)
     if session is None:
-        return message(
-            request,
-            None,
-            403,
-            "Sign in first",
-            "Nothing was changed: sign in, then edit from the request's page.",
-            kind="refused",
-            sign_in=login_url(f"/approve/{token}"),
-        )
+        return sign_in_first(request, login_url(f"/approve/{token}"), "changed")
     if not acts(request, session, form):
         return not_from_this_session(request, session)
     if not token or len(token) > MAX_TOKEN_CHARS:

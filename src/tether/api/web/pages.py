@@ -241,6 +241,19 @@ def not_from_this_session(request: Request, session: Session) -> Response:
     )
 
 
+def sign_in_first(request: Request, sign_in: str, nothing: str) -> Response:
+    """A POST to an approval link without a session: ``nothing`` was done; sign in."""
+    return message(
+        request,
+        None,
+        403,
+        "Sign in first",
+        f"Nothing was {nothing}: sign in, then come back to the request's page.",
+        kind="refused",
+        sign_in=sign_in,
+    )
+
+
 def outcome(request: Request, session: Session, status: int, kind: str, **context: Any) -> Response:
     """The page that reports what became of a decision (or why there was none)."""
     return page(
