@@ -31,7 +31,10 @@ $(CHROMIUM):
 
 browser: $(CHROMIUM)
 
+# Bytecode is compiled once up front: the tests start hundreds of `tether` processes, and
+# where PYTHONDONTWRITEBYTECODE is set each would compile every module again.
 test: lint browser
+	$(PY) -m compileall -q src tests/support
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -95,3 +95,39 @@ INSERT INTO runs (id, user_id, question, route, state, step, max_steps, max_spen
 VALUES ('r1', 'dana', 'q', '{}', 'running', 0, 5, 1.0, 5, 1000, 0, 0, 0, 0, '{}', 1.0, 0, 0,
     '{}', 0, 1.0, 1.0)
 """
+
+
+def test_the_schema_checks_revision_list_is_alembics_chain(sqlite_url: str) -> None:
+    from alembic.script import ScriptDirectory
+
+    from tether.store.migrate import REVISIONS, head_revision
+
+    store = Store(sqlite_url)
+    try:
+        script = ScriptDirectory.from_config(alembic_config(store.engine))
+        chain = [rev.revision for rev in script.walk_revisions()]
+        assert tuple(reversed(chain)) == REVISIONS
+        assert head_revision(store.engine) == REVISIONS[-1]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("empty_url", ["sqlite", "postgresql"], indirect=True)
+def test_each_older_revision_is_behind_and_an_unknown_one_is_ahead(empty_url: str) -> None:
+    from tether.store.migrate import REVISIONS
+
+    store = Store(empty_url)
+    try:
+        cfg = alembic_config(store.engine)
+        for older in REVISIONS[:-1]:
+            with store.engine.begin() as conn:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, older)
+            assert schema_status(store.engine) is SchemaStatus.BEHIND
+        upgrade(store.engine)
+        assert schema_status(store.engine) is SchemaStatus.CURRENT
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
+        assert schema_status(store.engine) is SchemaStatus.AHEAD
+    finally:
+        store.close()
