@@ -15,6 +15,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -37,12 +38,9 @@ async def within(
     """``fn(*args, **kwargs)``'s answer, or ``TimeoutError`` after ``timeout_s`` seconds.
     An overrun call is left behind (cancelled if it is a coroutine); with ``key`` it is
     remembered until it ends (``still_running``)."""
-    finished = threading.Event()
-    if inspect.iscoroutinefunction(fn):
-        finished.set()  # nothing outside the task: the task's end is the call's end
-        task = asyncio.ensure_future(fn(*args, **kwargs))
-    else:
-        task = asyncio.ensure_future(_plain(fn, args, kwargs, finished))
+    if not inspect.iscoroutinefunction(fn):
+        return await _plain_within(fn, args, kwargs, timeout_s=timeout_s, key=key)
+    task = asyncio.ensure_future(fn(*args, **kwargs))
     try:
         done, _ = await asyncio.wait({task}, timeout=timeout_s)
     except BaseException:  # the caller was cancelled: so is the call
@@ -53,9 +51,36 @@ async def within(
     task.cancel()
     task.add_done_callback(_dropped)
     if key is not None:
-        _remember(key, lambda: not (task.done() and finished.is_set()))
+        _remember(key, lambda: not task.done())
+    raise _overran(fn, timeout_s)
+
+
+async def _plain_within(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    timeout_s: float,
+    key: str | None,
+) -> Any:
+    """``within`` for a plain function: it runs in a daemon thread, awaited with the
+    timeout (the thread is left behind at the timeout; ``finished`` says when it ends)."""
+    finished = threading.Event()
+    future = _in_daemon_thread(fn, args, kwargs, finished)
+    try:
+        value = await asyncio.wait_for(future, timeout_s)
+    except TimeoutError:
+        if key is not None:
+            _remember(key, lambda: not finished.is_set())
+        raise _overran(fn, timeout_s) from None
+    if inspect.isawaitable(value):  # a plain function that returned an awaitable
+        return await asyncio.wait_for(value, timeout_s)
+    return value
+
+
+def _overran(fn: Callable[..., Any], timeout_s: float) -> TimeoutError:
     name = getattr(fn, "__name__", "the tool")
-    raise TimeoutError(f"{name} did not answer within {timeout_s:g} s")
+    return TimeoutError(f"{name} did not answer within {timeout_s:g} s")
 
 
 def still_running(key: str) -> bool:
@@ -70,15 +95,6 @@ def _remember(key: str, alive: Callable[[], bool]) -> None:
         for other in [k for k, checks in _overrun.items() if not any(c() for c in checks)]:
             del _overrun[other]  # calls that ended since: forgotten
         _overrun.setdefault(key, []).append(alive)
-
-
-async def _plain(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], finished: threading.Event
-) -> Any:
-    value = await _in_daemon_thread(fn, args, kwargs, finished)
-    if inspect.isawaitable(value):
-        return await value
-    return value
 
 
 def _in_daemon_thread(
@@ -98,7 +114,7 @@ def _in_daemon_thread(
         else:
             future.set_exception(error)
 
-    def work() -> None:
+    def work() -> Callable[[], None]:
         value: Any = None
         error: BaseException | None = None
         try:
@@ -107,14 +123,64 @@ def _in_daemon_thread(
             error = exc
         finally:
             finished.set()
-        try:
-            loop.call_soon_threadsafe(settle, value, error)
-        except RuntimeError:  # the event loop closed meanwhile: nobody waits any more
-            pass
 
-    name = f"tether-tool-{getattr(fn, '__name__', 'call')}"
-    threading.Thread(target=work, name=name, daemon=True).start()
+        def deliver() -> None:
+            try:
+                loop.call_soon_threadsafe(settle, value, error)
+            except RuntimeError:  # the event loop closed meanwhile: nobody waits any more
+                pass
+
+        return deliver
+
+    _THREADS.submit(work)
     return future
+
+
+class _DaemonThreads:
+    """Daemon threads that run plain-function calls, each reused once its call returned
+    (it is counted idle before the answer is handed back, so the caller's next call finds
+    it) and ended after ``IDLE_S`` without work. A call that never returns keeps its thread
+    and nothing else: the next call gets an idle thread or a new one. (The standard
+    library's pool joins its threads at exit, so one hung call would hang the process.)
+
+    ``_idle`` counts the waiting threads no queued call has claimed yet; it is changed
+    under the lock only, so every queued call has a thread waiting for it."""
+
+    IDLE_S = 30.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._work: queue.SimpleQueue[Callable[[], Callable[[], None]]] = queue.SimpleQueue()
+        self._idle = 0
+
+    def submit(self, job: Callable[[], Callable[[], None]]) -> None:
+        """Run ``job`` on an idle thread or a new one; what it returns is called once the
+        thread is idle again (it hands the answer back)."""
+        with self._lock:
+            claimed = self._idle > 0
+            if claimed:
+                self._idle -= 1
+        self._work.put(job)
+        if not claimed:
+            threading.Thread(target=self._serve, name="tether-tool", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                job = self._work.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # unclaimed: this thread may go
+                        self._idle -= 1
+                        return
+                continue  # claimed by a call being queued: wait for it
+            deliver = job()
+            with self._lock:
+                self._idle += 1
+            deliver()
+
+
+_THREADS = _DaemonThreads()
 
 
 def _dropped(task: asyncio.Future[Any]) -> None:

@@ -141,3 +141,26 @@ async def test_absent_is_not_believed_while_an_overrun_write_still_runs(
     while still_running("k-absent") and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.01)
     assert (await slow_write.find_outcome("k-absent", ctx)).kind is ReconcileKind.ABSENT
+
+
+async def test_plain_calls_reuse_idle_daemon_threads_and_a_hung_one_keeps_only_its_own(
+    gate: threading.Event,
+) -> None:
+    def whose() -> threading.Thread:
+        return threading.current_thread()
+
+    first = await within(whose, (), {}, timeout_s=5)
+    again = [await within(whose, (), {}, timeout_s=5) for _ in range(5)]
+    assert first.daemon  # a daemon thread: a hung call never holds the process's exit
+    assert all(thread is first for thread in again)  # one thread, reused
+
+    def blocked() -> int:
+        gate.wait()
+        return 0
+
+    with pytest.raises(TimeoutError):
+        await within(blocked, (), {}, timeout_s=0.05)
+    # The hung call keeps its thread; the next call runs at once on another.
+    other = await within(whose, (), {}, timeout_s=5)
+    tools = [t for t in threading.enumerate() if t.name == "tether-tool"]
+    assert other in tools and len(tools) >= 2
