@@ -103,9 +103,13 @@ class Heartbeat:
                 continue
             for held, ok in zip(beating, alive, strict=True):
                 if not ok and held in self._held:
+                    # Taken over, or its holder's last write (or a cancel) landed just
+                    # before this beat: either way its owner starts nothing more. Only a
+                    # holder that then tries to go on was taken over, and it says so
+                    # ("lease lost", from ``LeaseLost``); a finished one says nothing.
                     held.lost = True
                     self._held.discard(held)
-                    log.warning(
-                        "lease lost",
+                    log.info(
+                        "lease not honoured",
                         extra={"run_id": held.lease.run_id, "action": "beat"},
                     )
