@@ -78,6 +78,10 @@ runs = sa.Table(
     sa.Column("ready_at", sa.Float, nullable=True),
     # Consecutive failed model calls; a successful call resets it (SPEC §10, migration 0004).
     sa.Column("model_failures", sa.Integer, nullable=False, server_default="0"),
+    # The validated typed output of an answered run (SPEC §11, migration 0005), or NULL.
+    sa.Column("output", sa.JSON, nullable=True),
+    # The W3C trace context of the run's root span, so a resumed run continues its trace.
+    sa.Column("trace_context", sa.JSON, nullable=True),
 )
 
 # Partial indexes: the reaper, the worker queue, expiry and retention each scan only the
