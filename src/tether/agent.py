@@ -10,8 +10,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
+
 from tether.errors import ConfigError
 from tether.models.base import Model, ToolSpec
+from tether.output import check_output_type, instruction
 from tether.scope import ScopeResolver, open_scope
 from tether.tools import Tool
 
@@ -40,11 +43,23 @@ class Agent:
     # its sandbox when no URL is configured). Entered by ``serve``, ``worker`` and
     # ``demo``; yields the agent to serve (possibly with other ``deps``).
     lifespan: Callable[[Agent], AbstractAsyncContextManager[Agent]] | None = None
+    # The pydantic model a final answer must validate against (SPEC §11, ``output.py``);
+    # None: any final answer is the answer, and the system message is the prompt as given.
+    output_type: type[BaseModel] | None = None
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
         if len(names) != len(set(names)):
             raise ConfigError(f"agent {self.name}: duplicate tool names in {names}")
+        check_output_type(self.output_type, self.name)
+
+    @cached_property
+    def instructions(self) -> str:
+        """The system message a run starts with: the prompt, and with an ``output_type``
+        how to give the final answer and its JSON schema."""
+        if self.output_type is None:
+            return self.system_prompt
+        return f"{self.system_prompt}\n\n{instruction(self.output_type)}"
 
     @cached_property
     def tool_specs(self) -> tuple[ToolSpec, ...]:

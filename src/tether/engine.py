@@ -14,6 +14,7 @@ import socket
 import uuid
 from dataclasses import dataclass
 from types import TracebackType
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from tether import approval_preview, approvals, inputs, resume
@@ -32,6 +33,7 @@ from tether.runs import Run
 from tether.service import ServiceAPI
 from tether.services import Services, hop
 from tether.store import Event, LedgerEntry, Store
+from tether.watch import LiveEvent, Wakeups, after_seq, watch
 
 if TYPE_CHECKING:
     from tether.sync import SyncEngine
@@ -103,6 +105,7 @@ class Engine(ServiceAPI):
         self.worker_id = worker_id or new_worker_id()
         self._migrate_empty = migrate
         self._opened = False
+        self._wakeups = Wakeups(self.store, poll_s=self.settings.watch_poll_s)
         base = public_url.rstrip("/")
         notifier = notifier or LogNotifier()
         self.services = Services(
@@ -143,6 +146,7 @@ class Engine(ServiceAPI):
         connections."""
         self.services.heartbeat.stop()
         self.services.outbox.stop()
+        self._wakeups.stop()
         self.store.close()
 
     async def aclose(self) -> None:
@@ -395,6 +399,19 @@ class Engine(ServiceAPI):
         """The run's trace, oldest first."""
         await self.open()
         return list(await hop(self.store.events, inputs.run_id(run_id)))
+
+    async def watch(
+        self, run_id: str, *, after: int = 0, user_id: str | None = None
+    ) -> AsyncIterator[LiveEvent]:
+        """The run's events after SEQ ``after`` as they are stored, until a terminal state
+        (SPEC §11); ``not_found`` if missing or not ``user_id``'s, ``invalid_input`` for
+        an ``after`` that is not a SEQ. See ``tether.watch``."""
+        start = after_seq(after)
+        run = await self.find_run(run_id)
+        if run is None or (user_id is not None and run.user_id != user_id):
+            raise NotFound("no such run")
+        async for event in watch(self.store, self._wakeups, run.id, start):
+            yield event
 
     async def ledger(self, run_id: str) -> list[LedgerEntry]:
         """The run's tool-call ledger, in call order."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from pydantic import BaseModel
+
 from tether.notify import Notice
 from tether.runs import RunState
 
@@ -58,6 +60,10 @@ class Outcome:
     notice: Notice | None = None
     answer: str | None = None
     retry_in_s: float | None = None
+    # The answer validated against the agent's ``output_type``: an instance of it (narrow
+    # with ``isinstance``); None without one, or when this call did not carry the run to
+    # its answer (``RunView.output`` holds the stored JSON of any answered run; SPEC §11).
+    output: BaseModel | None = None
 
     @property
     def state(self) -> RunState | None:

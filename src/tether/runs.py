@@ -153,6 +153,10 @@ class Run:
     message_count: int
     started_at: float
     updated_at: float
+    # The validated typed output of an answered run, as JSON (SPEC §11), or None.
+    output: Any = None
+    # The W3C trace context every span of the run is parented on (``tracing.py``), or None.
+    trace_context: dict[str, str] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Run:
@@ -193,6 +197,8 @@ class Run:
             message_count=row["message_count"],
             started_at=row["started_at"],
             updated_at=row["updated_at"],
+            output=row["output"],
+            trace_context=row["trace_context"],
         )
 
     def lease(self) -> Lease:
@@ -229,6 +235,7 @@ def run_to_json(run: Run) -> dict[str, Any]:
         "fail_reason": run.fail_reason,
         "budget": {"limits": run.limits.to_json(), "consumed": run.budget.to_json()},
         "pending": pending,
+        "output": run.output,
         "created_at": iso(run.started_at),
         # State changes set updated_at; a running run's progress shows in its heartbeat.
         "updated_at": iso(max(run.updated_at, run.heartbeat_at or 0.0)),

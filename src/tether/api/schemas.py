@@ -197,6 +197,7 @@ class AcceptedOut(BaseModel):
 
 class EventOut(BaseModel):
     id: int
+    seq: int = Field(description="the event's ordinal in its run, from 1 (SPEC §11)")
     at: str = Field(description="ISO-8601, UTC")
     kind: str
     data: dict[str, Any]

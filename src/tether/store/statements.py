@@ -164,6 +164,9 @@ MODEL_RETRY = Transition(
 INSERT_MESSAGE = run_messages.insert()
 
 INSERT_EVENT = run_events.insert().values(at=db_now())
+# The run's row, to lock before an event that no update of the run comes with: events of a
+# run are written under its row lock, so they commit in id order (their SEQ, SPEC §11).
+RUN_ROW = sa.select(runs.c.id).where(runs.c.id == sa.bindparam("b_id"))
 
 INSERT_INTENT = tool_calls.insert().values(status=CallStatus.INTENT.value, intent_at=db_now())
 

@@ -29,6 +29,7 @@ from tether.store.statements import (
     RECORD_OUTCOME,
     REFRESH_SCOPE,
     RELEASE,
+    RUN_ROW,
     SUSPEND,
     add_event,
     lease_params,
@@ -195,8 +196,10 @@ class Steps(StoreBase):
                 raise _lost(lease)
 
     def add_event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
-        """Append one entry to the run's trace."""
+        """Append one entry to the run's trace (under the run's row lock, like every other
+        event, so a concurrent writer of the run's events commits before or after it)."""
         with self.engine.begin() as conn:
+            conn.execute(self.dialect.lock(RUN_ROW), {"b_id": run_id})
             add_event(conn, run_id, kind, data)
 
     # -- transitions out of running (fenced) -----------------------------------------------
