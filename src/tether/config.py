@@ -54,6 +54,10 @@ class Settings:
     max_model_attempts: int = 5
     model_retry_first_s: float = 1.0
     model_retry_max_s: float = 300.0
+    # Live event streams (SPEC §11): how often a watcher re-reads a run's events where no
+    # notice wakes it (SQLite), and how often an idle stream sends a keep-alive comment.
+    watch_poll_s: float = 0.5
+    keepalive_s: float = 15.0
     # Price overrides (TETHER_PRICES) over the built-in table of tether.models.pricing.
     prices: Mapping[str, Price] = field(default_factory=dict)
     # Signs the inbox's session cookies; None: a random secret per process (a restart

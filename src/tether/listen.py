@@ -1,5 +1,7 @@
-"""Waking idle workers on PostgreSQL: ``LISTEN tether_runs`` on a connection of its own,
-in a thread of its own, calling back into the event loop on each notice."""
+"""Notices from PostgreSQL: ``LISTEN`` on a connection of its own, in a thread of its own,
+calling back into the event loop with each notice's payload. Workers listen on
+``tether_runs`` (a run became ready); live event streams on ``tether_events`` (a run was
+given events; the payload is its id)."""
 
 from __future__ import annotations
 
@@ -9,37 +11,43 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
+from psycopg import sql
 
 from tether.store.dialect import CHANNEL
 
+# The payload of the call made on connecting: "anything may have happened meanwhile".
+CONNECTED = ""
 
-async def listen(dsn: str, wake: Callable[[], None]) -> None:
-    """Call ``wake`` (on the running event loop) on each notice, and once on connecting,
-    until cancelled. A lost connection raises here, so the caller's monitor logs it and
-    listens again."""
+
+async def listen(dsn: str, on_notice: Callable[[str], None], channel: str = CHANNEL) -> None:
+    """Call ``on_notice(payload)`` (on the running event loop) on each notice of
+    ``channel``, and ``on_notice(CONNECTED)`` once on connecting, until cancelled. A lost
+    connection raises here, so the caller logs it and listens again."""
     loop = asyncio.get_running_loop()
     done = threading.Event()
 
-    def woken() -> None:
-        loop.call_soon_threadsafe(wake)
+    def noticed(payload: str) -> None:
+        loop.call_soon_threadsafe(on_notice, payload)
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-listen")
     try:
-        await loop.run_in_executor(pool, _listen, dsn, woken, done)
+        await loop.run_in_executor(pool, _listen, dsn, channel, noticed, done)
     finally:
         done.set()  # a cancelled wait leaves the thread running: tell it to return
         pool.shutdown(wait=False)
 
 
-def _listen(dsn: str, wake: Callable[[], None], done: threading.Event) -> None:
-    """Block on ``LISTEN`` until ``done``; call ``wake`` on each notice (and once on
-    connecting, for notices sent while no connection listened)."""
+def _listen(
+    dsn: str, channel: str, on_notice: Callable[[str], None], done: threading.Event
+) -> None:
+    """Block on ``LISTEN`` until ``done``; call ``on_notice`` with each notice's payload
+    (and with ``CONNECTED`` once on connecting, for notices sent while none listened)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"LISTEN {CHANNEL}")
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         try:
-            wake()
+            on_notice(CONNECTED)
             while not done.is_set():
-                for _ in conn.notifies(timeout=1.0, stop_after=1):
-                    wake()
+                for notice in conn.notifies(timeout=1.0, stop_after=1):
+                    on_notice(notice.payload)
         except RuntimeError:
             return  # the event loop closed under us

@@ -122,7 +122,7 @@ class Worker:
             side["notices"] = self._notices
         dsn = self.engine.store.listen_dsn()
         if dsn is not None:
-            side["listener"] = lambda: listen(dsn, self._announced)
+            side["listener"] = lambda: listen(dsn, lambda _payload: self._announced())
         return side
 
     # -- the claim loop --------------------------------------------------------------------

@@ -268,7 +268,8 @@ async def test_events_are_the_runs_trace_oldest_first_with_iso_times(db_url: str
         response = await api.client.get(f"/v1/runs/{run_id}/events", headers=DANA)
         assert response.status_code == 200
         items = response.json()["items"]
-        assert all(set(item) == {"id", "at", "kind", "data"} for item in items)
+        assert all(set(item) == {"id", "seq", "at", "kind", "data"} for item in items)
+        assert [item["seq"] for item in items] == list(range(1, len(items) + 1))
         kinds = [item["kind"] for item in items]
         assert kinds[0] == "created"
         assert kinds.index("suspended") < kinds.index("approved")
@@ -644,7 +645,7 @@ async def test_the_openapi_document_describes_auth_and_every_refusal(db_url: str
         if path.startswith("/v1/")
         for method, op in item.items()
     ]
-    assert len(operations) == 8
+    assert len(operations) == 9
     for path, method, op in operations:
         assert op["security"] == [{"HTTPBearer": []}], (path, method)
         assert "401" in op["responses"], (path, method)

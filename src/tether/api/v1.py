@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Query, Response, Security
+from fastapi import APIRouter, Body, Depends, Header, Query, Response, Security
 from fastapi.security import HTTPBearer
+from sse_starlette import EventSourceResponse
 
 from tether import inputs
 from tether.api.deps import api_user, engine_of
@@ -31,6 +32,7 @@ from tether.api.schemas import (
     RunOut,
     StartRunIn,
 )
+from tether.api.stream import event_stream
 from tether.engine import Engine
 from tether.errors import NotFound
 from tether.runs import iso, run_to_json
@@ -120,7 +122,39 @@ async def get_run(run_id: str, user: Caller, engine: EngineDep) -> dict[str, Any
 async def run_events(run_id: str, user: Caller, engine: EngineDep) -> dict[str, Any]:
     await _owned(engine, run_id, user)
     found = await engine.events(run_id)
-    return {"items": [{"id": e.id, "at": iso(e.at), "kind": e.kind, "data": e.data} for e in found]}
+    return {
+        "items": [
+            {"id": e.id, "seq": seq, "at": iso(e.at), "kind": e.kind, "data": e.data}
+            for seq, e in enumerate(found, start=1)
+        ]
+    }
+
+
+@router.get(
+    "/runs/{run_id}/events/stream",
+    tags=["runs"],
+    summary="A run's events, live (Server-Sent Events)",
+    description="`text/event-stream`: each stored event as `id: SEQ`, `event: KIND`, "
+    "`data: {seq, at, kind, data}`, in order, after `Last-Event-ID` (which wins) or "
+    "`?after=SEQ` (default 0: from the first); a `: keep-alive` comment every 15 s; the "
+    "stream ends after the run reaches a terminal state. Reconnect with the last `id` "
+    "seen to miss nothing.",
+    response_class=EventSourceResponse,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "the events"},
+        **_responses((401, _AUTH), (404, _NOT_FOUND), (422, _INVALID)),
+    },
+)
+async def run_event_stream(
+    run_id: str,
+    user: Caller,
+    engine: EngineDep,
+    after: Annotated[
+        str | None, Query(description="the SEQ to start after (an integer >= 0)")
+    ] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> EventSourceResponse:
+    return await event_stream(engine, run_id, user, after=after, last_event_id=last_event_id)
 
 
 @router.post(

@@ -1,0 +1,47 @@
+"""The live event stream of a run as Server-Sent Events (SPEC §11), through sse-starlette.
+
+Each stored event is sent as ``id: SEQ``, ``event: KIND``, ``data: {"seq", "at", "kind",
+"data"}`` (the shape of ``GET /v1/runs/{id}/events``' items), in order, from after the
+request's ``Last-Event-ID`` (which wins) or ``?after=SEQ``; an idle stream sends a
+``: keep-alive`` comment every ``Settings.keepalive_s`` (15 s); the stream ends after the
+events of a run in a terminal state. The run and ``after`` are checked before the stream
+starts, so a refusal is an ordinary JSON 4xx.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from tether import inputs
+from tether.engine import Engine
+from tether.errors import NotFound
+from tether.watch import after_seq
+
+_SEP = "\n"
+
+
+async def event_stream(
+    engine: Engine, run_id: str, user: str, *, after: str | None, last_event_id: str | None
+) -> EventSourceResponse:
+    """The stream of ``user``'s run ``run_id``; ``not_found`` / ``invalid_input`` first."""
+    raw = last_event_id if last_event_id is not None else after
+    start = 0 if raw is None else after_seq(raw)
+    run = await engine.find_run(inputs.run_id(run_id))
+    if run is None or run.user_id != user:
+        raise NotFound("no such run")
+
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        async for event in engine.watch(run.id, after=start, user_id=user):
+            data = json.dumps(event.to_json(), separators=(",", ":"))
+            yield ServerSentEvent(data=data, event=event.kind, id=str(event.seq), sep=_SEP)
+
+    return EventSourceResponse(
+        events(),
+        ping=engine.settings.keepalive_s,
+        ping_message_factory=lambda: ServerSentEvent(comment="keep-alive", sep=_SEP),
+        sep=_SEP,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
