@@ -1,0 +1,96 @@
+"""A crash right after an MCP write committed on the server (SPEC invariants 2 and 3):
+a real ``tether worker`` subprocess serving an agent whose tools come from the MCP test
+server over stdio is killed at ``after_tool_commit:add_note``; ``tether reap`` in another
+process reconciles the write (the server deduplicates by the ``_meta`` idempotency key, so
+it is re-issued under the same key) and a worker finishes the run. The server applied
+the write exactly once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import kit
+import mcp_agent
+import mcp_server
+import pytest
+
+from tether import Engine, ScriptedModel
+from tether.config import Settings
+from tether.notify import MemoryNotifier
+from tether.store import Store, idempotency_key
+
+
+def tether(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The ``tether`` CLI in a new process, serving the MCP test agent."""
+    return subprocess.run(
+        [kit.PYTHON, "-m", "tether", *args, "--agent", "mcp_agent:agent"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=kit.ROOT,
+    )
+
+
+def start_run(db_url: str) -> str:
+    """A run waiting for a worker (creating it needs no tool, so no server)."""
+    engine = Engine(
+        agent=mcp_agent.agent(),
+        model=ScriptedModel(mcp_agent.SCRIPTS["add"]),
+        settings=Settings(database_url=db_url),
+        notifier=MemoryNotifier(),
+    )
+    try:
+        return engine.sync.start_run("dana", "add beta").id
+    finally:
+        engine.close()
+
+
+def test_a_crash_after_the_mcp_write_committed_is_recovered_with_one_effect(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    notes = tmp_path / "notes.db"
+    mcp_server.seed(str(notes), {"alpha": "first note"})
+    env = kit.tether_env(db_url, MCP_NOTES_DB=str(notes), MCP_SCRIPT="add")
+    monkeypatch.setenv("MCP_NOTES_DB", str(notes))  # for start_run's agent in this process
+    run_id = start_run(db_url)
+
+    crashed = tether(
+        "worker",
+        "--exit-when-idle",
+        "--no-reap",
+        env={**env, "TETHER_FAILPOINTS": "after_tool_commit:add_note=crash"},
+    )
+    assert crashed.returncode == 137, crashed.stderr[-3000:]
+    assert len(mcp_server.effects(str(notes), "add_note")) == 1  # committed on the server
+
+    store = Store(db_url)
+    try:
+        orphan = store.get_run(run_id)
+        assert orphan is not None and orphan.state.value == "running"
+        kit.poll_until(
+            lambda: store.now() - (store.get_run(run_id).heartbeat_at or 0) > 0.35,  # type: ignore[union-attr]
+            what="a stale heartbeat",
+        )
+        reaped = tether("reap", env=env)
+        assert reaped.returncode == 0, reaped.stderr[-3000:]
+        assert run_id in json.loads(reaped.stdout)["recovered"]
+        finished = tether("worker", "--exit-when-idle", "--no-reap", env=env)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        final = store.get_run(run_id)
+        messages = store.messages(run_id)
+    finally:
+        store.close()
+
+    assert final is not None and final.state.value == "answered"
+    add_call = [m for m in messages if m.get("tool_calls")][1]["tool_calls"][0]
+    key = idempotency_key(run_id, str(add_call["id"]))
+    # Exactly one effect, under the call's key; the recovery re-issued it with that key.
+    assert mcp_server.effects(str(notes), "add_note") == [("add_note", key)]
+    keys = [k for _, k, _ in mcp_server.calls(str(notes), "add_note")]
+    assert keys == [key, key]
+    results = [json.loads(str(m["content"])) for m in messages if m["role"] == "tool"]
+    assert results[1] == {"title": "beta", "notes": 2}
+    assert [m["role"] for m in messages].count("tool") == 2
