@@ -3,7 +3,9 @@ a real ``tether worker`` subprocess serving an agent whose tools come from the M
 server over stdio is killed at ``after_tool_commit:add_note``; ``tether reap`` in another
 process reconciles the write (the server deduplicates by the ``_meta`` idempotency key, so
 it is re-issued under the same key) and a worker finishes the run. The server applied
-the write exactly once."""
+the write exactly once. And the same for a destructive write killed right after
+``tether approve`` ran it: the reaper finds it by its key (the agent's ``reconcile``
+override) and it is not run again."""
 
 from __future__ import annotations
 
@@ -34,16 +36,16 @@ def tether(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def start_run(db_url: str) -> str:
+def start_run(db_url: str, script: str = "add") -> str:
     """A run waiting for a worker (creating it needs no tool, so no server)."""
     engine = Engine(
         agent=mcp_agent.agent(),
-        model=ScriptedModel(mcp_agent.SCRIPTS["add"]),
+        model=ScriptedModel(mcp_agent.SCRIPTS[script]),
         settings=Settings(database_url=db_url),
         notifier=MemoryNotifier(),
     )
     try:
-        return engine.sync.start_run("dana", "add beta").id
+        return engine.sync.start_run("dana", script).id
     finally:
         engine.close()
 
@@ -94,3 +96,53 @@ def test_a_crash_after_the_mcp_write_committed_is_recovered_with_one_effect(
     results = [json.loads(str(m["content"])) for m in messages if m["role"] == "tool"]
     assert results[1] == {"title": "beta", "notes": 2}
     assert [m["role"] for m in messages].count("tool") == 2
+
+
+def _stale(store: Store, run_id: str) -> bool:
+    run = store.get_run(run_id)
+    assert run is not None
+    return store.now() - (run.heartbeat_at or 0) > 0.35
+
+
+def test_a_crash_after_an_approved_mcp_write_committed_is_reconciled_not_rerun(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    notes = tmp_path / "notes.db"
+    mcp_server.seed(str(notes), {"alpha": "first note"})
+    monkeypatch.setenv("MCP_NOTES_DB", str(notes))
+    run_id = start_run(db_url, "delete")
+    store = Store(db_url)
+    try:
+        with kit.receiver() as receiver:
+            env = kit.tether_env(
+                db_url,
+                MCP_NOTES_DB=str(notes),
+                MCP_SCRIPT="delete",
+                TETHER_WEBHOOK_URL=receiver.url,
+            )
+            suspended = tether("worker", "--exit-when-idle", "--no-reap", env=env)
+            assert suspended.returncode == 0, suspended.stderr[-3000:]
+            assert store.get_run(run_id).state.value == "suspended"  # type: ignore[union-attr]
+            assert mcp_server.calls(str(notes), "delete_note") == []
+            token = receiver.token_for(run_id)
+        crash = {**env, "TETHER_FAILPOINTS": "after_tool_commit:delete_note=crash"}
+        approved = tether("approve", token, env=crash)
+        assert approved.returncode == 137, approved.stderr[-3000:]
+        assert len(mcp_server.effects(str(notes), "delete_note")) == 1
+        kit.poll_until(lambda: _stale(store, run_id), what="a stale heartbeat")
+        reaped = tether("reap", env=env)
+        assert reaped.returncode == 0, reaped.stderr[-3000:]
+        finished = tether("worker", "--exit-when-idle", "--no-reap", env=env)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        final = store.get_run(run_id)
+        messages = store.messages(run_id)
+    finally:
+        store.close()
+    assert final is not None and final.state.value == "answered"
+    delete_call = [m for m in messages if m.get("tool_calls")][1]["tool_calls"][0]
+    key = idempotency_key(run_id, str(delete_call["id"]))
+    # Run once, by the approval; the reaper found it by its key and did not call it again.
+    assert mcp_server.calls(str(notes), "delete_note") == [("delete_note", key, {"title": "alpha"})]
+    assert mcp_server.effects(str(notes), "delete_note") == [("delete_note", key)]
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    assert results[1] == "deleted"  # what the reconcile override found (a string, as is)

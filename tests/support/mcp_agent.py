@@ -92,6 +92,12 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         {"tool_calls": [kit.call("add_note", title="beta", body="second")]},
         {"content": "added"},
     ],
+    # a read, then the destructive write a human confirms, then the answer.
+    "delete": [
+        {"tool_calls": [kit.call("read_note", title="alpha")]},
+        {"tool_calls": [kit.call("delete_note", title="alpha")]},
+        {"content": "deleted"},
+    ],
 }
 
 
