@@ -332,6 +332,23 @@ def runs_show(run_id: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
     _emit({**run_to_json(view.run), "messages": view.messages})
 
 
+@runs_app.command("watch")
+def runs_watch(
+    run_id: str,
+    after: Annotated[int, typer.Option(min=0, help="start after this event's SEQ")] = 0,
+    agent: AgentOpt = DEFAULT_AGENT,
+) -> None:
+    """Print a run's events as they are stored, one JSON line each, until the run ends
+    (answered, failed or cancelled); Ctrl-C stops watching a run that waits."""
+    configure("WARNING")
+
+    async def go(engine: Engine) -> None:
+        async for event in engine.watch(run_id, after=after):
+            print(json.dumps(event.to_json(), default=str), flush=True)
+
+    on_engine(agent, go)
+
+
 # -- the database and its users ------------------------------------------------------------
 
 

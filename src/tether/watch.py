@@ -35,6 +35,10 @@ POLL_S = 0.5  # SQLite, or PostgreSQL while the listener is not connected
 FALLBACK_S = 15.0  # PostgreSQL with a listener: a re-read now and then, notice or not
 RELISTEN_S = 1.0  # after a lost listener connection
 BATCH = 500  # events per read
+# A watcher reads at most this often: the steps of a busy run share a read (and its
+# thread hop and query) instead of costing one each; an idle run's first event is read
+# at once.
+MIN_READ_INTERVAL_S = 0.05
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,9 +130,15 @@ async def watch(
     """The run's events after SEQ ``after``, as they are stored, until the run is in a
     terminal state (or gone). The caller has checked the run and ``after``."""
     seq, last_id, skip = after, 0, after
+    loop = asyncio.get_running_loop()
+    read_at = -MIN_READ_INTERVAL_S
     with wakeups.waiter(run_id) as woken:
         while True:
+            pause = read_at + MIN_READ_INTERVAL_S - loop.time()
+            if pause > 0:
+                await asyncio.sleep(pause)  # notices meanwhile are covered by this read
             woken.clear()  # a notice from here on makes the wait below return at once
+            read_at = loop.time()
             state, batch = await hop(
                 store.events_after, run_id, last_id=last_id, skip=skip, limit=BATCH
             )

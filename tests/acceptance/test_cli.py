@@ -100,6 +100,17 @@ def test_continue_cancel_and_runs_show(db_url: str) -> None:
     listed = kit.tether("runs", "list", env=env)
     assert listed.returncode == 0 and halted.run_id[:8] in listed.stdout
 
+    # The cancelled run's events, one JSON line each, then the command ends (terminal).
+    watched = kit.tether("runs", "watch", halted.run_id, env=env)
+    assert watched.returncode == 0, watched.stderr
+    lines = [json.loads(line) for line in watched.stdout.splitlines()]
+    assert [e["seq"] for e in lines] == list(range(1, len(lines) + 1))
+    assert lines[0]["kind"] == "created" and lines[-1]["kind"] == "cancelled"
+    tail = kit.tether("runs", "watch", halted.run_id, "--after", str(len(lines) - 1), env=env)
+    assert [json.loads(line)["kind"] for line in tail.stdout.splitlines()] == ["cancelled"]
+    unknown = kit.tether("runs", "watch", "nope", env=env)
+    assert unknown.returncode == 1 and "not_found" in unknown.stderr
+
 
 def test_worker_refuses_an_older_schema_and_migrate_brings_it_up(db_url: str) -> None:
     store = Store(db_url)

@@ -241,7 +241,8 @@ def test_the_readmes_service_walkthrough_suspends_the_send_with_no_sandbox_confi
 ) -> None:
     """``tether serve --workers 1`` on an empty database, with no TETHER_SANDBOX_URL: the
     demo users exist, the sandbox starts in-process (and the log says where), the README's
-    run reaches ``suspended`` on the send, and SIGTERM stops everything with exit 0."""
+    run reaches ``suspended`` on the send, its live event stream shows it, and SIGTERM
+    stops everything with exit 0 while that stream is still open."""
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
@@ -269,8 +270,23 @@ def test_the_readmes_service_walkthrough_suspends_the_send_with_no_sandbox_confi
         state = kit.poll_until(lambda: _state(base, run_id, log), timeout=60, what="a stop")
 
         assert state == "suspended", log.read_text()[-3000:]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=STOP_DEADLINE_S) == 0, log.read_text()[-3000:]
+        # The README's `curl -N …/events/stream`: the run's events so far, then the stream
+        # stays open (the run waits) until SIGTERM, which still stops everything with 0.
+        with httpx.stream(
+            "GET",
+            f"{base}/v1/runs/{run_id}/events/stream",
+            headers={"Authorization": "Bearer tether-demo-dana"},
+            timeout=30,
+        ) as stream:
+            kinds = []
+            for line in stream.iter_lines():
+                if line.startswith("event: "):
+                    kinds.append(line.removeprefix("event: "))
+                if kinds[-1:] == ["suspended"]:
+                    break
+            assert kinds[0] == "created", kinds
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=STOP_DEADLINE_S) == 0, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -14,8 +14,11 @@ import asyncio
 import contextlib
 import json
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -251,3 +254,19 @@ async def test_notices_wake_watchers_for_steps_approvals_and_cancels(pg_url: str
     assert kinds[-1] == "cancelled"
     assert kinds == [kind for _, kind in await _stored(engine, run.id)]
     engine.close()
+
+
+def test_the_watch_example_of_the_integrations_page_prints_what_it_says(tmp_path: Path) -> None:
+    page = (kit.ROOT / "docs" / "integrations.md").read_text()
+    start = page.index("# watch_example.py")
+    (tmp_path / "watch_example.py").write_text(page[start : page.index("```", start)])
+    done = subprocess.run(
+        [sys.executable, "watch_example.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["1 created", "2 model_turn", "3 answered", "answer: done"]

@@ -91,6 +91,10 @@ def main() -> int:
     results = asyncio.run(_tell(console))
     console.rule("[bold cyan]Summary")
     console.print(summary_table(results))
+    console.print(
+        "Watch a run live: `tether serve`, then GET /v1/runs/RUN_ID/events/stream "
+        "(Server-Sent Events) or `tether runs watch RUN_ID` (docs/integrations.md)."
+    )
     failed = [r for r in results if not r.ok]
     elapsed = time.monotonic() - started
     if failed:

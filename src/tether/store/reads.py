@@ -58,13 +58,20 @@ _EVENTS = (
     .where(run_events.c.run_id == sa.bindparam("b_id"))
     .order_by(run_events.c.id)
 )
-# A run's events after the one with id ``b_last``, skipping the first ``b_skip`` of them: a
-# watcher starts with (0, SEQ) and goes on with (the last id it saw, 0). Events of a run
-# are written only in transactions that hold the run's row, so they commit in id order and
-# an event's SEQ (its ordinal in its run) never changes once it is visible (SPEC §11).
+# The run's state with its events after the one with id ``b_last``, skipping the first
+# ``b_skip`` of them, in one query (a run without such events is one row of NULL event
+# columns): a watcher starts with (0, SEQ) and goes on with (the last id it saw, 0). Events
+# of a run are written only in transactions that hold the run's row, so they commit in id
+# order and an event's SEQ (its ordinal in its run) never changes once visible (SPEC §11).
 _EVENTS_AFTER = (
-    sa.select(run_events)
-    .where(run_events.c.run_id == sa.bindparam("b_id"), run_events.c.id > sa.bindparam("b_last"))
+    sa.select(runs.c.state.label("run_state"), run_events)
+    .select_from(
+        runs.outerjoin(
+            run_events,
+            sa.and_(run_events.c.run_id == runs.c.id, run_events.c.id > sa.bindparam("b_last")),
+        )
+    )
+    .where(runs.c.id == sa.bindparam("b_id"))
     .order_by(run_events.c.id)
     .limit(sa.bindparam("b_limit", type_=sa.Integer))
     .offset(sa.bindparam("b_skip", type_=sa.Integer))
@@ -171,17 +178,18 @@ class Reads(StoreBase):
     def events_after(
         self, run_id: str, *, last_id: int, skip: int, limit: int
     ) -> tuple[RunState | None, list[Event]]:
-        """The run's state (None if there is no such run), then up to ``limit`` of its
-        events after the one with id ``last_id``, skipping ``skip`` of them. The state is
-        read first: when it is terminal, every event the run will have is in this read or
-        a later one (a watcher closes after an incomplete batch of a terminal run)."""
+        """The run's state (None if there is no such run) and up to ``limit`` of its
+        events after the one with id ``last_id``, skipping ``skip`` of them, read
+        together: when the state is terminal, every event the run will have is in this
+        read or a later one (a watcher closes after an incomplete batch of such a run)."""
         params = {"b_id": run_id, "b_last": last_id, "b_skip": skip, "b_limit": limit}
         with self.engine.connect() as conn:
-            state = conn.execute(_STATE, params).scalar()
-            if state is None:
-                return None, []
-            rows = conn.execute(_EVENTS_AFTER, params)
-            return RunState(state), [Event.from_row(r._mapping) for r in rows]
+            rows = conn.execute(_EVENTS_AFTER, params).all()
+            if not rows:  # no such run, or ``skip`` passed every event it has
+                state = conn.execute(_STATE, params).scalar()
+                return (None if state is None else RunState(state)), []
+            events = [Event.from_row(r._mapping) for r in rows if r.id is not None]
+            return RunState(rows[0].run_state), events
 
     def ledger(self, run_id: str) -> list[LedgerEntry]:
         """The run's tool calls in the order they were asked for."""
