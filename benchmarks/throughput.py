@@ -126,21 +126,28 @@ def runs_per_second(workers: int, count: int) -> tuple[float, float]:
             for proc in procs:
                 if proc.wait(timeout=600) != 0:
                     raise RuntimeError((Path(logs) / "w0.log").read_text()[-2000:])
-        with eng.store.engine.connect() as conn:
-            counted = conn.execute(sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state))
-            states: dict[str, int] = {str(state): int(n) for state, n in counted}
-            first, last = conn.execute(
-                sa.select(sa.func.min(run_events.c.at), sa.func.max(run_events.c.at)).where(
-                    run_events.c.kind.in_(["model_turn", "answered"])
-                )
-            ).one()
+        rate = carried(eng, count)
         eng.close()
-        if states != {"answered": count}:
-            raise RuntimeError(f"not every run answered: {states}")
-        seconds = float(last) - float(first)
-        return count / seconds, seconds
+        return rate
     finally:
         drop_database(name)
+
+
+def carried(eng: Engine, count: int) -> tuple[float, float]:
+    """(runs/s, seconds) of the ``count`` runs just carried on ``eng``'s database, on the
+    database's clock from the first step to the last answer; every run must have answered."""
+    with eng.store.engine.connect() as conn:
+        counted = conn.execute(sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state))
+        states: dict[str, int] = {str(state): int(n) for state, n in counted}
+        first, last = conn.execute(
+            sa.select(sa.func.min(run_events.c.at), sa.func.max(run_events.c.at)).where(
+                run_events.c.kind.in_(["model_turn", "answered"])
+            )
+        ).one()
+    if states != {"answered": count}:
+        raise RuntimeError(f"not every run answered: {states}")
+    seconds = float(last) - float(first)
+    return count / seconds, seconds
 
 
 def approval_latencies(rounds: int, concurrent: int = 50) -> tuple[list[float], int]:

@@ -33,15 +33,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import sqlalchemy as sa
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import sqlalchemy as sa  # noqa: E402
 import throughput  # noqa: E402
 
 from tether import Engine  # noqa: E402
-from tether.store.schema import run_events, runs  # noqa: E402
 
 WORKERS = 2
 
@@ -125,19 +123,10 @@ def _carry(url: str, count: int, tmp: str) -> tuple[float, float]:
         if proc.wait(timeout=600) != 0:
             raise RuntimeError((Path(tmp) / "w0.log").read_text()[-2000:])
     eng = throughput.engine(url, "ten")
-    with eng.store.engine.connect() as conn:
-        counted = conn.execute(sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state))
-        states = {str(state): int(n) for state, n in counted}
-        first, last = conn.execute(
-            sa.select(sa.func.min(run_events.c.at), sa.func.max(run_events.c.at)).where(
-                run_events.c.kind.in_(["model_turn", "answered"])
-            )
-        ).one()
-    eng.close()
-    if states != {"answered": count}:
-        raise RuntimeError(f"not every run answered: {states}")
-    seconds = float(last) - float(first)
-    return count / seconds, seconds
+    try:
+        return throughput.carried(eng, count)
+    finally:
+        eng.close()
 
 
 def _check(eng: Engine, ids: list[str], seen: dict[str, list[int]]) -> None:
