@@ -22,7 +22,7 @@ import pytest
 from tether import Agent, Engine, Scope, ScriptedModel, StopKind, ToolContext
 from tether.config import Settings
 from tether.errors import ConfigError
-from tether.mcp import Override, Server, connect, serving
+from tether.mcp import HttpServer, Override, Server, connect, serving
 from tether.notify import MemoryNotifier
 from tether.store import idempotency_key
 from tether.tools import Effect, InvalidToolArguments, OutcomeUnknown, Tool, ToolUnavailable
@@ -186,6 +186,15 @@ async def test_two_servers_need_a_prefix_to_tell_their_tools_apart(
     assert answer == {"title": "alpha", "body": "first note"}
     # The prefix is tether's: the server is called by its own name.
     assert mcp_server.calls(str(notes))[-1][0] == "read_note"
+
+
+async def test_an_http_server_is_sent_the_headers_it_is_given(notes: Path, http_url: str) -> None:
+    server = HttpServer(url=http_url, headers={"Authorization": "Bearer sesame"})
+    assert "sesame" not in repr(server)
+    async with connect(server, overrides=overrides(notes)) as tools:
+        read = by_name(tools)["read_note"]
+        await read.call(read.validate({"title": "alpha"}), context())
+    assert mcp_server.authorizations(str(notes)) == ["Bearer sesame"]
 
 
 async def test_a_server_that_cannot_start_is_a_config_error(tmp_path: Path) -> None:

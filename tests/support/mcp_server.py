@@ -32,7 +32,7 @@ def connect(db: str) -> sqlite3.Connection:
     conn.execute("CREATE TABLE IF NOT EXISTS notes (title TEXT PRIMARY KEY, body TEXT)")
     conn.execute(
         "CREATE TABLE IF NOT EXISTS calls (id INTEGER PRIMARY KEY, tool TEXT, key TEXT,"
-        " arguments TEXT)"
+        " arguments TEXT, authorization TEXT)"
     )
     conn.execute(
         "CREATE TABLE IF NOT EXISTS effects (id INTEGER PRIMARY KEY, tool TEXT, key TEXT,"
@@ -49,6 +49,16 @@ def calls(db: str, tool: str | None = None) -> list[tuple[str, str | None, dict[
     finally:
         conn.close()
     return [(t, k, json.loads(a)) for t, k, a in rows if tool is None or t == tool]
+
+
+def authorizations(db: str) -> list[str | None]:
+    """The ``Authorization`` header of each call (None over stdio, or when not sent)."""
+    conn = connect(db)
+    try:
+        rows = conn.execute("SELECT authorization FROM calls ORDER BY id").fetchall()
+    finally:
+        conn.close()
+    return [a for (a,) in rows]
 
 
 def effects(db: str, tool: str | None = None) -> list[tuple[str, str | None]]:
@@ -76,11 +86,12 @@ def build(db: str) -> MCPServer:
     def received(ctx: Context, tool: str, arguments: dict[str, Any]) -> str | None:
         meta = ctx.request_context.meta or {}
         key = meta.get(KEY)
+        authorization = (ctx.headers or {}).get("authorization")
         conn = connect(db)
         try:
             conn.execute(
-                "INSERT INTO calls (tool, key, arguments) VALUES (?, ?, ?)",
-                (tool, key, json.dumps(arguments, sort_keys=True)),
+                "INSERT INTO calls (tool, key, arguments, authorization) VALUES (?, ?, ?, ?)",
+                (tool, key, json.dumps(arguments, sort_keys=True), authorization),
             )
         finally:
             conn.close()

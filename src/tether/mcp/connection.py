@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from tether.errors import ConfigError
@@ -23,6 +23,7 @@ from tether.tools import Tool, UnsafeTool
 
 if TYPE_CHECKING:
     from mcp import Client
+    from mcp.client._transport import TransportStreams
     from mcp_types import Tool as McpTool
 
     from tether.agent import Agent
@@ -62,9 +63,11 @@ class StdioServer:
 
 @dataclass(frozen=True, kw_only=True)
 class HttpServer:
-    """An MCP server at a streamable HTTP ``url`` (e.g. ``http://127.0.0.1:8000/mcp``)."""
+    """An MCP server at a streamable HTTP ``url`` (e.g. ``http://127.0.0.1:8000/mcp``),
+    sent ``headers`` with every request (``{"Authorization": "Bearer ..."}``)."""
 
     url: str
+    headers: Mapping[str, str] | None = field(default=None, repr=False)
     prefix: str = ""
 
     def label(self) -> str:
@@ -73,7 +76,25 @@ class HttpServer:
     def client(self) -> Client:
         from mcp import Client
 
-        return Client(self.url)
+        if not self.headers:
+            return Client(self.url)
+        return Client(_with_headers(self.url, dict(self.headers)))
+
+
+@asynccontextmanager
+async def _with_headers(url: str, headers: dict[str, str]) -> AsyncIterator[TransportStreams]:
+    """The SDK's streamable HTTP transport on an HTTP client of its own that sends
+    ``headers`` (with the SDK's default timeouts), closed with the transport."""
+    from mcp.client.streamable_http import streamable_http_client
+
+    # The SDK's own factory (its session groups use it too): its timeouts fit a stream.
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    async with (
+        create_mcp_http_client(headers=headers) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams
 
 
 Server = StdioServer | HttpServer
