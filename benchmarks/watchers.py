@@ -10,7 +10,8 @@ runs k, k + W, k + 2W, … in turn (the workers take the oldest first), so about
 follow queued or running runs for the whole window. Every event of every run must reach
 its watcher exactly once, in SEQ order (checked against the store).
 
-A third setup drops the NOTIFY trigger and has no watchers: what the notices alone cost.
+A third setup has no watchers and workers whose store announces nothing: what sending the
+notices (``tether.store.announce``) costs the workers.
 
 Printed: runs/s without and with watchers (medians over ``--repeat`` rounds) and their
 ratio; the watchers' delivery lag (local clock at delivery minus the event's stored time,
@@ -36,7 +37,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import sqlalchemy as sa  # noqa: E402
 import throughput  # noqa: E402
 
 from tether import Engine  # noqa: E402
@@ -69,13 +69,10 @@ def _watch_role(url: str, ids_file: str, watchers: int, out_file: str) -> None:
 
 def _round(count: int, watchers: int, *, notices: bool = True) -> tuple[float, list[float]]:
     """(runs/s, delivery lags) for one fresh database, with ``watchers`` or none; without
-    ``notices`` the database has no NOTIFY trigger (what the trigger costs the workers)."""
+    ``notices`` the workers announce no events (what announcing costs them)."""
     name, url = throughput.fresh_database()
     try:
         eng = throughput.engine(url, "ten")
-        if not notices:
-            with eng.store.engine.begin() as conn:
-                conn.execute(sa.text("DROP TRIGGER run_events_notify ON run_events"))
         limits = {"max_steps": 50, "max_tool_calls": 50}
         ids = [eng.sync.start_run("bench", f"job {i}", limits=limits).id for i in range(count)]
         with tempfile.TemporaryDirectory() as tmp:
@@ -90,7 +87,7 @@ def _round(count: int, watchers: int, *, notices: bool = True) -> tuple[float, l
                     if watcher.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError("the watcher process did not start")
                     time.sleep(0.05)
-            rate, _ = _carry(url, count, tmp)
+            rate, _ = _carry(url, count, tmp, notices=notices)
             lags: list[float] = []
             if watcher is not None:
                 if watcher.wait(timeout=600) != 0:
@@ -104,9 +101,17 @@ def _round(count: int, watchers: int, *, notices: bool = True) -> tuple[float, l
         throughput.drop_database(name)
 
 
-def _carry(url: str, count: int, tmp: str) -> tuple[float, float]:
+# A worker process whose store announces nothing: the baseline of what announcing costs.
+_SILENT = (
+    "import tether.store.announce as a; a.Announcer.announce = lambda self, ids: None; "
+    "from tether.cli import main; main()"
+)
+
+
+def _carry(url: str, count: int, tmp: str, *, notices: bool) -> tuple[float, float]:
     """Carry the runs with the worker processes; (runs/s, seconds) on the DB clock."""
-    command = [sys.executable, "-m", "tether", "worker", "--exit-when-idle", "--no-reap"]
+    start = ["-m", "tether"] if notices else ["-c", _SILENT]
+    command = [sys.executable, *start, "worker", "--exit-when-idle", "--no-reap"]
     command += ["--concurrency", "8", "--agent", "bench_agent:agent"]
     env = throughput.worker_env(url)
     procs = [
@@ -158,9 +163,9 @@ def main() -> None:
     load = os.getloadavg()[0]
     silent, without, with_ = (statistics.median(rates[k]) for k in ("silent", "bare", "watched"))
     print(f"\n{args.runs} runs x 10 steps, {WORKERS} workers x 8; load average {load:.2f}")
-    print(f"  runs/s, no NOTIFY trigger, no watchers: {silent:.1f}")
-    print(f"  runs/s, trigger, no watchers: {without:.1f} ({without / silent:.2f}x)")
-    print(f"  runs/s, trigger, {args.watchers} watchers: {with_:.1f} ({with_ / without:.2f}x)")
+    print(f"  runs/s, no notices, no watchers: {silent:.1f}")
+    print(f"  runs/s, notices, no watchers: {without:.1f} ({without / silent:.2f}x)")
+    print(f"  runs/s, notices, {args.watchers} watchers: {with_:.1f} ({with_ / without:.2f}x)")
     ordered = sorted(lags)
     p99 = ordered[int(0.99 * (len(ordered) - 1))] if ordered else float("nan")
     median = statistics.median(ordered) if ordered else float("nan")

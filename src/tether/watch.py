@@ -5,12 +5,13 @@ reconnects with the last SEQ it saw misses nothing and sees nothing twice. SEQ i
 event's ordinal in its run, from 1: events of a run are written only under the run's row
 lock, so they commit in id order and an event's SEQ never changes once it is visible.
 
-Between reads a watcher waits to be woken. On PostgreSQL a trigger on ``run_events`` sends
-``NOTIFY tether_events`` with the run's id when a transaction that gave the run events
-commits; one ``LISTEN`` connection per engine (opened while anyone watches) wakes that
-run's watchers, and a re-read every ``FALLBACK_S`` (or the poll interval, if longer) covers
-a notice lost while the listener reconnected. On SQLite a watcher polls every ``POLL_S``. A watch ends after the events of a
-run in a terminal state (answered, failed, cancelled), or when the run is gone (purged).
+Between reads a watcher waits to be woken. On PostgreSQL the store announces, once a
+transaction that gave a run events has ended, ``NOTIFY tether_events`` with the run's id
+(``tether.store.announce``: batched, sent off the writers' commits); one ``LISTEN``
+connection per engine (opened while anyone watches) wakes that run's watchers, and a
+re-read every ``FALLBACK_S`` (or the poll interval, if longer) covers a notice that was
+lost. On SQLite a watcher polls every ``POLL_S``. A watch ends after the events of a run in
+a terminal state (answered, failed, cancelled), or when the run is gone (purged).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from tether.listen import CONNECTED, listen
 from tether.runs import iso
 from tether.services import hop
 from tether.store import Event, Store
+from tether.store.announce import CHANNEL as EVENTS_CHANNEL
 
 log = logging.getLogger(__name__)
 
-EVENTS_CHANNEL = "tether_events"
 POLL_S = 0.5  # SQLite, or PostgreSQL while the listener is not connected
 FALLBACK_S = 15.0  # PostgreSQL with a listener: a re-read now and then, notice or not
 RELISTEN_S = 1.0  # after a lost listener connection

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
+from tether.store.announce import Announcer, take
 from tether.store.dialect import Dialect, dialect_for
 from tether.store.engine import create_db_engine
 from tether.store.migrate import ensure_schema
@@ -26,6 +29,19 @@ class StoreBase:
         # A step write refreshes a heartbeat older than this (a third of the timeout).
         self.heartbeat_refresh_s = heartbeat_refresh_s
         self._executor: ThreadPoolExecutor | None = None
+        # Tells live event streams of new events once their transaction has ended.
+        self.announcer = Announcer(self.dialect.listen_dsn(self.engine.url))
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        """A transaction (``engine.begin()``) whose runs given events are announced to the
+        live event streams when it has ended (``tether.store.announce``)."""
+        with self.engine.connect() as conn:
+            try:
+                with conn.begin():
+                    yield conn
+            finally:
+                self.announcer.announce(take(conn))
 
     @property
     def executor(self) -> ThreadPoolExecutor:
@@ -45,6 +61,7 @@ class StoreBase:
         if self._executor is not None:
             self._executor.shutdown(wait=False)
             self._executor = None
+        self.announcer.stop()
         self.engine.dispose()
 
     def ping(self) -> None:

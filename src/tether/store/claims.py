@@ -21,6 +21,7 @@ from tether.budget import Limits
 from tether.models.base import Message
 from tether.runs import FailReason, Run, RunState, can_transition
 from tether.store import pg_claims
+from tether.store.announce import mark
 from tether.store.base import StoreBase
 from tether.store.engine import db_now
 from tether.store.records import Decision
@@ -153,7 +154,7 @@ class Claims(StoreBase):
     ) -> Run:
         """Insert a new run, ready for a worker (running, no owner), with its first
         messages."""
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             row = conn.execute(
                 runs.insert()
                 .values(
@@ -189,7 +190,7 @@ class Claims(StoreBase):
         Safe to race: the claim is conditional on ``owner IS NULL``, and the dialect locks
         the candidate (SKIP LOCKED on PostgreSQL) so concurrent workers pick different runs.
         """
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             if run_id is None:
                 run_id = conn.execute(self.dialect.candidates(_READY_CANDIDATE)).scalar()
                 if run_id is None:
@@ -239,10 +240,11 @@ class Claims(StoreBase):
             "b_kind": "declined" if decision == "decline" else "approved",
             "b_event": {"decision": decision, "by": approver, **(event or {})},
         }
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             if self.dialect.one_statement_claims:
                 won = conn.execute(_PG_CLAIM_SUSPENDED, params).first()
                 if won is not None:
+                    mark(conn, won.id)  # its approved / declined event
                     mapping = won._mapping
                     recorded = {c.name: mapping[f"d_{c.name}"] for c in decisions.c}
                     return SuspensionClaim(
@@ -317,11 +319,13 @@ class Claims(StoreBase):
             "b_batch": batch,
             "b_before": _NO_CUTOFF if before is None else before,
         }
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             if self.dialect.one_statement_claims:
                 rows = conn.execute(_PG_CLAIM_ORPHANS, params).all()
                 claimed = [Run.from_row(r._mapping) for r in rows if r.id is not None]
-                return claimed, list(rows[0].exhausted or []) if rows else []
+                exhausted = list(rows[0].exhausted or []) if rows else []
+                mark(conn, *(run.id for run in claimed), *exhausted)  # recovering / failed
+                return claimed, exhausted
             return self._claim_orphans(conn, params)
 
     def _claim_orphans(
@@ -356,7 +360,7 @@ class Claims(StoreBase):
         the grant: who, why, the previous halt reason, the old and new limits. None if the
         run is not the user's halted run (the caller tells which)."""
         params = {"b_id": run_id, "b_user": user_id}
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             # Read (locked) only for the grant's record; the change itself is the CAS.
             before = conn.execute(self.dialect.lock(_HALTED_OF_USER), params).first()
             if before is None:
@@ -381,7 +385,7 @@ class Claims(StoreBase):
     def cancel(self, *, run_id: str, user_id: str, by: str) -> Run | None:
         """Any non-terminal state → cancelled. A live owner's next fenced write then fails,
         so it stops. None if the run is not the user's or is already terminal."""
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             row = _CANCEL.one(conn, {"b_id": run_id, "b_user": user_id})
             if row is None:
                 return None

@@ -19,6 +19,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from tether.errors import ConfigError, LeaseLost
 from tether.store import pg_steps, sqlite_steps
+from tether.store.announce import mark
 from tether.store.statements import RESULT, TURN, TURN_FINAL
 
 # The notification channel a ready run is announced on (PostgreSQL).
@@ -43,6 +44,7 @@ def fenced(conn: Connection, stmt: Any, params: dict[str, Any]) -> int:
     row = conn.execute(stmt, params).first()
     if row is None:
         raise LeaseLost("this worker no longer owns the run", run_id=params["b_id"])
+    mark(conn, params["b_id"])  # a step write's events (a result without one: harmless)
     return int(row[0]) - 1
 
 

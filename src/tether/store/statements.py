@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tether.runs import Lease, RunState
+from tether.store.announce import mark
 from tether.store.engine import db_now
 from tether.store.records import CallStatus
 from tether.store.schema import run_events, run_messages, runs, tool_calls
@@ -229,3 +230,4 @@ def lease_params(lease: Lease) -> dict[str, Any]:
 def add_event(conn: Connection, run_id: str, kind: str, data: dict[str, Any]) -> None:
     """Append one entry to the run's trace, in the caller's transaction."""
     conn.execute(INSERT_EVENT, {"run_id": run_id, "kind": kind, "data": data})
+    mark(conn, run_id)

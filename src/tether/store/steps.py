@@ -112,7 +112,7 @@ class Steps(StoreBase):
         kind = "answered" if final else "model_turn"
         events = [(kind, event), *(("tool_result", e) for e in result_events)]
         try:
-            with self.engine.begin() as conn:
+            with self.begin() as conn:
                 self.dialect.write_turn(
                     conn, params, final=final, messages=messages, intents=keyed, events=events
                 )
@@ -149,7 +149,7 @@ class Steps(StoreBase):
         }
         traced = status is not CallStatus.OK
         try:
-            with self.engine.begin() as conn:
+            with self.begin() as conn:
                 self.dialect.write_result(conn, params, traced=traced, message=message, event=event)
         except LeaseLost:
             if not self._landed(lease, seq, message):
@@ -159,38 +159,38 @@ class Steps(StoreBase):
         """Whether a step write that matched no row had landed already: its message is at
         ``seq`` and the lease still holds (or the run answered). A write tried again after
         its COMMIT was cut off lands here; a writer that lost its lease does not."""
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             stored = conn.execute(LANDED, {**lease_params(lease), "b_seq": seq}).scalar()
         return stored is not None and stored == message
 
     def heartbeat(self, lease: Lease) -> bool:
         """Refresh the lease's heartbeat; False if the lease was lost."""
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             return conn.execute(HEARTBEAT, lease_params(lease)).rowcount == 1
 
     def heartbeat_many(self, leases: Sequence[Lease]) -> list[bool]:
         """Refresh the heartbeat of every lease in one transaction; for each, whether it
         is still held (False: another owner took the run)."""
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             return [conn.execute(HEARTBEAT, lease_params(lease)).rowcount == 1 for lease in leases]
 
     def lease_held(self, lease: Lease) -> bool:
         """Whether ``lease`` still owns the run (checked before a write tool runs)."""
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             return conn.execute(LEASE_HELD, lease_params(lease)).first() is not None
 
     def record_edit(self, lease: Lease, *, tool_call_id: str, arguments: dict[str, Any]) -> None:
         """Record in the ledger the arguments an approver edited a call to, before it runs
         with them (SPEC §9). Fenced by the lease; safe twice (it sets the same value)."""
         params = {**lease_params(lease), "b_key": idempotency_key(lease.run_id, tool_call_id)}
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             if conn.execute(LEASE_HELD, lease_params(lease)).first() is None:
                 raise _lost(lease)
             conn.execute(RECORD_EDIT, {**params, "b_args": arguments})
 
     def refresh_scope(self, lease: Lease, scope: dict[str, Any]) -> None:
         """Store the scope just re-resolved, with the database's time."""
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             result = conn.execute(REFRESH_SCOPE, {**lease_params(lease), "b_scope": scope})
             if result.rowcount != 1:
                 raise _lost(lease)
@@ -198,7 +198,7 @@ class Steps(StoreBase):
     def add_event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
         """Append one entry to the run's trace (under the run's row lock, like every other
         event, so a concurrent writer of the run's events commits before or after it)."""
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             conn.execute(self.dialect.lock(RUN_ROW), {"b_id": run_id})
             add_event(conn, run_id, kind, data)
 
@@ -209,7 +209,7 @@ class Steps(StoreBase):
     ) -> None:
         """running → halted with ``reason``; the run keeps its budget and messages."""
         stored = HaltReason(reason).value
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             self._leave(conn, HALT, lease, elapsed_ms, b_reason=stored)
             add_event(conn, lease.run_id, "halted", {"reason": stored, **event})
 
@@ -226,7 +226,7 @@ class Steps(StoreBase):
         ``unknown_call`` names a call whose outcome could not be learnt: its ledger entry
         is recorded ``unknown`` in the same transaction."""
         stored = FailReason(reason).value
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             self._leave(conn, FAIL, lease, elapsed_ms, b_reason=stored)
             if unknown_call is not None:
                 outcome = {
@@ -248,7 +248,7 @@ class Steps(StoreBase):
         event: dict[str, Any],
     ) -> float:
         """running → suspended on ``pending``; returns ``expires_at`` (DB clock + TTL)."""
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             row = self._leave(
                 conn,
                 SUSPEND,
@@ -273,7 +273,7 @@ class Steps(StoreBase):
         """Hand a running run back to the workers (owner cleared, state unchanged). With
         ``delay_s`` > 0 no worker can claim it before the database's clock + ``delay_s``
         (a retry's backoff); ``event``, if given, is traced as ``kind``."""
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             self._leave(conn, RELEASE, lease, elapsed_ms, b_delay=max(0.0, delay_s))
             if event is not None:
                 add_event(conn, lease.run_id, kind, event)
@@ -288,7 +288,7 @@ class Steps(StoreBase):
         cleared, one more consecutive model failure counted, claimable no sooner than the
         database's clock + ``delay_s``; traced as ``model_retry`` with ``attempt`` (the new
         count) and ``retry_at``. Returns both (the count, ``ready_at``)."""
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             row = self._leave(conn, MODEL_RETRY, lease, elapsed_ms, b_delay=delay_s)
             attempt, ready_at = int(row[0]), float(row[1])
             data = {"attempt": attempt, **event, "retry_at": iso(ready_at)}

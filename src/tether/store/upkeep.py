@@ -82,7 +82,7 @@ class Upkeep(StoreBase):
         window, by the database's clock. Safe to run twice and to race an approval: both
         are conditional on ``state = 'suspended'``, and the claim also checks
         ``expires_at``."""
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             due = self.dialect.candidates(_EXPIRED)
             ids = list(conn.execute(due, {"b_batch": batch}).scalars())
             if not ids:
@@ -95,7 +95,7 @@ class Upkeep(StoreBase):
 
     def mark_notified(self, run_id: str, token_hash: str) -> None:
         """Record that the notice for this suspension's token was delivered."""
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             conn.execute(_MARK_NOTIFIED, {"b_id": run_id, "b_hash": token_hash})
 
     def reissue_unnotified(
@@ -108,7 +108,7 @@ class Upkeep(StoreBase):
         so a concurrent reaper or approval cannot be overtaken. Returns (run, new hash).
         """
         out: list[tuple[Run, str]] = []
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             due = self.dialect.candidates(_UNNOTIFIED)
             for run_id, old_hash in conn.execute(
                 due, {"b_older": older_than_s, "b_batch": batch}
@@ -125,7 +125,7 @@ class Upkeep(StoreBase):
         """Delete up to ``batch`` runs halted or finished more than ``retention_s`` ago,
         with their messages, events, ledger and decisions. Safe twice: a purged run is
         gone, so a second pass finds the next ones, or none."""
-        with self.engine.begin() as conn:
+        with self.begin() as conn:
             params = {"b_retention": retention_s, "b_batch": batch}
             ids = list(conn.execute(_PAST_RETENTION, params).scalars())
             if not ids:
