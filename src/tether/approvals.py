@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from tether import inputs
+from tether import inputs, tracing
 from tether.decision import CallVerdict, Choice, decide
 from tether.errors import (
     AlreadyResumed,
@@ -166,10 +167,12 @@ async def resume_after_confirmation(
     token_hash = hash_token(inputs.token(token))
     run, used = await find_suspended(services, token_hash)
     if run is None:
-        if used is not None and await may_see(services, used.run_id, approver):
-            raise _already(used)
-        APPROVALS.labels(outcome=UnknownOrExpired.code).inc()
-        raise unknown_or_expired()
+        seen = await visible_run(services, used.run_id, approver) if used is not None else None
+        with approval_span(seen, ask):
+            if used is not None and seen is not None:
+                raise _already(used)
+            APPROVALS.labels(outcome=UnknownOrExpired.code).inc()
+            raise unknown_or_expired()
     return await _claim_and_carry_out(services, owner, run, token_hash, ask)
 
 
@@ -205,9 +208,11 @@ async def resume_by_run(
     run = await _pending_run(services, run_id, tool_call_id, digest)
     if run is None or run.pending_token_hash is None:
         used = await hop(services.store.decision_for_call, run_id, str(tool_call_id))
-        if used is not None and await may_see(services, run_id, approver):
-            raise _already(used)
-        raise unknown_or_expired()
+        seen = await visible_run(services, run_id, approver) if used is not None else None
+        with approval_span(seen, ask):
+            if used is not None and seen is not None:
+                raise _already(used)
+            raise unknown_or_expired()
     return await _claim_and_carry_out(services, owner, run, run.pending_token_hash, ask)
 
 
@@ -304,16 +309,37 @@ async def _claim(services: Services, owner: str, run: Run, token_hash: str, ask:
     raise unknown_or_expired()
 
 
+def approval_span(run: Run | None, ask: Asked) -> AbstractContextManager[tracing.Traced]:
+    """The decision's ``approval`` span, in the run's trace when the approver may see the
+    run (``tracing.py``); its outcome is the verdict or the refusal's code."""
+    tool = run.pending.tool if run is not None and run.pending is not None else None
+    return tracing.action(
+        f"approval {tool}" if tool else "approval",
+        run.id if run is not None else None,
+        run.trace_context if run is not None else None,
+        {
+            "gen_ai.tool.name": tool,
+            "tether.approval.decision": ask.choice.value,
+            "tether.approval.approver": ask.approver,
+            "tether.approval.edited": ask.arguments is not None,
+            "tether.approval.reason": ask.reason is not None,
+        },
+        outcome_key="tether.approval.outcome",
+    )
+
+
 async def _claim_and_carry_out(
     services: Services, owner: str, run: Run, token_hash: str, ask: Asked
 ) -> ApprovalResult:
-    try:
-        result = await _claim_then_decide(services, owner, run, token_hash, ask)
-    except TetherError as exc:
-        APPROVALS.labels(outcome=exc.code).inc()
-        raise
-    APPROVALS.labels(outcome=result.outcome.value).inc()
-    return result
+    with approval_span(run, ask) as span:
+        try:
+            result = await _claim_then_decide(services, owner, run, token_hash, ask)
+        except TetherError as exc:
+            APPROVALS.labels(outcome=exc.code).inc()
+            raise
+        APPROVALS.labels(outcome=result.outcome.value).inc()
+        span.set_outcome("tether.approval.outcome", result.outcome.value)
+        return result
 
 
 async def _claim_then_decide(
@@ -397,11 +423,11 @@ def _result(
     )
 
 
-async def may_see(services: Services, run_id: str, approver: str) -> bool:
-    """Whether ``approver`` may learn about ``run_id``'s decisions (owner or approver by
-    the owner's scope now); otherwise the token is ``unknown_or_expired``."""
+async def visible_run(services: Services, run_id: str, approver: str) -> Run | None:
+    """The run, when ``approver`` may learn about its decisions (its owner, or an approver
+    by the owner's scope now); otherwise the token is ``unknown_or_expired``."""
     run = await hop(services.store.get_run, run_id)
     if run is None:
-        return False
+        return None
     scope = await services.agent.resolve_scope(run.user_id)
-    return scope.may_approve(approver)
+    return run if scope.may_approve(approver) else None

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 
+from tether import tracing
 from tether.errors import LeaseLost
 from tether.failpoints import fail
 from tether.messages import ToolCall
@@ -42,6 +45,9 @@ log = logging.getLogger(__name__)
 # up to RECONCILE_MAX_S, until the settings' ``reconcile_patience_s``.
 RECONCILE_FIRST_S = 0.25
 RECONCILE_MAX_S = 15.0
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class Check(str, enum.Enum):
@@ -145,6 +151,35 @@ async def recheck(
     return Recheck(verdict=Check.PASSED, preview=preview)
 
 
+def traced(
+    fn: Callable[Concatenate[RunSession, ToolCall, P], Awaitable[R]],
+) -> Callable[Concatenate[RunSession, ToolCall, P], Awaitable[R]]:
+    """The call's ``execute_tool`` span around ``fn`` (``tracing.py``): its tool, effect
+    and idempotency key, and its outcome: the result stored meanwhile (``append_result``),
+    the result returned, or how the run stopped on it."""
+
+    @functools.wraps(fn)
+    async def call_span(session: RunSession, call: ToolCall, /, *args: P.args, **kw: P.kwargs) -> R:
+        if not tracing.on():
+            return await fn(session, call, *args, **kw)
+        tool = session.s.agent.tool(call.name)
+        key = idempotency_key(session.run.id, call.id)
+        effect = tool.effect.value if tool is not None else None
+        with tracing.tool_call(call.name, call.id, key=key, effect=effect) as span:
+            done = await fn(session, call, *args, **kw)
+            if isinstance(done, Result):
+                tracing.tool_outcome(done.status.value, counted=done.counted, code=done.summary)
+            # A call's processing returns how the run stopped, bare or in a decision's
+            # ``Resolution``.
+            stop = done if isinstance(done, Outcome) else getattr(done, "outcome", None)
+            if isinstance(stop, Outcome):
+                span.set_outcome("tether.tool.outcome", stop.kind.value)
+            return done
+
+    return call_span
+
+
+@traced
 async def first_call(session: RunSession, call: ToolCall) -> Outcome | None:
     """Process a call no human has decided: reconcile it if it may have run before a
     crash, else re-check it and suspend it for confirmation or execute it. Returns an
@@ -231,6 +266,7 @@ async def read_all(session: RunSession, calls: list[ToolCall]) -> list[Result]:
     return [r for r in done if isinstance(r, Result)]
 
 
+@traced
 async def read(session: RunSession, call: ToolCall) -> Result:
     """A plain read's result: refused (unknown, invalid, not permitted, guard), or run."""
     r = resolved(session, call)
@@ -302,6 +338,7 @@ async def reconcile(session: RunSession, r: Resolved, *, confirmed: bool) -> Out
     call = r.call
     found = await find_outcome(session, r, confirmed=confirmed)
     fail("after_outcome_found", call.name)
+    tracing.tool_note("tether.tool.reconciled", found.kind.value)
     await session.add_event(
         "reconciled", {"tool_call_id": call.id, "tool": call.name, "found": found.kind.value}
     )

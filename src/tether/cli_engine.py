@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, nullcontext
 from typing import TypeVar
 
+from tether import tracing
 from tether.agent import Agent, load_agent
 from tether.config import Settings
 from tether.engine import Engine
@@ -62,7 +63,17 @@ async def engine_for(
 ) -> AsyncIterator[Engine]:
     """The process's one engine for ``agent_spec``, configured from the environment and
     opened. ``serve_agent`` enters the agent's lifespan first (what it needs running
-    beside it, e.g. the demo's sandbox), for commands that call its tools or scope."""
+    beside it, e.g. the demo's sandbox), for commands that call its tools or scope. Spans
+    are exported over OTLP when the environment names an endpoint (``tracing.exporting``)."""
+    with tracing.exporting():
+        async with _engine(agent_spec, serve_agent, carries_runs, migrate_empty, public_url) as e:
+            yield e
+
+
+@asynccontextmanager
+async def _engine(
+    agent_spec: str, serve_agent: bool, carries_runs: bool, migrate_empty: bool, public_url: str
+) -> AsyncIterator[Engine]:
     settings = Settings.from_env()
     loaded = load_agent(agent_spec, settings)
     model = pick_model(loaded, settings, required=carries_runs)

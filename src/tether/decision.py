@@ -58,6 +58,7 @@ class Resolution:
     diff: list[dict[str, Any]] = field(default_factory=list)
 
 
+@calls.traced
 async def decide(
     session: RunSession, call: ToolCall, decision: Decision, *, recovered: bool
 ) -> Resolution:

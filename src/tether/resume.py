@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether import inputs
+from tether import inputs, tracing
 from tether.budget import Limits, parse_limits
 from tether.errors import (
     AlreadyFinished,
@@ -138,6 +138,14 @@ async def recover(services: Services, run: Run) -> Outcome:
 
 
 async def _recover(services: Services, run: Run) -> Outcome:
+    """The recovery, traced as the run's stretch in this process (``tracing.py``)."""
+    with tracing.stretch(run.id, run.trace_context, services.agent.name, "recover") as span:
+        outcome = await _recovering(services, run)
+        span.stopped(outcome)
+        return outcome
+
+
+async def _recovering(services: Services, run: Run) -> Outcome:
     session = await RunSession.start(services, run, recovering=True)
     try:
         pending = session.pending_calls()
@@ -240,16 +248,18 @@ async def continue_run(
         or granted.max_elapsed_ms > cap.max_elapsed_ms
     ):
         raise InvalidInput("the requested limits exceed the configured cap", cap=cap.to_json())
-    continued = await hop(
-        services.store.continue_halted,
-        run_id=run_id,
-        user_id=user,
-        limits=granted,
-        by=user,
-        why=why,
-    )
-    if continued is None:
-        raise NotHalted("the run is no longer halted")
+    grant = {"tether.continue.by": user, "tether.continue.halt_reason": run.halt_reason}
+    with tracing.action("continue_run", run.id, run.trace_context, grant):
+        continued = await hop(
+            services.store.continue_halted,
+            run_id=run_id,
+            user_id=user,
+            limits=granted,
+            by=user,
+            why=why,
+        )
+        if continued is None:
+            raise NotHalted("the run is no longer halted")
     log.info("continued", extra={"run_id": run_id, "action": "continue", "state": "running"})
     return continued
 

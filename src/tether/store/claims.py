@@ -151,9 +151,10 @@ class Claims(StoreBase):
         scope: dict[str, Any],
         versions: dict[str, Any],
         messages: Sequence[Message],
+        trace_context: dict[str, str] | None = None,
     ) -> Run:
         """Insert a new run, ready for a worker (running, no owner), with its first
-        messages."""
+        messages and the W3C trace context its spans continue (``tracing.py``)."""
         with self.begin() as conn:
             row = conn.execute(
                 runs.insert()
@@ -168,6 +169,7 @@ class Claims(StoreBase):
                     scope_resolved_at=db_now(),
                     versions=versions,
                     message_count=len(messages),
+                    trace_context=trace_context,
                     started_at=db_now(),
                     updated_at=db_now(),
                 )
