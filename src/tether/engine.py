@@ -12,12 +12,12 @@ import asyncio
 import os
 import socket
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from tether import approval_preview, approvals, inputs, resume
+from tether import approval_preview, approvals, inputs, resume, tracing
 from tether.agent import Agent
 from tether.approval_preview import ApprovalPreview
 from tether.approvals import ApprovalResult
@@ -49,6 +49,11 @@ class RunView:
 
     run: Run
     messages: list[Message]
+
+    @property
+    def output(self) -> Any:
+        """The validated typed output as stored (JSON), or None (SPEC §11)."""
+        return self.run.output
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,20 +179,23 @@ class Engine(ServiceAPI):
         await self.open()
         scope = await self.agent.resolve_scope(user_id)
         messages: list[Message] = [
-            {"role": "system", "content": self.agent.system_prompt},
+            {"role": "system", "content": self.agent.instructions},
             {"role": "user", "content": question},
         ]
-        return await hop(
-            self.store.create_run,
-            run_id=uuid.uuid4().hex,
-            user_id=user_id,
-            question=question,
-            route=route or {"agent": self.agent.name},
-            limits=run_limits,
-            scope=scope.to_json(),
-            versions=self.agent.versions(),
-            messages=messages,
-        )
+        run_id = uuid.uuid4().hex
+        with tracing.run_created(run_id, user_id, self.agent.name) as span:
+            return await hop(
+                self.store.create_run,
+                run_id=run_id,
+                user_id=user_id,
+                question=question,
+                route=route or {"agent": self.agent.name},
+                limits=run_limits,
+                scope=scope.to_json(),
+                versions=self.agent.versions(),
+                messages=messages,
+                trace_context=span.carrier(),  # the run's later spans continue this trace
+            )
 
     async def run_until_stop(self, run_id: str) -> Outcome:
         """Claim ``run_id`` (it must be waiting for a worker) and carry it to its next stop:
@@ -211,7 +219,7 @@ class Engine(ServiceAPI):
         self, user_id: str, question: str, *, limits: Limits | dict[str, Any] | None = None
     ) -> Outcome:
         """Start a run and carry it to its first stop; ``Outcome.answer`` holds the final
-        answer when it answered."""
+        answer when it answered (and ``Outcome.output`` its validated ``output_type``)."""
         run = await self.start_run(user_id, question, limits=limits)
         return await self.run_until_stop(run.id)
 

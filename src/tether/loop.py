@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 
-from tether import calls
+from tether import calls, output, tracing
 from tether.decision import decide
 from tether.errors import DatabaseUnavailable, FailpointError, LeaseLost, ModelError
 from tether.failpoints import fail
@@ -32,9 +32,21 @@ log = logging.getLogger(__name__)
 
 async def drive(session: RunSession) -> Outcome:
     """Process the last turn's unanswered calls, then ask the model, until a stop. Every
-    way out is a returned outcome; an unexpected error fails the run (invariant 6)."""
+    way out is a returned outcome; an unexpected error fails the run (invariant 6). Traced
+    as the run's stretch in this process, in the run's trace (``tracing.py``)."""
+    run = session.run
+    with (
+        tracing.stretch(run.id, run.trace_context, session.s.agent.name, "carry") as span,
+        tracing.Steps() as steps,
+    ):
+        outcome = await _guarded(session, steps)
+        span.stopped(outcome)
+        return outcome
+
+
+async def _guarded(session: RunSession, steps: tracing.Steps) -> Outcome:
     try:
-        return await _drive(session)
+        return await _drive(session, steps)
     except LeaseLost:
         log.warning("lease lost", extra={"run_id": session.run.id, "action": "lease_lost"})
         return Outcome(run_id=session.run.id, kind=StopKind.LEASE_LOST)
@@ -57,9 +69,11 @@ async def process(session: RunSession, call: ToolCall) -> Outcome | None:
     return await calls.first_call(session, call)
 
 
-async def _drive(session: RunSession) -> Outcome:
+async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
     step_started: float | None = None
     failures = session.run.model_failures  # consecutive failed model calls, as stored
+    if session.pending_calls():  # the rest of a step begun before this stretch
+        steps.open(session.budget.steps, resumed=True)
     while True:
         for batch in batches(session, session.pending_calls()):
             if session.stopping:
@@ -79,25 +93,35 @@ async def _drive(session: RunSession) -> Outcome:
         fail("before_model_call")
         session.check_held()
         step_started = time.monotonic()
+        steps.open(session.budget.steps + 1)
         try:
-            with MODEL_SECONDS.time():
+            with (
+                MODEL_SECONDS.time(),
+                tracing.model_call(session.s.model.name, session.budget.steps + 1) as chat,
+            ):
                 response = await session.s.model.request(
                     list(session.messages), list(session.s.agent.tool_specs)
                 )
+                chat.answered(response)
         except ModelError as exc:  # handed back with a delay, or failed (SPEC §10)
             return await model_failed(session, exc, failures)
         failures = 0  # the stored turn resets the stored count too
         fail("after_model_call")
         turn = session.turn_of(response)
         if not turn.calls:
-            await session.append_turn(turn)
-            STEP_SECONDS.observe(time.monotonic() - step_started)
-            log.info("answered", extra={"run_id": session.run.id, "action": "answered"})
             answer = turn.message.get("content")
+            verdict = output.check(session.s.agent.output_type, answer)
+            await session.append_turn(turn, verdict=verdict)
+            STEP_SECONDS.observe(time.monotonic() - step_started)
+            if verdict.errors:  # sent back with its errors, one step spent (SPEC §11)
+                step_started = None
+                continue
+            log.info("answered", extra={"run_id": session.run.id, "action": "answered"})
             return Outcome(
                 run_id=session.run.id,
                 kind=StopKind.ANSWERED,
                 answer=answer if isinstance(answer, str) else None,
+                output=verdict.value,
             )
         results = await calls.read_step(session, turn.calls)
         await session.append_turn(turn, results or ())  # a read-only step: one commit

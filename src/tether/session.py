@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tether import tracing
 from tether.budget import Budget
 from tether.errors import DatabaseUnavailable, LeaseLost, TetherError
 from tether.failpoints import fail
@@ -26,6 +27,7 @@ from tether.models.base import Message, ModelResponse
 from tether.models.pricing import spend_usd
 from tether.notify import Notice
 from tether.outcome import Outcome, StopKind
+from tether.output import Verdict
 from tether.previews import digest
 from tether.reasons import FailReason, HaltReason
 from tether.runs import Lease, Pending, Run, iso
@@ -195,14 +197,23 @@ class RunSession:
         }
         return Turn(message=message, calls=calls, spend=spend, event=event)
 
-    async def append_turn(self, turn: Turn, results: Sequence[Result] = ()) -> None:
+    async def append_turn(
+        self, turn: Turn, results: Sequence[Result] = (), *, verdict: Verdict | None = None
+    ) -> None:
         """The assistant turn with its spend, the step count and its calls' ledger intents;
-        a turn without calls is the final answer and moves the run to ``answered``. A
+        a turn without calls is the final answer and moves the run to ``answered`` (with
+        its ``verdict``'s typed output), unless the verdict rejects it: then the feedback
+        to the model is stored after it in the same transaction, and the run goes on. A
         read-only step passes the ``results`` of all its calls, stored in the same
         transaction (their ledger entries then record the outcomes)."""
         by_call = {r.call.id: r for r in results}
         stored = [tool_result(r.call.id, r.content) for r in results]
         counted = sum(1 for r in results if r.counted)
+        rejected = verdict is not None and bool(verdict.errors)
+        events: list[tuple[str, dict[str, Any]]] = []
+        if verdict is not None and rejected:  # the model gets it back with its errors
+            stored.append(verdict.feedback())
+            events.append(("output_invalid", verdict.event(self.budget.steps + 1)))
         await hop(
             self.s.store.persist_turn,
             self.lease,
@@ -211,11 +222,13 @@ class RunSession:
             spend_usd=turn.spend,
             elapsed_ms=self._elapsed(),
             intents=[self._intent(call, by_call.get(call.id)) for call in turn.calls],
-            final=not turn.calls,
+            final=not turn.calls and not rejected,
             event=turn.event,
             results=stored,
             counted=counted,
             result_events=[r.event() for r in results if r.status is not CallStatus.OK],
+            output=None if verdict is None else verdict.stored,
+            events=events,
         )
         self.messages.append(turn.message)
         self.messages.extend(stored)
@@ -243,6 +256,7 @@ class RunSession:
         self.messages.append(message)
         if counted:
             self.budget = self.budget.after_tool_call()
+        tracing.tool_outcome(status.value, counted=counted, code=result.summary)
 
     async def refuse(self, call: ToolCall, code: str, message: str) -> None:
         """Store a refusal of ``call`` as its result: it did not run and is not counted."""

@@ -176,6 +176,11 @@ class RunOut(BaseModel):
     fail_reason: str | None
     budget: BudgetOut
     pending: PendingOut | None = Field(description="set while the run is suspended")
+    output: Any = Field(
+        default=None,
+        description="the final answer validated against the agent's output_type, as JSON; "
+        "null without an output_type or until the run answered",
+    )
     created_at: str = Field(description="ISO-8601, UTC")
     updated_at: str = Field(description="ISO-8601, UTC")
 

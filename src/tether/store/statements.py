@@ -65,7 +65,8 @@ _TURN_VALUES: dict[str, Any] = {
 # The assistant turn's counters; RETURNING the new message count.
 TURN = runs.update().where(LEASE, AT_SEQ).values(**_TURN_VALUES).returning(runs.c.message_count)
 
-# A final answer: the same counters, and running → answered.
+# A final answer: the same counters, running → answered, and the validated typed output
+# (SQL NULL, not JSON null, when there is none).
 TURN_FINAL = Transition(
     RUNNING,
     RunState.ANSWERED,
@@ -75,6 +76,7 @@ TURN_FINAL = Transition(
     **_TURN_VALUES,
     owner=None,
     updated_at=db_now(),
+    output=sa.bindparam("b_output", type_=sa.JSON(none_as_null=True)),
 )
 
 RESULT = (

@@ -77,12 +77,16 @@ class Steps(StoreBase):
         results: Sequence[Message] = (),
         counted: int = 0,
         result_events: Sequence[dict[str, Any]] = (),
+        output: Any = None,
+        events: Sequence[tuple[str, dict[str, Any]]] = (),
     ) -> None:
         """The assistant turn with its spend, step count and the ledger intents of its tool
         calls, in one transaction: the turn *is* the intent. A final answer also moves the
-        run to ``answered``. A read-only step passes its calls' ``results`` too (their
-        ledger entries then carry the outcome, ``counted`` of them ran, and
-        ``result_events`` trace the ones that did not succeed): one commit for the step.
+        run to ``answered`` and stores its validated typed ``output``. A read-only step
+        passes its calls' ``results`` too (their ledger entries then carry the outcome,
+        ``counted`` of them ran, and ``result_events`` trace the ones that did not
+        succeed): one commit for the step. A rejected answer passes the feedback to the
+        model as a result, and its ``output_invalid`` in ``events`` (kind, data).
 
         ``seq`` is the run's message count as the writer knows it: idempotent, so a try
         after a COMMIT that was cut off finds the first try's turn and does nothing."""
@@ -108,13 +112,14 @@ class Steps(StoreBase):
             "b_spend": spend_usd,
             "b_elapsed": elapsed_ms,
             "b_fresh": self.heartbeat_refresh_s,
+            "b_output": output,
         }
         kind = "answered" if final else "model_turn"
-        events = [(kind, event), *(("tool_result", e) for e in result_events)]
+        traced = [(kind, event), *(("tool_result", e) for e in result_events), *events]
         try:
             with self.begin() as conn:
                 self.dialect.write_turn(
-                    conn, params, final=final, messages=messages, intents=keyed, events=events
+                    conn, params, final=final, messages=messages, intents=keyed, events=traced
                 )
         except LeaseLost:
             if not self._landed(lease, seq, message):
