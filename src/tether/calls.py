@@ -37,6 +37,7 @@ from tether.tools import (
     ReconcileKind,
     Tool,
     ToolFailed,
+    ToolUnavailable,
 )
 
 log = logging.getLogger(__name__)
@@ -282,11 +283,15 @@ async def read(session: RunSession, call: ToolCall) -> Result:
     return invoked
 
 
-async def invoke(session: RunSession, r: Resolved, *, confirmed: bool) -> Result | None:
+async def invoke(
+    session: RunSession, r: Resolved, *, confirmed: bool, maybe_ran: bool = False
+) -> Result | None:
     """Run the tool under the call's idempotency key, bounded by its timeout (a read that
     timed out or failed transiently is tried again, ``attempts``): its result, or None
     when a write timed out or failed ambiguously (it may have taken effect: the caller
-    reconciles it). Nothing is written; however many attempts, it is one tool call."""
+    reconciles it). When an earlier call under this key ``maybe_ran``, a downstream that is
+    unavailable is ambiguous too: this attempt learnt nothing of that one. Nothing is written;
+    however many attempts, it is one tool call."""
     call = r.call
     fail("before_tool_call", call.name)
     ctx = session.ctx(call, confirmed=confirmed)
@@ -295,7 +300,9 @@ async def invoke(session: RunSession, r: Resolved, *, confirmed: bool) -> Result
             result = await attempts(session, r.tool, r.args, ctx)
     except (TimeoutError, OutcomeUnknown, ToolFailed) as exc:
         fail("after_tool_commit", call.name)
-        ambiguous = not isinstance(exc, ToolFailed)
+        ambiguous = not isinstance(exc, ToolFailed) or (
+            maybe_ran and isinstance(exc, ToolUnavailable)
+        )
         if ambiguous and r.tool.effect is Effect.WRITE:
             log.warning(
                 "outcome unknown",
@@ -309,14 +316,21 @@ async def invoke(session: RunSession, r: Resolved, *, confirmed: bool) -> Result
 
 
 async def execute(
-    session: RunSession, r: Resolved, *, confirmed: bool, reissue: bool = False
+    session: RunSession,
+    r: Resolved,
+    *,
+    confirmed: bool,
+    reissue: bool = False,
+    maybe_ran: bool = False,
 ) -> Outcome | None:
     """Run the tool once under the call's idempotency key and store its result. An
-    ambiguous failure of a write is reconciled before the loop goes on (invariant 3)."""
+    ambiguous failure of a write is reconciled before the loop goes on (invariant 3); one
+    of a ``reissue`` (reconciling's own) fails the run. ``maybe_ran``: a call under this
+    key may have run before (a crash followed its approval)."""
     session.check_held()
     if r.tool.effect is Effect.WRITE and not await session.lease_held():
         raise LeaseLost("this worker no longer owns the run", run_id=session.run.id)
-    result = await invoke(session, r, confirmed=confirmed)
+    result = await invoke(session, r, confirmed=confirmed, maybe_ran=reissue or maybe_ran)
     if result is None:
         if reissue:
             return await unreconcilable(session, r.call)

@@ -91,7 +91,9 @@ async def decide(
             return _executed(stop)
     check = await calls.recheck(session, r, confirmed=True, approved_digest=decision.digest)
     if check.verdict is Check.PASSED:
-        return _executed(await calls.execute(session, r, confirmed=True))
+        # After a crash that followed the claim, a deduplicating write may have run.
+        maybe_ran = recovered and r.tool.dedupes
+        return _executed(await calls.execute(session, r, confirmed=True, maybe_ran=maybe_ran))
     return await _refused(session, r, check)
 
 
