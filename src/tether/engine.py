@@ -33,7 +33,7 @@ from tether.runs import Run
 from tether.service import ServiceAPI
 from tether.services import Services, hop
 from tether.store import Event, LedgerEntry, Store
-from tether.watch import LiveEvent, Wakeups, after_seq, watch
+from tether.watch import Feed, LiveEvent, after_seq
 
 if TYPE_CHECKING:
     from tether.sync import SyncEngine
@@ -110,7 +110,7 @@ class Engine(ServiceAPI):
         self.worker_id = worker_id or new_worker_id()
         self._migrate_empty = migrate
         self._opened = False
-        self._wakeups = Wakeups(self.store, poll_s=self.settings.watch_poll_s)
+        self._feed = Feed(self.store, poll_s=self.settings.watch_poll_s)
         base = public_url.rstrip("/")
         notifier = notifier or LogNotifier()
         self.services = Services(
@@ -151,7 +151,7 @@ class Engine(ServiceAPI):
         connections."""
         self.services.heartbeat.stop()
         self.services.outbox.stop()
-        self._wakeups.stop()
+        self._feed.stop()
         self.store.close()
 
     async def aclose(self) -> None:
@@ -418,7 +418,7 @@ class Engine(ServiceAPI):
         run = await self.find_run(run_id)
         if run is None or (user_id is not None and run.user_id != user_id):
             raise NotFound("no such run")
-        async for event in watch(self.store, self._wakeups, run.id, start):
+        async for event in self._feed.watch(run.id, start):
             yield event
 
     async def ledger(self, run_id: str) -> list[LedgerEntry]:

@@ -1,17 +1,20 @@
 """Live events of a run (SPEC §11): its stored events, in order, as they are written.
 
-A watcher reads the run's events from the store, never from memory, so a watcher that
-reconnects with the last SEQ it saw misses nothing and sees nothing twice. SEQ is an
-event's ordinal in its run, from 1: events of a run are written only under the run's row
-lock, so they commit in id order and an event's SEQ never changes once it is visible.
+A watcher is fed from the store, never from memory, so a watcher that reconnects with the
+last SEQ it saw misses nothing and sees nothing twice. SEQ is an event's ordinal in its
+run, from 1: events of a run are written only under the run's row lock, so they commit in
+id order and an event's SEQ never changes once it is visible.
 
-Between reads a watcher waits to be woken. On PostgreSQL the store announces, once a
-transaction that gave a run events has ended, ``NOTIFY tether_events`` with the run's id
-(``tether.store.announce``: batched, sent off the writers' commits); one ``LISTEN``
-connection per engine (opened while anyone watches) wakes that run's watchers, and a
-re-read every ``FALLBACK_S`` (or the poll interval, if longer) covers a notice that was
-lost. On SQLite a watcher polls every ``POLL_S``. A watch ends after the events of a run in
-a terminal state (answered, failed, cancelled), or when the run is gone (purged).
+One ``Feed`` per engine reads for all its watchers: each round is one read of the states
+and new events of every run due (a watcher's first read of a run, when it starts after a
+SEQ, is a read of its own), at most one round per ``MIN_ROUND_S``. So 100 watchers of busy
+runs cost the database a few reads a second, not one per event per watcher. A run is due
+when a notice says it was given events, and every run is due after ``FALLBACK_S`` without
+one (or the poll interval, if longer). On PostgreSQL the store announces runs given events
+(``NOTIFY tether_events`` with the run's id, ``tether.store.announce``) and one ``LISTEN``
+connection per engine, open while anyone watches, marks them due; on SQLite every run is
+due every ``POLL_S``. A watch ends after the events of a run in a terminal state
+(answered, failed, cancelled), or when the run is gone (purged).
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from tether.errors import InvalidInput
 from tether.listen import CONNECTED, listen
-from tether.runs import iso
+from tether.runs import RunState, iso
 from tether.services import hop
 from tether.store import Event, Store
 from tether.store.announce import CHANNEL as EVENTS_CHANNEL
@@ -33,13 +37,10 @@ from tether.store.announce import CHANNEL as EVENTS_CHANNEL
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # SQLite, or PostgreSQL while the listener is not connected
-FALLBACK_S = 15.0  # PostgreSQL with a listener: a re-read now and then, notice or not
+FALLBACK_S = 15.0  # PostgreSQL with a listener: every run is read now and then anyway
 RELISTEN_S = 1.0  # after a lost listener connection
-BATCH = 500  # events per read
-# A watcher reads at most this often: the steps of a busy run share a read (and its
-# thread hop and query) instead of costing one each; an idle run's first event is read
-# at once.
-MIN_READ_INTERVAL_S = 0.05
+MIN_ROUND_S = 0.05  # the steps of a busy run share a round; an idle run's event is read at once
+BATCH = 2000  # events per round
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,51 +67,159 @@ def after_seq(value: Any) -> int:
     raise InvalidInput(f"after must be a non-negative integer (an event's SEQ), got {value!r:.40}")
 
 
-class Wakeups:
-    """Wakes the watchers of a run when it is given events: one per engine. The listener
-    runs only while someone watches, on the event loop of the watchers."""
+@dataclass(eq=False, kw_only=True)
+class _Watcher:
+    """One watch of a run: where it is, and what the feed has read for it."""
+
+    run_id: str
+    seq: int  # the SEQ of the last event read for it
+    skip: int  # events of the run to skip before the first read (its start after a SEQ)
+    last_id: int = 0  # the id of the last event read for it
+    due: bool = True
+    ended: bool = False
+    failed: BaseException | None = None
+    read: list[LiveEvent] = field(default_factory=list)
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def take(self, events: list[Event], state: RunState | None, complete: bool) -> None:
+        """Hand it its run's events of a round (those past where it is) and the state."""
+        for event in events:
+            if event.id > self.last_id:
+                self.seq += 1
+                self.last_id = event.id
+                self.read.append(_live(self.seq, event))
+        self.ended = state is None or (state.terminal and complete)
+        self.due = self.due or not complete
+        self.woken.set()
+
+
+class Feed:
+    """Reads the events of every run watched through one engine, in rounds; the reader and
+    the listener run only while someone watches, on the watchers' event loop."""
 
     def __init__(self, store: Store, *, poll_s: float = POLL_S) -> None:
+        self._store = store
         self._dsn = store.listen_dsn()
         self._poll_s = poll_s
-        self._waiters: dict[str, set[asyncio.Event]] = {}
-        self._listener: asyncio.Task[None] | None = None
+        self._watchers: set[_Watcher] = set()
+        self._of_run: dict[str, set[_Watcher]] = {}
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
         self._listening = False
 
     @property
     def timeout_s(self) -> float:
-        """How long a watcher waits for a notice before it reads again anyway."""
+        """How long the feed waits for a notice before it reads every run anyway."""
         return max(FALLBACK_S, self._poll_s) if self._listening else self._poll_s
 
-    @contextlib.contextmanager
-    def waiter(self, run_id: str) -> Iterator[asyncio.Event]:
-        """An event set whenever ``run_id`` may have been given events, while in use."""
-        woken = asyncio.Event()
-        self._waiters.setdefault(run_id, set()).add(woken)
-        if self._dsn is not None and (self._listener is None or self._listener.done()):
-            self._listener = asyncio.get_running_loop().create_task(self._listen(self._dsn))
+    async def watch(self, run_id: str, after: int) -> AsyncIterator[LiveEvent]:
+        """The run's events after SEQ ``after``, as they are stored, until the run is in a
+        terminal state (or gone). The caller has checked the run and ``after``."""
+        watcher = _Watcher(run_id=run_id, seq=after, skip=after)
+        self._watchers.add(watcher)
+        self._of_run.setdefault(run_id, set()).add(watcher)
+        self._start()
         try:
-            yield woken
+            while True:
+                await watcher.woken.wait()
+                watcher.woken.clear()
+                if watcher.failed is not None:
+                    raise watcher.failed
+                read, watcher.read = watcher.read, []
+                for event in read:
+                    yield event
+                if watcher.ended:
+                    return
         finally:
-            waiters = self._waiters.get(run_id, set())
-            waiters.discard(woken)
-            if not waiters:
-                self._waiters.pop(run_id, None)
-            if not self._waiters:
+            self._watchers.discard(watcher)
+            same_run = self._of_run.get(run_id, set())
+            same_run.discard(watcher)
+            if not same_run:
+                self._of_run.pop(run_id, None)
+            if not self._watchers:
                 self.stop()
 
     def stop(self) -> None:
-        """Stop listening (the next watcher listens again)."""
-        if self._listener is not None:
-            self._listener.cancel()
-            self._listener = None
+        """Stop reading and listening (the next watcher starts them again)."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
         self._listening = False
+
+    def _start(self) -> None:
+        if self._tasks and not all(task.done() for task in self._tasks):
+            self._wake.set()
+            return
+        self._wake = asyncio.Event()  # of this event loop
+        self._wake.set()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._rounds())]
+        if self._dsn is not None:
+            self._tasks.append(loop.create_task(self._listen(self._dsn)))
+
+    async def _rounds(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = -math.inf
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.timeout_s)
+            if not self._wake.is_set():  # no notice for a while: read every run
+                for watcher in self._watchers:
+                    watcher.due = True
+            pause = last + MIN_ROUND_S - loop.time()
+            if pause > 0:
+                await asyncio.sleep(pause)  # notices meanwhile join this round
+            self._wake.clear()
+            last = loop.time()
+            due = [w for w in self._watchers if w.due]
+            for watcher in due:
+                watcher.due = False
+            try:
+                await self._round(due)
+            except Exception as exc:  # the store gave up (hop retried): the watches fail
+                for watcher in due:
+                    watcher.failed = exc
+                    watcher.woken.set()
+            if any(w.due for w in self._watchers):
+                self._wake.set()
+
+    async def _round(self, due: list[_Watcher]) -> None:
+        """One read for the runs of ``due`` (and one of its own for each watcher that
+        starts after a SEQ and has not reached it yet: it skips that many events)."""
+        cursors: dict[str, int] = {}
+        shared: list[_Watcher] = []
+        for watcher in due:
+            if watcher.skip:
+                state, events = await hop(
+                    self._store.events_after,
+                    watcher.run_id,
+                    last_id=0,
+                    skip=watcher.skip,
+                    limit=BATCH,
+                )
+                if events:  # past its SEQ: from here on it reads from its last id
+                    watcher.skip = 0
+                watcher.take(events, state, complete=len(events) < BATCH)
+            else:
+                known = cursors.get(watcher.run_id, watcher.last_id)
+                cursors[watcher.run_id] = min(known, watcher.last_id)
+                shared.append(watcher)
+        if not cursors:
+            return
+        states, events = await hop(self._store.events_of_runs, cursors, limit=BATCH)
+        complete = len(events) < BATCH
+        of_run: dict[str, list[Event]] = {}
+        for event in events:
+            of_run.setdefault(event.run_id, []).append(event)
+        for watcher in shared:
+            run_id = watcher.run_id
+            watcher.take(of_run.get(run_id, []), states.get(run_id), complete)
 
     async def _listen(self, dsn: str) -> None:
         while True:
             try:
                 await listen(dsn, self._noticed, EVENTS_CHANNEL)
-            except Exception as exc:  # watchers poll meanwhile; listen again shortly
+            except Exception as exc:  # the feed polls meanwhile; listen again shortly
                 log.warning("event listener lost: %s", exc, extra={"action": "listen_lost"})
             self._listening = False
             await asyncio.sleep(RELISTEN_S)
@@ -118,44 +227,13 @@ class Wakeups:
     def _noticed(self, payload: str) -> None:
         if payload == CONNECTED:  # anything may have happened while none listened
             self._listening = True
-            woken = [w for ws in self._waiters.values() for w in ws]
+            woken: set[_Watcher] = self._watchers
         else:
-            woken = list(self._waiters.get(payload, ()))
-        for waiter in woken:
-            waiter.set()
-
-
-async def watch(
-    store: Store, wakeups: Wakeups, run_id: str, after: int
-) -> AsyncIterator[LiveEvent]:
-    """The run's events after SEQ ``after``, as they are stored, until the run is in a
-    terminal state (or gone). The caller has checked the run and ``after``."""
-    seq, last_id, skip = after, 0, after
-    loop = asyncio.get_running_loop()
-    read_at = -MIN_READ_INTERVAL_S
-    with wakeups.waiter(run_id) as woken:
-        while True:
-            pause = read_at + MIN_READ_INTERVAL_S - loop.time()
-            if pause > 0:
-                await asyncio.sleep(pause)  # notices meanwhile are covered by this read
-            woken.clear()  # a notice from here on makes the wait below return at once
-            read_at = loop.time()
-            state, batch = await hop(
-                store.events_after, run_id, last_id=last_id, skip=skip, limit=BATCH
-            )
-            if state is None:
-                return
-            for event in batch:
-                seq += 1
-                yield _live(seq, event)
-            if batch:
-                last_id, skip = batch[-1].id, 0
-            if len(batch) == BATCH:
-                continue
-            if state.terminal:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), wakeups.timeout_s)
+            woken = self._of_run.get(payload, set())
+        for watcher in woken:
+            watcher.due = True
+        if woken:
+            self._wake.set()
 
 
 def _live(seq: int, event: Event) -> LiveEvent:

@@ -270,3 +270,36 @@ def test_the_watch_example_of_the_integrations_page_prints_what_it_says(tmp_path
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["1 created", "2 model_turn", "3 answered", "answer: done"]
+
+
+async def test_many_watchers_of_several_runs_each_get_their_runs_events_from_their_seq(
+    db_url: str,
+) -> None:
+    """One feed serves every watcher of the engine in shared rounds: watchers of one run
+    at different SEQs, watchers of other runs, and one that leaves early, each get exactly
+    their run's events after their own SEQ."""
+    engine = kit.engine(db_url, script_name="work")
+    runs = [await engine.start_run("dana", f"job {i}") for i in range(3)]
+    starts = (0, 1, 2)
+    watching = {
+        (run.id, after): asyncio.create_task(_collect(engine, run.id, after))
+        for run in runs
+        for after in starts
+    }
+
+    async def leave_after_one(run_id: str) -> list[LiveEvent]:
+        async for event in engine.watch(run_id):
+            return [event]
+        return []
+
+    early = asyncio.create_task(leave_after_one(runs[0].id))
+    for run in runs:
+        assert (await engine.run_until_stop(run.id)).kind is StopKind.ANSWERED
+    async with asyncio.timeout(DEADLINE_S):
+        seen = {key: await task for key, task in watching.items()}
+        assert [(e.seq, e.kind) for e in await early] == [(1, "created")]
+    for (run_id, after), events in seen.items():
+        stored = await _stored(engine, run_id)
+        assert [(e.seq, e.kind) for e in events] == stored[after:], (run_id, after)
+        assert {e.run_id for e in events} == {run_id}
+    engine.close()

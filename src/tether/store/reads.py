@@ -191,6 +191,25 @@ class Reads(StoreBase):
             events = [Event.from_row(r._mapping) for r in rows if r.id is not None]
             return RunState(rows[0].run_state), events
 
+    def events_of_runs(
+        self, cursors: dict[str, int], *, limit: int
+    ) -> tuple[dict[str, RunState], list[Event]]:
+        """For many runs at once (live event streams, ``tether.watch``): their states, then
+        up to ``limit`` of their events, oldest first, after the id each run is mapped to.
+        A run missing from the states is gone. The states are read first, so a run whose
+        state is terminal has all its events in this read or a later one."""
+        after = sa.or_(
+            *(
+                sa.and_(run_events.c.run_id == run_id, run_events.c.id > last)
+                for run_id, last in cursors.items()
+            )
+        )
+        events = sa.select(run_events).where(after).order_by(run_events.c.id).limit(limit)
+        with self.engine.connect() as conn:
+            found = conn.execute(sa.select(runs.c.id, runs.c.state).where(runs.c.id.in_(cursors)))
+            states = {str(run_id): RunState(state) for run_id, state in found}
+            return states, [Event.from_row(r._mapping) for r in conn.execute(events)]
+
     def ledger(self, run_id: str) -> list[LedgerEntry]:
         """The run's tool calls in the order they were asked for."""
         with self.engine.connect() as conn:
