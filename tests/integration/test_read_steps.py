@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kit import call
+from kit import call, count_calls
 
 from tether import Agent, Engine, MemoryNotifier, ScriptedModel, Settings, ToolContext, tool
 from tether.outcome import StopKind
@@ -80,19 +79,6 @@ def _results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [json.loads(m["content"]) for m in messages if m["role"] == "tool"]
 
 
-def _count(engine: Engine, name: str) -> list[dict[str, Any]]:
-    """Record each call of the store's ``name`` (its keyword arguments)."""
-    seen: list[dict[str, Any]] = []
-    method: Callable[..., Any] = getattr(engine.store, name)
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        seen.append(kwargs)
-        return method(*args, **kwargs)
-
-    setattr(engine.store, name, counted)
-    return seen
-
-
 async def test_a_read_only_turn_runs_its_reads_together_and_is_one_commit(db_url: str) -> None:
     meeting = Meeting()
     turns: list[dict[str, Any]] = [
@@ -101,8 +87,8 @@ async def test_a_read_only_turn_runs_its_reads_together_and_is_one_commit(db_url
         {"content": "done"},
     ]
     engine = _engine(db_url, turns, meeting)
-    turn_writes = _count(engine, "persist_turn")
-    result_writes = _count(engine, "persist_tool_result")
+    turn_writes = count_calls(engine, "persist_turn")
+    result_writes = count_calls(engine, "persist_tool_result")
     try:
         outcome = await engine.ask("dana", "go")
         view = await engine.get_run(outcome.run_id)
@@ -153,7 +139,7 @@ async def test_a_mixed_turn_runs_its_reads_together_and_its_writes_alone_in_orde
         {"content": "done"},
     ]
     engine = _engine(db_url, turns, meeting)
-    turn_writes = _count(engine, "persist_turn")
+    turn_writes = count_calls(engine, "persist_turn")
     try:
         outcome = await engine.ask("dana", "go")
         view = await engine.get_run(outcome.run_id)

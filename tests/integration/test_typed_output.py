@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,19 +84,6 @@ def typed_engine(url: str, model: Model) -> Engine:
         settings=Settings(database_url=url),
         notifier=MemoryNotifier(),
     )
-
-
-def count_calls(engine: Engine, name: str) -> list[dict[str, Any]]:
-    """Record the keyword arguments of each call of the store's ``name``."""
-    seen: list[dict[str, Any]] = []
-    method: Callable[..., Any] = getattr(engine.store, name)
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        seen.append(kwargs)
-        return method(*args, **kwargs)
-
-    setattr(engine.store, name, counted)
-    return seen
 
 
 def stored_output_is_null(url: str, run_id: str) -> bool:
@@ -217,7 +204,7 @@ async def test_an_invalid_answer_goes_back_with_its_errors_in_one_write_then_val
 ) -> None:
     model = Recording([{"content": json.dumps(INVALID)}, {"content": json.dumps(VALID)}])
     engine = typed_engine(db_url, model)
-    turn_writes = count_calls(engine, "persist_turn")
+    turn_writes = kit.count_calls(engine, "persist_turn")
     try:
         outcome = await engine.ask("dana", "quote")
         view = await engine.get_run(outcome.run_id)

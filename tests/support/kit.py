@@ -266,6 +266,20 @@ def engine(
     )
 
 
+def count_calls(engine: Engine, name: str) -> list[dict[str, Any]]:
+    """Record the keyword arguments of each call of the store's method ``name`` (the
+    calls still go through)."""
+    seen: list[dict[str, Any]] = []
+    method: Callable[..., Any] = getattr(engine.store, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return method(*args, **kwargs)
+
+    setattr(engine.store, name, counted)
+    return seen
+
+
 # -- polls, subprocesses, webhooks -----------------------------------------------------------
 
 
