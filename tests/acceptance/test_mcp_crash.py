@@ -20,7 +20,9 @@ import pytest
 
 from tether import Engine, ScriptedModel
 from tether.config import Settings
+from tether.models.base import Message
 from tether.notify import MemoryNotifier
+from tether.runs import Run
 from tether.store import Store, idempotency_key
 
 
@@ -72,17 +74,7 @@ def test_a_crash_after_the_mcp_write_committed_is_recovered_with_one_effect(
     try:
         orphan = store.get_run(run_id)
         assert orphan is not None and orphan.state.value == "running"
-        kit.poll_until(
-            lambda: store.now() - (store.get_run(run_id).heartbeat_at or 0) > 0.35,  # type: ignore[union-attr]
-            what="a stale heartbeat",
-        )
-        reaped = tether("reap", env=env)
-        assert reaped.returncode == 0, reaped.stderr[-3000:]
-        assert run_id in json.loads(reaped.stdout)["recovered"]
-        finished = tether("worker", "--exit-when-idle", "--no-reap", env=env)
-        assert finished.returncode == 0, finished.stderr[-3000:]
-        final = store.get_run(run_id)
-        messages = store.messages(run_id)
+        final, messages = _recover(store, run_id, env)
     finally:
         store.close()
 
@@ -102,6 +94,18 @@ def _stale(store: Store, run_id: str) -> bool:
     run = store.get_run(run_id)
     assert run is not None
     return store.now() - (run.heartbeat_at or 0) > 0.35
+
+
+def _recover(store: Store, run_id: str, env: dict[str, str]) -> tuple[Run | None, list[Message]]:
+    """Once the dead owner's heartbeat is stale: ``tether reap`` recovers the run (it
+    reconciles the write) and a worker finishes it; the run and its messages then."""
+    kit.poll_until(lambda: _stale(store, run_id), what="a stale heartbeat")
+    reaped = tether("reap", env=env)
+    assert reaped.returncode == 0, reaped.stderr[-3000:]
+    assert run_id in json.loads(reaped.stdout)["recovered"]
+    finished = tether("worker", "--exit-when-idle", "--no-reap", env=env)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    return store.get_run(run_id), store.messages(run_id)
 
 
 def test_a_crash_after_an_approved_mcp_write_committed_is_reconciled_not_rerun(
@@ -129,13 +133,7 @@ def test_a_crash_after_an_approved_mcp_write_committed_is_reconciled_not_rerun(
         approved = tether("approve", token, env=crash)
         assert approved.returncode == 137, approved.stderr[-3000:]
         assert len(mcp_server.effects(str(notes), "delete_note")) == 1
-        kit.poll_until(lambda: _stale(store, run_id), what="a stale heartbeat")
-        reaped = tether("reap", env=env)
-        assert reaped.returncode == 0, reaped.stderr[-3000:]
-        finished = tether("worker", "--exit-when-idle", "--no-reap", env=env)
-        assert finished.returncode == 0, finished.stderr[-3000:]
-        final = store.get_run(run_id)
-        messages = store.messages(run_id)
+        final, messages = _recover(store, run_id, env)
     finally:
         store.close()
     assert final is not None and final.state.value == "answered"
