@@ -8,7 +8,7 @@ from tether.approvals import ApprovalResult
 from tether.budget import Budget, Limits
 from tether.config import Settings
 from tether.decision import CallVerdict, Choice
-from tether.engine import Engine, ReapReport, RunView
+from tether.engine import Engine
 from tether.errors import TetherError
 from tether.models import Model, ScriptedModel
 from tether.notify import MemoryNotifier, Notice, Notifier
@@ -29,6 +29,7 @@ from tether.tools import (
     ToolUnavailable,
     tool,
 )
+from tether.views import ReapReport, RunView
 
 __all__ = [
     "Agent",

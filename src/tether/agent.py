@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from tether.errors import ConfigError
+from tether.messages import canonical_json
 from tether.models.base import Model, ToolSpec
 from tether.output import check_output_type, instruction
 from tether.scope import ScopeResolver, open_scope
@@ -20,6 +22,8 @@ from tether.tools import Tool
 
 if TYPE_CHECKING:
     from tether.config import Settings
+
+MAX_VERSION_CHARS = 128
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,7 +35,9 @@ class Agent:
     system_prompt: str
     tools: tuple[Tool, ...] = ()
     resolve_scope: ScopeResolver = field(default=open_scope)
-    version: str = "1"
+    # The declared agent version runs record (SPEC §12); None: ``NAME@`` and a digest of
+    # the system message and the tools' names, schemas and effects (``agent_version``).
+    version: str | None = None
     # The model to use when TETHER_MODEL is not set (the demo's scripted model).
     default_model: Callable[[], Model] | None = None
     # Handed to every tool call as ``ToolContext.deps`` (clients, base URLs, ...).
@@ -52,6 +58,26 @@ class Agent:
         if len(names) != len(set(names)):
             raise ConfigError(f"agent {self.name}: duplicate tool names in {names}")
         check_output_type(self.output_type, self.name)
+        if self.version is not None and not 0 < len(self.version) <= MAX_VERSION_CHARS:
+            raise ConfigError(f"agent {self.name}: version must be 1 to 128 characters")
+
+    @cached_property
+    def agent_version(self) -> str:
+        """The version a run of this agent records and workers serve (SPEC §12): the
+        declared ``version``, or ``NAME@`` and the first 12 hex characters of the SHA-256
+        of the system message and each tool's name, argument schema and effect, so any
+        change the model or the tools would notice is a new version."""
+        if self.version is not None:
+            return self.version
+        shape = {
+            "system": self.instructions,
+            "tools": [
+                {"name": t.name, "parameters": s.parameters, "effect": t.effect.value}
+                for t, s in zip(self.tools, self.tool_specs, strict=True)
+            ],
+        }
+        digest = hashlib.sha256(canonical_json(shape).encode()).hexdigest()
+        return f"{self.name}@{digest[:12]}"[:MAX_VERSION_CHARS]
 
     @cached_property
     def instructions(self) -> str:
@@ -85,7 +111,7 @@ class Agent:
     def versions(self) -> dict[str, Any]:
         """The versions a run records when it starts."""
         return {
-            "agent": f"{self.name}@{self.version}",
+            "agent": self.agent_version,
             "tools": {t.name: t.version for t in self.tools},
         }
 

@@ -13,7 +13,6 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ from tether.runs import Run
 from tether.service import ServiceAPI
 from tether.services import Services, hop
 from tether.store import Event, LedgerEntry, Store
+from tether.views import ReapReport, RunView
 from tether.watch import Feed, LiveEvent, after_seq
 
 if TYPE_CHECKING:
@@ -41,39 +41,6 @@ if TYPE_CHECKING:
 MAX_QUESTION_CHARS = 100_000
 # How long closing an engine waits for queued notices to go out.
 NOTICE_DRAIN_S = 5.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunView:
-    """A run with its messages, as a caller reads it."""
-
-    run: Run
-    messages: list[Message]
-
-    @property
-    def output(self) -> Any:
-        """The validated typed output as stored (JSON), or None (SPEC §11)."""
-        return self.run.output
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReapReport:
-    """One reaper pass: what was recovered, stopped, expired, re-notified and purged."""
-
-    recovered: list[str]
-    stopped: dict[str, str]
-    expired: list[str]
-    notices_reissued: list[str]
-    purged: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "recovered": self.recovered,
-            "stopped": self.stopped,
-            "expired": self.expired,
-            "notices_reissued": self.notices_reissued,
-            "purged": self.purged,
-        }
 
 
 def new_worker_id() -> str:
@@ -193,6 +160,7 @@ class Engine(ServiceAPI):
                 limits=run_limits,
                 scope=scope.to_json(),
                 versions=self.agent.versions(),
+                agent_version=self.agent.agent_version,
                 messages=messages,
                 trace_context=span.carrier(),  # the run's later spans continue this trace
             )

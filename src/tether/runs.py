@@ -157,6 +157,11 @@ class Run:
     output: Any = None
     # The W3C trace context every span of the run is parented on (``tracing.py``), or None.
     trace_context: dict[str, str] | None = None
+    # The agent version the run is written for (SPEC §12): only its servers carry it.
+    agent_version: str = ""
+    # A fork's lineage, ``{"run_id", "step"}``, or None; a dry run never executes a write.
+    forked_from: dict[str, Any] | None = None
+    dry_run: bool = False
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Run:
@@ -199,6 +204,9 @@ class Run:
             updated_at=row["updated_at"],
             output=row["output"],
             trace_context=row["trace_context"],
+            agent_version=row["agent_version"],
+            forked_from=_lineage(row["forked_from_run"], row["forked_from_step"]),
+            dry_run=bool(row["dry_run"]),
         )
 
     def lease(self) -> Lease:
@@ -206,6 +214,10 @@ class Run:
         if self.owner is None:
             raise ValueError("run has no owner")
         return Lease(run_id=self.id, owner=self.owner, epoch=self.lease_epoch)
+
+
+def _lineage(run_id: str | None, step: int | None) -> dict[str, Any] | None:
+    return None if run_id is None else {"run_id": run_id, "step": step}
 
 
 def iso(epoch: float | None) -> str | None:
@@ -236,6 +248,9 @@ def run_to_json(run: Run) -> dict[str, Any]:
         "budget": {"limits": run.limits.to_json(), "consumed": run.budget.to_json()},
         "pending": pending,
         "output": run.output,
+        "agent_version": run.agent_version,
+        "forked_from": run.forked_from,
+        "dry_run": run.dry_run,
         "created_at": iso(run.started_at),
         # State changes set updated_at; a running run's progress shows in its heartbeat.
         "updated_at": iso(max(run.updated_at, run.heartbeat_at or 0.0)),

@@ -11,7 +11,8 @@ from tether.outcome import Outcome
 from tether.runs import Run
 
 if TYPE_CHECKING:
-    from tether.engine import Engine, ReapReport, RunView
+    from tether.engine import Engine
+    from tether.views import ReapReport, RunView
 
 T = TypeVar("T")
 

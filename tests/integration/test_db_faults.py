@@ -109,6 +109,7 @@ async def test_a_step_write_cut_off_at_its_commit_is_retried_and_applied_once(
             limits=Limits(),
             scope={},
             versions={},
+            agent_version="t@1",
             messages=[{"role": "user", "content": "q"}],
         )
         claimed = store.claim_ready("w1", run_id)

@@ -487,6 +487,7 @@ class RunMachine(RuleBasedStateMachine):
             limits=limits,
             scope={"user": user},
             versions={},
+            agent_version="t@1",
             messages=[first],
         )
         assert (run.state, run.owner, run.budget) == (RUNNING, None, Budget())

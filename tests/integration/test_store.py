@@ -43,6 +43,7 @@ def _new_run(store: Store, user: str = "dana") -> str:
         limits=Limits(),
         scope={},
         versions={},
+        agent_version="t@1",
         messages=[{"role": "user", "content": "q"}],
     )
     return run_id

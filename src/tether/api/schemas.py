@@ -164,6 +164,11 @@ class PendingOut(BaseModel):
     expires_at: str | None = Field(description="ISO-8601, UTC")
 
 
+class ForkedFromOut(BaseModel):
+    run_id: str
+    step: int
+
+
 class RunOut(BaseModel):
     """A run without its messages."""
 
@@ -181,6 +186,11 @@ class RunOut(BaseModel):
         description="the final answer validated against the agent's output_type, as JSON; "
         "null without an output_type or until the run answered",
     )
+    agent_version: str = Field(description="the agent version the run is written for (§12)")
+    forked_from: ForkedFromOut | None = Field(
+        default=None, description="the run and step this run was forked from, or null"
+    )
+    dry_run: bool = Field(default=False, description="a dry run never executes a write")
     created_at: str = Field(description="ISO-8601, UTC")
     updated_at: str = Field(description="ISO-8601, UTC")
 

@@ -150,6 +150,7 @@ class Claims(StoreBase):
         limits: Limits,
         scope: dict[str, Any],
         versions: dict[str, Any],
+        agent_version: str,
         messages: Sequence[Message],
         trace_context: dict[str, str] | None = None,
     ) -> Run:
@@ -168,6 +169,7 @@ class Claims(StoreBase):
                     scope_snapshot=scope,
                     scope_resolved_at=db_now(),
                     versions=versions,
+                    agent_version=agent_version,
                     message_count=len(messages),
                     trace_context=trace_context,
                     started_at=db_now(),

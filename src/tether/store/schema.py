@@ -82,6 +82,14 @@ runs = sa.Table(
     sa.Column("output", sa.JSON, nullable=True),
     # The W3C trace context of the run's root span, so a resumed run continues its trace.
     sa.Column("trace_context", sa.JSON, nullable=True),
+    # The agent version the run is written for (SPEC §12, migration 0006): only workers
+    # that serve it claim, recover or resume it.
+    sa.Column("agent_version", sa.String(128), nullable=False, server_default=""),
+    # A fork's lineage: the run and step it was forked from; NULL for a run that was asked.
+    sa.Column("forked_from_run", sa.String(64), nullable=True),
+    sa.Column("forked_from_step", sa.Integer, nullable=True),
+    # A dry run never executes a write: each gets a ``dry_run`` result, ledger ``skipped``.
+    sa.Column("dry_run", sa.Boolean, nullable=False, server_default=sa.false()),
 )
 
 # Partial indexes: the reaper, the worker queue, expiry and retention each scan only the
@@ -93,6 +101,7 @@ _partial(runs, "runs_suspended_expiry", "expires_at", where=_SUSPENDED)
 _partial(runs, "runs_unnotified", "suspended_at", where=f"{_SUSPENDED} AND notified_at IS NULL")
 _partial(runs, "runs_retention", "updated_at", where=_RETAINED)
 sa.Index("runs_user", runs.c.user_id, runs.c.started_at)
+sa.Index("runs_forked_from", runs.c.forked_from_run)
 # Counting runs by state (the metrics gauge) reads this index only, never the rows. It is
 # partial on a predicate no other query states, so SQLite's planner (without statistics)
 # never picks it over the partial indexes above for a ``state = …`` lookup; the count
@@ -184,3 +193,16 @@ api_keys = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
 )
 sa.Index("api_keys_user", api_keys.c.user_id)
+
+# The worker registry (SPEC §12, migration 0006): one row per worker and version it
+# serves, with the worker's heartbeat on the database's clock. A version is served while
+# a row of it has a fresh heartbeat; a run waiting on a version none serves is stranded.
+workers = sa.Table(
+    "workers",
+    metadata,
+    sa.Column("worker_id", sa.String(128), primary_key=True),
+    sa.Column("version", sa.String(128), primary_key=True),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("heartbeat_at", sa.Float, nullable=False),
+)
+sa.Index("workers_version", workers.c.version, workers.c.heartbeat_at)
