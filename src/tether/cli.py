@@ -15,35 +15,27 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from tether.agent import load_agent
-from tether.cli_engine import engine_for, on_engine, pick_model
+from tether.cli_engine import DEFAULT_AGENT, AgentOpt, emit, engine_for, on_engine, out, pick_model
+from tether.cli_runs import runs_app
 from tether.config import Settings
 from tether.engine import Engine
 from tether.errors import InvalidInput, TetherError, UnknownOrExpired
 from tether.logs import configure
-from tether.runs import iso, run_to_json
-
-DEFAULT_AGENT = "tether.demo.agent:build_agent"
+from tether.runs import run_to_json
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 app = typer.Typer(help="tether: agent runs that survive interruption.", no_args_is_help=True)
-runs_app = typer.Typer(help="Read runs.", no_args_is_help=True)
 sandbox_app = typer.Typer(help="The demo business system.", no_args_is_help=True)
 users_app = typer.Typer(help="Users and their API keys.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(users_app, name="users")
 
-out = Console()
 err = Console(stderr=True)
-
-AgentOpt = Annotated[
-    str, typer.Option("--agent", help="MODULE:ATTR of the agent (default: the demo agent)")
-]
 
 
 def main() -> None:
@@ -56,10 +48,6 @@ def main() -> None:
 
 
 # -- building the one engine of a process --------------------------------------------------
-
-
-def _emit(data: Any) -> None:
-    out.print_json(json.dumps(data, default=str))
 
 
 # -- carrying runs -------------------------------------------------------------------------
@@ -208,7 +196,7 @@ def reap(agent: AgentOpt = DEFAULT_AGENT) -> None:
     suspensions, purge past retention."""
     configure("WARNING")
     report = on_engine(agent, lambda engine: engine.reap(), serve_agent=True)
-    _emit(report.to_json())
+    emit(report.to_json())
 
 
 # -- deciding and steering runs ------------------------------------------------------------
@@ -250,9 +238,9 @@ def approve(
     answer = on_engine(agent, decide, serve_agent=True)
     if isinstance(answer, TetherError):
         err.print(f"[red]refused[/red] {answer.code}: {answer.message}")
-        _emit(answer.to_dict())
+        emit(answer.to_dict())
         raise typer.Exit(1)
-    _emit(answer)
+    emit(answer)
 
 
 def _json_arg(text: str, option: str) -> Any:
@@ -279,7 +267,7 @@ def continue_(
         run = await engine.continue_run(run_id, user, why=why or "operator continue")
         return run_to_json(run)
 
-    _emit(on_engine(agent, go, serve_agent=True))
+    emit(on_engine(agent, go, serve_agent=True))
 
 
 @app.command()
@@ -295,58 +283,7 @@ def cancel(
         user = as_user or await engine.run_owner(run_id)
         return run_to_json(await engine.cancel_run(run_id, user))
 
-    _emit(on_engine(agent, go))
-
-
-# -- reading runs --------------------------------------------------------------------------
-
-
-@runs_app.command("list")
-def runs_list(
-    user: Annotated[str | None, typer.Option(help="only this user's runs")] = None,
-    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
-    agent: AgentOpt = DEFAULT_AGENT,
-) -> None:
-    """List runs, newest first."""
-    configure("WARNING")
-    found = on_engine(agent, lambda engine: engine.list_runs(user, limit))
-    table = Table("id", "user", "state", "step", "reason", "spend $", "updated")
-    for run in found:
-        table.add_row(
-            run.id,
-            run.user_id,
-            run.state.value,
-            str(run.step),
-            run.halt_reason or run.fail_reason or "",
-            f"{run.budget.spend_usd:.4f}",
-            iso(run.updated_at) or "",
-        )
-    out.print(table)
-
-
-@runs_app.command("show")
-def runs_show(run_id: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
-    """Show a run with its budget, pending request and messages."""
-    configure("WARNING")
-    view = on_engine(agent, lambda engine: engine.get_run(run_id))
-    _emit({**run_to_json(view.run), "messages": view.messages})
-
-
-@runs_app.command("watch")
-def runs_watch(
-    run_id: str,
-    after: Annotated[int, typer.Option(min=0, help="start after this event's SEQ")] = 0,
-    agent: AgentOpt = DEFAULT_AGENT,
-) -> None:
-    """Print a run's events as they are stored, one JSON line each, until the run ends
-    (answered, failed or cancelled); Ctrl-C stops watching a run that waits."""
-    configure("WARNING")
-
-    async def go(engine: Engine) -> None:
-        async for event in engine.watch(run_id, after=after):
-            print(json.dumps(event.to_json(), default=str), flush=True)
-
-    on_engine(agent, go)
+    emit(on_engine(agent, go))
 
 
 # -- the database and its users ------------------------------------------------------------

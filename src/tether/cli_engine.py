@@ -4,9 +4,13 @@ agent it names, its model and its notifier."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, nullcontext
-from typing import TypeVar
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
 
 from tether import tracing
 from tether.agent import Agent, load_agent
@@ -17,6 +21,17 @@ from tether.models.base import Message, Model, ModelResponse, ToolSpec
 from tether.notify import LogNotifier, Notifier
 
 T = TypeVar("T")
+
+DEFAULT_AGENT = "tether.demo.agent:build_agent"
+AgentOpt = Annotated[
+    str, typer.Option("--agent", help="MODULE:ATTR of the agent (default: the demo agent)")
+]
+out = Console()
+
+
+def emit(data: Any) -> None:
+    """Print ``data`` as JSON on standard output."""
+    out.print_json(json.dumps(data, default=str))
 
 
 class NoModel(Model):
