@@ -14,6 +14,10 @@ class HaltReason(str, enum.Enum):
     MAX_ELAPSED = "max_elapsed"
     SUSPENSION_EXPIRED = "suspension_expired"
     NO_LONGER_PERMITTED = "no_longer_permitted"
+    # A worker of the run's version no longer has the tool the run waits on (SPEC §12).
+    TOOL_UNAVAILABLE = "tool_unavailable"
+    # A fork of another run, stopped at the step it was forked at, until it is continued.
+    FORKED = "forked"
 
 
 class FailReason(str, enum.Enum):
