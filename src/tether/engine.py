@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tether import approval_preview, approvals, inputs, resume, tracing
+from tether import approval_preview, approvals, forks, inputs, resume, tracing
 from tether.agent import Agent
 from tether.approval_preview import ApprovalPreview
 from tether.approvals import ApprovalResult
@@ -294,6 +294,16 @@ class Engine(ServiceAPI):
         """Cancel a run that is not terminal."""
         await self.open()
         return await resume.cancel_run(self.services, run_id, user)
+
+    async def fork_run(self, run_id: str, user: str, *, at_step: int, dry_run: bool = False) -> Run:
+        """A new halted run of ``user``'s run through step ``at_step`` (SPEC §12)."""
+        await self.open()
+        return await forks.fork_run(self.services, run_id, user, at_step=at_step, dry_run=dry_run)
+
+    async def forks_of(self, run_id: str) -> list[Run]:
+        """The runs forked from ``run_id``, oldest first."""
+        await self.open()
+        return await forks.forks_of(self.services, run_id)
 
     async def claim_orphans(self, limit: int, *, before: float | None = None) -> OrphanClaim:
         """Take over up to ``limit`` runs whose owner's heartbeat is stale (and older than

@@ -1,0 +1,94 @@
+"""Forking a run at a step (SPEC §12): a new run with the parent's messages through step K,
+halted (``forked``) until its owner continues it, with the parent's limits and nothing
+consumed. Nothing of the parent is re-executed: every call through step K has its
+result in the copied messages, and the fork's ledger starts empty.
+
+Steps count model turns (assistant messages) from 1; "through step K" is every message
+before the (K+1)-th assistant message, or all of them when there is none.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tether import inputs, tracing
+from tether.errors import InvalidInput
+from tether.hop import hop
+from tether.models.base import Message
+from tether.runs import Run
+
+if TYPE_CHECKING:
+    from tether.services import Services
+
+log = logging.getLogger(__name__)
+
+
+def step_boundary(messages: Sequence[Message], at_step: object) -> int:
+    """How many of ``messages`` are "through step ``at_step``" (the cut of a fork).
+
+    ``at_step`` must be an int (not a bool) from 1 to the number of assistant messages,
+    and every tool call of the ``at_step``-th assistant message must have its result
+    (a ``tool`` message with its ``tool_call_id``) before the cut; else ``InvalidInput``.
+    """
+    if isinstance(at_step, bool) or not isinstance(at_step, int):
+        raise InvalidInput("at_step must be an integer")
+    turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if not 1 <= at_step <= len(turns):
+        raise InvalidInput(
+            f"at_step must be between 1 and the run's step count ({len(turns)})",
+            steps=len(turns),
+        )
+    cut = turns[at_step] if at_step < len(turns) else len(messages)
+    turn = messages[turns[at_step - 1]]
+    answered = {
+        m.get("tool_call_id")
+        for m in messages[turns[at_step - 1] + 1 : cut]
+        if m.get("role") == "tool"
+    }
+    waiting = [c.get("id") for c in turn.get("tool_calls") or [] if c.get("id") not in answered]
+    if waiting:
+        raise InvalidInput(
+            f"step {at_step} has tool calls without a result yet; fork at an earlier step",
+            tool_call_ids=waiting,
+        )
+    return cut
+
+
+async def fork_run(
+    services: Services, run_id: str, user: str, *, at_step: object, dry_run: bool
+) -> Run:
+    """Fork ``user``'s run ``run_id`` through step ``at_step`` into a new halted run.
+
+    ``not_found`` if the run is missing or not ``user``'s; ``invalid_input`` for a running
+    run or a step that is not a boundary. Each call makes a new fork (forks are cheap and
+    nothing runs until one is continued), so a repeated request is a second fork.
+    """
+    if not isinstance(dry_run, bool):
+        raise InvalidInput("dry_run must be true or false")
+    new_id = uuid.uuid4().hex
+    # The fork is a run of its own: its own trace, as a run that was asked.
+    with tracing.run_created(new_id, user, services.agent.name) as span:
+        fork = await hop(
+            services.store.fork_run,
+            run_id=inputs.run_id(run_id),
+            user_id=user,
+            new_id=new_id,
+            at_step=at_step,
+            dry_run=dry_run,
+            by=user,
+            boundary=step_boundary,
+            trace_context=span.carrier(),
+        )
+    log.info(
+        "forked",
+        extra={"run_id": fork.id, "action": "fork", "state": fork.state.value},
+    )
+    return fork
+
+
+async def forks_of(services: Services, run_id: str) -> list[Run]:
+    """The runs forked from ``run_id``, oldest first."""
+    return list(await hop(services.store.forks_of, inputs.run_id(run_id)))

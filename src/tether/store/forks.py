@@ -1,0 +1,121 @@
+"""Forks (SPEC §12): a new run made of another run's messages through a step, and the
+list of a run's forks.
+
+A fork is one transaction: the parent's row is locked (so it cannot start running and
+append messages meanwhile), its messages are read and cut at the step boundary, and the
+new run is inserted halted (``forked``) with its copy of the messages and its ``forked``
+event. The parent is not changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from tether.errors import InvalidInput, NotFound
+from tether.models.base import Message
+from tether.reasons import HaltReason
+from tether.runs import Run, RunState
+from tether.store.base import StoreBase
+from tether.store.engine import db_now
+from tether.store.schema import run_events, runs
+from tether.store.statements import INSERT_MESSAGE, SELECT_MESSAGES, add_event
+
+# How many of a run's messages are "through step K" (``tether.forks.step_boundary``);
+# raises ``InvalidInput`` when K is not a boundary.
+Boundary = Callable[[Sequence[Message], Any], int]
+
+_PARENT = sa.select(runs).where(
+    runs.c.id == sa.bindparam("b_id"), runs.c.user_id == sa.bindparam("b_user")
+)
+# In the order they were made: their ``forked`` events' ids (times may tie on SQLite).
+_FORKS = (
+    sa.select(runs)
+    .join(run_events, sa.and_(run_events.c.run_id == runs.c.id, run_events.c.kind == "forked"))
+    .where(runs.c.forked_from_run == sa.bindparam("b_id"))
+    .order_by(run_events.c.id)
+)
+# What a fork takes from its parent as it is; its budget and its place are its own.
+_COPIED = (
+    "user_id",
+    "question",
+    "route",
+    "max_steps",
+    "max_spend_usd",
+    "max_tool_calls",
+    "max_elapsed_ms",
+    "scope_snapshot",
+    "scope_resolved_at",
+    "versions",
+    "agent_version",
+)
+
+
+class Forks(StoreBase):
+    """Forking a run at a step, and listing a run's forks."""
+
+    def fork_run(
+        self,
+        *,
+        run_id: str,
+        user_id: str,
+        new_id: str,
+        at_step: Any,
+        dry_run: bool,
+        by: str,
+        boundary: Boundary,
+        trace_context: dict[str, str] | None = None,
+    ) -> Run:
+        """Insert ``new_id``: ``user_id``'s run ``run_id`` through step ``at_step``
+        (``boundary`` cuts its messages), halted (``forked``), with the parent's limits
+        and nothing consumed, its ``agent_version``, and the lineage. ``NotFound`` if the
+        run is missing or not the user's; ``InvalidInput`` if it is running or
+        ``at_step`` is not a boundary (nothing is written)."""
+        with self.begin() as conn:
+            parent = conn.execute(
+                self.dialect.lock(_PARENT), {"b_id": run_id, "b_user": user_id}
+            ).first()
+            if parent is None:
+                raise NotFound("no such run")
+            if parent.state == RunState.RUNNING.value:
+                raise InvalidInput(
+                    "a running run cannot be forked; fork it once it has stopped", state="running"
+                )
+            messages = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
+            cut = boundary(messages, at_step)
+            row = conn.execute(
+                runs.insert()
+                .values(
+                    id=new_id,
+                    **{name: parent._mapping[name] for name in _COPIED},
+                    state=RunState.HALTED.value,
+                    halt_reason=HaltReason.FORKED.value,
+                    step=at_step,
+                    message_count=cut,
+                    forked_from_run=run_id,
+                    forked_from_step=at_step,
+                    dry_run=dry_run,
+                    trace_context=trace_context,
+                    started_at=db_now(),
+                    updated_at=db_now(),
+                )
+                .returning(runs)
+            ).one()
+            if cut:
+                conn.execute(
+                    INSERT_MESSAGE,
+                    [
+                        {"run_id": new_id, "seq": i, "message": m}
+                        for i, m in enumerate(messages[:cut])
+                    ],
+                )
+            event = {"from_run_id": run_id, "step": at_step, "dry_run": dry_run, "by": by}
+            add_event(conn, new_id, "forked", event)
+            return Run.from_row(row._mapping)
+
+    def forks_of(self, run_id: str) -> list[Run]:
+        """The runs forked from ``run_id``, oldest first."""
+        with self.engine.connect() as conn:
+            return [Run.from_row(r._mapping) for r in conn.execute(_FORKS, {"b_id": run_id})]
