@@ -18,7 +18,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 
-from tether import tracing
+from tether import dry_run, tracing
 from tether.errors import LeaseLost
 from tether.failpoints import fail
 from tether.messages import ToolCall
@@ -189,6 +189,8 @@ async def first_call(session: RunSession, call: ToolCall) -> Outcome | None:
     r = await resolve(session, call)
     if r is None:
         return None
+    if dry_run.skips(session, r.tool):  # before all else: it never runs, nor is reconciled
+        return await dry_run.skip(session, call, r.args)
     if recovered and r.tool.effect is Effect.WRITE and r.tool.needs_confirmation is not True:
         # It may have run before the crash (a conditional confirmation may have said no):
         # its outcome is asked by key, never re-run blindly.

@@ -50,14 +50,20 @@ def _results(messages: list[Message]) -> dict[str, Any]:
 
 
 async def ledger_table(engine: Engine, run_id: str) -> Table:
-    """The run's tool-call ledger (intent, then ok / error / unknown) with each durable
-    result."""
+    """The run's tool-call ledger (intent, then ok / error / unknown, or skipped in a dry
+    run) with each durable result."""
     entries = await engine.ledger(run_id)
     results = _results((await engine.get_run(run_id)).messages)
     table = Table(title="ledger", title_justify="left")
     for column in ("call", "tool", "arguments", "status", "result"):
         table.add_column(column, overflow="fold")
-    colours = {"ok": "green", "error": "red", "intent": "yellow", "unknown": "magenta"}
+    colours = {
+        "ok": "green",
+        "error": "red",
+        "intent": "yellow",
+        "unknown": "magenta",
+        "skipped": "cyan",
+    }
     for e in entries:
         status = e.status.value
         table.add_row(

@@ -20,6 +20,8 @@ class CallStatus(str, enum.Enum):
     # The call failed ambiguously (timeout, dropped connection, 5xx): it may have taken
     # effect. Reconciled before the loop goes on.
     UNKNOWN = "unknown"
+    # A write in a dry run (SPEC §12): never executed; its result is the call it would make.
+    SKIPPED = "skipped"
 
 
 @dataclass(frozen=True, kw_only=True)

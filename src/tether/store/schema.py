@@ -133,7 +133,8 @@ run_events = sa.Table(
 sa.Index("run_events_run", run_events.c.run_id, run_events.c.id)
 
 # The tool-call ledger, as Jepsen records operations: the intent is written before the
-# tool runs (with the assistant turn), the outcome (ok / error / unknown) after.
+# tool runs (with the assistant turn), the outcome (ok / error / unknown) after; a dry
+# run's write is recorded ``skipped`` instead (it never runs, SPEC §12).
 tool_calls = sa.Table(
     "tool_calls",
     metadata,
