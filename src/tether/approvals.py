@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from tether import inputs, tracing
+from tether import inputs, tracing, versions
 from tether.decision import CallVerdict, Choice, decide
 from tether.errors import (
     AlreadyResumed,
@@ -28,6 +28,7 @@ from tether.errors import (
     InvalidInput,
     LeaseLost,
     NoLongerPermitted,
+    PendingToolUnavailable,
     TetherError,
     UnknownOrExpired,
 )
@@ -254,6 +255,8 @@ def _recorded(services: Services, pending: Pending, ask: Asked) -> tuple[Any, di
     schema here, before anything is claimed (``invalid_input``)."""
     event: dict[str, Any] = {"reason": ask.reason}
     arguments = None
+    if services.agent.tool(pending.tool) is None:
+        return None, event  # the decision halts the run ``tool_unavailable`` (decision.py)
     if ask.choice is Choice.APPROVE:
         if ask.arguments is not None:
             arguments = _validated(services, pending, ask.arguments)
@@ -298,6 +301,7 @@ async def _claim(services: Services, owner: str, run: Run, token_hash: str, ask:
             arguments=arguments,
             digest=ask.digest,
             event=event,
+            versions=services.versions,
         ),
     )
     if mine and claim.run is not None:
@@ -306,6 +310,9 @@ async def _claim(services: Services, owner: str, run: Run, token_hash: str, ask:
         raise AlreadyResumed(
             "this request was already decided", decision=decision_json(claim.decision)
         )
+    now = await hop(services.store.get_run, run.id)
+    if now is not None and now.state is RunState.SUSPENDED and now.pending_token_hash == token_hash:
+        versions.check_served(services, now)  # moved to another version meanwhile
     raise unknown_or_expired()
 
 
@@ -348,6 +355,7 @@ async def _claim_then_decide(
     scope = await services.agent.resolve_scope(run.user_id)
     if not scope.may_approve(ask.approver):
         raise unknown_or_expired()
+    versions.check_served(services, run)  # wrong_version: nothing is claimed (SPEC §12)
     claimed = await _claim(services, owner, run, token_hash, ask)
     log.info("claimed", extra={"run_id": run.id, "action": "claim", "state": ask.choice.value})
     fail("after_claim")
@@ -361,7 +369,7 @@ async def _claim_then_decide(
         return await _elsewhere(services, run.id, ask.choice)
     except (DatabaseUnavailable, FailpointError, asyncio.CancelledError):
         raise  # the decision is recorded; a reaper carries it out once this run is stale
-    except (NoLongerPermitted, Changed, GuardFailed):
+    except (NoLongerPermitted, Changed, GuardFailed, PendingToolUnavailable):
         raise
     except Exception as exc:
         await session.fail_on_error(exc)  # invariant 6: never left ownerless in running
@@ -395,6 +403,10 @@ async def _carry_out(session: RunSession, choice: Choice) -> ApprovalResult:
     outcome = resolution.outcome or await session.release("decision carried out")
     if resolution.verdict is CallVerdict.NO_LONGER_PERMITTED:
         raise NoLongerPermitted(resolution.reason or "no longer permitted", run_id=session.run.id)
+    if resolution.verdict is CallVerdict.TOOL_UNAVAILABLE:
+        raise PendingToolUnavailable(
+            resolution.reason or "the pending tool is not available", run_id=session.run.id
+        )
     if resolution.verdict is CallVerdict.CHANGED:
         notice = outcome.notice
         assert notice is not None

@@ -58,6 +58,9 @@ class Settings:
     # notice wakes it (SQLite), and how often an idle stream sends a keep-alive comment.
     watch_poll_s: float = 0.5
     keepalive_s: float = 15.0
+    # Older agent versions this process serves beside its agent's own (SPEC §12,
+    # TETHER_ACCEPT_VERSIONS): their runs are claimed, recovered and decided here too.
+    accept_versions: tuple[str, ...] = ()
     # Price overrides (TETHER_PRICES) over the built-in table of tether.models.pricing.
     prices: Mapping[str, Price] = field(default_factory=dict)
     # Signs the inbox's session cookies; None: a random secret per process (a restart
@@ -109,8 +112,18 @@ class Settings:
             max_model_attempts=int(_positive(env, "TETHER_MAX_MODEL_ATTEMPTS", 5, whole=True)),
             model_retry_first_s=_positive(env, "TETHER_MODEL_RETRY_FIRST_S", 1.0),
             prices=parse_prices(env.get("TETHER_PRICES", "")),
+            accept_versions=_versions(env.get("TETHER_ACCEPT_VERSIONS", "")),
             session_secret=env.get("TETHER_SESSION_SECRET") or None,
         )
+
+
+def _versions(raw: str) -> tuple[str, ...]:
+    """``TETHER_ACCEPT_VERSIONS``: comma-separated agent versions, each 1 to 128 characters."""
+    versions = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
+    for version in versions:
+        if len(version) > 128:
+            raise ConfigError(f"TETHER_ACCEPT_VERSIONS: {version[:40]!r}… is over 128 characters")
+    return versions
 
 
 def _positive(env: Mapping[str, str], name: str, default: float, *, whole: bool = False) -> float:

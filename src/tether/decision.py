@@ -38,7 +38,9 @@ class CallVerdict(str, enum.Enum):
     GUARD_FAILED = "guard_failed"
     NO_LONGER_PERMITTED = "no_longer_permitted"
     CHANGED = "changed"
-    REFUSED = "refused"  # no such tool any more, or its arguments no longer validate
+    REFUSED = "refused"  # its arguments no longer validate
+    # The tool is not in the serving agent version: the run halted ``tool_unavailable``.
+    TOOL_UNAVAILABLE = "tool_unavailable"
     RELEASED = "released"  # nothing was pending to decide; the run went back to the workers
     # The write was attempted and whether it took effect cannot be learnt: the run failed
     # ``unreconcilable`` and waits for a person (its ledger says ``unknown``).
@@ -71,13 +73,15 @@ async def decide(
     approval first asks the tool whether the write already happened, and a write runs
     under the call's idempotency key, which an edit does not change.
     """
-    r = await calls.resolve(session, call)
-    if r is None:
-        return Resolution(verdict=CallVerdict.REFUSED)
-    if decision.decision == Choice.DECLINE.value:
+    if decision.decision == Choice.DECLINE.value:  # a decline needs no tool
         content = declined(decision.reason)
         await session.append_result(call, content, CallStatus.ERROR, counted=False)
         return Resolution(verdict=CallVerdict.DECLINED)
+    if session.s.agent.tool(call.name) is None:
+        return await _tool_unavailable(session, call)
+    r = await calls.resolve(session, call)
+    if r is None:
+        return Resolution(verdict=CallVerdict.REFUSED)
     if decision.arguments is not None:
         edit = calls.edited(r, decision.arguments)
         if isinstance(edit, Result):
@@ -95,6 +99,17 @@ async def decide(
         maybe_ran = recovered and r.tool.dedupes
         return _executed(await calls.execute(session, r, confirmed=True, maybe_ran=maybe_ran))
     return await _refused(session, r, check)
+
+
+async def _tool_unavailable(session: RunSession, call: ToolCall) -> Resolution:
+    """An approved call whose tool this agent version does not have (SPEC §12): it did not
+    run; the model will see why, and the run halts ``tool_unavailable`` for its owner, who
+    may move it to a version that has the tool (``tether runs migrate``) and continue it."""
+    version = session.s.agent.agent_version
+    message = f"the tool {call.name} is not available in agent version {version}"
+    await session.refuse(call, "tool_unavailable", message)
+    halted = await session.halt(HaltReason.TOOL_UNAVAILABLE)
+    return Resolution(verdict=CallVerdict.TOOL_UNAVAILABLE, outcome=halted, reason=message)
 
 
 def declined(reason: str | None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tether import approval_preview, approvals, forks, inputs, resume, tracing
+from tether import approval_preview, approvals, forks, inputs, resume, tracing, versions
 from tether.agent import Agent
 from tether.approval_preview import ApprovalPreview
 from tether.approvals import ApprovalResult
@@ -169,11 +169,15 @@ class Engine(ServiceAPI):
         """Claim ``run_id`` (it must be waiting for a worker) and carry it to its next stop:
         answered, suspended, halted or failed."""
         await self.open()
-        run = await hop(self.store.claim_ready, self.worker_id, inputs.run_id(run_id))
+        served = self.services.versions
+        run = await hop(
+            self.store.claim_ready, self.worker_id, inputs.run_id(run_id), versions=served
+        )
         if run is None:
             existing = await hop(self.store.get_run, run_id)
             if existing is None:
                 raise NotFound("no such run")
+            versions.check_served(self.services, existing)
             return Outcome(run_id=run_id, kind=StopKind.of(existing.state))
         return await self.carry(run)
 
@@ -194,7 +198,9 @@ class Engine(ServiceAPI):
     async def claim_next(self) -> Run | None:
         """Take the lease of the run that has waited longest for a worker, if any."""
         await self.open()
-        return await hop(self.store.claim_ready, self.worker_id, None)
+        return await hop(
+            self.store.claim_ready, self.worker_id, None, versions=self.services.versions
+        )
 
     async def carry(self, run: Run, *, stopping: asyncio.Event | None = None) -> Outcome:
         """Carry a run this engine claimed to its next stop (see ``resume.carry``)."""
@@ -339,6 +345,18 @@ class Engine(ServiceAPI):
         """Delete runs kept past the retention."""
         await self.open()
         return await resume.purge_retained(self.services)
+
+    async def stranded_runs(self, limit: int = 100) -> list[Run]:
+        """Runs waiting on an agent version no live worker serves (SPEC §12)."""
+        await self.open()
+        return await versions.stranded(self.services, limit)
+
+    async def migrate_run(
+        self, run_id: str, to_version: str, *, by: str, why: str | None = None
+    ) -> Run:
+        """Move a waiting run to ``to_version`` deliberately (see ``versions.migrate_run``)."""
+        await self.open()
+        return await versions.migrate_run(self.services, run_id, to_version, by=by, why=why)
 
     async def reap(self) -> ReapReport:
         """One reaper pass: recover orphans, expire suspensions, re-send undelivered

@@ -149,3 +149,18 @@ class GuardFailed(TetherError):
     """The tool's guard refused the call on resumption."""
 
     code = "guard_failed"
+
+
+class WrongVersion(TetherError):
+    """The run is written for an agent version this process does not serve (SPEC §12);
+    nothing was claimed. ``agent_version`` names the run's version: a process that serves
+    it (or ``tether runs migrate``) can act on it."""
+
+    code = "wrong_version"
+
+
+class PendingToolUnavailable(TetherError):
+    """The run's pending tool does not exist in the agent version that would execute it
+    (SPEC §12): a decision halts the run ``tool_unavailable``; a migration is refused."""
+
+    code = "tool_unavailable"

@@ -84,7 +84,9 @@ async def orphan_census(services: Services) -> tuple[float, bool]:
     """The database's clock now and whether any run's owner has a stale heartbeat by it
     (one indexed read, no claim): where a reaper pass starts."""
     return await hop(
-        services.store.orphan_census, stale_after_s=services.settings.heartbeat_timeout_s
+        services.store.orphan_census,
+        stale_after_s=services.settings.heartbeat_timeout_s,
+        versions=services.versions,
     )
 
 
@@ -107,6 +109,7 @@ async def claim_orphans(
         max_attempts=services.settings.max_recovery_attempts,
         batch=limit,
         before=before,
+        versions=services.versions,
     )
     RECOVERIES.labels(outcome=FailReason.RECOVERY_EXHAUSTED.value).inc(len(exhausted))
     return OrphanClaim(claimed=claimed, exhausted=exhausted)
@@ -201,6 +204,7 @@ async def reissue_notices(services: Services) -> list[str]:
         older_than_s=max(services.settings.heartbeat_timeout_s, services.settings.notice_timeout_s),
         batch=services.settings.reaper_batch,
         new_hashes=new_hash,
+        versions=services.versions,
     )
     for run, token_hash in reissued:
         token = fresh[token_hash]
@@ -282,7 +286,11 @@ async def expire_suspended(services: Services) -> list[str]:
     is a conditional UPDATE on ``state = 'suspended'``."""
     expired: list[str] = []
     while True:
-        batch = await hop(services.store.expire_suspended, services.settings.purge_batch)
+        batch = await hop(
+            services.store.expire_suspended,
+            services.settings.purge_batch,
+            versions=services.versions,
+        )
         EXPIRIES.inc(len(batch))
         expired.extend(batch)
         if len(batch) < services.settings.purge_batch:

@@ -33,3 +33,10 @@ class Services:
     approve_url: Callable[[str], str] = field(default=lambda token: f"/approve/{token}")
     # Concurrent lookups and claims of one token in this process, sent once (decision.py).
     inflight: InFlight = field(default_factory=InFlight)
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        """The agent versions this process serves (SPEC §12): its agent's, then those
+        ``TETHER_ACCEPT_VERSIONS`` adds. It claims, recovers and decides only runs of these."""
+        own = self.agent.agent_version
+        return (own, *(v for v in self.settings.accept_versions if v != own))

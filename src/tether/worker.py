@@ -3,11 +3,13 @@ tasks under a monitor, the way procrastinate's worker runs its heartbeat beside 
 
 Side tasks: the reaper (orphans, expiry, retention) and the notice re-issue, each on its
 own ``reaper_interval_s`` timer, so a webhook that never answers delays neither claiming
-nor recovery; on PostgreSQL, a listener that wakes the claim loop on ``NOTIFY
-tether_runs``. The monitor logs a side task that died and restarts it after a backoff;
-none dies silently. The claim loop is the worker itself: a claim that fails (the database
-went away) is logged and tried again after a backoff, so the worker outlives a dropped
-connection, a restart or an outage of its database.
+nor recovery; the registry heartbeat, which keeps the agent versions this worker serves
+listed as served (SPEC §12: runs of no served version are stranded); on PostgreSQL, a
+listener that wakes the claim loop on ``NOTIFY tether_runs``. The monitor logs a side
+task that died and restarts it after a backoff; none dies silently. The claim loop is the
+worker itself: a claim that fails (the database went away) is logged and tried again
+after a backoff, so the worker outlives a dropped connection, a restart or an outage of
+its database.
 
 A reaper pass recovers orphans in bulk: it claims them in batches into the slots as they
 free, each recovery a task of its own, until no orphan that was stale when the pass began
@@ -42,6 +44,7 @@ from tether.errors import DatabaseUnavailable
 from tether.listen import listen
 from tether.resume import OrphanClaim
 from tether.runs import Run
+from tether.versions import Registration
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +102,9 @@ class Worker:
         waits and none is in hand, after a first reaper pass)."""
         if not reap:
             self._reaped.set()
+        registration = Registration(self.engine.services, self.engine.worker_id)
         side = self._side_tasks(reap)
+        side["registry"] = lambda: self._beat(registration)
         monitors = {
             name: asyncio.create_task(self._supervise(name, body), name=f"tether-{name}")
             for name, body in side.items()
@@ -114,6 +119,8 @@ class Worker:
             await asyncio.gather(*monitors.values(), return_exceptions=True)
             while self._tasks:  # the reaper may have added recoveries while it finished
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):  # else its rows go stale, which is as good
+                await registration.leave()
 
     def _side_tasks(self, reap: bool) -> dict[str, Callable[[], Awaitable[None]]]:
         side: dict[str, Callable[[], Awaitable[None]]] = {}
@@ -375,6 +382,15 @@ class Worker:
             if reissued:
                 log.info("notices reissued", extra={"action": "reissue", "runs": reissued})
             await self._pause(self.engine.settings.reaper_interval_s)
+
+    async def _beat(self, registration: Registration) -> None:
+        """Keep this worker's row in the registry fresh, so the versions it serves count
+        as served (SPEC §12); a clean stop removes it (``run``)."""
+        await registration.join()
+        while not self.stopping.is_set():
+            await self._pause(registration.interval_s)
+            if not self.stopping.is_set():
+                await registration.beat()
 
     def _announced(self) -> None:
         """A run became ready somewhere (NOTIFY): runs wait; wake the claim loop."""

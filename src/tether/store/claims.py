@@ -26,6 +26,7 @@ from tether.store.base import StoreBase
 from tether.store.engine import db_now
 from tether.store.records import Decision
 from tether.store.schema import decisions, runs
+from tether.store.served import SERVED, served
 from tether.store.statements import INSERT_MESSAGE, add_event
 from tether.store.transitions import Transition, state_in
 
@@ -44,15 +45,17 @@ _CLAIMED: dict[str, Any] = {
 _NOT_DELAYED = sa.or_(runs.c.ready_at.is_(None), runs.c.ready_at <= db_now())
 _READY_CANDIDATE = (
     sa.select(runs.c.id)
-    .where(state_in([RUNNING]), runs.c.owner.is_(None), _NOT_DELAYED)
+    .where(state_in([RUNNING]), runs.c.owner.is_(None), _NOT_DELAYED, SERVED)
     .order_by(runs.c.updated_at)
     .limit(1)
 )
-_CLAIM_READY = Transition(RUNNING, RUNNING, _ID, runs.c.owner.is_(None), _NOT_DELAYED, **_CLAIMED)
+_CLAIM_READY = Transition(
+    RUNNING, RUNNING, _ID, runs.c.owner.is_(None), _NOT_DELAYED, SERVED, **_CLAIMED
+)
 
 _TOKEN = runs.c.pending_token_hash == sa.bindparam("b_token_hash")
 _CLAIM_SUSPENDED = Transition(
-    RunState.SUSPENDED, RUNNING, _ID, _TOKEN, runs.c.expires_at > db_now(), **_CLAIMED
+    RunState.SUSPENDED, RUNNING, _ID, _TOKEN, runs.c.expires_at > db_now(), SERVED, **_CLAIMED
 )
 _PG_CLAIM_SUSPENDED = pg_claims.suspended_statement(_CLAIM_SUSPENDED.statement)
 _DECISION_OF_TOKEN = sa.select(decisions).where(
@@ -69,6 +72,7 @@ _STALE = sa.and_(
     runs.c.owner.is_not(None),
     runs.c.heartbeat_at < db_now() - sa.bindparam("b_stale", type_=sa.Float),
     runs.c.heartbeat_at < sa.bindparam("b_before", value=_NO_CUTOFF, type_=sa.Float),
+    SERVED,
 )
 _ORPHANS = (
     sa.select(runs.c.id)
@@ -186,26 +190,29 @@ class Claims(StoreBase):
             self.dialect.wake(conn)
             return Run.from_row(row._mapping)
 
-    def claim_ready(self, owner: str, run_id: str | None = None) -> Run | None:
-        """Take the lease of a run that waits for a worker (running, no owner, not delayed
-        past the database's clock): the given one, or the one waiting longest. None if
-        there is none to take.
+    def claim_ready(
+        self, owner: str, run_id: str | None = None, *, versions: Sequence[str] | None = None
+    ) -> Run | None:
+        """Take the lease of a run of ``versions`` (None: any) that waits for a worker
+        (running, no owner, not delayed past the database's clock): the given one, or the
+        one waiting longest. None if there is none to take.
 
         Safe to race: the claim is conditional on ``owner IS NULL``, and the dialect locks
         the candidate (SKIP LOCKED on PostgreSQL) so concurrent workers pick different runs.
         """
+        which = served(versions)
         with self.begin() as conn:
             if run_id is None:
-                run_id = conn.execute(self.dialect.candidates(_READY_CANDIDATE)).scalar()
+                run_id = conn.execute(self.dialect.candidates(_READY_CANDIDATE), which).scalar()
                 if run_id is None:
                     return None
-            row = _CLAIM_READY.one(conn, {"b_id": run_id, "b_owner": owner})
+            row = _CLAIM_READY.one(conn, {"b_id": run_id, "b_owner": owner, **which})
             return Run.from_row(row._mapping) if row else None
 
     def claim_suspended(
         self, *, run_id: str, token_hash: str, owner: str, decision: str, approver: str
     ) -> Run | None:
-        """The run claimed by ``claim_decision``, or None if the claim lost."""
+        """The run claimed by ``claim_decision`` (of any version), or None if the claim lost."""
         return self.claim_decision(
             run_id=run_id, token_hash=token_hash, owner=owner, decision=decision, approver=approver
         ).run
@@ -222,6 +229,7 @@ class Claims(StoreBase):
         arguments: dict[str, Any] | None = None,
         digest: str | None = None,
         event: dict[str, Any] | None = None,
+        versions: Sequence[str] | None = None,
     ) -> SuspensionClaim:
         """The one claim of a suspension (invariant 5): suspended → running under
         ``owner``, conditional on the token and on ``expires_at`` against the database's
@@ -231,8 +239,11 @@ class Claims(StoreBase):
         ``approved`` / ``declined`` event (``event``: its data) in the same transaction.
         A claim that lost reads, in the same transaction, the decision that used the token
         (a new statement sees what the winner committed while this UPDATE waited on its
-        lock), so a loser is answered without another trip to the store."""
+        lock), so a loser is answered without another trip to the store. Only a run of
+        ``versions`` (None: any) is claimed; the caller tells a run of another version
+        apart (``wrong_version``)."""
         params = {
+            **served(versions),
             "b_id": run_id,
             "b_token_hash": token_hash,
             "b_owner": owner,
@@ -288,11 +299,15 @@ class Claims(StoreBase):
         add_event(conn, run.id, params["b_kind"], data)
         return SuspensionClaim(run=run, decision=Decision.from_row(recorded._mapping))
 
-    def orphan_census(self, *, stale_after_s: float) -> tuple[float, bool]:
-        """The database's clock now, and whether any run's owner has a heartbeat older
-        than ``stale_after_s`` by it: where a reaper pass starts, in one read."""
+    def orphan_census(
+        self, *, stale_after_s: float, versions: Sequence[str] | None = None
+    ) -> tuple[float, bool]:
+        """The database's clock now, and whether any run of ``versions`` (None: any) has
+        an owner with a heartbeat older than ``stale_after_s`` by it: where a reaper pass
+        starts, in one read."""
+        params = {"b_stale": stale_after_s, **served(versions)}
         with self.engine.connect() as conn:
-            now, any_orphan = conn.execute(_CENSUS, {"b_stale": stale_after_s}).one()
+            now, any_orphan = conn.execute(_CENSUS, params).one()
             return float(now), bool(any_orphan)
 
     def claim_orphans(
@@ -303,6 +318,7 @@ class Claims(StoreBase):
         max_attempts: int,
         batch: int,
         before: float | None = None,
+        versions: Sequence[str] | None = None,
     ) -> tuple[list[Run], list[str]]:
         """Take over up to ``batch`` runs whose owner's heartbeat is older than
         ``stale_after_s`` (database clock), oldest first, and older than ``before`` if
@@ -314,9 +330,11 @@ class Claims(StoreBase):
 
         Safe to run twice or concurrently: candidates are locked with SKIP LOCKED on
         PostgreSQL (SQLite serialises writers), and a run another reaper claimed has a
-        fresh heartbeat, so the re-check leaves it alone.
+        fresh heartbeat, so the re-check leaves it alone. Only runs of ``versions`` (None:
+        any) are taken: an orphan of a version this reaper does not serve stays stranded.
         """
         params = {
+            **served(versions),
             "b_owner": owner,
             "b_stale": stale_after_s,
             "b_max": max_attempts,

@@ -5,7 +5,7 @@ by a partial index so its cost does not grow with the number of finished runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import sqlalchemy as sa
 
@@ -13,6 +13,7 @@ from tether.runs import HaltReason, Run, RunState
 from tether.store.base import StoreBase
 from tether.store.engine import db_now
 from tether.store.schema import RETAINED, decisions, run_events, run_messages, runs, tool_calls
+from tether.store.served import SERVED, served
 from tether.store.statements import add_event
 from tether.store.transitions import Transition, state_in
 
@@ -20,7 +21,7 @@ _SUSPENDED = state_in([RunState.SUSPENDED])
 
 _EXPIRED = (
     sa.select(runs.c.id)
-    .where(_SUSPENDED, runs.c.expires_at <= db_now())
+    .where(_SUSPENDED, runs.c.expires_at <= db_now(), SERVED)
     .order_by(runs.c.expires_at)
     .limit(sa.bindparam("b_batch", type_=sa.Integer))
 )
@@ -47,6 +48,7 @@ _UNNOTIFIED = (
         runs.c.notified_at.is_(None),
         runs.c.suspended_at < db_now() - sa.bindparam("b_older", type_=sa.Float),
         runs.c.expires_at > db_now(),
+        SERVED,
     )
     .order_by(runs.c.suspended_at)
     .limit(sa.bindparam("b_batch", type_=sa.Integer))
@@ -77,14 +79,14 @@ _PAST_RETENTION = (
 class Upkeep(StoreBase):
     """Expiry, notices and retention."""
 
-    def expire_suspended(self, batch: int) -> list[str]:
-        """suspended → halted (``suspension_expired``) for up to ``batch`` runs past their
-        window, by the database's clock. Safe to run twice and to race an approval: both
-        are conditional on ``state = 'suspended'``, and the claim also checks
-        ``expires_at``."""
+    def expire_suspended(self, batch: int, *, versions: Sequence[str] | None = None) -> list[str]:
+        """suspended → halted (``suspension_expired``) for up to ``batch`` runs of
+        ``versions`` (None: any) past their window, by the database's clock. Safe to run
+        twice and to race an approval: both are conditional on ``state = 'suspended'``, and
+        the claim also checks ``expires_at``."""
         with self.begin() as conn:
             due = self.dialect.candidates(_EXPIRED)
-            ids = list(conn.execute(due, {"b_batch": batch}).scalars())
+            ids = list(conn.execute(due, {"b_batch": batch, **served(versions)}).scalars())
             if not ids:
                 return []
             expired = [row.id for row in _EXPIRE.many(conn, {"b_ids": ids})]
@@ -99,19 +101,26 @@ class Upkeep(StoreBase):
             conn.execute(_MARK_NOTIFIED, {"b_id": run_id, "b_hash": token_hash})
 
     def reissue_unnotified(
-        self, *, older_than_s: float, batch: int, new_hashes: Callable[[], str]
+        self,
+        *,
+        older_than_s: float,
+        batch: int,
+        new_hashes: Callable[[], str],
+        versions: Sequence[str] | None = None,
     ) -> list[tuple[Run, str]]:
         """Give suspended runs whose notice was never delivered a fresh token hash.
 
         Safe twice: the old token reached nobody (its notice was not delivered), the
         window (``expires_at``) is unchanged, and each swap is conditional on the old hash,
-        so a concurrent reaper or approval cannot be overtaken. Returns (run, new hash).
+        so a concurrent reaper or approval cannot be overtaken. Only runs of ``versions``
+        (None: any): the notice is rendered by the code the run is written for. Returns
+        (run, new hash).
         """
         out: list[tuple[Run, str]] = []
         with self.begin() as conn:
             due = self.dialect.candidates(_UNNOTIFIED)
             for run_id, old_hash in conn.execute(
-                due, {"b_older": older_than_s, "b_batch": batch}
+                due, {"b_older": older_than_s, "b_batch": batch, **served(versions)}
             ).all():
                 new_hash = new_hashes()
                 params = {"b_id": run_id, "b_old": old_hash, "b_new": new_hash}

@@ -1,0 +1,176 @@
+"""Agent versions in the store (SPEC §12): the registry of live workers and the versions
+they serve, the runs stranded on a version none of them serves, and the deliberate move
+of a run to another version (``migrate_run``).
+
+A worker's rows carry its heartbeat on the database's clock (invariant 11); a version is
+served while one of its rows is fresher than the heartbeat timeout. A worker that stops
+cleanly removes its rows, so the runs it alone served show as stranded at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from tether.runs import Run, RunState
+from tether.store.base import StoreBase
+from tether.store.engine import db_now
+from tether.store.schema import runs, workers
+from tether.store.statements import add_event
+from tether.store.transitions import state_in
+
+# Rows of workers whose heartbeat is older than this are forgotten when a worker registers.
+FORGET_AFTER_S = 86_400.0
+
+_OF_WORKER = workers.c.worker_id == sa.bindparam("b_worker")
+_STALE_S = sa.bindparam("b_stale", type_=sa.Float)
+_LIVE = workers.c.heartbeat_at > db_now() - _STALE_S
+# A run waits for a worker when it is queued (running without an owner), orphaned (its
+# owner's heartbeat is stale: it waits for a reaper) or suspended (its decision is carried
+# out, and the rest of its loop run, by a process of its version).
+_WAITING = sa.or_(
+    sa.and_(
+        state_in([RunState.RUNNING]),
+        sa.or_(runs.c.owner.is_(None), runs.c.heartbeat_at < db_now() - _STALE_S),
+    ),
+    state_in([RunState.SUSPENDED]),
+)
+_SERVED_LIVE = (
+    sa.select(workers.c.worker_id).where(workers.c.version == runs.c.agent_version, _LIVE).exists()
+)
+_STRANDED = sa.and_(_WAITING, ~_SERVED_LIVE)
+_STRANDED_RUNS = (
+    sa.select(runs)
+    .where(_STRANDED)
+    .order_by(runs.c.updated_at, runs.c.id)
+    .limit(sa.bindparam("b_limit", type_=sa.Integer))
+)
+_COUNT_STRANDED = sa.select(sa.func.count()).select_from(runs).where(_STRANDED)
+_LIVE_VERSIONS = sa.select(workers.c.version).where(_LIVE).distinct().order_by(workers.c.version)
+_RUN = sa.select(runs).where(runs.c.id == sa.bindparam("b_id"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Migration:
+    """What ``migrate_run`` found: the run as moved (``run``), or why it was not moved
+    (``refused``: ``not_found``, ``already_finished``, ``busy``, ``same_version``,
+    ``tool_unavailable``) with the run as it stands."""
+
+    run: Run | None
+    refused: str | None = None
+
+
+class Versions(StoreBase):
+    """The worker registry, stranded runs, and moving a run to another agent version."""
+
+    def register_worker(self, worker_id: str, versions: Sequence[str]) -> None:
+        """Record that ``worker_id`` is alive and serves ``versions`` (replacing what it
+        served before), and forget workers silent for a day."""
+        with self.engine.begin() as conn:
+            conn.execute(workers.delete().where(_OF_WORKER), {"b_worker": worker_id})
+            conn.execute(workers.delete().where(workers.c.heartbeat_at < db_now() - FORGET_AFTER_S))
+            conn.execute(
+                workers.insert().values(
+                    worker_id=worker_id,
+                    version=sa.bindparam("b_version"),
+                    started_at=db_now(),
+                    heartbeat_at=db_now(),
+                ),
+                [{"b_version": version} for version in dict.fromkeys(versions)],
+            )
+
+    def beat_worker(self, worker_id: str) -> bool:
+        """Refresh the worker's heartbeat; False if it is not registered (any more)."""
+        with self.engine.begin() as conn:
+            changed = conn.execute(
+                workers.update().where(_OF_WORKER).values(heartbeat_at=db_now()),
+                {"b_worker": worker_id},
+            )
+            return bool(changed.rowcount)
+
+    def leave(self, worker_id: str) -> None:
+        """Remove the worker's rows: it serves nothing any more."""
+        with self.engine.begin() as conn:
+            conn.execute(workers.delete().where(_OF_WORKER), {"b_worker": worker_id})
+
+    def live_versions(self, *, stale_after_s: float) -> list[str]:
+        """The versions some worker with a fresh heartbeat serves."""
+        with self.engine.connect() as conn:
+            return list(conn.execute(_LIVE_VERSIONS, {"b_stale": stale_after_s}).scalars())
+
+    def stranded_runs(self, *, stale_after_s: float, limit: int) -> list[Run]:
+        """Runs that wait on an agent version no live worker serves, longest first."""
+        params = {"b_stale": stale_after_s, "b_limit": limit}
+        with self.engine.connect() as conn:
+            return [Run.from_row(r._mapping) for r in conn.execute(_STRANDED_RUNS, params)]
+
+    def count_stranded(self, *, stale_after_s: float) -> int:
+        """How many runs are stranded (the ``tether_runs_stranded`` gauge)."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(_COUNT_STRANDED, {"b_stale": stale_after_s}).scalar() or 0)
+
+    def migrate_run(
+        self,
+        *,
+        run_id: str,
+        to_version: str,
+        tools: Sequence[str],
+        by: str,
+        why: str | None,
+        stale_after_s: float,
+    ) -> Migration:
+        """Move a run that is not terminal and not carried by a live owner to
+        ``to_version``, whose agent has ``tools``, recording a ``migrated`` event (who,
+        why, both versions); one transaction, under the run's row lock, so it cannot race
+        a claim. A suspended run is refused when its pending tool is not in ``tools``. A
+        queued run wakes the workers; an orphan stays as it is, so a reaper of the new
+        version reconciles it before it goes on."""
+        with self.begin() as conn:
+            row = conn.execute(self.dialect.lock(_RUN), {"b_id": run_id}).first()
+            if row is None:
+                return Migration(run=None, refused="not_found")
+            run = Run.from_row(row._mapping)
+            refused = _refusal(run, to_version, tools, conn, stale_after_s)
+            if refused is not None:
+                return Migration(run=run, refused=refused)
+            moved = conn.execute(
+                runs.update()
+                .where(runs.c.id == run_id)
+                .values(agent_version=to_version, updated_at=db_now())
+                .returning(runs)
+            ).one()
+            data = {
+                "by": by,
+                "why": why,
+                "from_version": run.agent_version,
+                "to_version": to_version,
+            }
+            add_event(conn, run_id, "migrated", data)
+            if run.state is RunState.RUNNING and run.owner is None:
+                self.dialect.wake(conn)
+            return Migration(run=Run.from_row(moved._mapping))
+
+
+def _refusal(
+    run: Run, to_version: str, tools: Sequence[str], conn: sa.Connection, stale_after_s: float
+) -> str | None:
+    if run.state.terminal:
+        return "already_finished"
+    if run.agent_version == to_version:
+        return "same_version"
+    if (
+        run.state is RunState.SUSPENDED
+        and run.pending is not None
+        and run.pending.tool not in tools
+    ):
+        return "tool_unavailable"
+    if run.state is RunState.RUNNING and run.owner is not None:
+        fresh = conn.execute(
+            sa.select(runs.c.heartbeat_at > db_now() - _STALE_S).where(runs.c.id == run.id),
+            {"b_stale": stale_after_s},
+        ).scalar()
+        if fresh:
+            return "busy"
+    return None
