@@ -10,6 +10,8 @@ from tether.api.schemas import DEFAULT_STATUS, STATUS, status_for
 
 # The statuses SPEC §6 clients rely on; a change here is a breaking change of the API.
 PUBLISHED = {
+    "wrong_version": 409,
+    "tool_unavailable": 409,
     "database_unavailable": 503,
     "invalid_input": 422,
     "unauthenticated": 401,

@@ -28,6 +28,8 @@ STATUS: dict[str, int] = {
     "guard_failed": 409,
     "illegal_transition": 409,
     "lease_lost": 409,
+    "wrong_version": 409,
+    "tool_unavailable": 409,
     "payload_too_large": 413,
     "failpoint": 500,
     "internal_error": 500,
