@@ -3,14 +3,16 @@ them. Like the rest of the CLI it uses nothing but the ``Engine``."""
 
 from __future__ import annotations
 
+import getpass
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from tether.cli_engine import DEFAULT_AGENT, AgentOpt, emit, on_engine, out
 from tether.engine import Engine
+from tether.errors import InvalidInput
 from tether.logs import configure
 from tether.runs import iso, run_to_json
 
@@ -21,12 +23,28 @@ runs_app = typer.Typer(help="Read, watch, fork and migrate runs.", no_args_is_he
 def runs_list(
     user: Annotated[str | None, typer.Option(help="only this user's runs")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    stranded: Annotated[
+        bool,
+        typer.Option(
+            "--stranded", help="only runs waiting on an agent version no live worker serves"
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help='print {"items": [run, ...]}')] = False,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first; with ``--stranded``, the runs no live worker can carry
+    (SPEC §12), longest waiting first."""
     configure("WARNING")
-    found = on_engine(agent, lambda engine: engine.list_runs(user, limit))
-    table = Table("id", "user", "state", "step", "reason", "spend $", "updated")
+    if stranded:
+        if user is not None:
+            raise InvalidInput("--stranded lists every user's runs; leave out --user")
+        found = on_engine(agent, lambda engine: engine.stranded_runs(limit))
+    else:
+        found = on_engine(agent, lambda engine: engine.list_runs(user, limit))
+    if as_json:
+        emit({"items": [run_to_json(run) for run in found]})
+        return
+    table = Table("id", "user", "state", "step", "reason", "version", "updated")
     for run in found:
         table.add_row(
             run.id,
@@ -34,10 +52,32 @@ def runs_list(
             run.state.value,
             str(run.step),
             run.halt_reason or run.fail_reason or "",
-            f"{run.budget.spend_usd:.4f}",
+            run.agent_version,
             iso(run.updated_at) or "",
         )
     out.print(table)
+
+
+@runs_app.command("migrate")
+def runs_migrate(
+    run_id: str,
+    to_version: Annotated[
+        str, typer.Option("--to-version", help="the agent version to move the run to")
+    ],
+    reason: Annotated[str | None, typer.Option(help="why the run is moved")] = None,
+    by: Annotated[
+        str | None, typer.Option(help="who moves it (default: the operating-system user)")
+    ] = None,
+    agent: AgentOpt = DEFAULT_AGENT,
+) -> None:
+    """Move a waiting run to another agent version (SPEC §12): ``--agent`` must load that
+    version, so the run's pending tool can be checked. Recorded as a ``migrated`` event."""
+    configure("WARNING")
+    who = by or getpass.getuser()
+    run = on_engine(
+        agent, lambda engine: engine.migrate_run(run_id, to_version, by=who, why=reason)
+    )
+    emit(run_to_json(run))
 
 
 @runs_app.command("show")
@@ -63,3 +103,26 @@ def runs_watch(
             print(json.dumps(event.to_json(), default=str), flush=True)
 
     on_engine(agent, go)
+
+
+@runs_app.command("fork")
+def runs_fork(
+    run_id: str,
+    at_step: Annotated[int, typer.Option("--at-step", help="fork through this step (from 1)")],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="the fork never executes a write")
+    ] = False,
+    as_user: Annotated[
+        str | None, typer.Option("--as", help="the run's owner (default: the run's owner)")
+    ] = None,
+    agent: AgentOpt = DEFAULT_AGENT,
+) -> None:
+    """Fork a run that is not running through step K into a new halted run (SPEC §12);
+    ``tether continue`` the new run to carry it on."""
+    configure("WARNING")
+
+    async def go(engine: Engine) -> dict[str, Any]:
+        user = as_user or await engine.run_owner(run_id)
+        return run_to_json(await engine.fork_run(run_id, user, at_step=at_step, dry_run=dry_run))
+
+    emit(on_engine(agent, go))

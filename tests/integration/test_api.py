@@ -138,6 +138,7 @@ ENDPOINTS = [
     ("GET", "/v1/runs/RUN/events", None),
     ("POST", "/v1/runs/RUN/continue", None),
     ("POST", "/v1/runs/RUN/cancel", None),
+    ("POST", "/v1/runs/RUN/fork", {"at_step": 1}),
     ("POST", "/v1/approvals/TOKEN", {"decision": "approve"}),
 ]
 
@@ -645,7 +646,7 @@ async def test_the_openapi_document_describes_auth_and_every_refusal(db_url: str
         if path.startswith("/v1/")
         for method, op in item.items()
     ]
-    assert len(operations) == 9
+    assert len(operations) == 10
     for path, method, op in operations:
         assert op["security"] == [{"HTTPBearer": []}], (path, method)
         assert "401" in op["responses"], (path, method)

@@ -135,6 +135,19 @@ class ContinueIn(BaseModel):
     why: Annotated[str, Field(max_length=2000), AfterValidator(_text)] | None = None
 
 
+class ForkIn(BaseModel):
+    """Where to fork a run (SPEC §12): through step ``at_step``, as a dry run or not."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at_step: int = Field(
+        strict=True, ge=1, le=1_000_000, description="the step (model turn, from 1) to fork after"
+    )
+    dry_run: bool = Field(
+        default=False, strict=True, description="the fork never executes a write (SPEC §12)"
+    )
+
+
 # -- output --------------------------------------------------------------------------------
 
 

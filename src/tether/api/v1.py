@@ -25,6 +25,7 @@ from tether.api.schemas import (
     DecisionIn,
     ErrorOut,
     EventListOut,
+    ForkIn,
     PreviewIn,
     PreviewOut,
     RunDetailOut,
@@ -201,6 +202,36 @@ async def continue_run(
 )
 async def cancel_run(run_id: str, user: Caller, engine: EngineDep) -> dict[str, Any]:
     return run_to_json(await engine.cancel_run(run_id, user))
+
+
+@router.post(
+    "/runs/{run_id}/fork",
+    status_code=201,
+    response_model=RunDetailOut,
+    tags=["runs"],
+    summary="Fork a run at a step",
+    description="A new run of the caller's: the run's messages through step `at_step` "
+    "(every message before the next model turn), halted with `forked` until it is "
+    "continued, with the run's limits and nothing consumed, its `agent_version`, and "
+    "`forked_from`. Nothing is executed again. Any run that is not running may be forked.",
+    responses=_responses(
+        (401, _AUTH),
+        (404, _NOT_FOUND),
+        (413, _TOO_LARGE),
+        (
+            422,
+            _INVALID + "; or the run is running, or `at_step` is past its steps or inside "
+            "a step whose calls have no result yet",
+        ),
+    ),
+)
+async def fork_run(
+    run_id: str, body: ForkIn, user: Caller, engine: EngineDep, response: Response
+) -> dict[str, Any]:
+    fork = await engine.fork_run(run_id, user, at_step=body.at_step, dry_run=body.dry_run)
+    view = await engine.get_run(fork.id, user_id=user)
+    response.headers["Location"] = f"/v1/runs/{fork.id}"
+    return {**run_to_json(view.run), "messages": view.messages}
 
 
 # -- approvals -----------------------------------------------------------------------------
