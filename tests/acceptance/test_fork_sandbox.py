@@ -1,0 +1,178 @@
+"""Forking with real processes (SPEC §12): the demo agent served by ``tether serve`` over
+the sandbox CRM (real HTTP), its run suspended on the send after the draft; ``tether runs
+fork`` just after the draft and ``tether continue`` of the fork. The fork holds the
+draft's result in its copied messages and goes on to the send of that same quote: the
+sandbox's own ``drafted`` counter does not move, and the fork's ledger has no draft.
+
+(Named apart from tests/integration/test_forks.py: pytest and mypy need distinct module
+names across the test folders.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kit
+
+from tether.sandbox import RunningSandbox
+from tether.store import Store
+
+DANA = {"Authorization": "Bearer tether-demo-dana"}
+QUESTION = "Draft and send a quote for Henderson, 200 of SKU-4411"
+STOP_S = 30
+# The demo's steps: find_account, get_pricing, draft_quote, then send_quote (suspends).
+DRAFT_STEP = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+    env.update(extra)
+    return env
+
+
+def _ready(proc: subprocess.Popen[bytes], base: str, log: Path) -> bool:
+    if proc.poll() is not None:
+        raise AssertionError(f"serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+    try:
+        return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextmanager
+def serving(env: dict[str, str], log: Path) -> Iterator[str]:
+    """``tether serve --workers 1`` (the demo agent) until it is ready; its base URL."""
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tether", "serve", "--port", str(port), "--workers", "1"],
+            env=env,
+            cwd=log.parent,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        kit.poll_until(lambda: _ready(proc, base, log), timeout=60, what="serve to be ready")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=STOP_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=STOP_S)
+
+
+def cli(env: dict[str, str], *args: str) -> dict[str, Any]:
+    """A ``tether`` command (the demo agent) that must succeed; its JSON output."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tether", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    shown: dict[str, Any] = json.loads(done.stdout)
+    return shown
+
+
+def stopped(base: str, run_id: str) -> dict[str, Any] | None:
+    """The run with its messages once it is no longer running, else None."""
+    response = httpx.get(f"{base}/v1/runs/{run_id}", headers=DANA, timeout=10)
+    assert response.status_code == 200, response.text
+    run: dict[str, Any] = response.json()
+    return None if run["state"] == "running" else run
+
+
+def henderson(crm: str) -> tuple[int, int]:
+    counts = httpx.get(f"{crm}/admin/quotes", params={"account_id": "4471"}, timeout=10).json()
+    return int(counts["drafted"]), int(counts["sent"])
+
+
+def drafts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The results of the draft_quote calls in ``messages``."""
+    ids = {
+        c["id"]
+        for m in messages
+        if m["role"] == "assistant"
+        for c in m.get("tool_calls") or []
+        if c["function"]["name"] == "draft_quote"
+    }
+    return [
+        json.loads(m["content"])
+        for m in messages
+        if m["role"] == "tool" and m["tool_call_id"] in ids
+    ]
+
+
+def test_a_fork_just_after_the_draft_continues_to_the_send_without_drafting_again(
+    db_url: str, sandbox_server: RunningSandbox, tmp_path: Path
+) -> None:
+    crm = sandbox_server.url
+    assert httpx.post(f"{crm}/admin/reset", timeout=10).status_code == 200
+    env = _env(TETHER_DATABASE_URL=db_url, TETHER_SANDBOX_URL=crm)
+    with serving(env, tmp_path / "serve.log") as base:
+        created = httpx.post(f"{base}/v1/runs", headers=DANA, json={"question": QUESTION})
+        assert created.status_code == 202, created.text
+        parent_id = created.json()["id"]
+        parent = kit.poll_until(lambda: stopped(base, parent_id), timeout=60, what="the send")
+        assert parent["state"] == "suspended" and parent["pending"]["tool"] == "send_quote"
+        assert henderson(crm) == (1, 0)
+        [drafted] = drafts(parent["messages"])
+
+        fork = cli(env, "runs", "fork", parent_id, "--at-step", str(DRAFT_STEP))
+
+        assert fork["state"] == "halted" and fork["halt_reason"] == "forked"
+        assert fork["forked_from"] == {"run_id": parent_id, "step": DRAFT_STEP}
+        assert fork["agent_version"] == parent["agent_version"] and fork["dry_run"] is False
+        assert fork["budget"]["consumed"] == {
+            "steps": 0,
+            "spend_usd": 0,
+            "tool_calls": 0,
+            "elapsed_ms": 0,
+        }
+        assert fork["budget"]["limits"] == parent["budget"]["limits"]
+        assert henderson(crm) == (1, 0)  # forking executed nothing
+        copied = stopped(base, fork["id"])
+        assert copied is not None and drafts(copied["messages"]) == [drafted]
+        assert copied["messages"] == parent["messages"][: len(copied["messages"])]
+
+        continued = cli(env, "continue", fork["id"])
+        assert continued["state"] == "running"
+        after = kit.poll_until(lambda: stopped(base, fork["id"]), timeout=60, what="the fork")
+
+    # The fork went on from the copied draft to the send of that same quote.
+    assert after["state"] == "suspended", after
+    assert after["pending"]["tool"] == "send_quote"
+    assert after["pending"]["arguments"]["quote_id"] == drafted["quote_id"]
+    assert after["messages"][: len(copied["messages"])] == copied["messages"]
+    assert henderson(crm) == (1, 0)
+    store = Store(db_url)
+    try:
+        assert [e.tool for e in store.ledger(fork["id"])] == ["send_quote"]
+        assert [e.tool for e in store.ledger(parent_id)] == [
+            "find_account",
+            "get_pricing",
+            "draft_quote",
+            "send_quote",
+        ]
+        assert store.get_run(parent_id).state.value == "suspended"  # type: ignore[union-attr]
+        assert [f.id for f in store.forks_of(parent_id)] == [fork["id"]]
+    finally:
+        store.close()
