@@ -2,13 +2,15 @@
 the sandbox CRM (real HTTP), its run suspended on the send after the draft; ``tether runs
 fork`` just after the draft and ``tether continue`` of the fork. The fork holds the
 draft's result in its copied messages and goes on to the send of that same quote: the
-sandbox's own ``drafted`` counter does not move, and the fork's ledger has no draft.
+sandbox's own ``drafted`` counter does not move, and the fork's ledger has no draft. And
+``tether runs fork``'s output and refusals, with the test agent.
 
 (Named apart from tests/integration/test_forks.py: pytest and mypy need distinct module
 names across the test folders.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -22,6 +24,7 @@ from typing import Any
 import httpx
 import kit
 
+from tether import StopKind
 from tether.sandbox import RunningSandbox
 from tether.store import Store
 
@@ -174,5 +177,33 @@ def test_a_fork_just_after_the_draft_continues_to_the_send_without_drafting_agai
         ]
         assert store.get_run(parent_id).state.value == "suspended"  # type: ignore[union-attr]
         assert [f.id for f in store.forks_of(parent_id)] == [fork["id"]]
+    finally:
+        store.close()
+
+
+def test_tether_runs_fork_prints_the_fork_and_a_refusal_exits_1_with_its_code(
+    db_url: str,
+) -> None:
+    env = kit.tether_env(db_url, KIT_SCRIPT="standard")
+    engine = kit.engine(db_url, script_name="standard")
+    try:
+        parent = asyncio.run(engine.ask("dana", "do the thing"))  # suspended at step 3
+    finally:
+        engine.close()
+    assert parent.kind is StopKind.SUSPENDED
+
+    done = kit.tether("runs", "fork", parent.run_id, "--at-step", "2", "--dry-run", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    fork = json.loads(done.stdout)
+    assert fork["forked_from"] == {"run_id": parent.run_id, "step": 2}
+    assert fork["user_id"] == "dana" and fork["dry_run"] is True  # the owner, by default
+
+    unfinished = kit.tether("runs", "fork", parent.run_id, "--at-step", "3", env=env)
+    assert unfinished.returncode == 1 and "invalid_input" in unfinished.stderr
+    theirs = kit.tether("runs", "fork", parent.run_id, "--at-step", "1", "--as", "miguel", env=env)
+    assert theirs.returncode == 1 and "not_found" in theirs.stderr
+    store = Store(db_url)
+    try:
+        assert [f.id for f in store.forks_of(parent.run_id)] == [fork["id"]]
     finally:
         store.close()
