@@ -49,6 +49,9 @@ class SyncEngine:
     def cancel_run(self, run_id: str, user: str) -> Run:
         return self._run(self._engine.cancel_run(run_id, user))
 
+    def fork_run(self, run_id: str, user: str, *, at_step: int, dry_run: bool = False) -> Run:
+        return self._run(self._engine.fork_run(run_id, user, at_step=at_step, dry_run=dry_run))
+
     def reap(self) -> ReapReport:
         return self._run(self._engine.reap())
 

@@ -10,7 +10,6 @@ names across the test folders.)"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
@@ -187,10 +186,11 @@ def test_tether_runs_fork_prints_the_fork_and_a_refusal_exits_1_with_its_code(
     env = kit.tether_env(db_url, KIT_SCRIPT="standard")
     engine = kit.engine(db_url, script_name="standard")
     try:
-        parent = asyncio.run(engine.ask("dana", "do the thing"))  # suspended at step 3
+        parent = engine.sync.ask("dana", "do the thing")  # suspended at step 3
+        assert parent.kind is StopKind.SUSPENDED
+        first = engine.sync.fork_run(parent.run_id, "dana", at_step=1)
     finally:
         engine.close()
-    assert parent.kind is StopKind.SUSPENDED
 
     done = kit.tether("runs", "fork", parent.run_id, "--at-step", "2", "--dry-run", env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -204,6 +204,6 @@ def test_tether_runs_fork_prints_the_fork_and_a_refusal_exits_1_with_its_code(
     assert theirs.returncode == 1 and "not_found" in theirs.stderr
     store = Store(db_url)
     try:
-        assert [f.id for f in store.forks_of(parent.run_id)] == [fork["id"]]
+        assert [f.id for f in store.forks_of(parent.run_id)] == [first.id, fork["id"]]
     finally:
         store.close()
