@@ -1,6 +1,7 @@
 """The inbox and a run's page: the pending requests a signed-in user owns or may approve,
-and one of their runs with its budget, timeline and messages. Pages render the pending
-request from the stored tool call and preview, never from the model's prose."""
+and one of their runs with its budget, lineage, timeline and messages, and the form that
+forks it. Pages render the pending request from the stored tool call and preview, never
+from the model's prose."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from tether.api.deps import engine_of
-from tether.api.web.pages import message, page, pending_view, show
-from tether.api.web.sessions import login_url, session_of
-from tether.errors import NotFound
+from tether.api.web import lineage
+from tether.api.web.pages import message, not_from_this_session, page, pending_view, show
+from tether.api.web.sessions import Session, acts, login_url, posted, session_of
+from tether.errors import InvalidInput, NotFound
 from tether.models.base import Message
 from tether.runs import Run, RunState
 
@@ -39,28 +41,72 @@ async def inbox(request: Request) -> Response:
 
 @router.get("/runs/{run_id}")
 async def run_page(request: Request, run_id: str) -> Response:
-    """A run for its owner: state, budget, pending request, timeline and messages."""
+    """A run for its owner: state, version and lineage, budget, pending request, the form
+    that forks it, timeline and messages."""
     session = session_of(request)
     if session is None:
         return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)
+    return await _run_response(request, session, run_id)
+
+
+@router.post("/runs/{run_id}/fork")
+async def fork(request: Request, run_id: str) -> Response:
+    """Fork the signed-in owner's run from the posted step (SPEC §12), with the session's
+    CSRF token like every form that acts, and show the new run (303). A refused step shows
+    the run's page again with why (422)."""
+    session = session_of(request)
+    form = await posted(request)
+    if session is None:
+        return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)
+    if not acts(request, session, form):
+        return not_from_this_session(request, session)
+    engine = engine_of(request)
+    try:
+        at_step, dry_run = lineage.read_fork(form)
+        forked = await engine.fork_run(run_id, session.user, at_step=at_step, dry_run=dry_run)
+    except NotFound:
+        return _no_such_run(request, session)
+    except InvalidInput as exc:
+        return await _run_response(request, session, run_id, status=422, submitted=form, error=exc)
+    return RedirectResponse(f"/runs/{forked.id}", status_code=303)
+
+
+async def _run_response(
+    request: Request,
+    session: Session,
+    run_id: str,
+    *,
+    status: int = 200,
+    submitted: Mapping[str, Any] | None = None,
+    error: InvalidInput | None = None,
+) -> Response:
     engine = engine_of(request)
     try:
         view = await engine.get_run(run_id, user_id=session.user)
     except NotFound:
-        return message(request, session, 404, "Not found", "There is no such run.", kind="refused")
+        return _no_such_run(request, session)
     events = await engine.events(run_id)
     run = view.run
     pending = None
     if run.state is RunState.SUSPENDED:
         pending = pending_view(run, session.user, await engine.now(), agent=engine.agent)
+    fork_form = lineage.fork_form(run, view.messages)
+    if error is not None:
+        fork_form = lineage.refused(run, submitted or {}, error.message)
     context: dict[str, Any] = {
         "run": run,
         "pending": pending,
         "budget": _budget_rows(run),
         "events": [{"at": e.at, "kind": e.kind, "data": _summary(e.data)} for e in events],
         "messages": [_message_view(m) for m in view.messages],
+        "fork": fork_form,
+        **await lineage.lineage(engine, run, session.user),
     }
-    return page(request, "run.html", context, session=session)
+    return page(request, "run.html", context, session=session, status=status)
+
+
+def _no_such_run(request: Request, session: Session) -> Response:
+    return message(request, session, 404, "Not found", "There is no such run.", kind="refused")
 
 
 def _budget_rows(run: Run) -> list[tuple[str, Any, Any]]:
