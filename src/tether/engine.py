@@ -351,6 +351,11 @@ class Engine(ServiceAPI):
         await self.open()
         return await versions.stranded(self.services, limit)
 
+    async def count_stranded(self) -> int:
+        """How many runs are stranded (the ``tether_runs_stranded`` gauge)."""
+        await self.open()
+        return await versions.count_stranded(self.services)
+
     async def migrate_run(
         self, run_id: str, to_version: str, *, by: str, why: str | None = None
     ) -> Run:

@@ -19,6 +19,7 @@ from tether.runs import TRANSITIONS, FailReason, HaltReason, Lease, Pending, Run
 from tether.store import Store, claims, statements, upkeep
 from tether.store.reads import _COUNT_BY_STATE
 from tether.store.schema import runs
+from tether.store.served import served
 from tether.store.transitions import Transition
 from tether.store.users import hash_key
 
@@ -307,11 +308,17 @@ def test_a_malformed_key_resolves_to_nobody_and_cannot_be_added(store: Store, ke
 
 # -- partial indexes --------------------------------------------------------------------------
 
+# The scans that claim take only the versions served (SPEC §12): one, as a worker has.
+_ONE = served(["t@1"])
 SCANS: dict[str, tuple[Any, dict[str, Any], str]] = {
-    "ready runs": (claims._READY_CANDIDATE, {}, "runs_ready"),
-    "orphans": (claims._ORPHANS, {"b_stale": 10.0, "b_batch": 5}, "runs_orphan_scan"),
-    "expired": (upkeep._EXPIRED, {"b_batch": 5}, "runs_suspended_expiry"),
-    "unnotified": (upkeep._UNNOTIFIED, {"b_older": 1.0, "b_batch": 5}, "runs_unnotified"),
+    "ready runs": (claims._READY_CANDIDATE, _ONE, "runs_ready"),
+    "orphans": (claims._ORPHANS, {"b_stale": 10.0, "b_batch": 5, **_ONE}, "runs_orphan_scan"),
+    "expired": (upkeep._EXPIRED, {"b_batch": 5, **_ONE}, "runs_suspended_expiry"),
+    "unnotified": (
+        upkeep._UNNOTIFIED,
+        {"b_older": 1.0, "b_batch": 5, **_ONE},
+        "runs_unnotified",
+    ),
     "retention": (upkeep._PAST_RETENTION, {"b_retention": 1.0, "b_batch": 5}, "runs_retention"),
     "counts": (_COUNT_BY_STATE, {}, "runs_state"),
 }

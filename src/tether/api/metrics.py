@@ -1,6 +1,7 @@
 """The ``/metrics`` exposition: tether's metrics (``tether.metrics``, re-exported here)
-plus the runs-by-state gauge, counted by the engine at scrape time, so it is true for the
-whole fleet whichever process is scraped."""
+plus the runs-by-state gauge and ``tether_runs_stranded`` (runs waiting on an agent
+version no live worker serves, SPEC §12), counted by the engine at scrape time, so they
+are true for the whole fleet whichever process is scraped."""
 
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ __all__ = [
 class _Scrape(Collector):
     """One scrape: this process's metrics plus the runs-by-state gauge counted just now."""
 
-    def __init__(self, by_state: dict[str, int]) -> None:
+    def __init__(self, by_state: dict[str, int], stranded: int) -> None:
         self.by_state = by_state
+        self.stranded = stranded
 
     def collect(self) -> Iterable[Metric]:
         return self._metrics()
@@ -53,6 +55,11 @@ class _Scrape(Collector):
         for state, count in sorted(self.by_state.items()):
             gauge.add_metric([state], count)
         yield gauge
+        yield GaugeMetricFamily(
+            "tether_runs_stranded",
+            "Runs waiting on an agent version no live worker serves, fleet-wide.",
+            value=self.stranded,
+        )
 
 
 async def render(engine: Engine) -> tuple[bytes, str]:
@@ -60,5 +67,5 @@ async def render(engine: Engine) -> tuple[bytes, str]:
     # Every state is exported, zero when no run is in it, so a series never disappears.
     by_state = {state.value: 0 for state in RunState} | await engine.counts_by_state()
     scrape = CollectorRegistry(auto_describe=False)
-    scrape.register(_Scrape(by_state))
+    scrape.register(_Scrape(by_state, await engine.count_stranded()))
     return generate_latest(scrape), CONTENT_TYPE_LATEST

@@ -1,0 +1,265 @@
+"""Agent versions (SPEC §12) on both backends, in one process: what a run records, that
+claims, recoveries, expiries and decisions take only the versions a process serves, the
+worker registry and stranded runs, migrations, and a decision whose tool is gone."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import kit
+import pytest
+import versioned
+
+from tether import Agent, Engine, StopKind
+from tether.errors import (
+    AlreadyFinished,
+    InvalidInput,
+    NotFound,
+    PendingToolUnavailable,
+    WrongVersion,
+)
+from tether.runs import RunState
+
+SEND: list[dict[str, Any]] = [{"tool_calls": [kit.call("send", item="b")]}, {"content": "sent"}]
+
+
+def _token(engine: Engine) -> str:
+    return str(engine.services.notifier.last().token)  # type: ignore[attr-defined]
+
+
+def test_the_default_version_is_the_name_and_a_digest_of_prompt_and_tools() -> None:
+    agent = dataclasses.replace(kit.agent(), version=None)
+    assert re.fullmatch(r"kit@[0-9a-f]{12}", agent.agent_version)
+    assert dataclasses.replace(kit.agent(), version=None).agent_version == agent.agent_version
+    reworded = dataclasses.replace(agent, system_prompt="You are another test agent.")
+    fewer_tools = dataclasses.replace(agent, tools=agent.tools[:-1])
+    declared = dataclasses.replace(agent, version="2026-12-01")
+    assert len({agent.agent_version, reworded.agent_version, fewer_tools.agent_version}) == 3
+    assert declared.agent_version == "2026-12-01"
+
+
+async def test_a_run_records_its_agent_version_and_shows_it(db_url: str) -> None:
+    engine = versioned.engine(db_url, versioned.v1())
+    try:
+        run = await engine.start_run("dana", "hello")
+        view = await engine.get_run(run.id)
+        assert view.run.agent_version == "kit@v1"
+        assert view.run.versions["agent"] == "kit@v1"
+        from tether.runs import run_to_json
+
+        shown = run_to_json(view.run)
+        assert shown["agent_version"] == "kit@v1"
+        assert shown["forked_from"] is None and shown["dry_run"] is False
+    finally:
+        engine.close()
+
+
+async def test_an_engine_claims_only_the_versions_it_serves(db_url: str) -> None:
+    old = versioned.engine(db_url, versioned.v1())
+    new = versioned.engine(db_url, versioned.v2())
+    accepting = versioned.engine(db_url, versioned.v2(), accept_versions=("kit@v1",))
+    try:
+        run = await old.start_run("dana", "hello")
+        assert await new.claim_next() is None
+        with pytest.raises(WrongVersion) as refused:
+            await new.run_until_stop(run.id)
+        assert refused.value.details["agent_version"] == "kit@v1"
+        stored = await new.find_run(run.id)
+        assert stored is not None and stored.owner is None and stored.lease_epoch == 0
+        outcome = await accepting.run_until_stop(run.id)
+        assert outcome.kind is StopKind.ANSWERED
+        view = await accepting.get_run(run.id)
+        assert versioned.served_by(view.messages) == ["kit@v2", "kit@v2"]
+        assert view.run.agent_version == "kit@v1"  # accepting is not migrating
+    finally:
+        for engine in (old, new, accepting):
+            engine.close()
+
+
+async def test_orphans_and_expiries_of_another_version_are_left_alone(db_url: str) -> None:
+    old = versioned.engine(db_url, versioned.v1(), heartbeat_timeout_s=0.05)
+    new = versioned.engine(
+        db_url, versioned.v2(), heartbeat_timeout_s=0.05, suspension_ttl_min=0.0001
+    )
+    try:
+        orphan = await old.start_run("dana", "work")
+        claimed = await old.claim_next()
+        assert claimed is not None and claimed.id == orphan.id
+        old.services.heartbeat.stop()  # its owner "dies": the heartbeat goes stale
+        kit.poll_until(lambda: _stale(new, orphan.id), what="a stale heartbeat")
+        assert (await new.claim_orphans(10)).claimed == []
+        _, any_orphan = await new.orphan_census()
+        assert not any_orphan
+        waiting = versioned.engine(db_url, versioned.v1(), turns=SEND, suspension_ttl_min=0.0001)
+        suspended = await waiting.ask("dana", "send it")
+        waiting.close()
+        assert suspended.kind is StopKind.SUSPENDED
+        assert await new.expire_suspended() == []
+        assert (await new.find_run(suspended.run_id)).state is RunState.SUSPENDED  # type: ignore[union-attr]
+        assert suspended.run_id in await old.expire_suspended()
+    finally:
+        old.close()
+        new.close()
+
+
+def _stale(engine: Engine, run_id: str) -> bool:
+    """The run's owner's heartbeat is stale by the database's clock (any version)."""
+    now, _ = engine.store.orphan_census(stale_after_s=0.05)
+    run = engine.store.get_run(run_id)
+    return run is not None and run.heartbeat_at is not None and now - run.heartbeat_at > 0.05
+
+
+async def test_stranded_runs_are_those_no_live_worker_serves(db_url: str) -> None:
+    old = versioned.engine(db_url, versioned.v1(), heartbeat_timeout_s=600)
+    try:
+        queued = await old.start_run("dana", "queued")
+        halted = await old.start_run("dana", "halted", limits={"max_steps": 1})
+        assert (await old.run_until_stop(halted.id)).kind is StopKind.HALTED
+        suspended = (await _suspended(db_url)).run_id
+        assert await _stranded_ids(old) == {queued.id, suspended}  # no worker at all
+        assert await old.count_stranded() == 2
+        old.store.register_worker("w-old", ["kit@v1", "kit@v0"])
+        assert await _stranded_ids(old) == set()
+        assert await old.count_stranded() == 0
+        assert old.store.beat_worker("w-old") is True
+        old.store.leave("w-old")
+        assert old.store.beat_worker("w-old") is False
+        assert await _stranded_ids(old) == {queued.id, suspended}
+        old.store.register_worker("w-new", ["kit@v2"])
+        assert old.store.live_versions(stale_after_s=600) == ["kit@v2"]
+        assert await old.count_stranded() == 2
+        with pytest.raises(InvalidInput):
+            await old.stranded_runs(0)
+    finally:
+        old.close()
+
+
+async def _suspended(db_url: str, agent: Agent | None = None) -> Any:
+    engine = versioned.engine(db_url, agent or versioned.v1(), turns=SEND)
+    try:
+        outcome = await engine.ask("dana", "send it")
+        assert outcome.kind is StopKind.SUSPENDED
+        return dataclasses.replace(outcome, answer=_token(engine))
+    finally:
+        engine.close()
+
+
+async def _stranded_ids(engine: Engine) -> set[str]:
+    return {run.id for run in await engine.stranded_runs()}
+
+
+async def test_a_decision_on_another_version_is_wrong_version_and_claims_nothing(
+    db_url: str,
+) -> None:
+    old = versioned.engine(db_url, versioned.v1(), turns=SEND)
+    new = versioned.engine(db_url, versioned.v2(), turns=SEND)
+    try:
+        outcome = await old.ask("dana", "send it")
+        token = _token(old)
+        before = await old.find_run(outcome.run_id)
+        with pytest.raises(WrongVersion) as refused:
+            await new.resume_after_confirmation(token, "approve", "dana")
+        assert refused.value.details["agent_version"] == "kit@v1"
+        after = await old.find_run(outcome.run_id)
+        assert after == before  # nothing claimed, the token still works
+        assert not [e for e in await old.events(outcome.run_id) if e.kind == "approved"]
+        result = await old.resume_after_confirmation(token, "approve", "dana")
+        assert result.outcome.value == "executed"
+    finally:
+        old.close()
+        new.close()
+
+
+async def test_migrate_moves_a_waiting_run_with_a_recorded_event(db_url: str) -> None:
+    old = versioned.engine(db_url, versioned.v1())
+    new = versioned.engine(db_url, versioned.v2())
+    try:
+        run = await old.start_run("dana", "hello")
+        moved = await new.migrate_run(run.id, "kit@v2", by="ops", why="deploy 42")
+        assert moved.agent_version == "kit@v2"
+        migrated = [e for e in await new.events(run.id) if e.kind == "migrated"]
+        assert [e.data for e in migrated] == [
+            {"by": "ops", "why": "deploy 42", "from_version": "kit@v1", "to_version": "kit@v2"}
+        ]
+        assert await old.claim_next() is None  # the old version no longer takes it
+        outcome = await new.run_until_stop(run.id)
+        assert outcome.kind is StopKind.ANSWERED
+    finally:
+        old.close()
+        new.close()
+
+
+async def test_migrate_refuses_what_it_cannot_do_and_changes_nothing(db_url: str) -> None:
+    old = versioned.engine(db_url, versioned.v1())
+    new = versioned.engine(db_url, versioned.v2())
+    try:
+        run = await old.start_run("dana", "hello")
+        with pytest.raises(InvalidInput, match="serves kit@v2"):
+            await new.migrate_run(run.id, "kit@v9", by="ops")
+        with pytest.raises(InvalidInput, match="already on"):
+            await old.migrate_run(run.id, "kit@v1", by="ops")
+        with pytest.raises(InvalidInput):
+            await new.migrate_run(run.id, "kit@v2", by="not a user id!")
+        with pytest.raises(NotFound):
+            await new.migrate_run("0" * 32, "kit@v2", by="ops")
+        claimed = await old.claim_next()  # a live owner carries it now
+        assert claimed is not None
+        with pytest.raises(InvalidInput, match="live worker"):
+            await new.migrate_run(run.id, "kit@v2", by="ops")
+        assert (await old.carry(claimed)).kind is StopKind.ANSWERED
+        with pytest.raises(AlreadyFinished):
+            await new.migrate_run(run.id, "kit@v2", by="ops")
+        assert (await new.find_run(run.id)).agent_version == "kit@v1"  # type: ignore[union-attr]
+        assert not [e for e in await new.events(run.id) if e.kind == "migrated"]
+    finally:
+        old.close()
+        new.close()
+
+
+async def test_migrate_refuses_a_version_without_the_pending_tool(db_url: str) -> None:
+    suspended = await _suspended(db_url)
+    no_send = versioned.engine(db_url, versioned.v3())
+    try:
+        with pytest.raises(PendingToolUnavailable) as refused:
+            await no_send.migrate_run(suspended.run_id, "kit@v3", by="ops")
+        assert refused.value.code == "tool_unavailable"
+        assert refused.value.details["tool"] == "send"
+        run = await no_send.find_run(suspended.run_id)
+        assert run is not None and run.agent_version == "kit@v1"
+        assert run.state is RunState.SUSPENDED
+    finally:
+        no_send.close()
+
+
+async def test_a_decision_whose_tool_is_gone_halts_the_run_tool_unavailable(
+    db_url: str,
+) -> None:
+    suspended = await _suspended(db_url)
+    # A v3 process that accepts v1 runs, but has no ``send`` any more.
+    no_send = versioned.engine(db_url, versioned.v3(), accept_versions=("kit@v1",))
+    try:
+        with pytest.raises(PendingToolUnavailable):
+            await no_send.resume_after_confirmation(suspended.answer, "approve", "dana")
+        view = await no_send.get_run(suspended.run_id)
+        assert view.run.state is RunState.HALTED
+        assert view.run.halt_reason == "tool_unavailable"
+        last = view.messages[-1]
+        assert last["role"] == "tool" and "tool_unavailable" in last["content"]
+        assert kit.effects() == []  # the send never ran
+        kinds = [e.kind for e in await no_send.events(suspended.run_id)]
+        assert kinds[-3:] == ["approved", "tool_result", "halted"]
+    finally:
+        no_send.close()
+
+
+def test_accept_versions_from_the_environment() -> None:
+    from tether.config import Settings
+    from tether.errors import ConfigError
+
+    env = {"TETHER_ACCEPT_VERSIONS": " kit@v1, kit@v0 ,,kit@v1"}
+    assert Settings.from_env(env).accept_versions == ("kit@v1", "kit@v0")
+    assert Settings.from_env({}).accept_versions == ()
+    with pytest.raises(ConfigError):
+        Settings.from_env({"TETHER_ACCEPT_VERSIONS": "x" * 129})
