@@ -15,7 +15,7 @@ import httpx
 import kit
 import pytest
 
-from tether import Engine, MemoryNotifier, StopKind
+from tether import Engine, MemoryNotifier, ScriptedModel, StopKind
 from tether.api.app import create_app
 from tether.config import Settings
 from tether.runs import RunState
@@ -173,3 +173,38 @@ async def test_someone_elses_or_a_missing_run_is_not_found_and_an_answered_run_h
         await signed_in(web, client)
         page = (await client.get(f"/runs/{answered}")).text
         assert FORK_FORM.findall(page) == [] and "Forks" not in page
+
+
+async def test_a_failed_runs_page_offers_to_fork_it_before_the_step_it_failed_in(
+    db_url: str,
+) -> None:
+    turns: list[dict[str, Any]] = [
+        {"tool_calls": [kit.call("lookup", query="x")]},
+        {"tool_calls": [kit.call("blind_write", item="z")]},
+        {"content": "done"},
+    ]
+    engine = Engine(
+        agent=kit.agent(),
+        model=ScriptedModel(turns),
+        settings=Settings(database_url=db_url),
+        notifier=MemoryNotifier(),
+    )
+    try:
+        web = Web(
+            engine=engine, keys={"dana": await engine.add_user("dana")}, app=create_app(engine)
+        )
+        kit.inject_failure("blind_write", "after_commit")  # cannot tell whether it ran
+        outcome = await engine.ask("dana", "go")
+        assert outcome.kind is StopKind.FAILED and outcome.reason == "unreconcilable"
+        async with web.client() as client:
+            csrf = await signed_in(web, client)
+            shown = (await client.get(f"/runs/{outcome.run_id}")).text
+            assert FORK_FORM.findall(shown) == [outcome.run_id]
+            assert AT_STEP.findall(shown) == ["1"]  # step 2's write has no result
+            form = {"csrf": csrf, "at_step": "1", "dry_run": "true"}
+            done = await client.post(f"/runs/{outcome.run_id}/fork", data=form)
+            assert done.status_code == 303
+        (fork,) = await engine.forks_of(outcome.run_id)
+        assert fork.dry_run and fork.forked_from == {"run_id": outcome.run_id, "step": 1}
+    finally:
+        engine.close()
