@@ -263,3 +263,41 @@ def test_accept_versions_from_the_environment() -> None:
     assert Settings.from_env({}).accept_versions == ()
     with pytest.raises(ConfigError):
         Settings.from_env({"TETHER_ACCEPT_VERSIONS": "x" * 129})
+
+
+async def test_over_http_a_decision_of_another_version_is_a_409_and_metrics_count_it(
+    db_url: str,
+) -> None:
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tether.api.app import create_app
+
+    suspended = await _suspended(db_url)
+    engine = versioned.engine(db_url, versioned.v2())
+    await engine.add_user("dana", "key-of-dana")
+    app = create_app(engine, public_url="http://tether.test")
+    dana = {"Authorization": "Bearer key-of-dana"}
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://tether.test"
+        ) as client:
+            answer = await client.post(
+                f"/v1/approvals/{suspended.answer}", json={"decision": "approve"}, headers=dana
+            )
+            assert answer.status_code == 409, answer.text
+            body = answer.json()
+            assert body["ok"] is False and body["error"] == "wrong_version"
+            assert body["agent_version"] == "kit@v1" and "tether runs migrate" in body["message"]
+            shown = (await client.get(f"/v1/runs/{suspended.run_id}", headers=dana)).json()
+            assert shown["state"] == "suspended" and shown["agent_version"] == "kit@v1"
+            text = (await client.get("/metrics")).text
+        gauges = [
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "tether_runs_stranded"
+        ]
+        assert gauges == [1.0]  # the suspended v1 run: no worker serves v1
+    finally:
+        engine.close()

@@ -277,7 +277,8 @@ class DiffOut(BaseModel):
 class ApprovalRefusedOut(ErrorOut):
     """A refused decision. ``already_resumed`` adds ``decision`` (the one that used the
     token); ``changed`` adds ``diff``, the new ``token``, ``preview`` and ``expires_at``;
-    ``guard_failed`` adds ``reason``."""
+    ``guard_failed`` adds ``reason``; ``wrong_version`` the run's ``agent_version``;
+    ``tool_unavailable`` the halted run's ``run_id``."""
 
     decision: DecisionOut | None = None
     diff: list[DiffOut] | None = None
@@ -285,3 +286,5 @@ class ApprovalRefusedOut(ErrorOut):
     preview: dict[str, Any] | None = None
     expires_at: str | None = None
     reason: str | None = None
+    agent_version: str | None = None
+    run_id: str | None = None

@@ -257,7 +257,10 @@ async def fork_run(
             (
                 409,
                 "`already_resumed` (with `decision`), `changed` (with `diff` and a new "
-                "`token`: review again), `guard_failed` (with `reason`)",
+                "`token`: review again), `guard_failed` (with `reason`), `wrong_version` "
+                "(with the run's `agent_version`: this process does not serve it; nothing "
+                "was claimed), `tool_unavailable` (the pending tool is gone from the "
+                "serving version; the run is halted `tool_unavailable`)",
             ),
             model=ApprovalRefusedOut,
         ),

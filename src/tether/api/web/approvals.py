@@ -33,7 +33,9 @@ from tether.errors import (
     GuardFailed,
     InvalidInput,
     NoLongerPermitted,
+    PendingToolUnavailable,
     UnknownOrExpired,
+    WrongVersion,
 )
 
 log = logging.getLogger(__name__)
@@ -198,6 +200,8 @@ async def _carry_out(
         return outcome(request, session, 409, "guard_failed", reason=reason)
     except NoLongerPermitted as exc:
         return outcome(request, session, 403, "no_longer_permitted", reason=exc.message)
+    except (WrongVersion, PendingToolUnavailable) as exc:
+        return outcome(request, session, 409, exc.code, reason=exc.message)
     except UnknownOrExpired:
         return unknown_or_expired(request, session)
     except InvalidInput as exc:
