@@ -1,6 +1,6 @@
 """The inbox in a real browser: Playwright drives Debian's Chromium against the app served
 by uvicorn on a loopback port. Sign in, see the request, approve it with a double click
-(it resumes once, by the store), and see a changed request's diff side by side.
+(it resumes once, by the store), and see a changed request's diff side by side; fork a halted run from its page.
 
 Chromium comes from the system (``apt-get install chromium``; CI does it); Playwright's
 own browser download is never used. Without /usr/bin/chromium this test fails."""
@@ -438,3 +438,37 @@ def test_an_invalid_edit_shows_the_error_and_the_request_can_still_be_edited_and
     result = shipping.tool_result(run_id)
     assert result["edited_by_user"] == {"arguments": edited}
     assert result["result"] == {"shipped": "A-1", "quantity": 4, "rush": True, "speed": "air"}
+
+
+@pytest.fixture
+def halted(sqlite_url: str) -> Iterator[tuple[Served, str]]:
+    """The app for the test agent, and dana's run halted after its first step (a read; its
+    script goes on with a write)."""
+    with _serving(sqlite_url, kit.agent(), kit.script("work")) as app:
+        outcome = off_loop(lambda: app.engine.ask("dana", "go", limits={"max_steps": 1}))
+        assert outcome.kind is StopKind.HALTED
+        yield app, outcome.run_id
+
+
+def test_the_fork_button_on_a_halted_runs_page_opens_the_dry_run_fork_and_its_lineage(
+    halted: tuple[Served, str], page: Page
+) -> None:
+    served, parent = halted
+    sign_in(page, served)
+    page.goto(f"{served.url}/runs/{parent}")
+    expect(page.locator(".agent-version")).to_have_text(served.engine.agent.agent_version)
+    expect(page.locator("#fork-at-step")).to_have_value("1")
+    page.check("#fork-dry-run")
+    shot(page, "run-fork-form")
+    page.get_by_role("button", name="Fork", exact=True).click()
+    expect(page.locator(".forked-from")).to_be_visible()  # the new run's page
+    [fork] = off_loop(lambda: served.engine.forks_of(parent))
+    expect(page).to_have_url(f"{served.url}/runs/{fork.id}")
+    assert fork.dry_run and fork.forked_from == {"run_id": parent, "step": 1}
+    expect(page.locator(".dry-run")).to_be_visible()
+    expect(page.locator(".forked-from")).to_contain_text("at step 1")
+    shot(page, "run-forked")
+    page.locator(".forked-from a").click()
+    expect(page).to_have_url(f"{served.url}/runs/{parent}")
+    expect(page.locator(".forks a")).to_have_text(fork.id)
+    assert kit.effects() == []  # forking executed nothing
