@@ -1,6 +1,7 @@
 """The inbox in a real browser: Playwright drives Debian's Chromium against the app served
 by uvicorn on a loopback port. Sign in, see the request, approve it with a double click
-(it resumes once, by the store), and see a changed request's diff side by side; fork a halted run from its page.
+(it resumes once, by the store), see a changed request's diff side by side, and fork a
+halted run from its page.
 
 Chromium comes from the system (``apt-get install chromium``; CI does it); Playwright's
 own browser download is never used. Without /usr/bin/chromium this test fails."""
