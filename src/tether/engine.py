@@ -167,7 +167,8 @@ class Engine(ServiceAPI):
 
     async def run_until_stop(self, run_id: str) -> Outcome:
         """Claim ``run_id`` (it must be waiting for a worker) and carry it to its next stop:
-        answered, suspended, halted or failed."""
+        answered, suspended, halted or failed; ``wrong_version`` if this engine does not
+        serve the run's agent version (SPEC §12)."""
         await self.open()
         served = self.services.versions
         run = await hop(
