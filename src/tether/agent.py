@@ -7,7 +7,7 @@ import importlib
 import inspect
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -101,12 +101,16 @@ class Agent:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Agent]:
-        """Enter the agent's ``lifespan`` (if any) and yield the agent to serve."""
+        """Enter the agent's ``lifespan`` (if any) and yield the agent to serve. It keeps
+        this agent's version: a version is what was declared and deployed, so tools a
+        lifespan adds (an MCP server's, listed at start-up) or its ``deps`` never change
+        it, and every process of one deployment serves the same version whether or not it
+        entered the lifespan. A lifespan tool that is gone is ``tool_unavailable``."""
         if self.lifespan is None:
             yield self
             return
         async with self.lifespan(self) as agent:
-            yield agent
+            yield replace(agent, version=self.agent_version)
 
     def versions(self) -> dict[str, Any]:
         """The versions a run records when it starts."""

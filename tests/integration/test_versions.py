@@ -301,3 +301,19 @@ async def test_over_http_a_decision_of_another_version_is_a_409_and_metrics_coun
         assert gauges == [1.0]  # the suspended v1 run: no worker serves v1
     finally:
         engine.close()
+
+
+async def test_tools_a_lifespan_adds_do_not_change_the_version() -> None:
+    """An MCP server's tools are listed when a process enters the agent's lifespan; a run
+    started by a process that did not (or before they were listed) has the same version."""
+    from collections.abc import AsyncIterator
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def adds_whoami(agent: Agent) -> AsyncIterator[Agent]:
+        yield dataclasses.replace(agent, tools=(*agent.tools, versioned.whoami))
+
+    declared = dataclasses.replace(kit.agent(), version=None, lifespan=adds_whoami)
+    async with declared.running() as served:
+        assert served.tool("whoami") is not None
+        assert served.agent_version == declared.agent_version

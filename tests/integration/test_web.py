@@ -130,7 +130,7 @@ async def test_a_post_without_the_session_csrf_token_changes_nothing(web: Web) -
             headers={"Sec-Fetch-Site": "cross-site"},
         )
     assert [r.status_code for r in (missing, forged, cross_site)] == [403, 403, 403]
-    assert all("Nothing was decided" in r.text for r in (missing, forged, cross_site))
+    assert all("Nothing was done" in r.text for r in (missing, forged, cross_site))
     after = await web.run(run_id)
     assert after.state is RunState.SUSPENDED and after.updated_at == before.updated_at
     assert await web.decisions(run_id) == [] and kit.effects() == []

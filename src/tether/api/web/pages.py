@@ -236,7 +236,7 @@ def not_from_this_session(request: Request, session: Session) -> Response:
         session,
         403,
         "Refused",
-        "Nothing was decided: this form was not sent from your own session's page.",
+        "Nothing was done: this form was not sent from your own session's page.",
         kind="refused",
     )
 
