@@ -110,7 +110,7 @@ class Agent:
             yield self
             return
         async with self.lifespan(self) as agent:
-            yield replace(agent, version=self.agent_version)
+            yield agent if agent is self else replace(agent, version=self.agent_version)
 
     def versions(self) -> dict[str, Any]:
         """The versions a run records when it starts."""

@@ -96,12 +96,20 @@ async def test_orphans_and_expiries_of_another_version_are_left_alone(db_url: st
         suspended = await waiting.ask("dana", "send it")
         waiting.close()
         assert suspended.kind is StopKind.SUSPENDED
+        kit.poll_until(lambda: _expired(new, suspended.run_id), what="the window to pass")
         assert await new.expire_suspended() == []
         assert (await new.find_run(suspended.run_id)).state is RunState.SUSPENDED  # type: ignore[union-attr]
         assert suspended.run_id in await old.expire_suspended()
     finally:
         old.close()
         new.close()
+
+
+def _expired(engine: Engine, run_id: str) -> bool:
+    """The run's approval window has passed by the database's clock."""
+    now, _ = engine.store.orphan_census(stale_after_s=0.05)
+    run = engine.store.get_run(run_id)
+    return run is not None and run.expires_at is not None and now > run.expires_at
 
 
 def _stale(engine: Engine, run_id: str) -> bool:
