@@ -9,95 +9,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
-import socket
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import kit
+from demo_procs import DANA, QUESTION, cli, demo_env, free_port, henderson, process, stopped
 
 from tether.runs import Run
 from tether.store import CallStatus, Store
 
-DANA = {"Authorization": "Bearer tether-demo-dana"}
-QUESTION = "Draft and send a quote for Henderson, 200 of SKU-4411"
-STOP_S = 30
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
-    env.update(extra)
-    return env
-
-
-def _up(proc: subprocess.Popen[bytes], url: str, log: Path) -> bool:
-    if proc.poll() is not None:
-        raise AssertionError(f"exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-@contextmanager
-def _process(args: list[str], env: dict[str, str], log: Path, ready_url: str) -> Iterator[None]:
-    """A ``tether`` subprocess, once ``ready_url`` answers 200; stopped on the way out."""
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tether", *args],
-            env=env,
-            cwd=log.parent,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        kit.poll_until(lambda: _up(proc, ready_url, log), timeout=60, what=" ".join(args))
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=STOP_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=STOP_S)
-
-
-def _stopped(base: str, run_id: str) -> dict[str, Any] | None:
-    """The run's JSON once it is no longer running, else None."""
-    response = httpx.get(f"{base}/v1/runs/{run_id}", headers=DANA, timeout=10)
-    assert response.status_code == 200, response.text
-    run: dict[str, Any] = response.json()
-    return None if run["state"] == "running" else run
-
-
-def _henderson(crm: str) -> tuple[int, int]:
-    counts = httpx.get(f"{crm}/admin/quotes", params={"account_id": "4471"}, timeout=10).json()
-    return counts["drafted"], counts["sent"]
-
 
 def _dry_fork(url: str, run_id: str, at_step: int) -> dict[str, Any]:
-    fork_args = ["runs", "fork", run_id, "--at-step", str(at_step), "--dry-run"]
-    done = subprocess.run(
-        [sys.executable, "-m", "tether", *fork_args],
-        env=_env(TETHER_DATABASE_URL=url),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    fork: dict[str, Any] = json.loads(done.stdout)
-    return fork
+    env = demo_env(TETHER_DATABASE_URL=url)
+    return cli(env, "runs", "fork", run_id, "--at-step", str(at_step), "--dry-run")
 
 
 def _results(messages: list[dict[str, Any]]) -> list[Any]:
@@ -107,21 +32,21 @@ def _results(messages: list[dict[str, Any]]) -> list[Any]:
 def test_a_dry_run_fork_of_the_demo_run_drafts_and_sends_nothing(
     db_url: str, tmp_path: Path
 ) -> None:
-    crm_port, port = _free_port(), _free_port()
+    crm_port, port = free_port(), free_port()
     crm, base = f"http://127.0.0.1:{crm_port}", f"http://127.0.0.1:{port}"
     sandbox = ["sandbox", "serve", "--port", str(crm_port), "--db", str(tmp_path / "crm.db")]
     serve = ["serve", "--port", str(port), "--workers", "1"]
-    env = _env(TETHER_DATABASE_URL=db_url, TETHER_SANDBOX_URL=crm)
+    env = demo_env(TETHER_DATABASE_URL=db_url, TETHER_SANDBOX_URL=crm)
     with (
-        _process(sandbox, env, tmp_path / "sandbox.log", f"{crm}/admin/quotes?account_id=4471"),
-        _process(serve, env, tmp_path / "serve.log", f"{base}/readyz"),
+        process(sandbox, env, tmp_path / "sandbox.log", f"{crm}/admin/quotes?account_id=4471"),
+        process(serve, env, tmp_path / "serve.log", f"{base}/readyz"),
     ):
         created = httpx.post(f"{base}/v1/runs", headers=DANA, json={"question": QUESTION})
         assert created.status_code == 202, created.text
         parent = created.json()["id"]
-        waiting = kit.poll_until(lambda: _stopped(base, parent), timeout=60, what="the send")
+        waiting = kit.poll_until(lambda: stopped(base, parent), timeout=60, what="the send")
         assert waiting["state"] == "suspended" and waiting["pending"]["tool"] == "send_quote"
-        before = _henderson(crm)
+        before = henderson(crm)
         assert before == (1, 0)
         # Through step 2 the continuation drafts (and then sends); through step 3 it sends.
         forks = [_dry_fork(db_url, parent, step) for step in (2, 3)]
@@ -131,11 +56,11 @@ def test_a_dry_run_fork_of_the_demo_run_drafts_and_sends_nothing(
             go = httpx.post(f"{base}/v1/runs/{fork['id']}/continue", headers=DANA, json={})
             assert go.status_code == 200, go.text
         ended = [
-            kit.poll_until(functools.partial(_stopped, base, f["id"]), timeout=60, what="a fork")
+            kit.poll_until(functools.partial(stopped, base, f["id"]), timeout=60, what="a fork")
             for f in forks
         ]
         assert [run["state"] for run in ended] == ["answered", "answered"]
-        assert _henderson(crm) == before
+        assert henderson(crm) == before
     store = Store(db_url)
     try:
         draft_fork, send_fork = (store.ledger(f["id"]) for f in forks)

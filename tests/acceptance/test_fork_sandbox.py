@@ -11,100 +11,19 @@ names across the test folders.)"""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import kit
+from demo_procs import DANA, QUESTION, cli, demo_env, henderson, serving, stopped
 
 from tether import StopKind
 from tether.sandbox import RunningSandbox
 from tether.store import Store
 
-DANA = {"Authorization": "Bearer tether-demo-dana"}
-QUESTION = "Draft and send a quote for Henderson, 200 of SKU-4411"
-STOP_S = 30
 # The demo's steps: find_account, get_pricing, draft_quote, then send_quote (suspends).
 DRAFT_STEP = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
-    env.update(extra)
-    return env
-
-
-def _ready(proc: subprocess.Popen[bytes], base: str, log: Path) -> bool:
-    if proc.poll() is not None:
-        raise AssertionError(f"serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-    try:
-        return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-@contextmanager
-def serving(env: dict[str, str], log: Path) -> Iterator[str]:
-    """``tether serve --workers 1`` (the demo agent) until it is ready; its base URL."""
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tether", "serve", "--port", str(port), "--workers", "1"],
-            env=env,
-            cwd=log.parent,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        kit.poll_until(lambda: _ready(proc, base, log), timeout=60, what="serve to be ready")
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=STOP_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=STOP_S)
-
-
-def cli(env: dict[str, str], *args: str) -> dict[str, Any]:
-    """A ``tether`` command (the demo agent) that must succeed; its JSON output."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tether", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    shown: dict[str, Any] = json.loads(done.stdout)
-    return shown
-
-
-def stopped(base: str, run_id: str) -> dict[str, Any] | None:
-    """The run with its messages once it is no longer running, else None."""
-    response = httpx.get(f"{base}/v1/runs/{run_id}", headers=DANA, timeout=10)
-    assert response.status_code == 200, response.text
-    run: dict[str, Any] = response.json()
-    return None if run["state"] == "running" else run
-
-
-def henderson(crm: str) -> tuple[int, int]:
-    counts = httpx.get(f"{crm}/admin/quotes", params={"account_id": "4471"}, timeout=10).json()
-    return int(counts["drafted"]), int(counts["sent"])
 
 
 def drafts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -128,7 +47,7 @@ def test_a_fork_just_after_the_draft_continues_to_the_send_without_drafting_agai
 ) -> None:
     crm = sandbox_server.url
     assert httpx.post(f"{crm}/admin/reset", timeout=10).status_code == 200
-    env = _env(TETHER_DATABASE_URL=db_url, TETHER_SANDBOX_URL=crm)
+    env = demo_env(TETHER_DATABASE_URL=db_url, TETHER_SANDBOX_URL=crm)
     with serving(env, tmp_path / "serve.log") as base:
         created = httpx.post(f"{base}/v1/runs", headers=DANA, json={"question": QUESTION})
         assert created.status_code == 202, created.text
