@@ -20,7 +20,7 @@ from tether.errors import (
     PendingToolUnavailable,
     WrongVersion,
 )
-from tether.runs import RunState
+from tether.runs import RunState, run_to_json
 
 SEND: list[dict[str, Any]] = [{"tool_calls": [kit.call("send", item="b")]}, {"content": "sent"}]
 
@@ -47,8 +47,6 @@ async def test_a_run_records_its_agent_version_and_shows_it(db_url: str) -> None
         view = await engine.get_run(run.id)
         assert view.run.agent_version == "kit@v1"
         assert view.run.versions["agent"] == "kit@v1"
-        from tether.runs import run_to_json
-
         shown = run_to_json(view.run)
         assert shown["agent_version"] == "kit@v1"
         assert shown["forked_from"] is None and shown["dry_run"] is False

@@ -5,6 +5,7 @@ version carried each of its steps. Workers load them as ``--agent versioned:v1``
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import kit
@@ -73,8 +74,6 @@ def engine(
 
 def served_by(messages: list[dict[str, Any]]) -> list[str]:
     """The versions that answered the run's whoami calls, in order."""
-    import json
-
     seen = []
     for message in messages:
         if message.get("role") == "tool" and "served_by" in str(message.get("content")):
