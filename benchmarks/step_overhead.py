@@ -194,7 +194,7 @@ def time_store_writes(engine: Engine) -> list[float]:
         method(*args, **kwargs)
         spans.append(time.perf_counter() - start)
 
-    # ``tether.hop`` finds the store's thread pool and retry window through ``__self__``.
+    # ``tether._runtime.hop`` finds the store's thread pool and retry window through ``__self__``.
     call.__self__ = engine.store  # type: ignore[attr-defined]
     engine.store.persist_turn = call  # type: ignore[method-assign]
     return spans

@@ -104,7 +104,7 @@ def _round(count: int, watchers: int, *, notices: bool = True) -> tuple[float, l
 # A worker process whose store announces nothing: the baseline of what announcing costs.
 _SILENT = (
     "import tether.store.announce as a; a.Announcer.announce = lambda self, ids: None; "
-    "from tether.cli import main; main()"
+    "from tether.cli.app import main; main()"
 )
 
 

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tether.cli import main
+from tether.cli.app import main
 
 main()

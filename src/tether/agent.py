@@ -18,7 +18,7 @@ from tether.messages import canonical_json
 from tether.models.base import Model, ToolSpec
 from tether.output import check_output_type, instruction
 from tether.scope import ScopeResolver, open_scope
-from tether.tools import Tool
+from tether.tools.tool import Tool
 
 if TYPE_CHECKING:
     from tether.config import Settings

@@ -16,24 +16,32 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tether import approval_preview, approvals, forks, inputs, resume, tracing, versions
+from tether import inputs
+from tether._runtime import control, forks, versions
+from tether._runtime.control import OrphanClaim
+from tether._runtime.feed import Feed, after_seq
+from tether._runtime.heartbeat import Heartbeat
+from tether._runtime.services import Services, hop
 from tether.agent import Agent
-from tether.approval_preview import ApprovalPreview
-from tether.approvals import ApprovalResult
+from tether.approvals import preview, resume
+from tether.approvals.inbox import ServiceAPI
 from tether.budget import Limits, parse_limits
 from tether.config import Settings
 from tether.errors import InvalidInput, NotFound
-from tether.liveness import Heartbeat
 from tether.models.base import Message, Model
 from tether.notify import LogNotifier, Notifier, Outbox
-from tether.outcome import Outcome, StopKind
-from tether.resume import OrphanClaim
+from tether.results import (
+    ApprovalPreview,
+    ApprovalResult,
+    LiveEvent,
+    Outcome,
+    ReapReport,
+    RunView,
+    StopKind,
+)
 from tether.runs import Run
-from tether.service import ServiceAPI
-from tether.services import Services, hop
 from tether.store import Event, LedgerEntry, Store
-from tether.views import ReapReport, RunView
-from tether.watch import Feed, LiveEvent, after_seq
+from tether.telemetry import tracing
 
 if TYPE_CHECKING:
     from tether.sync import SyncEngine
@@ -204,8 +212,8 @@ class Engine(ServiceAPI):
         )
 
     async def carry(self, run: Run, *, stopping: asyncio.Event | None = None) -> Outcome:
-        """Carry a run this engine claimed to its next stop (see ``resume.carry``)."""
-        return await resume.carry(self.services, run, stopping=stopping)
+        """Carry a run this engine claimed to its next stop (see ``control.carry``)."""
+        return await control.carry(self.services, run, stopping=stopping)
 
     # -- resumptions -----------------------------------------------------------------------
 
@@ -223,7 +231,7 @@ class Engine(ServiceAPI):
         for an approval the approver's edited ``arguments`` and the ``digest`` of the
         preview they saw."""
         await self.open()
-        return await approvals.resume_after_confirmation(
+        return await resume.resume_after_confirmation(
             self.services,
             self.worker_id,
             token,
@@ -250,7 +258,7 @@ class Engine(ServiceAPI):
         from an inbox, without the token; same claim, checks and errors as a token.
         ``approved_digest``: the digest of the re-rendered preview of an edit."""
         await self.open()
-        return await approvals.resume_by_run(
+        return await resume.resume_by_run(
             self.services,
             self.worker_id,
             run_id,
@@ -269,7 +277,7 @@ class Engine(ServiceAPI):
         """The pending call's preview with ``arguments`` (default: as pending), and its
         digest; never claims, never changes anything (SPEC §9)."""
         await self.open()
-        return await approval_preview.preview_approval(self.services, token, approver, arguments)
+        return await preview.preview_approval(self.services, token, approver, arguments)
 
     async def preview_by_run(
         self,
@@ -281,7 +289,7 @@ class Engine(ServiceAPI):
     ) -> ApprovalPreview:
         """``preview_approval`` for the inbox, by run and pending call."""
         await self.open()
-        return await approval_preview.preview_by_run(
+        return await preview.preview_by_run(
             self.services, run_id, approver, tool_call_id=tool_call_id, arguments=arguments
         )
 
@@ -295,12 +303,12 @@ class Engine(ServiceAPI):
     ) -> Run:
         """Continue a halted run with a deliberate, logged grant; it waits for a worker."""
         await self.open()
-        return await resume.continue_run(self.services, run_id, user, limits=limits, why=why)
+        return await control.continue_run(self.services, run_id, user, limits=limits, why=why)
 
     async def cancel_run(self, run_id: str, user: str) -> Run:
         """Cancel a run that is not terminal."""
         await self.open()
-        return await resume.cancel_run(self.services, run_id, user)
+        return await control.cancel_run(self.services, run_id, user)
 
     async def fork_run(self, run_id: str, user: str, *, at_step: int, dry_run: bool = False) -> Run:
         """A new halted run of ``user``'s run through step ``at_step`` (SPEC §12)."""
@@ -316,36 +324,36 @@ class Engine(ServiceAPI):
         """Take over up to ``limit`` runs whose owner's heartbeat is stale (and older than
         ``before``, on the database's clock, if given)."""
         await self.open()
-        return await resume.claim_orphans(self.services, self.worker_id, limit, before=before)
+        return await control.claim_orphans(self.services, self.worker_id, limit, before=before)
 
     async def orphan_census(self) -> tuple[float, bool]:
         """The database's clock now and whether any run's owner has a stale heartbeat."""
         await self.open()
-        return await resume.orphan_census(self.services)
+        return await control.orphan_census(self.services)
 
     async def recover(self, run: Run) -> Outcome:
         """Reconcile one claimed orphan and hand it back to the workers."""
-        return await resume.recover(self.services, run)
+        return await control.recover(self.services, run)
 
     async def recover_orphans(self) -> list[Outcome]:
         """One reaper pass over runs whose owner's heartbeat is stale."""
         await self.open()
-        return await resume.recover_orphans(self.services, self.worker_id)
+        return await control.recover_orphans(self.services, self.worker_id)
 
     async def expire_suspended(self) -> list[str]:
         """Halt suspended runs whose approval window has passed."""
         await self.open()
-        return await resume.expire_suspended(self.services)
+        return await control.expire_suspended(self.services)
 
     async def reissue_notices(self) -> list[str]:
         """Re-send suspension notices that were never delivered, with fresh tokens."""
         await self.open()
-        return await resume.reissue_notices(self.services)
+        return await control.reissue_notices(self.services)
 
     async def purge_retained(self) -> int:
         """Delete runs kept past the retention."""
         await self.open()
-        return await resume.purge_retained(self.services)
+        return await control.purge_retained(self.services)
 
     async def stranded_runs(self, limit: int = 100) -> list[Run]:
         """Runs waiting on an agent version no live worker serves (SPEC §12)."""
@@ -415,7 +423,7 @@ class Engine(ServiceAPI):
     ) -> AsyncIterator[LiveEvent]:
         """The run's events after SEQ ``after`` as they are stored, until a terminal state
         (SPEC §11); ``not_found`` if missing or not ``user_id``'s, ``invalid_input`` for
-        an ``after`` that is not a SEQ. See ``tether.watch``."""
+        an ``after`` that is not a SEQ. See ``tether._runtime.feed``."""
         start = after_seq(after)
         run = await self.find_run(run_id)
         if run is None or (user_id is not None and run.user_id != user_id):

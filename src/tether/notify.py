@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tether.hop import hop
+from tether._runtime.hop import hop
 from tether.tokens import hash_token
 
 if TYPE_CHECKING:

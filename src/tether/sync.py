@@ -6,13 +6,12 @@ import asyncio
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tether.approvals import ApprovalResult
-from tether.outcome import Outcome
+from tether.results import ApprovalResult, Outcome
 from tether.runs import Run
 
 if TYPE_CHECKING:
     from tether.engine import Engine
-    from tether.views import ReapReport, RunView
+    from tether.results import ReapReport, RunView
 
 T = TypeVar("T")
 

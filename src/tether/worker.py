@@ -39,12 +39,12 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from tether._runtime.control import OrphanClaim
+from tether._runtime.versions import Registration
 from tether.engine import Engine
 from tether.errors import DatabaseUnavailable
 from tether.listen import listen
-from tether.resume import OrphanClaim
 from tether.runs import Run
-from tether.versions import Registration
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from tether import Engine, ScriptedModel, tracing
+from tether import Engine, ScriptedModel
 from tether.config import Settings
 from tether.runs import Run
 from tether.store import Store
+from tether.telemetry import tracing
 
 
 def _tether(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

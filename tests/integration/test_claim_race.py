@@ -18,8 +18,8 @@ import kit
 import pytest
 
 from tether import Engine, MemoryNotifier, StopKind
-from tether.approvals import ApprovalResult
 from tether.errors import AlreadyResumed, UnknownOrExpired
+from tether.results import ApprovalResult
 from tether.store import Store
 from tether.store.claims import SuspensionClaim
 from tether.tokens import hash_token

@@ -30,14 +30,13 @@ from kit import call
 
 from conftest import PG_ADMIN_URL
 from tether import Agent, Reconciled, Scope, ScriptedModel, ToolContext, tool
+from tether._runtime.hop import hop
 from tether.budget import Limits
 from tether.config import Settings
-from tether.decision import CallVerdict
 from tether.engine import Engine
 from tether.errors import DatabaseUnavailable
-from tether.hop import hop
 from tether.notify import MemoryNotifier, Notice
-from tether.outcome import StopKind
+from tether.results import CallVerdict, StopKind
 from tether.runs import RunState
 from tether.store import Store
 

@@ -297,7 +297,7 @@ async def test_a_confirmation_may_depend_on_the_call_and_is_asked_each_time(db_u
 
 
 def test_a_confirmation_that_is_not_a_bool_or_a_function_is_refused_when_declared() -> None:
-    from tether.tools import UnsafeTool
+    from tether.tools.tool import UnsafeTool
 
     with pytest.raises(UnsafeTool):
 

@@ -27,7 +27,7 @@ from tether.demo.crm import Crm
 from tether.demo.lifespan import sandbox_db_for
 from tether.errors import NoLongerPermitted, UnknownOrExpired
 from tether.sandbox import RunningSandbox
-from tether.tools import OutcomeUnknown, ReconcileKind, ToolFailed
+from tether.tools.tool import OutcomeUnknown, ReconcileKind, ToolFailed
 
 _ORDER = {"account_id": "4471", "sku": "SKU-4411", "quantity": 200}
 QUESTION = "Draft and send a quote for Henderson: 200 of SKU-4411."

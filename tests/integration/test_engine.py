@@ -11,10 +11,10 @@ import pytest
 import sqlalchemy as sa
 
 from tether import MemoryNotifier, StopKind
+from tether._runtime.loop import drive
+from tether._runtime.session import RunSession
 from tether.errors import LeaseLost
-from tether.loop import drive
 from tether.messages import tool_result
-from tether.session import RunSession
 from tether.store import Intent, Store
 from tether.store.records import CallStatus
 from tether.store.schema import metadata

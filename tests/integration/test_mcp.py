@@ -25,7 +25,7 @@ from tether.errors import ConfigError
 from tether.mcp import HttpServer, Override, Server, connect, serving
 from tether.notify import MemoryNotifier
 from tether.store import idempotency_key
-from tether.tools import Effect, InvalidToolArguments, OutcomeUnknown, Tool, ToolUnavailable
+from tether.tools.tool import Effect, InvalidToolArguments, OutcomeUnknown, Tool, ToolUnavailable
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ from tether.models import from_spec
 from tether.models.anthropic_adapter import AnthropicModel
 from tether.models.base import Model
 from tether.models.openai_adapter import OpenAIChatModel
-from tether.outcome import Outcome
+from tether.results import Outcome
 from tether.runs import Run
 from tether.store.records import Event
 from tether.store.schema import runs

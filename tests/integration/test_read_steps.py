@@ -13,7 +13,7 @@ import pytest
 from kit import call, count_calls
 
 from tether import Agent, Engine, MemoryNotifier, ScriptedModel, Settings, ToolContext, tool
-from tether.outcome import StopKind
+from tether.results import StopKind
 from tether.store import CallStatus
 
 

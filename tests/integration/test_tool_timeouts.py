@@ -27,8 +27,8 @@ from tether import (
     ToolUnavailable,
     tool,
 )
+from tether.results import RunView
 from tether.store import CallStatus
-from tether.views import RunView
 
 SHORT = 0.2  # the declared timeout of every tool here: each hangs far longer
 

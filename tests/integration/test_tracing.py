@@ -1,4 +1,4 @@
-"""OpenTelemetry spans of a run (SPEC §11, ``tether.tracing``), on both backends.
+"""OpenTelemetry spans of a run (SPEC §11, ``tether.telemetry.tracing``), on both backends.
 
 Each test traces into its own SDK ``TracerProvider`` with an in-memory exporter, handed to
 tether with ``tracing.use_provider`` (the global provider can be set once per process).
@@ -25,10 +25,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from tether import Engine, MemoryNotifier, StopKind, tracing
+from tether import Engine, MemoryNotifier, StopKind
 from tether.config import Settings
 from tether.errors import AlreadyResumed, ModelError, UnknownOrExpired
 from tether.models.base import Message, Model, ModelResponse, ToolSpec
+from tether.telemetry import tracing
 
 
 @pytest.fixture
@@ -272,7 +273,8 @@ def test_the_documented_example_prints_the_span_tree_it_shows(tmp_path: Path) ->
 WITHOUT_OTEL = """
 import asyncio, os, sys
 sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
-from tether import Agent, Engine, ScriptedModel, tracing
+from tether import Agent, Engine, ScriptedModel
+from tether.telemetry import tracing
 
 os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"  # ignored without the extra
 

@@ -25,7 +25,7 @@ from tether.notify import MemoryNotifier, Notifier
 
 __all__ = ["MemoryNotifier"]
 from tether.models.base import Message, Model, ModelResponse, ToolSpec
-from tether.tools import OutcomeUnknown
+from tether.tools.tool import OutcomeUnknown
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from tether.inflight import InFlight
+from tether._runtime.single_flight import InFlight
 
 
 class Calls:

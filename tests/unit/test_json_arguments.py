@@ -1,4 +1,4 @@
-"""Tool arguments described by a JSON schema (``tether.json_arguments``): the schema the
+"""Tool arguments described by a JSON schema (``tether.tools.json_schema``): the schema the
 model sees is the one given, arguments are checked against it with every violation at its
 path, and a schema that cannot work is refused when the tool is declared."""
 
@@ -12,8 +12,8 @@ import pytest
 
 from tether import Tool
 from tether.errors import ConfigError
-from tether.json_arguments import json_arguments
-from tether.tools import InvalidToolArguments
+from tether.tools.json_schema import json_arguments
+from tether.tools.tool import InvalidToolArguments
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tether._runtime.model_failures import backoff_s
 from tether.config import Settings
 from tether.errors import ConfigError
-from tether.outage import backoff_s
 
 
 def test_max_model_attempts_defaults_to_five_and_reads_the_environment() -> None:

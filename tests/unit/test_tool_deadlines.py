@@ -1,5 +1,5 @@
 """``@tool(timeout_s=..., retries=N)`` (SPEC §10): what a declaration may say, and the
-bounded call itself (``tether.bounded``): a call past its timeout is abandoned, not waited
+bounded call itself (``tether.tools._timeouts``): a call past its timeout is abandoned, not waited
 on, and an overrun write is known to be still at work until it ends."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from tether import Reconciled, Scope, ToolContext, ToolUnavailable, tool
-from tether.bounded import still_running, within
 from tether.errors import ConfigError
-from tether.tools import DEFAULT_TIMEOUT_S, ReconcileKind, ToolFailed, UnsafeTool
+from tether.tools._timeouts import still_running, within
+from tether.tools.tool import DEFAULT_TIMEOUT_S, ReconcileKind, ToolFailed, UnsafeTool
 
 
 def _noop() -> dict[str, str]:

@@ -20,7 +20,7 @@ from tether import (
     ToolContext,
     tool,
 )
-from tether.tools import UnsafeTool
+from tether.tools.tool import UnsafeTool
 
 
 def _noop() -> dict[str, str]:

@@ -19,7 +19,7 @@ from tether.models.base import PLACEHOLDER_API_KEY, Usage, sdk_credentials
 from tether.models.pricing import DEFAULT_PRICE, price_for, spend_usd
 from tether.models.scripted import ScriptedModel
 from tether.previews import diff_previews, digest
-from tether.tools import Effect, InvalidToolArguments
+from tether.tools.tool import Effect, InvalidToolArguments
 
 
 @tool(effect="write", needs_confirmation=True, dedupes=True)

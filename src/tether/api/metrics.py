@@ -1,4 +1,4 @@
-"""The ``/metrics`` exposition: tether's metrics (``tether.metrics``, re-exported here)
+"""The ``/metrics`` exposition: tether's metrics (``tether.telemetry.metrics``, re-exported here)
 plus the runs-by-state gauge and ``tether_runs_stranded`` (runs waiting on an agent
 version no live worker serves, SPEC §12), counted by the engine at scrape time, so they
 are true for the whole fleet whichever process is scraped."""
@@ -13,7 +13,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from tether.metrics import (
+from tether.runs import RunState
+from tether.telemetry.metrics import (
     APPROVALS,
     EXPIRIES,
     MODEL_SECONDS,
@@ -22,7 +23,6 @@ from tether.metrics import (
     STEP_SECONDS,
     TOOL_SECONDS,
 )
-from tether.runs import RunState
 
 if TYPE_CHECKING:
     from tether.engine import Engine

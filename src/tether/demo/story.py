@@ -23,7 +23,7 @@ from tether.demo.scenes import (
     scene_suspend,
 )
 from tether.demo.stage import SceneResult, Stage, open_stage
-from tether.logs import configure
+from tether.telemetry.logs import configure
 
 # -- the story ---------------------------------------------------------------------------------
 

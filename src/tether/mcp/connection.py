@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from tether.errors import ConfigError
 from tether.mcp.link import Link
 from tether.mcp.mapping import Override, build, check_overrides
-from tether.tools import Tool, UnsafeTool
+from tether.tools.tool import Tool, UnsafeTool
 
 if TYPE_CHECKING:
     from mcp import Client

@@ -31,9 +31,9 @@ from mcp_types import (
 from mcp_types import Tool as McpTool
 
 from tether.errors import ConfigError
-from tether.json_arguments import json_arguments
 from tether.mcp.link import READ_WAIT_S
-from tether.tools import (
+from tether.tools.json_schema import json_arguments
+from tether.tools.tool import (
     DEFAULT_TIMEOUT_S,
     Confirmation,
     Effect,

@@ -21,7 +21,7 @@ class StoreBase:
 
     def __init__(self, url: str, *, heartbeat_refresh_s: float = 0.0, retry_s: float = 0.0) -> None:
         self.url = url
-        # How long ``tether.services.hop`` retries a call that met a transient database
+        # How long ``tether._runtime.services.hop`` retries a call that met a transient database
         # error and committed nothing (``tether.store.faults``).
         self.retry_s = retry_s
         self.engine: Engine = create_db_engine(url)
@@ -45,7 +45,7 @@ class StoreBase:
 
     @property
     def executor(self) -> ThreadPoolExecutor:
-        """The threads async callers reach the store through (``tether.hop``): one per
+        """The threads async callers reach the store through (``tether._runtime.hop``): one per
         connection the pool can open, so 50 concurrent approvals do not queue behind the
         event loop's default executor (min(32, cores + 4) threads, shared with every other
         ``to_thread``). Threads start on first use."""

@@ -58,7 +58,7 @@ def create_db_engine(url: str) -> Engine:
     else:
         # No pre-ping: it would cost a round trip before every transaction. A pooled
         # connection that died meanwhile fails at its first statement, before any COMMIT,
-        # and ``tether.hop`` tries the call again on a fresh one (the pool drops every
+        # and ``tether._runtime.hop`` tries the call again on a fresh one (the pool drops every
         # connection older than the failure).
         engine = sa.create_engine(
             url,

@@ -9,7 +9,7 @@ A store call may be tried again only if nothing of it was committed. The engine'
 ``commit`` event marks the calling thread just before COMMIT is sent, so a transient
 error met after that mark is *ambiguous*: the COMMIT may have landed. ``attempt`` runs one
 store call in the calling thread and reports a transient error as ``Transient``, with
-that mark; ``tether.hop`` decides whether to try again: only a call marked ``idempotent``
+that mark; ``tether._runtime.hop`` decides whether to try again: only a call marked ``idempotent``
 is tried again after an ambiguous error.
 """
 

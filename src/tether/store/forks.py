@@ -23,7 +23,7 @@ from tether.store.engine import db_now
 from tether.store.schema import run_events, runs
 from tether.store.statements import INSERT_MESSAGE, SELECT_MESSAGES, add_event
 
-# How many of a run's messages are "through step K" (``tether.forks.step_boundary``);
+# How many of a run's messages are "through step K" (``tether._runtime.forks.step_boundary``);
 # raises ``InvalidInput`` when K is not a boundary.
 Boundary = Callable[[Sequence[Message], Any], int]
 

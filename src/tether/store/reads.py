@@ -194,7 +194,7 @@ class Reads(StoreBase):
     def events_of_runs(
         self, cursors: dict[str, int], *, limit: int
     ) -> tuple[dict[str, RunState], list[Event]]:
-        """For many runs at once (live event streams, ``tether.watch``): their states, then
+        """For many runs at once (live event streams, ``tether._runtime.feed``): their states, then
         up to ``limit`` of their events, oldest first, after the id each run is mapped to.
         A run missing from the states is gone. The states are read first, so a run whose
         state is terminal has all its events in this read or a later one."""

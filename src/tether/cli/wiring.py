@@ -12,13 +12,13 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from tether import tracing
 from tether.agent import Agent, load_agent
 from tether.config import Settings
 from tether.engine import Engine
 from tether.errors import ConfigError
 from tether.models.base import Message, Model, ModelResponse, ToolSpec
 from tether.notify import LogNotifier, Notifier
+from tether.telemetry import tracing
 
 T = TypeVar("T")
 

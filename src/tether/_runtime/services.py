@@ -1,17 +1,17 @@
 """What every run session shares within one engine: store, agent, model, settings, the
 heartbeat of the leases it holds and the outbox of its notices; and ``hop``, the one way
-to reach the synchronous store from async code (``tether.hop``)."""
+to reach the synchronous store from async code (``tether._runtime.hop``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tether._runtime.heartbeat import Heartbeat
+from tether._runtime.hop import hop, hop_once
+from tether._runtime.single_flight import InFlight
 from tether.agent import Agent
 from tether.config import Settings
-from tether.hop import hop, hop_once
-from tether.inflight import InFlight
-from tether.liveness import Heartbeat
 from tether.models.base import Model
 from tether.notify import Notifier, Outbox
 from tether.store import Store

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
     from tether.models.base import ModelResponse
-    from tether.outcome import Outcome
+    from tether.results import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +259,7 @@ def action(
     trace_context: Mapping[str, Any] | None,
     attrs: Mapping[str, Attr],
     *,
-    outcome_key: str = "tether.outcome",
+    outcome_key: str = "tether.results",
 ) -> Iterator[Traced]:
     """A decision about the run made outside its stretches (an approval, a continuation),
     in the run's trace; a refusal (``TetherError``) is its outcome (``outcome_key``)."""

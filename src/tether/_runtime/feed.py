@@ -27,10 +27,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether._runtime.services import hop
 from tether.errors import InvalidInput
 from tether.listen import CONNECTED, listen
-from tether.runs import RunState, iso
-from tether.services import hop
+from tether.results import LiveEvent
+from tether.runs import RunState
 from tether.store import Event, Store
 from tether.store.announce import CHANNEL as EVENTS_CHANNEL
 
@@ -41,20 +42,6 @@ FALLBACK_S = 15.0  # PostgreSQL with a listener: every run is read now and then 
 RELISTEN_S = 1.0  # after a lost listener connection
 MIN_ROUND_S = 0.05  # the steps of a busy run share a round; an idle run's event is read at once
 BATCH = 2000  # events per round
-
-
-@dataclass(frozen=True, kw_only=True)
-class LiveEvent:
-    """One stored event of a run, with its SEQ (its ordinal in the run, from 1)."""
-
-    seq: int
-    run_id: str
-    at: float
-    kind: str
-    data: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"seq": self.seq, "at": iso(self.at), "kind": self.kind, "data": self.data}
 
 
 def after_seq(value: Any) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tether import tracing
+from tether._runtime.services import Services, hop
 from tether.budget import Budget
 from tether.errors import DatabaseUnavailable, LeaseLost, TetherError
 from tether.failpoints import fail
@@ -26,16 +26,16 @@ from tether.messages import ToolCall, pending_tool_calls, tool_calls_of, tool_re
 from tether.models.base import Message, ModelResponse
 from tether.models.pricing import spend_usd
 from tether.notify import Notice
-from tether.outcome import Outcome, StopKind
 from tether.output import Verdict
 from tether.previews import digest
 from tether.reasons import FailReason, HaltReason
+from tether.results import Outcome, StopKind
 from tether.runs import Lease, Pending, Run, iso
 from tether.scope import Scope
-from tether.services import Services, hop
 from tether.store import CallStatus, Decision, Intent, idempotency_key
+from tether.telemetry import tracing
 from tether.tokens import hash_token, new_token
-from tether.tools import ToolContext
+from tether.tools.tool import ToolContext
 
 log = logging.getLogger(__name__)
 

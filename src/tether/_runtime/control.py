@@ -10,7 +10,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether import inputs, tracing
+from tether import inputs
+from tether._runtime.loop import drive, process
+from tether._runtime.services import Services, hop
+from tether._runtime.session import RunSession
 from tether.budget import Limits, parse_limits
 from tether.errors import (
     AlreadyFinished,
@@ -21,14 +24,12 @@ from tether.errors import (
     NotFound,
     NotHalted,
 )
-from tether.loop import drive, process
-from tether.metrics import EXPIRIES, RECOVERIES
 from tether.notify import Notice
-from tether.outcome import Outcome, StopKind
 from tether.reasons import FailReason
+from tether.results import Outcome, StopKind
 from tether.runs import Run, RunState, iso
-from tether.services import Services, hop
-from tether.session import RunSession
+from tether.telemetry import tracing
+from tether.telemetry.metrics import EXPIRIES, RECOVERIES
 from tether.tokens import hash_token, new_token
 
 log = logging.getLogger(__name__)

@@ -16,16 +16,18 @@ import asyncio
 import logging
 import time
 
-from tether import calls, output, tracing
-from tether.decision import decide
+from tether import output
+from tether._runtime import tool_call
+from tether._runtime.decided_call import decide
+from tether._runtime.model_failures import model_failed
+from tether._runtime.session import RunSession
 from tether.errors import DatabaseUnavailable, FailpointError, LeaseLost, ModelError
 from tether.failpoints import fail
 from tether.messages import ToolCall
-from tether.metrics import MODEL_SECONDS, STEP_SECONDS
-from tether.outage import model_failed
-from tether.outcome import Outcome, StopKind
-from tether.session import RunSession
+from tether.results import Outcome, StopKind
 from tether.store import CallStatus
+from tether.telemetry import tracing
+from tether.telemetry.metrics import MODEL_SECONDS, STEP_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ async def process(session: RunSession, call: ToolCall) -> Outcome | None:
     decision = session.take_decision(call.id)
     if decision is not None:
         return (await decide(session, call, decision, recovered=session.take_recovering())).outcome
-    return await calls.first_call(session, call)
+    return await tool_call.first_call(session, call)
 
 
 async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
@@ -79,7 +81,9 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
             if session.stopping:
                 return await session.release("worker stopping")
             stop = await (
-                calls.read_batch(session, batch) if len(batch) > 1 else process(session, batch[0])
+                tool_call.read_batch(session, batch)
+                if len(batch) > 1
+                else process(session, batch[0])
             )
             if stop is not None:
                 return stop
@@ -123,7 +127,7 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
                 answer=answer if isinstance(answer, str) else None,
                 output=verdict.value,
             )
-        results = await calls.read_step(session, turn.calls)
+        results = await tool_call.read_step(session, turn.calls)
         await session.append_turn(turn, results or ())  # a read-only step: one commit
         for result in results or ():
             if result.status is CallStatus.OK:
@@ -139,7 +143,7 @@ def batches(session: RunSession, pending: list[ToolCall]) -> list[list[ToolCall]
     groups: list[list[ToolCall]] = []
     after_read = False
     for call in pending:
-        read = calls.plain_read(session.s.agent.tool(call.name))
+        read = tool_call.plain_read(session.s.agent.tool(call.name))
         if read and after_read:
             groups[-1].append(call)
         else:

@@ -17,13 +17,13 @@ import typer
 from rich.console import Console
 
 from tether.agent import load_agent
-from tether.cli_engine import DEFAULT_AGENT, AgentOpt, emit, engine_for, on_engine, out, pick_model
-from tether.cli_runs import runs_app
+from tether.cli.runs import runs_app
+from tether.cli.wiring import DEFAULT_AGENT, AgentOpt, emit, engine_for, on_engine, out, pick_model
 from tether.config import Settings
 from tether.engine import Engine
 from tether.errors import InvalidInput, TetherError, UnknownOrExpired
-from tether.logs import configure
 from tether.runs import run_to_json
+from tether.telemetry.logs import configure
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

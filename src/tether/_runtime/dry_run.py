@@ -15,12 +15,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tether._runtime.session import RunSession
 from tether.failpoints import fail
 from tether.messages import ToolCall
-from tether.outcome import Outcome
-from tether.session import RunSession
+from tether.results import Outcome
 from tether.store import CallStatus
-from tether.tools import Effect, Tool
+from tether.tools.tool import Effect, Tool
 
 
 def skips(session: RunSession, tool: Tool) -> bool:

@@ -22,10 +22,10 @@ from typing import Any, TypeVar, cast, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from tether.bounded import still_running, within
 from tether.errors import ConfigError, TetherError
 from tether.models.base import ToolSpec
 from tether.scope import Scope
+from tether.tools._timeouts import still_running, within
 
 T = TypeVar("T")
 # How long a tool call may take before it is abandoned (SPEC §10), unless declared.
@@ -204,7 +204,7 @@ class Tool:
     async def call(self, args: BaseModel, ctx: ToolContext) -> Any:
         """Run the tool's function, bounded by ``timeout_s`` (``TimeoutError`` past it). A
         plain function runs in a thread of its own, so a slow one never blocks the event
-        loop: other runs and this run's heartbeat go on meanwhile (``tether.bounded``)."""
+        loop: other runs and this run's heartbeat go on meanwhile (``tether.tools._timeouts``)."""
         positional = (ctx,) if self.takes_context else ()
         key = ctx.idempotency_key if self.effect is Effect.WRITE else None
         kwargs = args.model_dump()

@@ -19,8 +19,8 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from tether._runtime.hop import hop
 from tether.errors import LeaseLost
-from tether.hop import hop
 from tether.runs import Lease
 from tether.store import Store
 

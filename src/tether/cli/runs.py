@@ -10,11 +10,11 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from tether.cli_engine import DEFAULT_AGENT, AgentOpt, emit, on_engine, out
+from tether.cli.wiring import DEFAULT_AGENT, AgentOpt, emit, on_engine, out
 from tether.engine import Engine
 from tether.errors import InvalidInput
-from tether.logs import configure
 from tether.runs import iso, run_to_json
+from tether.telemetry.logs import configure
 
 runs_app = typer.Typer(help="Read, watch, fork and migrate runs.", no_args_is_help=True)
 

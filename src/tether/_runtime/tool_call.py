@@ -18,18 +18,19 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 
-from tether import dry_run, tracing
+from tether._runtime import dry_run
+from tether._runtime.session import Result, RunSession, error_content
+from tether._runtime.tool_retries import attempts, failure_content
 from tether.errors import LeaseLost
 from tether.failpoints import fail
 from tether.messages import ToolCall
-from tether.metrics import TOOL_SECONDS
-from tether.outcome import Outcome
 from tether.previews import digest
 from tether.reasons import FailReason
-from tether.retries import attempts, failure_content
-from tether.session import Result, RunSession, error_content
+from tether.results import Outcome
 from tether.store import CallStatus, idempotency_key
-from tether.tools import (
+from tether.telemetry import tracing
+from tether.telemetry.metrics import TOOL_SECONDS
+from tether.tools.tool import (
     Effect,
     InvalidToolArguments,
     OutcomeUnknown,

@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tether.session import RunSession, error_content
-from tether.tools import Effect, OutcomeUnknown, Tool, ToolContext, ToolFailed, ToolUnavailable
+from tether._runtime.session import RunSession, error_content
+from tether.tools.tool import Effect, OutcomeUnknown, Tool, ToolContext, ToolFailed, ToolUnavailable
 
 log = logging.getLogger(__name__)
 

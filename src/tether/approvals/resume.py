@@ -17,8 +17,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from tether import inputs, tracing, versions
-from tether.decision import CallVerdict, Choice, decide
+from tether import inputs
+from tether._runtime import versions
+from tether._runtime.decided_call import decide
+from tether._runtime.services import Services, hop
+from tether._runtime.session import RunSession
 from tether.errors import (
     AlreadyResumed,
     Changed,
@@ -34,40 +37,19 @@ from tether.errors import (
 )
 from tether.failpoints import fail
 from tether.messages import canonical_json
-from tether.metrics import APPROVALS
-from tether.outcome import Outcome
+from tether.results import ApprovalResult, CallVerdict, Choice, Outcome
 from tether.runs import Pending, Run, RunState, iso
-from tether.services import Services, hop
-from tether.session import RunSession
 from tether.store import Decision
+from tether.telemetry import tracing
+from tether.telemetry.metrics import APPROVALS
 from tether.tokens import hash_token
-from tether.tools import InvalidToolArguments
+from tether.tools.tool import InvalidToolArguments
 
 log = logging.getLogger(__name__)
 
 MAX_REASON_CHARS = 2000
 MAX_ARGUMENTS_CHARS = 100_000
 DIGEST = re.compile(r"[0-9a-f]{64}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ApprovalResult:
-    """A decision that took effect: what was decided, and where the run is now."""
-
-    run_id: str
-    decision: Choice
-    state: RunState
-    outcome: CallVerdict
-    ok: bool = True
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "run_id": self.run_id,
-            "decision": self.decision.value,
-            "state": self.state.value,
-            "outcome": self.outcome.value,
-        }
 
 
 @dataclass(frozen=True, kw_only=True)

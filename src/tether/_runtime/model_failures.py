@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 import random
 
+from tether._runtime.session import RunSession
 from tether.config import Settings
 from tether.errors import ModelError
-from tether.outcome import Outcome, StopKind
 from tether.reasons import FailReason
+from tether.results import Outcome, StopKind
 from tether.runs import iso
-from tether.session import RunSession
 
 log = logging.getLogger(__name__)
 

@@ -4,11 +4,11 @@ approver sees, and the digest they send with their approval. Never claims, never
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from tether import inputs
-from tether.approvals import (
+from tether._runtime.services import Services
+from tether.approvals.resume import (
     checked_arguments,
     find_suspended,
     suspended_on,
@@ -16,30 +16,10 @@ from tether.approvals import (
 )
 from tether.errors import InvalidInput
 from tether.previews import digest as digest_of
+from tether.results import ApprovalPreview
 from tether.runs import Run
-from tether.services import Services
 from tether.tokens import hash_token
-from tether.tools import InvalidToolArguments
-
-
-@dataclass(frozen=True, kw_only=True)
-class ApprovalPreview:
-    """The preview a pending call would have with ``arguments`` (validated), and its
-    digest: what an approver sees before approving an edit. Nothing was claimed."""
-
-    tool: str
-    arguments: dict[str, Any]
-    preview: dict[str, Any] | None
-    digest: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": True,
-            "tool": self.tool,
-            "arguments": self.arguments,
-            "preview": self.preview,
-            "digest": self.digest,
-        }
+from tether.tools.tool import InvalidToolArguments
 
 
 async def preview_approval(

@@ -6,48 +6,20 @@ entry points of an approval, are in ``approvals.py``.
 
 from __future__ import annotations
 
-import enum
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether import calls
-from tether.calls import Check, Resolved
+from tether._runtime import tool_call
+from tether._runtime.session import Result, RunSession, error_content
+from tether._runtime.tool_call import Check, Resolved
 from tether.messages import ToolCall
-from tether.outcome import Outcome
 from tether.previews import diff_previews
 from tether.reasons import FailReason, HaltReason
-from tether.session import Result, RunSession, error_content
+from tether.results import CallVerdict, Choice, Outcome
 from tether.store import CallStatus, Decision
 
 log = logging.getLogger(__name__)
-
-
-class Choice(str, enum.Enum):
-    """What a human decided on a pending call; the stored string."""
-
-    APPROVE = "approve"
-    DECLINE = "decline"
-
-
-class CallVerdict(str, enum.Enum):
-    """What became of a decided call."""
-
-    EXECUTED = "executed"
-    DECLINED = "declined"
-    GUARD_FAILED = "guard_failed"
-    NO_LONGER_PERMITTED = "no_longer_permitted"
-    CHANGED = "changed"
-    REFUSED = "refused"  # its arguments no longer validate
-    # The tool is not in the serving agent version: the run halted ``tool_unavailable``.
-    TOOL_UNAVAILABLE = "tool_unavailable"
-    RELEASED = "released"  # nothing was pending to decide; the run went back to the workers
-    # The write was attempted and whether it took effect cannot be learnt: the run failed
-    # ``unreconcilable`` and waits for a person (its ledger says ``unknown``).
-    UNRECONCILABLE = "unreconcilable"
-    # The decision is recorded with the run, but this request lost the run to another
-    # owner (it was taken for dead) before finishing: that owner carries the decision out.
-    CONTINUES_ELSEWHERE = "continues_elsewhere"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +32,7 @@ class Resolution:
     diff: list[dict[str, Any]] = field(default_factory=list)
 
 
-@calls.traced
+@tool_call.traced
 async def decide(
     session: RunSession, call: ToolCall, decision: Decision, *, recovered: bool
 ) -> Resolution:
@@ -79,25 +51,25 @@ async def decide(
         return Resolution(verdict=CallVerdict.DECLINED)
     if session.s.agent.tool(call.name) is None:
         return await _tool_unavailable(session, call)
-    r = await calls.resolve(session, call)
+    r = await tool_call.resolve(session, call)
     if r is None:
         return Resolution(verdict=CallVerdict.REFUSED)
     if decision.arguments is not None:
-        edit = calls.edited(r, decision.arguments)
+        edit = tool_call.edited(r, decision.arguments)
         if isinstance(edit, Result):
             await session.append_result(call, edit.content, edit.status, counted=False)
             return Resolution(verdict=CallVerdict.REFUSED)
         r = edit
         await session.record_edit(call, decision.arguments)
     if recovered:
-        settled, stop = await calls.settle_decided(session, r)
+        settled, stop = await tool_call.settle_decided(session, r)
         if settled:
             return _executed(stop)
-    check = await calls.recheck(session, r, confirmed=True, approved_digest=decision.digest)
+    check = await tool_call.recheck(session, r, confirmed=True, approved_digest=decision.digest)
     if check.verdict is Check.PASSED:
         # After a crash that followed the claim, a deduplicating write may have run.
         maybe_ran = recovered and r.tool.dedupes
-        return _executed(await calls.execute(session, r, confirmed=True, maybe_ran=maybe_ran))
+        return _executed(await tool_call.execute(session, r, confirmed=True, maybe_ran=maybe_ran))
     return await _refused(session, r, check)
 
 
@@ -127,7 +99,7 @@ def _executed(stop: Outcome | None) -> Resolution:
     return Resolution(verdict=CallVerdict.EXECUTED, outcome=stop)
 
 
-async def _refused(session: RunSession, r: Resolved, check: calls.Recheck) -> Resolution:
+async def _refused(session: RunSession, r: Resolved, check: tool_call.Recheck) -> Resolution:
     """What a failed re-check of an approved call does: halt (permissions), suspend again
     on the new preview (changed; an edited call stays edited), or give the model the
     guard's refusal."""

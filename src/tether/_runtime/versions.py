@@ -12,6 +12,7 @@ serves it, or after ``tether runs migrate``.
 from __future__ import annotations
 
 from tether import inputs
+from tether._runtime.services import Services, hop
 from tether.agent import MAX_VERSION_CHARS
 from tether.errors import (
     AlreadyFinished,
@@ -22,7 +23,6 @@ from tether.errors import (
     WrongVersion,
 )
 from tether.runs import Run
-from tether.services import Services, hop
 
 MAX_WHY_CHARS = 2000
 

@@ -5,37 +5,18 @@ layer and the CLI reach the store only through these."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from tether import inputs
+from tether._runtime.services import hop, hop_once
 from tether.agent import Agent
 from tether.errors import NotReady
-from tether.runs import Run, RunState
-from tether.services import hop, hop_once
-from tether.store import Decision, Store, upgrade
+from tether.results import Inbox, TokenLookup
+from tether.runs import RunState
+from tether.store import Store, upgrade
 from tether.store.users import new_key
 from tether.tokens import hash_token
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Inbox:
-    """Pending requests a viewer may decide, and the database clock they were judged by."""
-
-    runs: list[Run]
-    now: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class TokenLookup:
-    """What an approval token names: the run suspended on it, or the decision that used it
-    (with that decision's run), judged at the database's ``now``."""
-
-    run: Run | None
-    used: Decision | None
-    decided_run: Run | None
-    now: float
 
 
 class ServiceAPI:

@@ -14,14 +14,15 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tether import inputs, tracing
+from tether import inputs
+from tether._runtime.hop import hop
 from tether.errors import InvalidInput
-from tether.hop import hop
 from tether.models.base import Message
 from tether.runs import Run
+from tether.telemetry import tracing
 
 if TYPE_CHECKING:
-    from tether.services import Services
+    from tether._runtime.services import Services
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Carrying runs: the machinery behind the Engine and the Worker (private)."""

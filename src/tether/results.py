@@ -1,0 +1,207 @@
+"""What the Engine returns: where a run stopped (never raised), a run as a caller reads it,
+the outcome and preview of a decision, the inbox, live events and a reaper pass."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from tether.models.base import Message
+from tether.notify import Notice
+from tether.runs import Run, RunState, iso
+from tether.store import Decision
+
+
+class StopKind(str, enum.Enum):
+    """Why the loop returned."""
+
+    ANSWERED = "answered"
+    SUSPENDED = "suspended"
+    HALTED = "halted"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    RELEASED = "released"  # handed back to the workers, still running
+    LEASE_LOST = "lease_lost"  # another owner took the run; this one wrote nothing more
+    # The database could not be reached: this process let go of the run without writing
+    # more, and it is recovered as an orphan (or its write retried) once the database is back.
+    ABANDONED = "abandoned"
+
+    @property
+    def state(self) -> RunState | None:
+        """The run's state after this stop; None when this process cannot tell (lost)."""
+        return _STATE_OF.get(self)
+
+    @classmethod
+    def of(cls, state: RunState) -> StopKind:
+        """The stop a stored state shows (a running run is waiting for a worker)."""
+        return _KIND_OF[state]
+
+
+# The one map between stops and states, both ways.
+_STATE_OF = {
+    StopKind.ANSWERED: RunState.ANSWERED,
+    StopKind.SUSPENDED: RunState.SUSPENDED,
+    StopKind.HALTED: RunState.HALTED,
+    StopKind.FAILED: RunState.FAILED,
+    StopKind.CANCELLED: RunState.CANCELLED,
+    StopKind.RELEASED: RunState.RUNNING,
+}
+_KIND_OF = {state: kind for kind, state in _STATE_OF.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """Where a run stopped: the kind, the halt or fail reason, the suspension's notice,
+    the model's final answer when it answered, and, for a run handed back with a delay (a
+    backoff), in how many seconds it may be claimed again."""
+
+    run_id: str
+    kind: StopKind
+    reason: str | None = None
+    notice: Notice | None = None
+    answer: str | None = None
+    retry_in_s: float | None = None
+    # The answer validated against the agent's ``output_type``: an instance of it (narrow
+    # with ``isinstance``); None without one, or when this call did not carry the run to
+    # its answer (``RunView.output`` holds the stored JSON of any answered run; SPEC §11).
+    output: BaseModel | None = None
+
+    @property
+    def state(self) -> RunState | None:
+        return self.kind.state
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalResult:
+    """A decision that took effect: what was decided, and where the run is now."""
+
+    run_id: str
+    decision: Choice
+    state: RunState
+    outcome: CallVerdict
+    ok: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "run_id": self.run_id,
+            "decision": self.decision.value,
+            "state": self.state.value,
+            "outcome": self.outcome.value,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalPreview:
+    """The preview a pending call would have with ``arguments`` (validated), and its
+    digest: what an approver sees before approving an edit. Nothing was claimed."""
+
+    tool: str
+    arguments: dict[str, Any]
+    preview: dict[str, Any] | None
+    digest: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "tool": self.tool,
+            "arguments": self.arguments,
+            "preview": self.preview,
+            "digest": self.digest,
+        }
+
+
+class Choice(str, enum.Enum):
+    """What a human decided on a pending call; the stored string."""
+
+    APPROVE = "approve"
+    DECLINE = "decline"
+
+
+class CallVerdict(str, enum.Enum):
+    """What became of a decided call."""
+
+    EXECUTED = "executed"
+    DECLINED = "declined"
+    GUARD_FAILED = "guard_failed"
+    NO_LONGER_PERMITTED = "no_longer_permitted"
+    CHANGED = "changed"
+    REFUSED = "refused"  # its arguments no longer validate
+    # The tool is not in the serving agent version: the run halted ``tool_unavailable``.
+    TOOL_UNAVAILABLE = "tool_unavailable"
+    RELEASED = "released"  # nothing was pending to decide; the run went back to the workers
+    # The write was attempted and whether it took effect cannot be learnt: the run failed
+    # ``unreconcilable`` and waits for a person (its ledger says ``unknown``).
+    UNRECONCILABLE = "unreconcilable"
+    # The decision is recorded with the run, but this request lost the run to another
+    # owner (it was taken for dead) before finishing: that owner carries the decision out.
+    CONTINUES_ELSEWHERE = "continues_elsewhere"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inbox:
+    """Pending requests a viewer may decide, and the database clock they were judged by."""
+
+    runs: list[Run]
+    now: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenLookup:
+    """What an approval token names: the run suspended on it, or the decision that used it
+    (with that decision's run), judged at the database's ``now``."""
+
+    run: Run | None
+    used: Decision | None
+    decided_run: Run | None
+    now: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveEvent:
+    """One stored event of a run, with its SEQ (its ordinal in the run, from 1)."""
+
+    seq: int
+    run_id: str
+    at: float
+    kind: str
+    data: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "at": iso(self.at), "kind": self.kind, "data": self.data}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunView:
+    """A run with its messages, as a caller reads it."""
+
+    run: Run
+    messages: list[Message]
+
+    @property
+    def output(self) -> Any:
+        """The validated typed output as stored (JSON), or None (SPEC §11)."""
+        return self.run.output
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReapReport:
+    """One reaper pass: what was recovered, stopped, expired, re-notified and purged."""
+
+    recovered: list[str]
+    stopped: dict[str, str]
+    expired: list[str]
+    notices_reissued: list[str]
+    purged: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "recovered": self.recovered,
+            "stopped": self.stopped,
+            "expired": self.expired,
+            "notices_reissued": self.notices_reissued,
+            "purged": self.purged,
+        }

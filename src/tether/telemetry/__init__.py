@@ -1,0 +1,1 @@
+"""What a run tells operators: traces, metrics and structured logs."""
