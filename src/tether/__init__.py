@@ -36,6 +36,7 @@ from tether.tools.tool import (
     ToolUnavailable,
     tool,
 )
+from tether.worker import Worker
 
 __all__ = [
     "Agent",
@@ -73,5 +74,6 @@ __all__ = [
     "ToolContext",
     "ToolFailed",
     "ToolUnavailable",
+    "Worker",
     "tool",
 ]

@@ -1,5 +1,6 @@
 """The public Python API: an ``Engine`` starts runs, carries them to their next stop,
-resumes them, and reads them back. The HTTP layer and the CLI use nothing else.
+resumes them, and reads them back; the HTTP layer and the CLI use nothing else. A worker's
+plumbing (claims of orphans, upkeep) is the ``Runner`` the ``Worker`` owns.
 
 Async throughout; the constructor does no I/O. The schema is checked (or, with
 ``migrate=True``, built in an empty database) by ``open()``, which every method calls
@@ -8,39 +9,41 @@ on first use, or by ``async with Engine(...)``.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import socket
+import functools
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from tether import inputs
 from tether._runtime import control, forks, versions
-from tether._runtime.control import OrphanClaim
 from tether._runtime.feed import Feed, after_seq
 from tether._runtime.heartbeat import Heartbeat
-from tether._runtime.services import Services, hop
+from tether._runtime.hop import hop, hop_once
+from tether._runtime.runner import Runner, new_worker_id
+from tether._runtime.services import Services
 from tether.agent import Agent
-from tether.approvals import preview, resume
-from tether.approvals.inbox import ServiceAPI
+from tether.approvals import inbox, preview, resume
+from tether.approvals.request import asked
 from tether.budget import Limits, parse_limits
 from tether.config import Settings
-from tether.errors import InvalidInput, NotFound
+from tether.errors import InvalidInput, NotFound, NotReady
 from tether.models.base import Message, Model
 from tether.notify import LogNotifier, Notifier, Outbox
 from tether.results import (
     ApprovalPreview,
     ApprovalResult,
+    Inbox,
     LiveEvent,
     Outcome,
     ReapReport,
     RunView,
     StopKind,
+    TokenLookup,
 )
 from tether.runs import Run
-from tether.store import Event, LedgerEntry, Store
+from tether.store import Event, LedgerEntry, Store, upgrade
+from tether.store.users import new_key
 from tether.telemetry import tracing
 
 if TYPE_CHECKING:
@@ -50,18 +53,30 @@ MAX_QUESTION_CHARS = 100_000
 # How long closing an engine waits for queued notices to go out.
 NOTICE_DRAIN_S = 5.0
 
-
-def new_worker_id() -> str:
-    """A unique owner name for this process: host, pid and a random suffix."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
-class Engine(ServiceAPI):
+def _opens(
+    method: Callable[Concatenate[Engine, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[Engine, P], Coroutine[Any, Any, T]]:
+    """The method checks the schema first (once per engine: ``Engine.open``)."""
+
+    async def opened(engine: Engine, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        await engine.open()
+        return await method(engine, *args, **kwargs)
+
+    functools.update_wrapper(opened, method)
+    return opened
+
+
+class Engine:
     """Runs an agent durably on a store; one engine carries many runs concurrently.
 
     ``migrate=True`` builds the schema in an empty database; otherwise an empty, older or
     newer schema is refused with a message that says to run ``tether migrate``.
     ``public_url`` is the base of the approval links in notices (``/approve/{token}``).
+    Callers are named ``user`` (whose runs) and ``approver`` (who decides).
     """
 
     def __init__(
@@ -77,31 +92,36 @@ class Engine(ServiceAPI):
         public_url: str = "",
     ) -> None:
         self.settings = settings or Settings.from_env()
-        self.store = Store(
+        self._store = Store(
             database_url or self.settings.database_url,
             heartbeat_refresh_s=self.settings.heartbeat_timeout_s / 3,
             retry_s=self.settings.db_retry_s,
         )
-        self.worker_id = worker_id or new_worker_id()
         self._migrate_empty = migrate
         self._opened = False
-        self._feed = Feed(self.store, poll_s=self.settings.watch_poll_s)
+        self._feed = Feed(self._store, poll_s=self.settings.watch_poll_s)
         base = public_url.rstrip("/")
         notifier = notifier or LogNotifier()
-        self.services = Services(
-            store=self.store,
+        self._services = Services(
+            store=self._store,
             agent=agent,
             model=model,
             settings=self.settings,
             notifier=notifier,
-            heartbeat=Heartbeat(self.store, self.settings.heartbeat_timeout_s / 3),
-            outbox=Outbox(notifier, self.store, timeout_s=self.settings.notice_timeout_s),
+            heartbeat=Heartbeat(self._store, self.settings.heartbeat_timeout_s / 3),
+            outbox=Outbox(notifier, self._store, timeout_s=self.settings.notice_timeout_s),
             approve_url=lambda token: f"{base}/approve/{token}",
         )
+        self._runner = Runner(self._services, worker_id or new_worker_id(), self.open)
 
     @property
     def agent(self) -> Agent:
-        return self.services.agent
+        return self._services.agent
+
+    @property
+    def worker_id(self) -> str:
+        """The owner name this engine's claims carry."""
+        return self._runner.worker_id
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -109,7 +129,7 @@ class Engine(ServiceAPI):
         """Check the schema (build it in an empty database with ``migrate=True``). Safe to
         call twice: it checks once per engine."""
         if not self._opened:
-            await hop(self.store.ensure_schema, migrate_empty=self._migrate_empty)
+            await hop(self._store.ensure_schema, migrate_empty=self._migrate_empty)
             self._opened = True
 
     async def __aenter__(self) -> Engine:
@@ -124,45 +144,60 @@ class Engine(ServiceAPI):
     def close(self) -> None:
         """Stop the heartbeat and the notice senders, and release the database
         connections."""
-        self.services.heartbeat.stop()
-        self.services.outbox.stop()
+        self._services.heartbeat.stop()
+        self._services.outbox.stop()
         self._feed.stop()
-        self.store.close()
+        self._store.close()
 
     async def aclose(self) -> None:
         """Give queued notices a moment to go out (those that do not are re-issued by a
         reaper later), then release the model's client and the database connections."""
-        await self.services.outbox.drain(NOTICE_DRAIN_S)
-        await self.services.model.aclose()
+        await self._services.outbox.drain(NOTICE_DRAIN_S)
+        await self._services.model.aclose()
         self.close()
+
+    async def migrate(self) -> None:
+        """Upgrade the schema to this code's version, then make sure the agent's fixed
+        users exist. Safe twice: both are no-ops the second time."""
+        await hop(upgrade, self._store.engine)
+        self._opened = True
+        await self.ensure_agent_users()
+
+    async def ready(self) -> None:
+        """Raise ``not_ready`` unless the database answers and its schema is current."""
+        try:
+            await hop_once(self._store.ping)
+        except Exception as exc:
+            raise NotReady(f"database unreachable: {type(exc).__name__}") from exc
+        await self.open()
 
     # -- starting and driving runs ---------------------------------------------------------
 
     async def start_run(
         self,
-        user_id: str,
+        user: str,
         question: str,
         *,
         limits: Limits | dict[str, Any] | None = None,
         route: dict[str, Any] | None = None,
     ) -> Run:
-        """Create a run for ``user_id`` asking ``question``; it waits for a worker (or for
+        """Create a run for ``user`` asking ``question``; it waits for a worker (or for
         ``run_until_stop``). Its scope is resolved now and stored as a snapshot."""
-        inputs.user_id(user_id)
+        inputs.user_id(user)
         inputs.text(question, "question", MAX_QUESTION_CHARS)
         run_limits = parse_limits(limits, self.settings.default_limits)
         await self.open()
-        scope = await self.agent.resolve_scope(user_id)
+        scope = await self.agent.resolve_scope(user)
         messages: list[Message] = [
             {"role": "system", "content": self.agent.instructions},
             {"role": "user", "content": question},
         ]
         run_id = uuid.uuid4().hex
-        with tracing.run_created(run_id, user_id, self.agent.name) as span:
+        with tracing.run_created(run_id, user, self.agent.name) as span:
             return await hop(
-                self.store.create_run,
+                self._store.create_run,
                 run_id=run_id,
-                user_id=user_id,
+                user_id=user,
                 question=question,
                 route=route or {"agent": self.agent.name},
                 limits=run_limits,
@@ -177,46 +212,31 @@ class Engine(ServiceAPI):
         """Claim ``run_id`` (it must be waiting for a worker) and carry it to its next stop:
         answered, suspended, halted or failed; ``wrong_version`` if this engine does not
         serve the run's agent version (SPEC §12)."""
-        await self.open()
-        served = self.services.versions
-        run = await hop(
-            self.store.claim_ready, self.worker_id, inputs.run_id(run_id), versions=served
-        )
+        run = await self._runner.claim(inputs.run_id(run_id))
         if run is None:
-            existing = await hop(self.store.get_run, run_id)
+            existing = await hop(self._store.get_run, run_id)
             if existing is None:
                 raise NotFound("no such run")
-            versions.check_served(self.services, existing)
+            versions.check_served(self._services, existing)
             return Outcome(run_id=run_id, kind=StopKind.of(existing.state))
-        return await self.carry(run)
-
-    async def run_next(self) -> Outcome | None:
-        """Claim the run that has waited longest for a worker and carry it to its next
-        stop; None if no run waits."""
-        run = await self.claim_next()
-        return None if run is None else await self.carry(run)
+        return await self._runner.carry(run)
 
     async def ask(
-        self, user_id: str, question: str, *, limits: Limits | dict[str, Any] | None = None
+        self, user: str, question: str, *, limits: Limits | dict[str, Any] | None = None
     ) -> Outcome:
         """Start a run and carry it to its first stop; ``Outcome.answer`` holds the final
         answer when it answered (and ``Outcome.output`` its validated ``output_type``)."""
-        run = await self.start_run(user_id, question, limits=limits)
+        run = await self.start_run(user, question, limits=limits)
         return await self.run_until_stop(run.id)
 
-    async def claim_next(self) -> Run | None:
-        """Take the lease of the run that has waited longest for a worker, if any."""
-        await self.open()
-        return await hop(
-            self.store.claim_ready, self.worker_id, None, versions=self.services.versions
-        )
+    async def reap(self) -> ReapReport:
+        """One reaper pass: recover orphans, expire suspensions, re-send undelivered
+        notices, purge past retention (what a worker's reaper does on its interval)."""
+        return await self._runner.reap()
 
-    async def carry(self, run: Run, *, stopping: asyncio.Event | None = None) -> Outcome:
-        """Carry a run this engine claimed to its next stop (see ``control.carry``)."""
-        return await control.carry(self.services, run, stopping=stopping)
+    # -- decisions ---------------------------------------------------------------------------
 
-    # -- resumptions -----------------------------------------------------------------------
-
+    @_opens
     async def resume_after_confirmation(
         self,
         token: str,
@@ -229,19 +249,11 @@ class Engine(ServiceAPI):
     ) -> ApprovalResult:
         """Carry out a human decision on a suspended run (SPEC §4, §9): with a reason, and
         for an approval the approver's edited ``arguments`` and the ``digest`` of the
-        preview they saw."""
-        await self.open()
-        return await resume.resume_after_confirmation(
-            self.services,
-            self.worker_id,
-            token,
-            decision,
-            approver,
-            reason=reason,
-            arguments=arguments,
-            digest=digest,
-        )
+        preview of that edit they saw."""
+        ask = asked(decision, approver, reason=reason, arguments=arguments, digest=digest)
+        return await resume.by_token(self._services, self.worker_id, token, ask)
 
+    @_opens
     async def resume_by_run(
         self,
         run_id: str,
@@ -249,36 +261,29 @@ class Engine(ServiceAPI):
         approver: str,
         *,
         tool_call_id: str,
-        digest: str | None,
+        shown_digest: str | None,
         reason: str | None = None,
         arguments: dict[str, Any] | None = None,
-        approved_digest: str | None = None,
+        digest: str | None = None,
     ) -> ApprovalResult:
-        """Decide the pending call ``tool_call_id`` of ``run_id`` (shown with ``digest``)
-        from an inbox, without the token; same claim, checks and errors as a token.
-        ``approved_digest``: the digest of the re-rendered preview of an edit."""
-        await self.open()
-        return await resume.resume_by_run(
-            self.services,
-            self.worker_id,
-            run_id,
-            decision,
-            approver,
-            tool_call_id=tool_call_id,
-            digest=digest,
-            reason=reason,
-            arguments=arguments,
-            approved_digest=approved_digest,
+        """The same decision from an inbox, by run and pending call instead of the token:
+        ``shown_digest`` is the digest of the pending preview the approver was shown (a
+        request re-suspended on another preview since is not decided by that click);
+        ``digest``, as for a token, the digest of the preview of their edit."""
+        ask = asked(decision, approver, reason=reason, arguments=arguments, digest=digest)
+        return await resume.by_run(
+            self._services, self.worker_id, run_id, tool_call_id, shown_digest, ask
         )
 
+    @_opens
     async def preview_approval(
         self, token: str, approver: str, arguments: dict[str, Any] | None = None
     ) -> ApprovalPreview:
         """The pending call's preview with ``arguments`` (default: as pending), and its
         digest; never claims, never changes anything (SPEC §9)."""
-        await self.open()
-        return await preview.preview_approval(self.services, token, approver, arguments)
+        return await preview.by_token(self._services, token, approver, arguments)
 
+    @_opens
     async def preview_by_run(
         self,
         run_id: str,
@@ -288,11 +293,39 @@ class Engine(ServiceAPI):
         arguments: dict[str, Any] | None = None,
     ) -> ApprovalPreview:
         """``preview_approval`` for the inbox, by run and pending call."""
-        await self.open()
-        return await preview.preview_by_run(
-            self.services, run_id, approver, tool_call_id=tool_call_id, arguments=arguments
+        return await preview.by_run(
+            self._services, run_id, approver, tool_call_id=tool_call_id, arguments=arguments
         )
 
+    async def may_decide(self, owner: str, approver: str) -> bool:
+        """Whether ``approver`` may decide ``owner``'s pending calls, by the scope now."""
+        return await inbox.may_decide(self._services, owner, approver)
+
+    @_opens
+    async def pending_approvals(self, approver: str, *, limit: int = 100) -> Inbox:
+        """Suspended runs inside their window that ``approver`` owns or may decide,
+        soonest expiry first."""
+        return await inbox.pending_approvals(self._services, approver, limit=limit)
+
+    @_opens
+    async def approval_request(self, token: str, approver: str) -> TokenLookup:
+        """What an approval token names now, as ``approver`` may see it (a request they may
+        not decide shows as nothing). Never changes anything."""
+        return await inbox.approval_request(self._services, token, approver)
+
+    @_opens
+    async def request_of_run(self, run_id: str, tool_call_id: str, approver: str) -> Run | None:
+        """The run when it is suspended on ``tool_call_id`` and ``approver`` may decide it."""
+        return await inbox.request_of_run(self._services, run_id, tool_call_id, approver)
+
+    @_opens
+    async def token_owner(self, token: str) -> str | None:
+        """The user whose run a token belongs to (pending or used), for the operator CLI."""
+        return await inbox.token_owner(self._services, token)
+
+    # -- acting on a run ---------------------------------------------------------------------
+
+    @_opens
     async def continue_run(
         self,
         run_id: str,
@@ -302,139 +335,110 @@ class Engine(ServiceAPI):
         why: str | None = None,
     ) -> Run:
         """Continue a halted run with a deliberate, logged grant; it waits for a worker."""
-        await self.open()
-        return await control.continue_run(self.services, run_id, user, limits=limits, why=why)
+        return await control.continue_run(self._services, run_id, user, limits=limits, why=why)
 
+    @_opens
     async def cancel_run(self, run_id: str, user: str) -> Run:
         """Cancel a run that is not terminal."""
-        await self.open()
-        return await control.cancel_run(self.services, run_id, user)
+        return await control.cancel_run(self._services, run_id, user)
 
+    @_opens
     async def fork_run(self, run_id: str, user: str, *, at_step: int, dry_run: bool = False) -> Run:
         """A new halted run of ``user``'s run through step ``at_step`` (SPEC §12)."""
-        await self.open()
-        return await forks.fork_run(self.services, run_id, user, at_step=at_step, dry_run=dry_run)
+        return await forks.fork_run(self._services, run_id, user, at_step=at_step, dry_run=dry_run)
 
+    @_opens
     async def forks_of(self, run_id: str) -> list[Run]:
         """The runs forked from ``run_id``, oldest first."""
-        await self.open()
-        return await forks.forks_of(self.services, run_id)
+        return await forks.forks_of(self._services, run_id)
 
-    async def claim_orphans(self, limit: int, *, before: float | None = None) -> OrphanClaim:
-        """Take over up to ``limit`` runs whose owner's heartbeat is stale (and older than
-        ``before``, on the database's clock, if given)."""
-        await self.open()
-        return await control.claim_orphans(self.services, self.worker_id, limit, before=before)
+    @_opens
+    async def move_run(
+        self, run_id: str, to_version: str, *, user: str, why: str | None = None
+    ) -> Run:
+        """Move a waiting run to agent version ``to_version`` deliberately, by ``user``
+        (see ``versions.move_run``)."""
+        return await versions.move_run(self._services, run_id, to_version, by=user, why=why)
 
-    async def orphan_census(self) -> tuple[float, bool]:
-        """The database's clock now and whether any run's owner has a stale heartbeat."""
-        await self.open()
-        return await control.orphan_census(self.services)
-
-    async def recover(self, run: Run) -> Outcome:
-        """Reconcile one claimed orphan and hand it back to the workers."""
-        return await control.recover(self.services, run)
-
-    async def recover_orphans(self) -> list[Outcome]:
-        """One reaper pass over runs whose owner's heartbeat is stale."""
-        await self.open()
-        return await control.recover_orphans(self.services, self.worker_id)
-
-    async def expire_suspended(self) -> list[str]:
-        """Halt suspended runs whose approval window has passed."""
-        await self.open()
-        return await control.expire_suspended(self.services)
-
-    async def reissue_notices(self) -> list[str]:
-        """Re-send suspension notices that were never delivered, with fresh tokens."""
-        await self.open()
-        return await control.reissue_notices(self.services)
-
-    async def purge_retained(self) -> int:
-        """Delete runs kept past the retention."""
-        await self.open()
-        return await control.purge_retained(self.services)
-
+    @_opens
     async def stranded_runs(self, limit: int = 100) -> list[Run]:
         """Runs waiting on an agent version no live worker serves (SPEC §12)."""
-        await self.open()
-        return await versions.stranded(self.services, limit)
+        return await versions.stranded(self._services, limit)
 
+    @_opens
     async def count_stranded(self) -> int:
         """How many runs are stranded (the ``tether_runs_stranded`` gauge)."""
-        await self.open()
-        return await versions.count_stranded(self.services)
-
-    async def migrate_run(
-        self, run_id: str, to_version: str, *, by: str, why: str | None = None
-    ) -> Run:
-        """Move a waiting run to ``to_version`` deliberately (see ``versions.migrate_run``)."""
-        await self.open()
-        return await versions.migrate_run(self.services, run_id, to_version, by=by, why=why)
-
-    async def reap(self) -> ReapReport:
-        """One reaper pass: recover orphans, expire suspensions, re-send undelivered
-        notices, purge past retention."""
-        recovered = await self.recover_orphans()
-        return ReapReport(
-            recovered=[o.run_id for o in recovered if o.kind is StopKind.RELEASED],
-            stopped={o.run_id: o.kind.value for o in recovered if o.kind is not StopKind.RELEASED},
-            expired=await self.expire_suspended(),
-            notices_reissued=await self.reissue_notices(),
-            purged=await self.purge_retained(),
-        )
+        return await versions.count_stranded(self._services)
 
     # -- reading ---------------------------------------------------------------------------
 
-    async def get_run(self, run_id: str, *, user_id: str | None = None) -> RunView:
-        """A run with its messages; ``not_found`` if missing or not ``user_id``'s."""
-        await self.open()
-        snapshot = await hop(self.store.snapshot, inputs.run_id(run_id))
-        if snapshot is None or (user_id is not None and snapshot.run.user_id != user_id):
+    @_opens
+    async def get_run(self, run_id: str, *, user: str | None = None) -> RunView:
+        """A run with its messages; ``not_found`` if missing or not ``user``'s."""
+        snapshot = await hop(self._store.snapshot, inputs.run_id(run_id))
+        if snapshot is None or (user is not None and snapshot.run.user_id != user):
             raise NotFound("no such run")
         return RunView(run=snapshot.run, messages=snapshot.messages)
 
-    async def find_run(self, run_id: str) -> Run | None:
-        """The run, without its messages; None if there is none."""
-        await self.open()
-        return await hop(self.store.get_run, inputs.run_id(run_id))
-
-    async def run_owner(self, run_id: str) -> str:
-        """The user a run belongs to; ``not_found`` if there is no such run."""
-        run = await self.find_run(run_id)
-        if run is None:
-            raise NotFound("no such run")
-        return run.user_id
-
-    async def list_runs(self, user_id: str | None = None, limit: int = 100) -> list[Run]:
-        """Runs, newest first (only ``user_id``'s if given)."""
+    async def list_runs(self, user: str | None = None, limit: int = 100) -> list[Run]:
+        """Runs, newest first (only ``user``'s if given)."""
         if not 1 <= limit <= 1000:
             raise InvalidInput("limit must be between 1 and 1000")
         await self.open()
-        return list(await hop(self.store.list_runs, user_id, limit))
+        return list(await hop(self._store.list_runs, user, limit))
 
+    @_opens
     async def events(self, run_id: str) -> list[Event]:
         """The run's trace, oldest first."""
-        await self.open()
-        return list(await hop(self.store.events, inputs.run_id(run_id)))
+        return list(await hop(self._store.events, inputs.run_id(run_id)))
 
-    async def watch(
-        self, run_id: str, *, after: int = 0, user_id: str | None = None
-    ) -> AsyncIterator[LiveEvent]:
-        """The run's events after SEQ ``after`` as they are stored, until a terminal state
-        (SPEC §11); ``not_found`` if missing or not ``user_id``'s, ``invalid_input`` for
-        an ``after`` that is not a SEQ. See ``tether._runtime.feed``."""
-        start = after_seq(after)
-        run = await self.find_run(run_id)
-        if run is None or (user_id is not None and run.user_id != user_id):
-            raise NotFound("no such run")
-        async for event in self._feed.watch(run.id, start):
-            yield event
-
+    @_opens
     async def ledger(self, run_id: str) -> list[LedgerEntry]:
         """The run's tool-call ledger, in call order."""
+        return list(await hop(self._store.ledger, inputs.run_id(run_id)))
+
+    async def watch(
+        self, run_id: str, *, after: int = 0, user: str | None = None
+    ) -> AsyncIterator[LiveEvent]:
+        """The run's events after SEQ ``after`` as they are stored, until a terminal state
+        (SPEC §11); ``not_found`` if missing or not ``user``'s, ``invalid_input`` for an
+        ``after`` that is not a SEQ. See ``tether._runtime.feed``."""
+        start = after_seq(after)
+        view = await self.get_run(run_id, user=user)
+        async for event in self._feed.watch(view.run.id, start):
+            yield event
+
+    async def now(self) -> float:
+        """The database's clock, in epoch seconds (invariant 11)."""
+        return await hop(self._store.now)
+
+    @_opens
+    async def counts_by_state(self) -> dict[str, int]:
+        """How many runs are in each state, fleet-wide (every state present)."""
+        return await hop(self._store.count_by_state)
+
+    # -- users -----------------------------------------------------------------------------
+
+    async def user_for_key(self, key: str) -> str | None:
+        """The user an API key belongs to, or None."""
+        if not isinstance(key, str) or not key or len(key) > 512:
+            return None
         await self.open()
-        return list(await hop(self.store.ledger, inputs.run_id(run_id)))
+        return await hop(self._store.user_for_key, key)
+
+    async def add_user(self, user: str, key: str | None = None) -> str:
+        """Create ``user`` if missing and give it a key (``key`` or a new one); returns the
+        key, which is stored only hashed. Safe twice: an existing user keeps its keys."""
+        inputs.user_id(user, "a user name")
+        key = key or new_key()
+        await self.open()
+        await hop(self._store.add_user, user, key)
+        return key
+
+    async def ensure_agent_users(self) -> None:
+        """Make sure the users the agent publishes (``Agent.users``) exist with their keys."""
+        for user, key in self.agent.users.items():
+            await self.add_user(user, key)
 
     @property
     def sync(self) -> SyncEngine:

@@ -1,61 +1,54 @@
-"""Blocking wrappers over ``Engine`` for scripts without an event loop."""
+"""Blocking wrappers over ``Engine`` for scripts without an event loop: each call runs the
+engine's coroutine in an event loop of its own, with the engine method's own signature."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from tether.results import ApprovalResult, Outcome
-from tether.runs import Run
+from tether.engine import Engine
 
-if TYPE_CHECKING:
-    from tether.engine import Engine
-    from tether.results import ReapReport, RunView
-
+P = ParamSpec("P")
 T = TypeVar("T")
 
 
+class _Blocking(Generic[P, T]):
+    """A descriptor: ``SyncEngine().name(...)`` runs ``Engine.name(...)`` to completion."""
+
+    def __init__(self, method: Callable[Concatenate[Engine, P], Coroutine[Any, Any, T]]) -> None:
+        self._method = method
+
+    @overload
+    def __get__(self, owner: None, kind: type[SyncEngine]) -> _Blocking[P, T]: ...
+    @overload
+    def __get__(self, owner: SyncEngine, kind: type[SyncEngine]) -> Callable[P, T]: ...
+    def __get__(
+        self, owner: SyncEngine | None, kind: type[SyncEngine]
+    ) -> _Blocking[P, T] | Callable[P, T]:
+        if owner is None:
+            return self
+        engine, method = owner.engine, self._method
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            return asyncio.run(method(engine, *args, **kwargs))
+
+        return call
+
+
 class SyncEngine:
-    """The engine's main calls, each run in its own event loop."""
+    """The engine's main calls, blocking, with the same signatures as ``Engine``'s."""
 
     def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+        self.engine = engine
 
-    @staticmethod
-    def _run(coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run(coro)
-
-    def start_run(self, user_id: str, question: str, **kwargs: Any) -> Run:
-        return self._run(self._engine.start_run(user_id, question, **kwargs))
-
-    def run_until_stop(self, run_id: str) -> Outcome:
-        return self._run(self._engine.run_until_stop(run_id))
-
-    def ask(self, user_id: str, question: str, **kwargs: Any) -> Outcome:
-        return self._run(self._engine.ask(user_id, question, **kwargs))
-
-    def resume_after_confirmation(
-        self, token: str, decision: str, approver: str, **kwargs: Any
-    ) -> ApprovalResult:
-        return self._run(
-            self._engine.resume_after_confirmation(token, decision, approver, **kwargs)
-        )
-
-    def continue_run(self, run_id: str, user: str, **kwargs: Any) -> Run:
-        return self._run(self._engine.continue_run(run_id, user, **kwargs))
-
-    def cancel_run(self, run_id: str, user: str) -> Run:
-        return self._run(self._engine.cancel_run(run_id, user))
-
-    def fork_run(self, run_id: str, user: str, *, at_step: int, dry_run: bool = False) -> Run:
-        return self._run(self._engine.fork_run(run_id, user, at_step=at_step, dry_run=dry_run))
-
-    def reap(self) -> ReapReport:
-        return self._run(self._engine.reap())
-
-    def get_run(self, run_id: str, *, user_id: str | None = None) -> RunView:
-        return self._run(self._engine.get_run(run_id, user_id=user_id))
-
-    def list_runs(self, user_id: str | None = None, limit: int = 100) -> list[Run]:
-        return self._run(self._engine.list_runs(user_id, limit))
+    start_run = _Blocking(Engine.start_run)
+    run_until_stop = _Blocking(Engine.run_until_stop)
+    ask = _Blocking(Engine.ask)
+    resume_after_confirmation = _Blocking(Engine.resume_after_confirmation)
+    continue_run = _Blocking(Engine.continue_run)
+    cancel_run = _Blocking(Engine.cancel_run)
+    fork_run = _Blocking(Engine.fork_run)
+    reap = _Blocking(Engine.reap)
+    get_run = _Blocking(Engine.get_run)
+    list_runs = _Blocking(Engine.list_runs)

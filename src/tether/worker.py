@@ -39,7 +39,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from tether._runtime.control import OrphanClaim
+from tether._runtime.recovery import OrphanClaim
 from tether._runtime.versions import Registration
 from tether.engine import Engine
 from tether.errors import DatabaseUnavailable
@@ -69,9 +69,10 @@ class Worker:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.engine = engine
+        self._runner = engine._runner  # the plumbing of claims and upkeep (tether._runtime)
         self.concurrency = concurrency
         # Where the store wakes workers by NOTIFY, the poll is only a fallback.
-        notifies = engine.store.dialect.notifies
+        notifies = engine._runner.notifies
         self.poll_s = poll_s if poll_s is not None else (5.0 if notifies else 0.25)
         self.stopping = asyncio.Event()
         # How the runs this worker handled stopped (StopKind values, "error") and how
@@ -102,7 +103,7 @@ class Worker:
         waits and none is in hand, after a first reaper pass)."""
         if not reap:
             self._reaped.set()
-        registration = Registration(self.engine.services, self.engine.worker_id)
+        registration = self._runner.registration()
         side = self._side_tasks(reap)
         side["registry"] = lambda: self._beat(registration)
         monitors = {
@@ -127,7 +128,7 @@ class Worker:
         if reap:
             side["reaper"] = self._reaper
             side["notices"] = self._notices
-        dsn = self.engine.store.listen_dsn()
+        dsn = self._runner.listen_dsn()
         if dsn is not None:
             side["listener"] = lambda: listen(dsn, lambda _payload: self._announced())
         return side
@@ -191,7 +192,7 @@ class Worker:
         while self._room_for_runs() > 0 and not self.stopping.is_set():
             self._reserved += 1  # the slot is taken while the claim is in flight
             try:
-                run = await self.engine.claim_next()
+                run = await self._runner.claim()
             finally:
                 self._reserved -= 1
             if run is None:
@@ -215,7 +216,7 @@ class Worker:
 
     async def _carry(self, run: Run) -> None:
         try:
-            outcome = await self.engine.carry(run, stopping=self.stopping)
+            outcome = await self._runner.carry(run, stopping=self.stopping)
         except Exception:
             self.counts["error"] += 1
             log.exception("carrying a run failed", extra={"run_id": run.id, "action": "carry"})
@@ -236,7 +237,7 @@ class Worker:
 
     async def _recover(self, run: Run) -> None:
         try:
-            outcome = await self.engine.recover(run)
+            outcome = await self._runner.recover(run)
         except Exception:
             self.counts["error"] += 1
             log.exception("recovery failed", extra={"run_id": run.id, "action": "recover"})
@@ -295,8 +296,8 @@ class Worker:
         while not self.stopping.is_set():
             try:
                 recovered = await self._recover_orphans()
-                expired = await self.engine.expire_suspended()
-                purged = await self.engine.purge_retained()
+                expired = await self._runner.expire_suspended()
+                purged = await self._runner.purge_retained()
             finally:
                 if not self._reaped.is_set():
                     self._reaped.set()
@@ -311,7 +312,7 @@ class Worker:
                         "purged": purged,
                     },
                 )
-            await self._pause(self.engine.settings.reaper_interval_s)
+            await self._pause(self._runner.settings.reaper_interval_s)
 
     async def _recover_orphans(self) -> int:
         """One reaper pass over the orphans: batches claimed into the slots as they free
@@ -325,12 +326,12 @@ class Worker:
         self._orphans_left = True
         claimed = 0
         try:
-            began, self._orphans_left = await self.engine.orphan_census()
+            began, self._orphans_left = await self._runner.orphan_census()
             while self._orphans_left and not self.stopping.is_set():
                 room = self._room_for_orphans() or await self._wait_for_room()
                 if room <= 0:
                     break
-                limit = min(room, self.engine.settings.reaper_batch)
+                limit = min(room, self._runner.settings.reaper_batch)
                 claim = await self._claim_batch(limit, began)
                 claimed += len(claim.claimed)
                 self._orphans_left = claim.filled(limit)
@@ -344,7 +345,7 @@ class Worker:
         self._reserved += limit
         self._claiming_orphans += limit
         try:
-            claim = await self.engine.claim_orphans(limit, before=began)
+            claim = await self._runner.claim_orphans(limit, before=began)
         finally:
             self._reserved -= limit
             self._claiming_orphans -= limit
@@ -363,7 +364,7 @@ class Worker:
     async def _wait_for_room(self) -> int:
         """Wait until the fair rule gives orphans a slot (the claim loop leaves freed
         slots to this pass meanwhile); 0 on stop or if none came within an interval."""
-        deadline = time.monotonic() + self.engine.settings.reaper_interval_s
+        deadline = time.monotonic() + self._runner.settings.reaper_interval_s
         while not self.stopping.is_set():
             room = self._room_for_orphans()
             left = deadline - time.monotonic()
@@ -378,10 +379,10 @@ class Worker:
         """Every ``reaper_interval_s``: re-send undelivered suspension notices. Its own
         task, so a webhook that never answers stalls nothing else."""
         while not self.stopping.is_set():
-            reissued = await self.engine.reissue_notices()
+            reissued = await self._runner.reissue_notices()
             if reissued:
                 log.info("notices reissued", extra={"action": "reissue", "runs": reissued})
-            await self._pause(self.engine.settings.reaper_interval_s)
+            await self._pause(self._runner.settings.reaper_interval_s)
 
     async def _beat(self, registration: Registration) -> None:
         """Keep this worker's row in the registry fresh, so the versions it serves count

@@ -426,7 +426,7 @@ def test_a_hung_webhook_delays_no_run(sqlite_url: str, tmp_path: Path) -> None:
             procs.worker(env, tmp_path / "worker.log", "--concurrency", "4")
 
             def where() -> dict[str, int]:
-                runs = [_sync(engine.find_run(i)) for i in suspending + plain]
+                runs = [_sync(engine.get_run(i)).run for i in suspending + plain]
                 return dict(collections.Counter(r.state.value for r in runs if r is not None))
 
             expected = {"suspended": len(suspending), "answered": len(plain)}
@@ -437,7 +437,7 @@ def test_a_hung_webhook_delays_no_run(sqlite_url: str, tmp_path: Path) -> None:
                     f"within 20 s: {where()}, expected {expected}\n{procs.logs()[-3000:]}"
                 ) from exc
             for run_id in plain:
-                run = _sync(engine.find_run(run_id))
+                run = _sync(engine.get_run(run_id)).run
                 assert run is not None and run.state.value == "answered"
             kit.poll_until(lambda: hook.accepted, timeout=30, what="a notice to reach the hook")
             procs.assert_alive()
@@ -539,12 +539,12 @@ LOCK_S = 5.0
 
 
 def _states(engine: Engine, ids: list[str]) -> dict[str, int]:
-    runs = [_sync(engine.find_run(i)) for i in ids]
+    runs = [_sync(engine.get_run(i)).run for i in ids]
     return dict(collections.Counter(r.state.value for r in runs if r is not None))
 
 
 def _steps(engine: Engine, ids: list[str]) -> int:
-    runs = [_sync(engine.find_run(i)) for i in ids]
+    runs = [_sync(engine.get_run(i)).run for i in ids]
     return max((r.budget.steps for r in runs if r is not None), default=0)
 
 
@@ -682,7 +682,7 @@ def test_a_slow_plain_function_tool_is_never_taken_for_an_orphan(
         for run_id in ids:
             kinds = [e.kind for e in _sync(engine.events(run_id))]
             assert "recovering" not in kinds, kinds
-            run = _sync(engine.find_run(run_id))
+            run = _sync(engine.get_run(run_id)).run
             assert run is not None and run.recovery_attempts == 0
     finally:
         engine.close()

@@ -84,7 +84,7 @@ def _events(engine: Engine, run_id: str, kind: str) -> list[Event]:
 
 
 def _state(engine: Engine, run_id: str) -> str:
-    run = _sync(engine.find_run(run_id))
+    run = _sync(engine.get_run(run_id)).run
     return run.state.value if run is not None else "missing"
 
 
@@ -96,7 +96,7 @@ def _leave_orphans(url: str, engine: Engine) -> list[str]:
         crashed = kit.tether("worker", "--concurrency", "1", "--no-reap", env=env)
         assert crashed.returncode == 137, crashed.stderr[-2000:]
     for run_id in ids:
-        run = _sync(engine.find_run(run_id))
+        run = _sync(engine.get_run(run_id)).run
         assert run is not None and run.state.value == "running" and run.owner is not None
     return ids
 

@@ -29,7 +29,7 @@ def _sync(work: Coroutine[Any, Any, T]) -> T:
 
 
 def _run(engine: Engine, run_id: str) -> Run:
-    run = _sync(engine.find_run(run_id))
+    run = _sync(engine.get_run(run_id)).run
     assert run is not None
     return run
 

@@ -32,7 +32,7 @@ def _states(engine: Engine) -> dict[str, int]:
 
 
 def _run(engine: Engine, run_id: str) -> Run | None:
-    return _sync(engine.find_run(run_id))
+    return _sync(engine.get_run(run_id)).run
 
 
 def _events(engine: Engine, run_id: str) -> list[Event]:

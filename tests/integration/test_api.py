@@ -194,7 +194,7 @@ async def test_a_started_run_is_202_and_waits_for_a_worker_with_its_limits(db_ur
         assert [m["role"] for m in run["messages"]] == ["system", "user"]
         assert run["messages"][1]["content"] == "send b"
         assert parse_iso(run["created_at"]) <= parse_iso(run["updated_at"])
-        stored = await api.engine.find_run(body["id"])
+        stored = (await api.engine.get_run(body["id"])).run
         assert stored is not None and stored.owner is None  # nobody carries it yet
 
 

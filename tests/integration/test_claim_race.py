@@ -101,7 +101,7 @@ async def test_concurrent_approvals_in_and_across_processes_resume_once(db_url: 
         won = [r for r in results if isinstance(r, ApprovalResult)]
         lost = [r for r in results if isinstance(r, AlreadyResumed)]
         assert len(won) == 1 and len(lost) == 23
-        (_, recorded) = await asyncio.to_thread(engines[0].store.find_by_token, hash_token(token))
+        (_, recorded) = await asyncio.to_thread(engines[0]._store.find_by_token, hash_token(token))
         assert recorded is not None and recorded.decision == won[0].decision.value
         expected = {
             "decision": recorded.decision,
@@ -134,7 +134,7 @@ async def test_an_expired_token_claims_nothing_for_any_concurrent_approver(db_ur
     run_id, token = await suspended(db_url, suspension_ttl_min=ttl_min)
     engine = kit.engine(db_url, script_name="send", suspension_ttl_min=ttl_min)
     try:
-        run = await engine.find_run(run_id)
+        run = (await engine.get_run(run_id)).run
         assert run is not None and run.expires_at is not None
         expires_at = run.expires_at
 
@@ -147,9 +147,9 @@ async def test_an_expired_token_claims_nothing_for_any_concurrent_approver(db_ur
             return_exceptions=True,
         )
         assert all(isinstance(r, UnknownOrExpired) for r in results), results
-        after = await engine.find_run(run_id)
+        after = (await engine.get_run(run_id)).run
         assert after is not None and after.state.value == "suspended"  # until the sweep
-        assert await asyncio.to_thread(engine.store.find_by_token, hash_token(token)) == (
+        assert await asyncio.to_thread(engine._store.find_by_token, hash_token(token)) == (
             after,
             None,
         )
@@ -163,10 +163,10 @@ async def test_fifty_approvers_in_one_process_send_one_claim(
     approvers = 50
     _, token = await suspended(db_url)
     engine = kit.engine(db_url, script_name="send")
-    inflight = engine.services.inflight
+    inflight = engine._services.inflight
     key = ("claim", hash_token(token))
     claims: list[str] = []
-    claim = engine.store.claim_decision
+    claim = engine._store.claim_decision
 
     def counted(store: Store, **kwargs: Any) -> SuspensionClaim:
         # The first claim waits (in its thread) until every other approver waits on it,
@@ -176,7 +176,7 @@ async def test_fifty_approvers_in_one_process_send_one_claim(
         return claim(**kwargs)
 
     # Bound to the store, as ``hop`` expects of a store method.
-    monkeypatch.setattr(engine.store, "claim_decision", types.MethodType(counted, engine.store))
+    monkeypatch.setattr(engine._store, "claim_decision", types.MethodType(counted, engine._store))
     try:
         results = await asyncio.gather(
             *(_approve(engine, token, "approve") for _ in range(approvers))

@@ -48,7 +48,7 @@ class Recording(ScriptedModel):
 
 def make_dry(engine: Engine, run_id: str) -> None:
     """Mark a waiting run as a dry run, as a dry-run fork is created."""
-    with engine.store.engine.begin() as conn:
+    with engine._store.engine.begin() as conn:
         conn.execute(sa.update(schema.runs).where(schema.runs.c.id == run_id).values(dry_run=True))
 
 
@@ -63,7 +63,7 @@ def would(tool_name: str, **arguments: Any) -> dict[str, Any]:
 async def recovered(engine: Engine) -> list[Outcome]:
     """Reaper passes until one recovers something (the orphan's heartbeat must go stale)."""
     deadline = time.monotonic() + 30
-    while not (outcomes := await engine.recover_orphans()):
+    while not (outcomes := await engine._runner.recover_orphans()):
         assert time.monotonic() < deadline, "no orphan was recovered"
         await asyncio.sleep(0.05)
     return outcomes

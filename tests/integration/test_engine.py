@@ -25,7 +25,7 @@ async def test_scripted_run_answers_and_messages_read_back_identical(db_url: str
     engine = kit.engine(db_url, script_name="standard")
     outcome = await engine.ask("dana", "do the thing")
     assert outcome.kind is StopKind.SUSPENDED
-    token = engine.services.notifier.last().token  # type: ignore[attr-defined]
+    token = engine._services.notifier.last().token  # type: ignore[attr-defined]
     await engine.resume_after_confirmation(token, "approve", "dana")
     final = await engine.run_until_stop(outcome.run_id)
     assert final.kind is StopKind.ANSWERED
@@ -92,7 +92,7 @@ async def test_suspension_stores_only_the_tokens_hash(db_url: str) -> None:
     assert len(set(tokens)) == 2
     for token in tokens:
         assert len(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))) >= 32
-    dump = _dump_database(engine.store)
+    dump = _dump_database(engine._store)
     engine.close()
     for token in tokens:
         assert token not in dump
@@ -102,18 +102,18 @@ async def test_suspension_stores_only_the_tokens_hash(db_url: str) -> None:
 async def test_a_driver_whose_lease_was_taken_stops_before_it_executes(db_url: str) -> None:
     engine = kit.engine(db_url, script_name="write_once", heartbeat_timeout_s=0.001)
     run = await engine.start_run("dana", "write")
-    stale = engine.store.claim_ready("worker-a", run.id)
+    stale = engine._store.claim_ready("worker-a", run.id)
     assert stale is not None
     taker = kit.engine(db_url, script_name="write_once", heartbeat_timeout_s=0.001)
-    kit.poll_until(lambda: engine.store.now() - (stale.heartbeat_at or 0) > 0.01)
-    recovered = await taker.recover_orphans()
+    kit.poll_until(lambda: engine._store.now() - (stale.heartbeat_at or 0) > 0.01)
+    recovered = await taker._runner.recover_orphans()
     assert [o.run_id for o in recovered] == [run.id]
 
     # The stale worker's session is fenced before it can run a write.
-    taken = engine.store.claim_ready("worker-b", run.id)
+    taken = engine._store.claim_ready("worker-b", run.id)
     assert taken is not None
-    session = await RunSession.start(engine.services, taken)
-    engine.store.claim_orphans(owner="thief", stale_after_s=-1, max_attempts=9, batch=5)
+    session = await RunSession.start(engine._services, taken)
+    engine._store.claim_orphans(owner="thief", stale_after_s=-1, max_attempts=9, batch=5)
     outcome = await drive(session)
     assert outcome.kind is StopKind.LEASE_LOST
     assert kit.effects() == []
@@ -124,10 +124,10 @@ async def test_a_driver_whose_lease_was_taken_stops_before_it_executes(db_url: s
 async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) -> None:
     engine = kit.engine(db_url, script_name="write_once")
     run = await engine.start_run("dana", "write")
-    claimed = engine.store.claim_ready("worker-a", run.id)
+    claimed = engine._store.claim_ready("worker-a", run.id)
     assert claimed is not None
     call = {"id": "c1", "type": "function", "function": {"name": "write_once", "arguments": "{}"}}
-    engine.store.persist_turn(
+    engine._store.persist_turn(
         claimed.lease(),
         seq=2,
         message={"role": "assistant", "content": None, "tool_calls": [call]},
@@ -137,16 +137,16 @@ async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) ->
         final=False,
         event={},
     )
-    engine.store.claim_orphans(owner="thief", stale_after_s=-1, max_attempts=9, batch=5)
+    engine._store.claim_orphans(owner="thief", stale_after_s=-1, max_attempts=9, batch=5)
 
     def stored() -> tuple[object, ...]:
-        store = engine.store
+        store = engine._store
         return store.get_run(run.id), store.messages(run.id), store.events(run.id)
 
     before = stored()
 
     with pytest.raises(LeaseLost):
-        engine.store.persist_tool_result(
+        engine._store.persist_tool_result(
             claimed.lease(),
             seq=3,
             tool_call_id="c1",
@@ -158,7 +158,7 @@ async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) ->
             event={"late": True},
         )
     with pytest.raises(LeaseLost):
-        engine.store.persist_turn(
+        engine._store.persist_turn(
             claimed.lease(),
             seq=3,
             message={"role": "assistant", "content": "late"},
@@ -169,7 +169,7 @@ async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) ->
             event={},
         )
     assert stored() == before
-    assert [(e.tool_call_id, e.status) for e in engine.store.ledger(run.id)] == [
+    assert [(e.tool_call_id, e.status) for e in engine._store.ledger(run.id)] == [
         ("c1", CallStatus.INTENT)
     ]
     engine.close()
@@ -199,17 +199,17 @@ async def test_bytes_written_per_step_do_not_grow_with_history(db_url: str) -> N
     per_step: list[int] = []
     written = [0]
 
-    @sa.event.listens_for(engine.store.engine, "before_cursor_execute")
+    @sa.event.listens_for(engine._store.engine, "before_cursor_execute")
     def count(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
         # PostgreSQL sends each step write as one WITH … statement.
         if statement.lstrip().upper().startswith(("INSERT", "UPDATE", "WITH")):
             written[0] += len(statement) + _param_bytes(parameters)
 
-    @sa.event.listens_for(engine.store.engine, "connect")
+    @sa.event.listens_for(engine._store.engine, "connect")
     def trace(dbapi_conn, _record):  # type: ignore[no-untyped-def]
         # SQLite's step writes go to the driver's cursor (``sqlite_steps``): its trace
         # callback sees each statement with its values expanded.
-        if engine.store.dialect.name == "sqlite":
+        if engine._store.dialect.name == "sqlite":
             dbapi_conn.set_trace_callback(sqlite_write)
 
     def sqlite_write(statement: str) -> None:
@@ -217,7 +217,7 @@ async def test_bytes_written_per_step_do_not_grow_with_history(db_url: str) -> N
             written[0] += len(statement)
 
     run = await engine.start_run("dana", "go", limits={"max_steps": 200, "max_tool_calls": 200})
-    original = engine.store.persist_turn
+    original = engine._store.persist_turn
 
     def persist(*args, **kwargs):  # type: ignore[no-untyped-def]
         before = written[0]
@@ -225,7 +225,7 @@ async def test_bytes_written_per_step_do_not_grow_with_history(db_url: str) -> N
         if kwargs.get("results"):  # a read-only step: the turn and its result, one write
             per_step.append(written[0] - before)
 
-    engine.store.persist_turn = persist  # type: ignore[method-assign]
+    engine._store.persist_turn = persist  # type: ignore[method-assign]
     outcome = await engine.run_until_stop(run.id)
     assert outcome.kind is StopKind.ANSWERED
     assert len(per_step) == 80

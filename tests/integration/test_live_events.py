@@ -77,7 +77,7 @@ async def serving(url: str, **settings: Any) -> AsyncIterator[Served]:
 
 
 async def _approve(engine: Engine) -> None:
-    token = engine.services.notifier.last().token  # type: ignore[attr-defined]
+    token = engine._services.notifier.last().token  # type: ignore[attr-defined]
     result = await engine.resume_after_confirmation(token, "approve", "dana")
     assert result.ok, result
 
@@ -193,7 +193,7 @@ async def test_a_stream_that_starts_after_the_end_of_a_finished_run_closes_at_on
 
 
 async def _collect(engine: Engine, run_id: str, after: int = 0) -> list[LiveEvent]:
-    return [event async for event in engine.watch(run_id, after=after, user_id="dana")]
+    return [event async for event in engine.watch(run_id, after=after, user="dana")]
 
 
 async def test_watch_follows_a_run_to_its_end_and_resumes_after_a_seq(db_url: str) -> None:
@@ -213,7 +213,7 @@ async def test_watch_refuses_another_users_run_and_a_bad_after(sqlite_url: str) 
     engine = kit.engine(sqlite_url)
     run = await engine.start_run("dana", "do the thing")
     with pytest.raises(NotFound):
-        await anext(engine.watch(run.id, user_id="miguel"))
+        await anext(engine.watch(run.id, user="miguel"))
     with pytest.raises(NotFound):
         await anext(engine.watch("no-such-run"))
     for bad in (-1, 1.5, True, "x", None):

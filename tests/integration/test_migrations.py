@@ -66,7 +66,7 @@ async def test_an_engine_may_migrate_an_empty_database_on_start(empty_url: str) 
         migrate=True,
     )
     await engine.open()
-    assert schema_status(engine.store.engine) is SchemaStatus.CURRENT
+    assert schema_status(engine._store.engine) is SchemaStatus.CURRENT
     engine.close()
 
 

@@ -90,15 +90,15 @@ async def test_an_undelivered_notice_is_reissued_with_a_fresh_token(db_url: str)
         outcome = await engine.ask("dana", "send")
         assert outcome.kind is StopKind.SUSPENDED and outcome.notice is not None
         lost_token = outcome.notice.token
-        await engine.services.outbox.drain(10)  # the one attempt was made, and refused
+        await engine._services.outbox.drain(10)  # the one attempt was made, and refused
         assert hook.received == []
-        run = engine.store.get_run(outcome.run_id)
+        run = engine._store.get_run(outcome.run_id)
         assert run is not None
-        kit.poll_until(lambda: engine.store.now() - (run.suspended_at or 0) > 0.1)
+        kit.poll_until(lambda: engine._store.now() - (run.suspended_at or 0) > 0.1)
         hook.failures = 0
         summary = await engine.reap()
         assert summary.notices_reissued == [outcome.run_id]
-        await engine.services.outbox.drain(10)
+        await engine._services.outbox.drain(10)
         assert len(hook.received) == 1
         fresh = hook.received[0]["token"]
         assert fresh != lost_token

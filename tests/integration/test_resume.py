@@ -36,7 +36,7 @@ async def _suspended(url: str, script: str = "send", **settings: Any) -> tuple[E
 
 
 def _run(engine: Engine, run_id: str) -> Run:
-    run = engine.store.get_run(run_id)
+    run = engine._store.get_run(run_id)
     assert run is not None
     return run
 
@@ -169,12 +169,12 @@ async def test_tokens_are_unknown_to_strangers_and_to_nobody(db_url: str) -> Non
 async def test_an_expired_suspension_halts_and_its_token_stops_working(db_url: str) -> None:
     engine, run_id, token = await _suspended(db_url, suspension_ttl_min=0.002)
     expires_at = _run(engine, run_id).expires_at or 0
-    kit.poll_until(lambda: engine.store.now() > expires_at)
-    assert engine.store.open_suspensions(10)[0] == []  # past its window, swept or not
+    kit.poll_until(lambda: engine._store.now() > expires_at)
+    assert engine._store.open_suspensions(10)[0] == []  # past its window, swept or not
     # The claim checks the window itself, even before the sweep ran.
     with pytest.raises(UnknownOrExpired):
         await engine.resume_after_confirmation(token, "approve", "dana")
-    assert await engine.expire_suspended() == [run_id]
+    assert await engine._runner.expire_suspended() == [run_id]
     run = (await engine.get_run(run_id)).run
     assert run.state.value == "halted" and run.halt_reason == "suspension_expired"
     with pytest.raises(UnknownOrExpired):
@@ -188,10 +188,10 @@ async def test_an_approval_racing_the_expiry_sweep_is_decided_once(db_url: str) 
         engine, run_id, token = await _suspended(db_url, suspension_ttl_min=0.003)
         try:
             deadline = (_run(engine, run_id).expires_at or 0) - 0.05
-            kit.poll_until(functools.partial(_past, engine.store, deadline))
+            kit.poll_until(functools.partial(_past, engine._store, deadline))
             approval, expired = await asyncio.gather(
                 engine.resume_after_confirmation(token, "approve", "dana"),
-                engine.expire_suspended(),
+                engine._runner.expire_suspended(),
                 return_exceptions=True,
             )
             run = (await engine.get_run(run_id)).run
@@ -203,7 +203,7 @@ async def test_an_approval_racing_the_expiry_sweep_is_decided_once(db_url: str) 
                 assert run.state.value in {"halted", "suspended"} and kit.effects() == []
                 if run.state.value == "suspended":
                     assert expired == []
-                    assert await engine.expire_suspended() == [run_id]
+                    assert await engine._runner.expire_suspended() == [run_id]
                 else:
                     assert expired == [run_id]
                 run = (await engine.get_run(run_id)).run
@@ -257,11 +257,11 @@ async def test_purge_deletes_old_finished_runs_with_their_rows(db_url: str) -> N
     outcome = await engine.ask("dana", "hi")
     live, _, _ = await _suspended(db_url)
     updated_at = _run(engine, outcome.run_id).updated_at
-    kit.poll_until(lambda: engine.store.now() - updated_at > 0.01)
-    assert await engine.purge_retained() == 1
+    kit.poll_until(lambda: engine._store.now() - updated_at > 0.01)
+    assert await engine._runner.purge_retained() == 1
     with pytest.raises(NotFound):
         await engine.get_run(outcome.run_id)
-    assert engine.store.events(outcome.run_id) == []
+    assert engine._store.events(outcome.run_id) == []
     assert len(await engine.list_runs()) == 1  # the suspended run is kept
     engine.close()
     live.close()
@@ -303,12 +303,16 @@ async def test_deciding_from_the_inbox_by_run_claims_once_and_checks_the_digest(
     assert run.pending is not None
     call, shown = run.pending.tool_call_id, run.pending.digest
     with pytest.raises(UnknownOrExpired):
-        await engine.resume_by_run(run_id, "approve", "mallory", tool_call_id=call, digest=shown)
+        await engine.resume_by_run(
+            run_id, "approve", "mallory", tool_call_id=call, shown_digest=shown
+        )
     with pytest.raises(UnknownOrExpired):  # a digest the approver was never shown
-        await engine.resume_by_run(run_id, "approve", "dana", tool_call_id=call, digest="0" * 64)
+        await engine.resume_by_run(
+            run_id, "approve", "dana", tool_call_id=call, shown_digest="0" * 64
+        )
     results = await asyncio.gather(
         *[
-            engine.resume_by_run(run_id, "approve", "dana", tool_call_id=call, digest=shown)
+            engine.resume_by_run(run_id, "approve", "dana", tool_call_id=call, shown_digest=shown)
             for _ in range(5)
         ],
         return_exceptions=True,
@@ -330,7 +334,7 @@ async def test_an_inbox_click_on_a_preview_that_changed_does_not_approve_the_new
     with pytest.raises(Changed):
         await engine.resume_after_confirmation(token, "approve", "dana")
     with pytest.raises(AlreadyResumed):  # the old page's click: the approval it carried is used
-        await engine.resume_by_run(run_id, "approve", "dana", tool_call_id=call, digest=shown)
+        await engine.resume_by_run(run_id, "approve", "dana", tool_call_id=call, shown_digest=shown)
     assert (await engine.get_run(run_id)).run.state.value == "suspended"
     assert kit.effects() == []
     engine.close()

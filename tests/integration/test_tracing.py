@@ -247,7 +247,7 @@ async def test_without_a_tracer_provider_a_run_stores_no_trace_context(db_url: s
     async with kit.engine(db_url, script_name="answer") as engine:
         run = await engine.start_run("dana", "hi")
         assert (await engine.run_until_stop(run.id)).kind is StopKind.ANSWERED
-        stored = await engine.find_run(run.id)
+        stored = (await engine.get_run(run.id)).run
     assert run.trace_context is None and stored is not None and stored.trace_context is None
 
 
@@ -285,7 +285,7 @@ async def main() -> None:
     with tracing.exporting():
         async with Engine(agent=agent, model=model, database_url=sys.argv[1], migrate=True) as e:
             outcome = await e.ask("dana", "hi")
-            run = await e.find_run(outcome.run_id)
+            run = (await e.get_run(outcome.run_id)).run
     assert run is not None
     print(outcome.kind.value, run.trace_context, tracing.on())
 

@@ -26,7 +26,7 @@ SEND: list[dict[str, Any]] = [{"tool_calls": [kit.call("send", item="b")]}, {"co
 
 
 def _token(engine: Engine) -> str:
-    return str(engine.services.notifier.last().token)  # type: ignore[attr-defined]
+    return str(engine._services.notifier.last().token)  # type: ignore[attr-defined]
 
 
 def test_the_default_version_is_the_name_and_a_digest_of_prompt_and_tools() -> None:
@@ -60,11 +60,11 @@ async def test_an_engine_claims_only_the_versions_it_serves(db_url: str) -> None
     accepting = versioned.engine(db_url, versioned.v2(), accept_versions=("kit@v1",))
     try:
         run = await old.start_run("dana", "hello")
-        assert await new.claim_next() is None
+        assert await new._runner.claim() is None
         with pytest.raises(WrongVersion) as refused:
             await new.run_until_stop(run.id)
         assert refused.value.details["agent_version"] == "kit@v1"
-        stored = await new.find_run(run.id)
+        stored = (await new.get_run(run.id)).run
         assert stored is not None and stored.owner is None and stored.lease_epoch == 0
         outcome = await accepting.run_until_stop(run.id)
         assert outcome.kind is StopKind.ANSWERED
@@ -83,21 +83,21 @@ async def test_orphans_and_expiries_of_another_version_are_left_alone(db_url: st
     )
     try:
         orphan = await old.start_run("dana", "work")
-        claimed = await old.claim_next()
+        claimed = await old._runner.claim()
         assert claimed is not None and claimed.id == orphan.id
-        old.services.heartbeat.stop()  # its owner "dies": the heartbeat goes stale
+        old._services.heartbeat.stop()  # its owner "dies": the heartbeat goes stale
         kit.poll_until(lambda: _stale(new, orphan.id), what="a stale heartbeat")
-        assert (await new.claim_orphans(10)).claimed == []
-        _, any_orphan = await new.orphan_census()
+        assert (await new._runner.claim_orphans(10)).claimed == []
+        _, any_orphan = await new._runner.orphan_census()
         assert not any_orphan
         waiting = versioned.engine(db_url, versioned.v1(), turns=SEND, suspension_ttl_min=0.0001)
         suspended = await waiting.ask("dana", "send it")
         waiting.close()
         assert suspended.kind is StopKind.SUSPENDED
         kit.poll_until(lambda: _expired(new, suspended.run_id), what="the window to pass")
-        assert await new.expire_suspended() == []
-        assert (await new.find_run(suspended.run_id)).state is RunState.SUSPENDED  # type: ignore[union-attr]
-        assert suspended.run_id in await old.expire_suspended()
+        assert await new._runner.expire_suspended() == []
+        assert ((await new.get_run(suspended.run_id)).run).state is RunState.SUSPENDED
+        assert suspended.run_id in await old._runner.expire_suspended()
     finally:
         old.close()
         new.close()
@@ -105,15 +105,15 @@ async def test_orphans_and_expiries_of_another_version_are_left_alone(db_url: st
 
 def _expired(engine: Engine, run_id: str) -> bool:
     """The run's approval window has passed by the database's clock."""
-    now, _ = engine.store.orphan_census(stale_after_s=0.05)
-    run = engine.store.get_run(run_id)
+    now, _ = engine._store.orphan_census(stale_after_s=0.05)
+    run = engine._store.get_run(run_id)
     return run is not None and run.expires_at is not None and now > run.expires_at
 
 
 def _stale(engine: Engine, run_id: str) -> bool:
     """The run's owner's heartbeat is stale by the database's clock (any version)."""
-    now, _ = engine.store.orphan_census(stale_after_s=0.05)
-    run = engine.store.get_run(run_id)
+    now, _ = engine._store.orphan_census(stale_after_s=0.05)
+    run = engine._store.get_run(run_id)
     return run is not None and run.heartbeat_at is not None and now - run.heartbeat_at > 0.05
 
 
@@ -126,15 +126,15 @@ async def test_stranded_runs_are_those_no_live_worker_serves(db_url: str) -> Non
         suspended = (await _suspended(db_url)).run_id
         assert await _stranded_ids(old) == {queued.id, suspended}  # no worker at all
         assert await old.count_stranded() == 2
-        old.store.register_worker("w-old", ["kit@v1", "kit@v0"])
+        old._store.register_worker("w-old", ["kit@v1", "kit@v0"])
         assert await _stranded_ids(old) == set()
         assert await old.count_stranded() == 0
-        assert old.store.beat_worker("w-old") is True
-        old.store.leave("w-old")
-        assert old.store.beat_worker("w-old") is False
+        assert old._store.beat_worker("w-old") is True
+        old._store.leave("w-old")
+        assert old._store.beat_worker("w-old") is False
         assert await _stranded_ids(old) == {queued.id, suspended}
-        old.store.register_worker("w-new", ["kit@v2"])
-        assert old.store.live_versions(stale_after_s=600) == ["kit@v2"]
+        old._store.register_worker("w-new", ["kit@v2"])
+        assert old._store.live_versions(stale_after_s=600) == ["kit@v2"]
         assert await old.count_stranded() == 2
         with pytest.raises(InvalidInput):
             await old.stranded_runs(0)
@@ -164,11 +164,11 @@ async def test_a_decision_on_another_version_is_wrong_version_and_claims_nothing
     try:
         outcome = await old.ask("dana", "send it")
         token = _token(old)
-        before = await old.find_run(outcome.run_id)
+        before = (await old.get_run(outcome.run_id)).run
         with pytest.raises(WrongVersion) as refused:
             await new.resume_after_confirmation(token, "approve", "dana")
         assert refused.value.details["agent_version"] == "kit@v1"
-        after = await old.find_run(outcome.run_id)
+        after = (await old.get_run(outcome.run_id)).run
         assert after == before  # nothing claimed, the token still works
         assert not [e for e in await old.events(outcome.run_id) if e.kind == "approved"]
         result = await old.resume_after_confirmation(token, "approve", "dana")
@@ -183,13 +183,13 @@ async def test_migrate_moves_a_waiting_run_with_a_recorded_event(db_url: str) ->
     new = versioned.engine(db_url, versioned.v2())
     try:
         run = await old.start_run("dana", "hello")
-        moved = await new.migrate_run(run.id, "kit@v2", by="ops", why="deploy 42")
+        moved = await new.move_run(run.id, "kit@v2", user="ops", why="deploy 42")
         assert moved.agent_version == "kit@v2"
         migrated = [e for e in await new.events(run.id) if e.kind == "migrated"]
         assert [e.data for e in migrated] == [
             {"by": "ops", "why": "deploy 42", "from_version": "kit@v1", "to_version": "kit@v2"}
         ]
-        assert await old.claim_next() is None  # the old version no longer takes it
+        assert await old._runner.claim() is None  # the old version no longer takes it
         outcome = await new.run_until_stop(run.id)
         assert outcome.kind is StopKind.ANSWERED
     finally:
@@ -203,21 +203,21 @@ async def test_migrate_refuses_what_it_cannot_do_and_changes_nothing(db_url: str
     try:
         run = await old.start_run("dana", "hello")
         with pytest.raises(InvalidInput, match="serves kit@v2"):
-            await new.migrate_run(run.id, "kit@v9", by="ops")
+            await new.move_run(run.id, "kit@v9", user="ops")
         with pytest.raises(InvalidInput, match="already on"):
-            await old.migrate_run(run.id, "kit@v1", by="ops")
+            await old.move_run(run.id, "kit@v1", user="ops")
         with pytest.raises(InvalidInput):
-            await new.migrate_run(run.id, "kit@v2", by="not a user id!")
+            await new.move_run(run.id, "kit@v2", user="not a user id!")
         with pytest.raises(NotFound):
-            await new.migrate_run("0" * 32, "kit@v2", by="ops")
-        claimed = await old.claim_next()  # a live owner carries it now
+            await new.move_run("0" * 32, "kit@v2", user="ops")
+        claimed = await old._runner.claim()  # a live owner carries it now
         assert claimed is not None
         with pytest.raises(InvalidInput, match="live worker"):
-            await new.migrate_run(run.id, "kit@v2", by="ops")
-        assert (await old.carry(claimed)).kind is StopKind.ANSWERED
+            await new.move_run(run.id, "kit@v2", user="ops")
+        assert (await old._runner.carry(claimed)).kind is StopKind.ANSWERED
         with pytest.raises(AlreadyFinished):
-            await new.migrate_run(run.id, "kit@v2", by="ops")
-        assert (await new.find_run(run.id)).agent_version == "kit@v1"  # type: ignore[union-attr]
+            await new.move_run(run.id, "kit@v2", user="ops")
+        assert ((await new.get_run(run.id)).run).agent_version == "kit@v1"
         assert not [e for e in await new.events(run.id) if e.kind == "migrated"]
     finally:
         old.close()
@@ -229,10 +229,10 @@ async def test_migrate_refuses_a_version_without_the_pending_tool(db_url: str) -
     no_send = versioned.engine(db_url, versioned.v3())
     try:
         with pytest.raises(PendingToolUnavailable) as refused:
-            await no_send.migrate_run(suspended.run_id, "kit@v3", by="ops")
+            await no_send.move_run(suspended.run_id, "kit@v3", user="ops")
         assert refused.value.code == "tool_unavailable"
         assert refused.value.details["tool"] == "send"
-        run = await no_send.find_run(suspended.run_id)
+        run = (await no_send.get_run(suspended.run_id)).run
         assert run is not None and run.agent_version == "kit@v1"
         assert run.state is RunState.SUSPENDED
     finally:

@@ -46,7 +46,7 @@ async def until(
 
 
 async def states(engine: Engine, ids: list[str]) -> list[str]:
-    found = [await engine.find_run(i) for i in ids]
+    found = [(await engine.get_run(i)).run for i in ids]
     return [r.state.value if r is not None else "missing" for r in found]
 
 
@@ -164,7 +164,7 @@ def _async(fn: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
 
 async def _older_than(engine: Engine, ids: list[str], seconds: float) -> bool:
     now = await engine.now()
-    runs = [await engine.find_run(i) for i in ids]
+    runs = [(await engine.get_run(i)).run for i in ids]
     return all(r is not None and now - (r.suspended_at or now) > seconds for r in runs)
 
 
@@ -183,7 +183,7 @@ async def test_a_reaper_that_raises_is_logged_and_restarted(
     engine = tiny_engine(db_url, reaper_interval_s=0.05)
     monkeypatch.setattr(worker_module, "RESTART_FIRST_S", 0.05)
     calls = 0
-    expire = engine.expire_suspended
+    expire = engine._runner.expire_suspended
 
     async def broken_once() -> list[str]:
         nonlocal calls
@@ -220,7 +220,7 @@ async def test_a_listener_that_cannot_connect_is_restarted_and_claiming_goes_on(
     port = closed.getsockname()[1]
     closed.close()  # nothing listens on this port now
     dsn = f"postgresql://postgres@127.0.0.1:{port}/nowhere?connect_timeout=2"
-    monkeypatch.setattr(engine.store, "listen_dsn", lambda: dsn)
+    monkeypatch.setattr(engine._store, "listen_dsn", lambda: dsn)
     monkeypatch.setattr(worker_module, "RESTART_FIRST_S", 0.05)
     caplog.set_level(logging.WARNING, logger="tether.worker")
     worker = Worker(engine, concurrency=2, poll_s=0.1)
@@ -278,7 +278,7 @@ async def test_orphans_are_claimed_into_free_slots_and_recovered_by_the_worker(
     ids = await leave_orphans(db_url, 3)
     engine = kit.engine(db_url, script_name="work", heartbeat_timeout_s=0.3, reaper_interval_s=0.05)
     limits: list[int] = []
-    claim = engine.claim_orphans
+    claim = engine._runner.claim_orphans
 
     async def counted(limit: int, **kwargs: Any) -> Any:
         limits.append(limit)
@@ -293,7 +293,7 @@ async def test_orphans_are_claimed_into_free_slots_and_recovered_by_the_worker(
         await asyncio.wait_for(running, timeout=30)
         assert limits and set(limits) == {1}  # never more orphans than free slots
         for run_id in ids:
-            run = await engine.find_run(run_id)
+            run = (await engine.get_run(run_id)).run
             assert run is not None and run.recovery_attempts == 1
     finally:
         worker.stop()
@@ -327,7 +327,7 @@ async def test_a_busy_worker_takes_orphans_before_new_runs(db_url: str) -> None:
 
 
 async def _stale(engine: Engine, run_id: str, seconds: float) -> bool:
-    run = await engine.find_run(run_id)
+    run = (await engine.get_run(run_id)).run
     assert run is not None and run.owner is not None
     return await engine.now() - (run.heartbeat_at or 0) > seconds
 
@@ -359,7 +359,7 @@ async def test_a_failed_start_is_released_without_spending_a_recovery_attempt(
         await until(lambda: all_in(engine, [run.id], "answered"), what="carried to its end")
         kinds = [e.kind for e in await engine.events(run.id)]
         assert "start_failed" in kinds and kinds.index("start_failed") < kinds.index("answered")
-        after = await engine.find_run(run.id)
+        after = (await engine.get_run(run.id)).run
         assert after is not None and after.recovery_attempts == 0
     finally:
         worker.stop()

@@ -270,13 +270,13 @@ def count_calls(engine: Engine, name: str) -> list[dict[str, Any]]:
     """Record the keyword arguments of each call of the store's method ``name`` (the
     calls still go through)."""
     seen: list[dict[str, Any]] = []
-    method: Callable[..., Any] = getattr(engine.store, name)
+    method: Callable[..., Any] = getattr(engine._store, name)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         seen.append(kwargs)
         return method(*args, **kwargs)
 
-    setattr(engine.store, name, counted)
+    setattr(engine._store, name, counted)
     return seen
 
 

@@ -20,11 +20,18 @@ from tether import output
 from tether._runtime import tool_call
 from tether._runtime.decided_call import decide
 from tether._runtime.model_failures import model_failed
+from tether._runtime.services import Services, hop
 from tether._runtime.session import RunSession
-from tether.errors import DatabaseUnavailable, FailpointError, LeaseLost, ModelError
+from tether.errors import (
+    DatabaseUnavailable,
+    FailpointError,
+    LeaseLost,
+    ModelError,
+)
 from tether.failpoints import fail
 from tether.messages import ToolCall
 from tether.results import Outcome, StopKind
+from tether.runs import Run
 from tether.store import CallStatus
 from tether.telemetry import tracing
 from tether.telemetry.metrics import MODEL_SECONDS, STEP_SECONDS
@@ -150,3 +157,37 @@ def batches(session: RunSession, pending: list[ToolCall]) -> list[list[ToolCall]
             groups.append([call])
         after_read = read
     return groups
+
+
+async def carry(services: Services, run: Run, *, stopping: asyncio.Event | None = None) -> Outcome:
+    """Start a run this process claimed and drive it to its next stop. A start that fails
+    (its scope resolver is down, say) hands the run back with a delay and a
+    ``start_failed`` event: it was claimed cleanly, so nothing is left to reconcile, and
+    no recovery attempt is spent.
+
+    Safe to run twice: the second start finds the lease moved and is fenced out.
+    """
+    try:
+        session = await RunSession.start(services, run, stopping=stopping)
+    except LeaseLost:
+        return Outcome(run_id=run.id, kind=StopKind.LEASE_LOST)
+    except DatabaseUnavailable:
+        # Claimed, then the database went away: a reaper takes it once it is back.
+        return Outcome(run_id=run.id, kind=StopKind.ABANDONED)
+    except (FailpointError, asyncio.CancelledError):
+        raise
+    except Exception as exc:
+        log.exception("start failed", extra={"run_id": run.id, "action": "start_failed"})
+        delay = services.settings.start_retry_s
+        await hop(
+            services.store.release,
+            run.lease(),
+            elapsed_ms=0,
+            event={"error": f"{type(exc).__name__}: {exc}"[:2000], "retry_in_s": delay},
+            delay_s=delay,
+            kind="start_failed",
+        )
+        return Outcome(
+            run_id=run.id, kind=StopKind.RELEASED, reason="start_failed", retry_in_s=delay
+        )
+    return await drive(session)

@@ -56,7 +56,7 @@ async def count_stranded(services: Services) -> int:
     )
 
 
-async def migrate_run(
+async def move_run(
     services: Services, run_id: str, to_version: str, *, by: str, why: str | None = None
 ) -> Run:
     """Move a run to ``to_version``, one this process serves (so its tools are known

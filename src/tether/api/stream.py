@@ -18,7 +18,6 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from tether import inputs
 from tether._runtime.feed import after_seq
 from tether.engine import Engine
-from tether.errors import NotFound
 
 _SEP = "\n"
 
@@ -29,12 +28,10 @@ async def event_stream(
     """The stream of ``user``'s run ``run_id``; ``not_found`` / ``invalid_input`` first."""
     raw = last_event_id if last_event_id is not None else after
     start = 0 if raw is None else after_seq(raw)
-    run = await engine.find_run(inputs.run_id(run_id))
-    if run is None or run.user_id != user:
-        raise NotFound("no such run")
+    run = (await engine.get_run(inputs.run_id(run_id), user=user)).run
 
     async def events() -> AsyncIterator[ServerSentEvent]:
-        async for event in engine.watch(run.id, after=start, user_id=user):
+        async for event in engine.watch(run.id, after=start, user=user):
             data = json.dumps(event.to_json(), separators=(",", ":"))
             yield ServerSentEvent(data=data, event=event.kind, id=str(event.seq), sep=_SEP)
 

@@ -35,7 +35,6 @@ from tether.api.schemas import (
 )
 from tether.api.stream import event_stream
 from tether.engine import Engine
-from tether.errors import NotFound
 from tether.runs import iso, run_to_json
 
 # Documents the scheme in the OpenAPI document; `api_user` does the checking.
@@ -107,7 +106,7 @@ async def list_runs(
     responses=_responses((401, _AUTH), (404, _NOT_FOUND), (422, _INVALID)),
 )
 async def get_run(run_id: str, user: Caller, engine: EngineDep) -> dict[str, Any]:
-    view = await engine.get_run(run_id, user_id=user)
+    view = await engine.get_run(run_id, user=user)
     return {**run_to_json(view.run), "messages": view.messages}
 
 
@@ -229,7 +228,7 @@ async def fork_run(
     run_id: str, body: ForkIn, user: Caller, engine: EngineDep, response: Response
 ) -> dict[str, Any]:
     fork = await engine.fork_run(run_id, user, at_step=body.at_step, dry_run=body.dry_run)
-    view = await engine.get_run(fork.id, user_id=user)
+    view = await engine.get_run(fork.id, user=user)
     response.headers["Location"] = f"/v1/runs/{fork.id}"
     return {**run_to_json(view.run), "messages": view.messages}
 
@@ -307,6 +306,4 @@ async def preview(
 
 async def _owned(engine: Engine, run_id: str, user: str) -> None:
     """``not_found`` unless ``run_id`` names one of ``user``'s runs."""
-    run = await engine.find_run(inputs.run_id(run_id))
-    if run is None or run.user_id != user:
-        raise NotFound("no such run")
+    await engine.get_run(inputs.run_id(run_id), user=user)

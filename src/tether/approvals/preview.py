@@ -8,21 +8,20 @@ from typing import Any
 
 from tether import inputs
 from tether._runtime.services import Services
-from tether.approvals.resume import (
+from tether.approvals.request import (
     checked_arguments,
     find_suspended,
     suspended_on,
+    tool_arguments,
     unknown_or_expired,
 )
-from tether.errors import InvalidInput
 from tether.previews import digest as digest_of
 from tether.results import ApprovalPreview
 from tether.runs import Run
 from tether.tokens import hash_token
-from tether.tools.tool import InvalidToolArguments
 
 
-async def preview_approval(
+async def by_token(
     services: Services, token: str, approver: str, arguments: dict[str, Any] | None = None
 ) -> ApprovalPreview:
     """The preview the pending call of a token's run would have with ``arguments``
@@ -38,7 +37,7 @@ async def preview_approval(
     return await _preview(services, run, approver, arguments)
 
 
-async def preview_by_run(
+async def by_run(
     services: Services,
     run_id: str,
     approver: str,
@@ -46,7 +45,7 @@ async def preview_by_run(
     tool_call_id: str,
     arguments: dict[str, Any] | None = None,
 ) -> ApprovalPreview:
-    """``preview_approval`` from an inbox that knows the run and its pending call."""
+    """``by_token`` from an inbox that knows the run and its pending call."""
     inputs.user_id(approver, "approver")
     if arguments is not None:
         checked_arguments(arguments)
@@ -64,13 +63,9 @@ async def _preview(
     scope = await services.agent.resolve_scope(run.user_id)
     if not scope.may_approve(approver):
         raise unknown_or_expired()
+    args = tool_arguments(services, pending, pending.arguments if arguments is None else arguments)
     tool = services.agent.tool(pending.tool)
-    if tool is None:
-        raise InvalidInput(f"the pending tool {pending.tool!r} is not served here")
-    try:
-        args = tool.validate(pending.arguments if arguments is None else arguments)
-    except InvalidToolArguments as exc:
-        raise InvalidInput(exc.message) from exc
+    assert tool is not None  # tool_arguments found it
     preview = await tool.render_preview(args, scope)
     return ApprovalPreview(
         tool=pending.tool,

@@ -11,10 +11,9 @@ request changes nothing and the token still works.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-import re
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any
 
 from tether import inputs
@@ -22,13 +21,20 @@ from tether._runtime import versions
 from tether._runtime.decided_call import decide
 from tether._runtime.services import Services, hop
 from tether._runtime.session import RunSession
+from tether.approvals.request import (
+    Asked,
+    decision_json,
+    find_suspended,
+    suspended_on,
+    tool_arguments,
+    unknown_or_expired,
+)
 from tether.errors import (
     AlreadyResumed,
     Changed,
     DatabaseUnavailable,
     FailpointError,
     GuardFailed,
-    InvalidInput,
     LeaseLost,
     NoLongerPermitted,
     PendingToolUnavailable,
@@ -36,88 +42,14 @@ from tether.errors import (
     UnknownOrExpired,
 )
 from tether.failpoints import fail
-from tether.messages import canonical_json
 from tether.results import ApprovalResult, CallVerdict, Choice, Outcome
-from tether.runs import Pending, Run, RunState, iso
+from tether.runs import Pending, Run, RunState
 from tether.store import Decision
 from tether.telemetry import tracing
 from tether.telemetry.metrics import APPROVALS
 from tether.tokens import hash_token
-from tether.tools.tool import InvalidToolArguments
 
 log = logging.getLogger(__name__)
-
-MAX_REASON_CHARS = 2000
-MAX_ARGUMENTS_CHARS = 100_000
-DIGEST = re.compile(r"[0-9a-f]{64}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Asked:
-    """A decision as an approver sent it, checked: the choice, who, why, the edited
-    arguments (not yet validated against the tool) and the digest of what they saw."""
-
-    choice: Choice
-    approver: str
-    reason: str | None = None
-    arguments: dict[str, Any] | None = None
-    digest: str | None = None
-
-
-def asked(
-    decision: Any,
-    approver: Any,
-    *,
-    reason: Any = None,
-    arguments: Any = None,
-    digest: Any = None,
-) -> Asked:
-    """Check what an approver sent (``invalid_input`` otherwise; nothing is claimed)."""
-    if decision not in (c.value for c in Choice):
-        raise InvalidInput("decision must be one of approve, decline")
-    choice = Choice(decision)
-    inputs.user_id(approver, "approver")
-    if reason is not None:
-        if not isinstance(reason, str):
-            raise InvalidInput("reason must be a string")
-        reason = inputs.text(reason, "reason", MAX_REASON_CHARS) if reason.strip() else None
-    if arguments is not None:
-        if choice is Choice.DECLINE:
-            raise InvalidInput("arguments go with an approval only, not with a decline")
-        checked_arguments(arguments)
-    if digest is not None and (not isinstance(digest, str) or not DIGEST.fullmatch(digest)):
-        raise InvalidInput("digest must be the 64 lowercase hex characters of a preview digest")
-    return Asked(
-        choice=choice, approver=approver, reason=reason, arguments=arguments, digest=digest
-    )
-
-
-def checked_arguments(arguments: Any) -> dict[str, Any]:
-    """Edited arguments: a JSON object of bounded size."""
-    if not isinstance(arguments, dict):
-        raise InvalidInput("arguments must be a JSON object")
-    try:
-        size = len(canonical_json(arguments))
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"arguments must be JSON: {exc}") from exc
-    if size > MAX_ARGUMENTS_CHARS:
-        raise InvalidInput(f"arguments must be at most {MAX_ARGUMENTS_CHARS} characters of JSON")
-    return arguments
-
-
-def decision_json(decision: Decision) -> dict[str, Any]:
-    """A recorded decision as ``already_resumed`` answers carry it."""
-    return {
-        "decision": decision.decision,
-        "by": decision.by,
-        "at": iso(decision.at),
-        "reason": decision.reason,
-        "arguments": decision.arguments,
-    }
-
-
-def unknown_or_expired() -> UnknownOrExpired:
-    return UnknownOrExpired("this approval link is unknown or has expired")
 
 
 def _already(decision: Decision) -> AlreadyResumed:
@@ -128,17 +60,7 @@ def _already(decision: Decision) -> AlreadyResumed:
 # -- deciding ---------------------------------------------------------------------------------
 
 
-async def resume_after_confirmation(
-    services: Services,
-    owner: str,
-    token: str,
-    decision: str,
-    approver: str,
-    *,
-    reason: str | None = None,
-    arguments: dict[str, Any] | None = None,
-    digest: str | None = None,
-) -> ApprovalResult:
+async def by_token(services: Services, owner: str, token: str, ask: Asked) -> ApprovalResult:
     """Carry out a human decision on a suspended run: check it, claim first, then
     re-check, then the tool or the decline, and its durable result; the rest of the loop
     goes to the workers.
@@ -146,11 +68,10 @@ async def resume_after_confirmation(
     Safe to call twice with one token: only one claim can succeed; the other caller gets
     ``already_resumed`` with the decision that won (its reason and edits included).
     """
-    ask = asked(decision, approver, reason=reason, arguments=arguments, digest=digest)
     token_hash = hash_token(inputs.token(token))
     run, used = await find_suspended(services, token_hash)
     if run is None:
-        seen = await visible_run(services, used.run_id, approver) if used is not None else None
+        seen = await visible_run(services, used.run_id, ask.approver) if used is not None else None
         with approval_span(seen, ask):
             if used is not None and seen is not None:
                 raise _already(used)
@@ -159,54 +80,35 @@ async def resume_after_confirmation(
     return await _claim_and_carry_out(services, owner, run, token_hash, ask)
 
 
-async def resume_by_run(
+async def by_run(
     services: Services,
     owner: str,
     run_id: str,
-    decision: str,
-    approver: str,
-    *,
     tool_call_id: str,
-    digest: str | None,
-    reason: str | None = None,
-    arguments: dict[str, Any] | None = None,
-    approved_digest: str | None = None,
+    shown_digest: str | None,
+    ask: Asked,
 ) -> ApprovalResult:
     """The same decision, taken from an inbox that knows the run but not the token (only
     its hash is stored). The approver names the call and the digest of the pending preview
-    they were shown (``digest``), so a click cannot approve a request re-suspended on
-    another preview after the page was rendered; ``approved_digest`` is the digest of the
-    re-rendered preview of their edit. Claims through the same conditional UPDATE.
+    they were shown (``shown_digest``), so a click cannot approve a request re-suspended on
+    another preview after the page was rendered; ``ask.digest`` is the digest of the
+    re-rendered preview of their edit (the shown one when they did not edit). Claims
+    through the same conditional UPDATE.
 
     Safe to call twice: the second claim finds the run no longer suspended on that call
     and answers ``already_resumed`` with the decision that won.
     """
-    ask = asked(
-        decision,
-        approver,
-        reason=reason,
-        arguments=arguments,
-        digest=approved_digest if approved_digest is not None else digest,
-    )
-    run = await _pending_run(services, run_id, tool_call_id, digest)
+    if ask.digest is None:
+        ask = dataclasses.replace(ask, digest=shown_digest)
+    run = await _pending_run(services, run_id, tool_call_id, shown_digest)
     if run is None or run.pending_token_hash is None:
         used = await hop(services.store.decision_for_call, run_id, str(tool_call_id))
-        seen = await visible_run(services, run_id, approver) if used is not None else None
+        seen = await visible_run(services, run_id, ask.approver) if used is not None else None
         with approval_span(seen, ask):
             if used is not None and seen is not None:
                 raise _already(used)
             raise unknown_or_expired()
     return await _claim_and_carry_out(services, owner, run, run.pending_token_hash, ask)
-
-
-async def suspended_on(services: Services, run_id: str, tool_call_id: Any) -> Run | None:
-    """The run, when it is suspended on the call ``tool_call_id``."""
-    if not isinstance(tool_call_id, str) or not 0 < len(tool_call_id) <= 128:
-        raise unknown_or_expired()
-    run = await hop(services.store.get_run, inputs.run_id(run_id))
-    if run is None or run.state is not RunState.SUSPENDED or run.pending is None:
-        return None
-    return run if run.pending.tool_call_id == tool_call_id else None
 
 
 async def _pending_run(
@@ -217,17 +119,6 @@ async def _pending_run(
     if run is None or run.pending is None or run.pending.digest != digest:
         return None
     return run
-
-
-async def find_suspended(services: Services, token_hash: str) -> tuple[Run | None, Decision | None]:
-    """The run suspended on a token and the decision that used it, read once for all the
-    callers of that token in flight here. A shared read is as good as a caller's own: a
-    token exists only once its suspension is durable, and a read that found it unused
-    started after the first caller had it, so after that."""
-    found, _ = await services.inflight.run(
-        ("find", token_hash), lambda: hop(services.store.find_by_token, token_hash)
-    )
-    return found
 
 
 def _recorded(services: Services, pending: Pending, ask: Asked) -> tuple[Any, dict[str, Any]]:
@@ -241,23 +132,13 @@ def _recorded(services: Services, pending: Pending, ask: Asked) -> tuple[Any, di
         return None, event  # the decision halts the run ``tool_unavailable`` (decision.py)
     if ask.choice is Choice.APPROVE:
         if ask.arguments is not None:
-            arguments = _validated(services, pending, ask.arguments)
+            arguments = tool_arguments(services, pending, ask.arguments).model_dump(mode="json")
         elif pending.edited_from is not None:
             arguments = pending.arguments
     if arguments is not None:
         event["arguments_from"] = pending.edited_from or pending.arguments
         event["arguments_to"] = arguments
     return arguments, event
-
-
-def _validated(services: Services, pending: Pending, arguments: dict[str, Any]) -> Any:
-    tool = services.agent.tool(pending.tool)
-    if tool is None:
-        raise InvalidInput(f"the pending tool {pending.tool!r} is not served here")
-    try:
-        return tool.validate(arguments).model_dump(mode="json")
-    except InvalidToolArguments as exc:
-        raise InvalidInput(exc.message) from exc
 
 
 async def _claim(services: Services, owner: str, run: Run, token_hash: str, ask: Asked) -> Run:

@@ -225,7 +225,7 @@ def approve(
     async def decide(engine: Engine) -> dict[str, Any] | TetherError:
         try:
             edited = None if arguments is None else _json_arg(arguments, "--arguments")
-            approver = as_user or await engine.owner_of_token(token)
+            approver = as_user or await engine.token_owner(token)
             if approver is None:
                 raise UnknownOrExpired("this token is unknown or expired")
             result = await engine.resume_after_confirmation(
@@ -263,7 +263,7 @@ def continue_(
     configure("WARNING")
 
     async def go(engine: Engine) -> dict[str, Any]:
-        user = as_user or await engine.run_owner(run_id)
+        user = as_user or (await engine.get_run(run_id)).run.user_id
         run = await engine.continue_run(run_id, user, why=why or "operator continue")
         return run_to_json(run)
 
@@ -280,7 +280,7 @@ def cancel(
     configure("WARNING")
 
     async def go(engine: Engine) -> dict[str, Any]:
-        user = as_user or await engine.run_owner(run_id)
+        user = as_user or (await engine.get_run(run_id)).run.user_id
         return run_to_json(await engine.cancel_run(run_id, user))
 
     emit(on_engine(agent, go))

@@ -74,9 +74,7 @@ def runs_migrate(
     version, so the run's pending tool can be checked. Recorded as a ``migrated`` event."""
     configure("WARNING")
     who = by or getpass.getuser()
-    run = on_engine(
-        agent, lambda engine: engine.migrate_run(run_id, to_version, by=who, why=reason)
-    )
+    run = on_engine(agent, lambda engine: engine.move_run(run_id, to_version, user=who, why=reason))
     emit(run_to_json(run))
 
 
@@ -122,7 +120,7 @@ def runs_fork(
     configure("WARNING")
 
     async def go(engine: Engine) -> dict[str, Any]:
-        user = as_user or await engine.run_owner(run_id)
+        user = as_user or (await engine.get_run(run_id)).run.user_id
         return run_to_json(await engine.fork_run(run_id, user, at_step=at_step, dry_run=dry_run))
 
     emit(on_engine(agent, go))

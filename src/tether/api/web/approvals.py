@@ -33,6 +33,7 @@ from tether.errors import (
     GuardFailed,
     InvalidInput,
     NoLongerPermitted,
+    NotFound,
     PendingToolUnavailable,
     UnknownOrExpired,
     WrongVersion,
@@ -62,26 +63,24 @@ async def approval_page(request: Request, token: str) -> Response:
         return unknown_or_expired(request, session)
     engine = engine_of(request)
     try:
-        lookup = await engine.approval_request(token)
+        lookup = await engine.approval_request(token, session.user)
     except UnknownOrExpired:
         return unknown_or_expired(request, session)
     view = pending_view(lookup.run, session.user, lookup.now, agent=engine.agent, token=token)
     if view is not None:
-        if await engine.may_decide(view.run.user_id, session.user):
-            context = {"item": view, "error": None}
-            return page(request, "approve.html", context, session=session)
-    elif lookup.used is not None and lookup.decided_run is not None:
+        context = {"item": view, "error": None}
+        return page(request, "approve.html", context, session=session)
+    if lookup.used is not None and lookup.decided_run is not None:
+        used = lookup.used
+        shown = {
+            "decision": used.decision,
+            "by": used.by,
+            "at": when(used.at),
+            "reason": used.reason,
+            "arguments": used.arguments,
+        }
         decided = lookup.decided_run
-        if await engine.may_decide(decided.user_id, session.user):
-            used = lookup.used
-            shown = {
-                "decision": used.decision,
-                "by": used.by,
-                "at": when(used.at),
-                "reason": used.reason,
-                "arguments": used.arguments,
-            }
-            return outcome(request, session, 200, "already_resumed", decision=shown, run=decided)
+        return outcome(request, session, 200, "already_resumed", decision=shown, run=decided)
     return unknown_or_expired(request, session)
 
 
@@ -136,10 +135,10 @@ async def decide_from_inbox(request: Request, run_id: str) -> Response:
         decision,
         session.user,
         tool_call_id=call,
-        digest=shown or None,
+        shown_digest=shown or None,
         reason=reason,
         arguments=arguments,
-        approved_digest=field(form, "approved_digest") or None,
+        digest=field(form, "approved_digest") or None,
     )
     return await _carry_out(request, session, deciding, reason=reason, arguments=arguments)
 
@@ -210,8 +209,10 @@ async def _carry_out(
         "decided on the web",
         extra={"run_id": result.run_id, "action": "web_decision", "state": result.state},
     )
-    run = await engine.find_run(result.run_id)
-    owner = run.user_id if run is not None else None
+    try:
+        owner: str | None = (await engine.get_run(result.run_id)).run.user_id
+    except NotFound:  # purged meanwhile
+        owner = None
     return outcome(
         request,
         session,
@@ -234,7 +235,7 @@ async def _changed(request: Request, session: Session, engine: Engine, exc: Chan
     new_token = str(exc.details.get("token") or "")
     item = None
     if new_token:
-        lookup = await engine.approval_request(new_token)
+        lookup = await engine.approval_request(new_token, session.user)
         item = pending_view(
             lookup.run, session.user, lookup.now, agent=engine.agent, token=new_token
         )

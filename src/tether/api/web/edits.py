@@ -50,11 +50,11 @@ async def preview_from_link(request: Request, token: str) -> Response:
         return unknown_or_expired(request, session)
     engine = engine_of(request)
     try:
-        lookup = await engine.approval_request(token)
+        lookup = await engine.approval_request(token, session.user)
     except UnknownOrExpired:
         return unknown_or_expired(request, session)
     item = pending_view(lookup.run, session.user, lookup.now, agent=engine.agent, token=token)
-    if item is None or not await engine.may_decide(item.run.user_id, session.user):
+    if item is None:
         return unknown_or_expired(request, session)
 
     def previewing(arguments: dict[str, Any]) -> Awaitable[ApprovalPreview]:
@@ -77,14 +77,9 @@ async def preview_from_inbox(request: Request, run_id: str) -> Response:
     if not call or not inputs.RUN_ID.fullmatch(run_id):
         return unknown_or_expired(request, session)
     engine = engine_of(request)
-    run = await engine.find_run(run_id)
+    run = await engine.request_of_run(run_id, call, session.user)
     item = pending_view(run, session.user, await engine.now(), agent=engine.agent)
-    if (
-        item is None
-        or item.run.pending is None
-        or item.run.pending.tool_call_id != call
-        or not await engine.may_decide(item.run.user_id, session.user)
-    ):
+    if item is None:
         return unknown_or_expired(request, session)
     item = dataclasses.replace(item, target=run_target(run_id, call, shown))
 

@@ -82,7 +82,7 @@ async def _run_response(
 ) -> Response:
     engine = engine_of(request)
     try:
-        view = await engine.get_run(run_id, user_id=session.user)
+        view = await engine.get_run(run_id, user=session.user)
     except NotFound:
         return _no_such_run(request, session)
     events = await engine.events(run_id)

@@ -11,7 +11,7 @@ from typing import Any
 
 from tether._runtime.forks import step_boundary
 from tether.engine import Engine
-from tether.errors import InvalidInput
+from tether.errors import InvalidInput, NotFound
 from tether.models.base import Message
 from tether.runs import Run, RunState
 
@@ -45,8 +45,10 @@ async def lineage(engine: Engine, run: Run, viewer: str) -> dict[str, Any]:
     parent = None
     if run.forked_from is not None:
         parent_id = str(run.forked_from["run_id"])
-        found = await engine.find_run(parent_id)
-        linked = found is not None and found.user_id == viewer
+        try:
+            linked = bool(await engine.get_run(parent_id, user=viewer))
+        except NotFound:  # not the viewer's, or purged
+            linked = False
         parent = Parent(run_id=parent_id, step=int(run.forked_from["step"]), linked=linked)
     forks = [fork for fork in await engine.forks_of(run.id) if fork.user_id == viewer]
     return {"parent": parent, "forks": forks}

@@ -1,0 +1,143 @@
+"""Recovering runs whose owner died (the reaper): claiming orphans, reconciling each, and
+handing it back to the workers. Each says why running it twice is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from tether._runtime.loop import process
+from tether._runtime.services import Services, hop
+from tether._runtime.session import RunSession
+from tether.errors import (
+    DatabaseUnavailable,
+    FailpointError,
+    LeaseLost,
+)
+from tether.reasons import FailReason
+from tether.results import Outcome, StopKind
+from tether.runs import Run
+from tether.telemetry import tracing
+from tether.telemetry.metrics import RECOVERIES
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OrphanClaim:
+    """Orphans one reaper took over, and those failed because recovery was exhausted."""
+
+    claimed: list[Run] = field(default_factory=list)
+    exhausted: list[str] = field(default_factory=list)
+
+    def filled(self, limit: int) -> bool:
+        """Whether the claim took as many orphans as it asked for: more may be waiting."""
+        return len(self.claimed) + len(self.exhausted) >= limit
+
+
+async def orphan_census(services: Services) -> tuple[float, bool]:
+    """The database's clock now and whether any run's owner has a stale heartbeat by it
+    (one indexed read, no claim): where a reaper pass starts."""
+    return await hop(
+        services.store.orphan_census,
+        stale_after_s=services.settings.heartbeat_timeout_s,
+        versions=services.versions,
+    )
+
+
+async def claim_orphans(
+    services: Services, owner: str, limit: int, *, before: float | None = None
+) -> OrphanClaim:
+    """Take over up to ``limit`` runs whose owner's heartbeat is stale (and older than
+    ``before``, a reaper pass's start on the database's clock, so one pass never takes a
+    run twice nor spends more than one recovery attempt on it), each with a new lease
+    epoch; those past their recovery attempts are failed ``recovery_exhausted`` instead
+    (invariant 9).
+
+    Safe to run from two reapers at once: each orphan's claim is conditional on its
+    staleness, so only one reaper holds it.
+    """
+    claimed, exhausted = await hop(
+        services.store.claim_orphans,
+        owner=owner,
+        stale_after_s=services.settings.heartbeat_timeout_s,
+        max_attempts=services.settings.max_recovery_attempts,
+        batch=limit,
+        before=before,
+        versions=services.versions,
+    )
+    RECOVERIES.labels(outcome=FailReason.RECOVERY_EXHAUSTED.value).inc(len(exhausted))
+    return OrphanClaim(claimed=claimed, exhausted=exhausted)
+
+
+async def recover(services: Services, run: Run) -> Outcome:
+    """Reconcile the call of a claimed orphan that may have run without its result being
+    stored (invariant 3), then hand the run back to the workers.
+
+    Safe to run twice: a reaper that loses the lease mid-way is fenced out, and
+    reconciliation only reads by key or re-issues under the same key.
+    """
+    log.info("recovering", extra={"run_id": run.id, "action": "recover"})
+    try:
+        outcome = await _recover(services, run)
+    except LeaseLost:
+        outcome = Outcome(run_id=run.id, kind=StopKind.LEASE_LOST)
+    except (FailpointError, asyncio.CancelledError):
+        raise
+    except Exception:
+        # The run's scope resolver or downstream is down. It keeps this reaper's lease and
+        # goes stale again; it is not released, since a worker would then drive it
+        # without reconciling first.
+        log.exception("recovery deferred", extra={"run_id": run.id, "action": "recover"})
+        outcome = Outcome(run_id=run.id, kind=StopKind.LEASE_LOST, reason="deferred")
+    label = outcome.reason if outcome.kind is StopKind.FAILED else outcome.kind.value
+    RECOVERIES.labels(outcome=label or "failed").inc()
+    return outcome
+
+
+async def _recover(services: Services, run: Run) -> Outcome:
+    """The recovery, traced as the run's stretch in this process (``tracing.py``)."""
+    with tracing.stretch(run.id, run.trace_context, services.agent.name, "recover") as span:
+        outcome = await _recovering(services, run)
+        span.stopped(outcome)
+        return outcome
+
+
+async def _recovering(services: Services, run: Run) -> Outcome:
+    session = await RunSession.start(services, run, recovering=True)
+    try:
+        pending = session.pending_calls()
+        if pending:
+            try:
+                stop = await process(session, pending[0])
+            except (LeaseLost, DatabaseUnavailable, FailpointError, asyncio.CancelledError):
+                raise
+            except Exception as exc:
+                return await session.fail_on_error(exc)
+            if stop is not None:
+                return stop
+        return await session.release("recovered")
+    finally:
+        session.close()
+
+
+async def recover_orphans(services: Services, owner: str) -> list[Outcome]:
+    """One reaper pass over stale runs (``tether reap``): claim a batch of
+    ``reaper_batch``, recover it concurrently (none waits behind another long enough to
+    go stale again), and go on with the next batch until no orphan that was stale when
+    the pass began is left. Safe twice (see ``claim_orphans``); bounded, since a run the
+    pass claimed has a fresh heartbeat and is never taken again by the same pass."""
+    began, _ = await orphan_census(services)
+    batch = services.settings.reaper_batch
+    outcomes: list[Outcome] = []
+    while True:
+        claim = await claim_orphans(services, owner, batch, before=began)
+        outcomes.extend(
+            Outcome(run_id=run_id, kind=StopKind.FAILED, reason=FailReason.RECOVERY_EXHAUSTED.value)
+            for run_id in claim.exhausted
+        )
+        outcomes.extend(await asyncio.gather(*(recover(services, run) for run in claim.claimed)))
+        if not claim.filled(batch):
+            return outcomes

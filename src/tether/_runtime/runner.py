@@ -1,0 +1,125 @@
+"""The worker's runner: what a ``Worker`` does with one engine's parts, apart from the
+Engine that applications and the HTTP layer call (as procrastinate's worker owns its job
+manager). It claims ready runs and orphans, carries and recovers them, and does the
+reaper's upkeep, always for the agent versions this process serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+
+from tether import inputs
+from tether._runtime import recovery, upkeep
+from tether._runtime.hop import hop
+from tether._runtime.loop import carry
+from tether._runtime.recovery import OrphanClaim
+from tether._runtime.services import Services
+from tether._runtime.versions import Registration
+from tether.config import Settings
+from tether.results import Outcome, ReapReport, StopKind
+from tether.runs import Run
+
+
+def new_worker_id() -> str:
+    """A unique owner name for this process: host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Runner:
+    """Claims, carrying, recovery and upkeep for one engine, owned by its ``Worker``.
+
+    ``opened`` checks the schema once (the engine's ``open``); every call that reaches the
+    database awaits it first, so a runner works on an engine nobody opened yet.
+    """
+
+    def __init__(
+        self, services: Services, worker_id: str, opened: Callable[[], Awaitable[None]]
+    ) -> None:
+        self.services = services
+        self.worker_id = worker_id
+        self._opened = opened
+
+    @property
+    def settings(self) -> Settings:
+        return self.services.settings
+
+    @property
+    def notifies(self) -> bool:
+        """Whether the store wakes idle workers (PostgreSQL's NOTIFY) rather than their
+        polling."""
+        return self.services.store.dialect.notifies
+
+    def listen_dsn(self) -> str | None:
+        """The DSN a listener of ready-run notices connects with; None where there are none."""
+        return self.services.store.listen_dsn()
+
+    def registration(self) -> Registration:
+        """This process's entry in the registry of live workers and their versions."""
+        return Registration(self.services, self.worker_id)
+
+    async def claim(self, run_id: str | None = None) -> Run | None:
+        """Take the lease of ``run_id`` (or of the run that has waited longest) if it waits
+        for a worker of a version this process serves."""
+        await self._opened()
+        wanted = None if run_id is None else inputs.run_id(run_id)
+        return await hop(
+            self.services.store.claim_ready,
+            self.worker_id,
+            wanted,
+            versions=self.services.versions,
+        )
+
+    async def carry(self, run: Run, *, stopping: asyncio.Event | None = None) -> Outcome:
+        """Carry a run this process claimed to its next stop (see ``loop.carry``)."""
+        return await carry(self.services, run, stopping=stopping)
+
+    async def claim_orphans(self, limit: int, *, before: float | None = None) -> OrphanClaim:
+        """Take over up to ``limit`` runs whose owner's heartbeat is stale (and older than
+        ``before``, on the database's clock, if given)."""
+        await self._opened()
+        return await recovery.claim_orphans(self.services, self.worker_id, limit, before=before)
+
+    async def orphan_census(self) -> tuple[float, bool]:
+        """The database's clock now and whether any run's owner has a stale heartbeat."""
+        await self._opened()
+        return await recovery.orphan_census(self.services)
+
+    async def recover(self, run: Run) -> Outcome:
+        """Reconcile one claimed orphan and hand it back to the workers."""
+        return await recovery.recover(self.services, run)
+
+    async def recover_orphans(self) -> list[Outcome]:
+        """One reaper pass over runs whose owner's heartbeat is stale."""
+        await self._opened()
+        return await recovery.recover_orphans(self.services, self.worker_id)
+
+    async def expire_suspended(self) -> list[str]:
+        """Halt suspended runs whose approval window has passed."""
+        await self._opened()
+        return await upkeep.expire_suspended(self.services)
+
+    async def reissue_notices(self) -> list[str]:
+        """Re-send suspension notices that were never delivered, with fresh tokens."""
+        await self._opened()
+        return await upkeep.reissue_notices(self.services)
+
+    async def purge_retained(self) -> int:
+        """Delete runs kept past the retention."""
+        await self._opened()
+        return await upkeep.purge_retained(self.services)
+
+    async def reap(self) -> ReapReport:
+        """One reaper pass: recover orphans, expire suspensions, re-send undelivered
+        notices, purge past retention."""
+        recovered = await self.recover_orphans()
+        return ReapReport(
+            recovered=[o.run_id for o in recovered if o.kind is StopKind.RELEASED],
+            stopped={o.run_id: o.kind.value for o in recovered if o.kind is not StopKind.RELEASED},
+            expired=await self.expire_suspended(),
+            notices_reissued=await self.reissue_notices(),
+            purged=await self.purge_retained(),
+        )
