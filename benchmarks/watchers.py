@@ -1,4 +1,4 @@
-"""Live event watchers against busy workers, on PostgreSQL (SPEC §11).
+"""Live event watchers against busy workers, on PostgreSQL (reference §11).
 
 ``--runs`` (default 400) scripted 10-step runs are carried by 2 ``tether worker`` processes
 (concurrency 8 each) on a fresh database, timed on the database's clock from the first

@@ -35,7 +35,7 @@ class Agent:
     system_prompt: str
     tools: tuple[Tool, ...] = ()
     resolve_scope: ScopeResolver = field(default=open_scope)
-    # The declared agent version runs record (SPEC §12); None: ``NAME@`` and a digest of
+    # The declared agent version runs record (reference §12); None: ``NAME@`` and a digest of
     # the system message and the tools' names, schemas and effects (``agent_version``).
     version: str | None = None
     # The model to use when TETHER_MODEL is not set (the demo's scripted model).
@@ -49,7 +49,7 @@ class Agent:
     # its sandbox when no URL is configured). Entered by ``serve``, ``worker`` and
     # ``demo``; yields the agent to serve (possibly with other ``deps``).
     lifespan: Callable[[Agent], AbstractAsyncContextManager[Agent]] | None = None
-    # The pydantic model a final answer must validate against (SPEC §11, ``output.py``);
+    # The pydantic model a final answer must validate against (reference §11, ``output.py``);
     # None: any final answer is the answer, and the system message is the prompt as given.
     output_type: type[BaseModel] | None = None
 
@@ -63,7 +63,7 @@ class Agent:
 
     @cached_property
     def agent_version(self) -> str:
-        """The version a run of this agent records and workers serve (SPEC §12): the
+        """The version a run of this agent records and workers serve (reference §12): the
         declared ``version``, or ``NAME@`` and the first 12 hex characters of the SHA-256
         of the system message and each tool's name, argument schema and effect, so any
         change the model or the tools would notice is a new version."""

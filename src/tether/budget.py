@@ -30,7 +30,7 @@ class Limits:
         }
 
     def extended(self) -> Limits:
-        """The default continuation grant of SPEC §6."""
+        """The default continuation grant of reference §6."""
         return Limits(
             max_steps=self.max_steps + 4,
             max_spend_usd=round(self.max_spend_usd * 1.5, 6),

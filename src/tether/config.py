@@ -1,4 +1,4 @@
-"""Settings from the environment (SPEC §5), validated once with clear errors."""
+"""Settings from the environment (reference §5), validated once with clear errors."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ DEFAULT_DATABASE_URL = "sqlite:///./tether.db"
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """Everything configurable; ``from_env`` reads SPEC §5's variables."""
+    """Everything configurable; ``from_env`` reads reference §5's variables."""
 
     database_url: str = DEFAULT_DATABASE_URL
     model: str | None = None
@@ -27,7 +27,7 @@ class Settings:
     retention_days: float = 30.0
     max_recovery_attempts: int = 2
     default_limits: Limits = field(default_factory=Limits)
-    # The most a continuation may grant in one go (SPEC §6: "within a configured cap").
+    # The most a continuation may grant in one go (reference §6: "within a configured cap").
     grant_cap: Limits = field(
         default_factory=lambda: Limits(
             max_steps=200, max_spend_usd=50.0, max_tool_calls=400, max_elapsed_ms=86_400_000
@@ -48,17 +48,17 @@ class Settings:
     # worker tries it again.
     start_retry_s: float = 5.0
     purge_batch: int = 200
-    # A model call that failed transiently (SPEC §10): the run is handed back for
+    # A model call that failed transiently (reference §10): the run is handed back for
     # ``model_retry_first_s``, doubling per consecutive failure up to ``model_retry_max_s``;
     # the ``max_model_attempts``-th consecutive failure fails it ``model_unavailable``.
     max_model_attempts: int = 5
     model_retry_first_s: float = 1.0
     model_retry_max_s: float = 300.0
-    # Live event streams (SPEC §11): how often a watcher re-reads a run's events where no
+    # Live event streams (reference §11): how often a watcher re-reads a run's events where no
     # notice wakes it (SQLite), and how often an idle stream sends a keep-alive comment.
     watch_poll_s: float = 0.5
     keepalive_s: float = 15.0
-    # Older agent versions this process serves beside its agent's own (SPEC §12,
+    # Older agent versions this process serves beside its agent's own (reference §12,
     # TETHER_ACCEPT_VERSIONS): their runs are claimed, recovered and decided here too.
     accept_versions: tuple[str, ...] = ()
     # Price overrides (TETHER_PRICES) over the built-in table of tether.models.pricing.

@@ -211,7 +211,7 @@ class Engine:
     async def run_until_stop(self, run_id: str) -> Outcome:
         """Claim ``run_id`` (it must be waiting for a worker) and carry it to its next stop:
         answered, suspended, halted or failed; ``wrong_version`` if this engine does not
-        serve the run's agent version (SPEC §12)."""
+        serve the run's agent version (reference §12)."""
         run = await self._runner.claim(inputs.run_id(run_id))
         if run is None:
             existing = await hop(self._store.get_run, run_id)
@@ -247,7 +247,7 @@ class Engine:
         arguments: dict[str, Any] | None = None,
         digest: str | None = None,
     ) -> ApprovalResult:
-        """Carry out a human decision on a suspended run (SPEC §4, §9): with a reason, and
+        """Carry out a human decision on a suspended run (reference §4, §9): with a reason, and
         for an approval the approver's edited ``arguments`` and the ``digest`` of the
         preview of that edit they saw."""
         ask = asked(decision, approver, reason=reason, arguments=arguments, digest=digest)
@@ -280,7 +280,7 @@ class Engine:
         self, token: str, approver: str, arguments: dict[str, Any] | None = None
     ) -> ApprovalPreview:
         """The pending call's preview with ``arguments`` (default: as pending), and its
-        digest; never claims, never changes anything (SPEC §9)."""
+        digest; never claims, never changes anything (reference §9)."""
         return await preview.by_token(self._services, token, approver, arguments)
 
     @_opens
@@ -344,7 +344,7 @@ class Engine:
 
     @_opens
     async def fork_run(self, run_id: str, user: str, *, at_step: int, dry_run: bool = False) -> Run:
-        """A new halted run of ``user``'s run through step ``at_step`` (SPEC §12)."""
+        """A new halted run of ``user``'s run through step ``at_step`` (reference §12)."""
         return await forks.fork_run(self._services, run_id, user, at_step=at_step, dry_run=dry_run)
 
     @_opens
@@ -362,7 +362,7 @@ class Engine:
 
     @_opens
     async def stranded_runs(self, limit: int = 100) -> list[Run]:
-        """Runs waiting on an agent version no live worker serves (SPEC §12)."""
+        """Runs waiting on an agent version no live worker serves (reference §12)."""
         return await versions.stranded(self._services, limit)
 
     @_opens
@@ -401,7 +401,7 @@ class Engine:
         self, run_id: str, *, after: int = 0, user: str | None = None
     ) -> AsyncIterator[LiveEvent]:
         """The run's events after SEQ ``after`` as they are stored, until a terminal state
-        (SPEC §11); ``not_found`` if missing or not ``user``'s, ``invalid_input`` for an
+        (reference §11); ``not_found`` if missing or not ``user``'s, ``invalid_input`` for an
         ``after`` that is not a SEQ. See ``tether._runtime.feed``."""
         start = after_seq(after)
         view = await self.get_run(run_id, user=user)

@@ -1,6 +1,6 @@
 """One exception root for tether; every subclass carries a stable error ``code``.
 
-Codes are part of the product contract (SPEC §4, §6): tests and clients match on them,
+Codes are part of the product contract (reference §4, §6): tests and clients match on them,
 so a code never changes once published. The driver's error, where there is one, stays in
 ``__cause__``. Domain errors know nothing of HTTP: ``tether.api.schemas.STATUS`` maps
 codes to statuses.
@@ -22,7 +22,8 @@ class TetherError(Exception):
         self.details = details
 
     def to_dict(self) -> dict[str, Any]:
-        """The error as the JSON body of SPEC §6: ``{"ok": false, "error", "message", ...}``."""
+        """The error as the JSON body of reference §6:
+        ``{"ok": false, "error", "message", ...}``."""
         return {"ok": False, "error": self.code, "message": self.message, **self.details}
 
 
@@ -91,7 +92,7 @@ class IllegalTransition(TetherError):
 
 
 class LeaseLost(TetherError):
-    """This worker no longer owns the run: another owner took it (SPEC invariant 8)."""
+    """This worker no longer owns the run: another owner took it (reference invariant 8)."""
 
     code = "lease_lost"
 
@@ -100,7 +101,7 @@ class ModelError(TetherError):
     """The model provider failed in a way the SDK's own retries did not absorb.
     ``transient`` (a timeout, a connection error, HTTP 408, 409, 429, 5xx): asking again
     later may succeed, so the run is handed back with a delay; otherwise (any other 4xx, a
-    reply that cannot be read) asking again cannot help and the run fails (SPEC §10)."""
+    reply that cannot be read) asking again cannot help and the run fails (reference §10)."""
 
     code = "model_error"
 
@@ -113,12 +114,12 @@ class ModelError(TetherError):
 
 
 class FailpointError(TetherError):
-    """Raised by a failpoint whose action is ``error`` (SPEC §7)."""
+    """Raised by a failpoint whose action is ``error`` (reference §7)."""
 
     code = "failpoint"
 
 
-# Errors of the resumption paths (SPEC §4).
+# Errors of the resumption paths (reference §4).
 
 
 class UnknownOrExpired(TetherError):
@@ -152,7 +153,7 @@ class GuardFailed(TetherError):
 
 
 class WrongVersion(TetherError):
-    """The run is written for an agent version this process does not serve (SPEC §12);
+    """The run is written for an agent version this process does not serve (reference §12);
     nothing was claimed. ``agent_version`` names the run's version: a process that serves
     it (or ``tether runs migrate``) can act on it."""
 
@@ -161,6 +162,6 @@ class WrongVersion(TetherError):
 
 class PendingToolUnavailable(TetherError):
     """The run's pending tool does not exist in the agent version that would execute it
-    (SPEC §12): a decision halts the run ``tool_unavailable``; a migration is refused."""
+    (reference §12): a decision halts the run ``tool_unavailable``; a migration is refused."""
 
     code = "tool_unavailable"

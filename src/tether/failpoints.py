@@ -1,4 +1,4 @@
-"""Named failpoints (SPEC §7): a way to stop the process at each gap of the step protocol.
+"""Named failpoints (reference §7): a way to stop the process at each gap of the step protocol.
 
 ``TETHER_FAILPOINTS="after_tool_commit=crash"`` exits the process at once with
 ``os._exit(137)`` (no cleanup, like SIGKILL) when it reaches that point; ``=error`` raises

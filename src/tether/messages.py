@@ -45,7 +45,7 @@ def pending_tool_calls(messages: list[Message]) -> list[ToolCall]:
     """Tool calls of the last assistant turn that have no tool result yet, in order.
 
     After a suspension, a budget halt or a crash mid-turn these are what the loop must
-    process before it asks the model again (SPEC §1).
+    process before it asks the model again (reference §1).
     """
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]

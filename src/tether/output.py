@@ -1,4 +1,4 @@
-"""Typed output (SPEC §11): an agent's final answer validated against its ``output_type``.
+"""Typed output (reference §11): an agent's final answer validated against its ``output_type``.
 
 The model learns the shape from the run's system message, which gets one sentence and the
 JSON schema of ``output_type`` when the run starts (so it is stored with the messages, and

@@ -14,7 +14,7 @@ class HaltReason(str, enum.Enum):
     MAX_ELAPSED = "max_elapsed"
     SUSPENSION_EXPIRED = "suspension_expired"
     NO_LONGER_PERMITTED = "no_longer_permitted"
-    # A worker of the run's version no longer has the tool the run waits on (SPEC §12).
+    # A worker of the run's version no longer has the tool the run waits on (reference §12).
     TOOL_UNAVAILABLE = "tool_unavailable"
     # A fork of another run, stopped at the step it was forked at, until it is continued.
     FORKED = "forked"
@@ -26,7 +26,7 @@ class FailReason(str, enum.Enum):
     UNRECONCILABLE = "unreconcilable"
     RECOVERY_EXHAUSTED = "recovery_exhausted"
     ERROR = "error"  # an unexpected error in the loop; its message is in the event
-    # TETHER_MAX_MODEL_ATTEMPTS consecutive model calls failed transiently (SPEC §10).
+    # TETHER_MAX_MODEL_ATTEMPTS consecutive model calls failed transiently (reference §10).
     MODEL_UNAVAILABLE = "model_unavailable"
     # The provider refused the request itself (a 4xx that asking again cannot fix); its
     # message is in the event.

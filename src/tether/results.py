@@ -66,7 +66,7 @@ class Outcome:
     retry_in_s: float | None = None
     # The answer validated against the agent's ``output_type``: an instance of it (narrow
     # with ``isinstance``); None without one, or when this call did not carry the run to
-    # its answer (``RunView.output`` holds the stored JSON of any answered run; SPEC §11).
+    # its answer (``RunView.output`` holds the stored JSON of any answered run; reference §11).
     output: BaseModel | None = None
 
     @property
@@ -183,7 +183,7 @@ class RunView:
 
     @property
     def output(self) -> Any:
-        """The validated typed output as stored (JSON), or None (SPEC §11)."""
+        """The validated typed output as stored (JSON), or None (reference §11)."""
         return self.run.output
 
 

@@ -1,4 +1,4 @@
-"""The run record, its states, and the one transition table (SPEC §1)."""
+"""The run record, its states, and the one transition table (reference §1)."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ class Pending:
     arguments: dict[str, Any]
     preview: dict[str, Any] | None
     digest: str | None
-    # The model's arguments when ``arguments`` are an approver's edit of them (SPEC §9).
+    # The model's arguments when ``arguments`` are an approver's edit of them (reference §9).
     edited_from: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -144,7 +144,7 @@ class Run:
     halt_reason: str | None
     fail_reason: str | None
     recovery_attempts: int
-    # Consecutive failed model calls (SPEC §10); a stored turn resets it.
+    # Consecutive failed model calls (reference §10); a stored turn resets it.
     model_failures: int
     owner: str | None
     lease_epoch: int
@@ -153,11 +153,11 @@ class Run:
     message_count: int
     started_at: float
     updated_at: float
-    # The validated typed output of an answered run, as JSON (SPEC §11), or None.
+    # The validated typed output of an answered run, as JSON (reference §11), or None.
     output: Any = None
     # The W3C trace context every span of the run is parented on (``tracing.py``), or None.
     trace_context: dict[str, str] | None = None
-    # The agent version the run is written for (SPEC §12): only its servers carry it.
+    # The agent version the run is written for (reference §12): only its servers carry it.
     agent_version: str = ""
     # A fork's lineage, ``{"run_id", "step"}``, or None; a dry run never executes a write.
     forked_from: dict[str, Any] | None = None
@@ -228,7 +228,7 @@ def iso(epoch: float | None) -> str | None:
 
 
 def run_to_json(run: Run) -> dict[str, Any]:
-    """A run as SPEC §6 shapes it, without its messages."""
+    """A run as reference §6 shapes it, without its messages."""
     pending = None
     if run.pending is not None and run.state is RunState.SUSPENDED:
         pending = {

@@ -4,7 +4,7 @@ tasks under a monitor, the way procrastinate's worker runs its heartbeat beside 
 Side tasks: the reaper (orphans, expiry, retention) and the notice re-issue, each on its
 own ``reaper_interval_s`` timer, so a webhook that never answers delays neither claiming
 nor recovery; the registry heartbeat, which keeps the agent versions this worker serves
-listed as served (SPEC §12: runs of no served version are stranded); on PostgreSQL, a
+listed as served (reference §12: runs of no served version are stranded); on PostgreSQL, a
 listener that wakes the claim loop on ``NOTIFY tether_runs``. The monitor logs a side
 task that died and restarts it after a backoff; none dies silently. The claim loop is the
 worker itself: a claim that fails (the database went away) is logged and tried again
@@ -386,7 +386,7 @@ class Worker:
 
     async def _beat(self, registration: Registration) -> None:
         """Keep this worker's row in the registry fresh, so the versions it serves count
-        as served (SPEC §12); a clean stop removes it (``run``)."""
+        as served (reference §12); a clean stop removes it (``run``)."""
         await registration.join()
         while not self.stopping.is_set():
             await self._pause(registration.interval_s)

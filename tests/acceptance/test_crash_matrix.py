@@ -1,4 +1,4 @@
-"""Crash safety with real processes (SPEC §7, invariants 2, 3, 4, 8, 9).
+"""Crash safety with real processes (reference §7, invariants 2, 3, 4, 8, 9).
 
 A worker, an approval or a reaper runs as a subprocess of the ``tether`` CLI with a
 failpoint that exits it hard (``os._exit(137)``); the next step is taken by another
@@ -180,7 +180,7 @@ def test_crash_at_each_failpoint_recovers_exactly_once(
 
 def test_a_crash_after_intent_of_an_unreconciled_write_tells_the_model(db_url: str) -> None:
     """The write never ran: reconciliation finds it absent, the model is told it did not
-    complete (SPEC invariant 3), and nothing is written twice or at all."""
+    complete (reference invariant 3), and nothing is written twice or at all."""
     engine = kit.engine(db_url, script_name="write_once")
     run = engine.sync.start_run("dana", "go")
     engine.close()

@@ -1,4 +1,4 @@
-"""Dry runs with real processes (SPEC §12): the demo agent, served by ``tether serve`` over
+"""Dry runs with real processes (reference §12): the demo agent, served by ``tether serve`` over
 its sandbox CRM (``tether sandbox serve``), forked with ``tether runs fork --dry-run`` and
 continued, drafts and sends nothing, as the sandbox's own counters show; and a worker
 killed at ``after_intent`` of a dry run's write leaves a call that the reaper skips,

@@ -1,4 +1,4 @@
-"""A crash in the middle of an edited approval, with real processes (SPEC §9, §7): the
+"""A crash in the middle of an edited approval, with real processes (reference §9, §7): the
 approval runs as a ``tether approve`` subprocess that a failpoint exits hard; a
 ``tether reap`` subprocess recovers the run; the edited call runs once, under the call's
 one key, and the model's original arguments never run."""

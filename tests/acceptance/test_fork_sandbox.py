@@ -1,4 +1,4 @@
-"""Forking with real processes (SPEC §12): the demo agent served by ``tether serve`` over
+"""Forking with real processes (reference §12): the demo agent served by ``tether serve`` over
 the sandbox CRM (real HTTP), its run suspended on the send after the draft; ``tether runs
 fork`` just after the draft and ``tether continue`` of the fork. The fork holds the
 draft's result in its copied messages and goes on to the send of that same quote: the

@@ -1,4 +1,4 @@
-"""A crash right after an MCP write committed on the server (SPEC invariants 2 and 3):
+"""A crash right after an MCP write committed on the server (reference invariants 2 and 3):
 a real ``tether worker`` subprocess serving an agent whose tools come from the MCP test
 server over stdio is killed at ``after_tool_commit:add_note``; ``tether reap`` in another
 process reconciles the write (the server deduplicates by the ``_meta`` idempotency key, so

@@ -1,4 +1,4 @@
-"""Agent versions across a deploy (SPEC §12), with real worker processes: two workers of
+"""Agent versions across a deploy (reference §12), with real worker processes: two workers of
 different versions on one database never carry each other's runs; a rolling deploy (the
 old worker SIGTERMed at a step boundary, a new one started) leaves the old version's runs
 stranded and visible, untouched by the new code, until they are migrated; a migrated run

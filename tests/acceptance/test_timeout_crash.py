@@ -1,5 +1,5 @@
 """A crash while a timed-out write is being reconciled recovers without a second write
-(SPEC §10, invariant 3), with real processes on both backends.
+(reference §10, invariant 3), with real processes on both backends.
 
 A worker process runs a write that takes effect downstream and then hangs; at its timeout
 tether reconciles it by key, and the failpoint ``after_outcome_found`` kills the process

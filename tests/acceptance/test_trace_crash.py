@@ -1,4 +1,4 @@
-"""A run's trace survives a crash (SPEC §11 tracing, §7 failpoints), with real processes.
+"""A run's trace survives a crash (reference §11 tracing, §7 failpoints), with real processes.
 
 ``tether worker`` subprocesses and a ``tether reap`` export their spans over OTLP/HTTP to a
 real wire-format receiver (tests/support/otlp.py). The first worker is killed by

@@ -1,4 +1,4 @@
-"""The JSON API (SPEC §6) in-process, on both backends: auth, the run lifecycle over
+"""The JSON API (reference §6) in-process, on both backends: auth, the run lifecycle over
 HTTP, the §4 refusal codes and their bodies, malformed input that changes nothing, and a
 schemathesis pass over the OpenAPI document that finds no 5xx.
 
@@ -400,7 +400,7 @@ async def test_cancel_stops_a_run_once_and_a_finished_run_is_already_finished(
         refused(missing, 404, "not_found")
 
 
-# -- the refusals of SPEC §4 -----------------------------------------------------------------
+# -- the refusals of reference §4 -----------------------------------------------------------------
 
 
 async def test_a_changed_preview_is_409_with_the_diff_and_a_new_token(db_url: str) -> None:
@@ -707,7 +707,7 @@ def test_generated_requests_never_get_a_server_error(case: Any, api_session: Any
     case.validate_response(response, excluded_checks=(ignored_auth,))
 
 
-# -- richer decisions (SPEC §9) ---------------------------------------------------------------
+# -- richer decisions (reference §9) ---------------------------------------------------------------
 
 
 async def test_an_edit_is_previewed_then_approved_on_its_digest_and_a_decline_carries_a_reason(

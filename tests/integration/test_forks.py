@@ -1,4 +1,4 @@
-"""Forks (SPEC §12, §13 "steps and forks") on both backends: the step boundary, what a
+"""Forks (reference §12, §13 "steps and forks") on both backends: the step boundary, what a
 fork copies and what it does not (budget, ledger, effects), its lineage and ``forked``
 event, the forks of a run, continuing a fork, and the HTTP endpoint.
 

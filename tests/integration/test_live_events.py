@@ -1,4 +1,4 @@
-"""Live events (SPEC §11): ``GET /v1/runs/{id}/events/stream`` served by a real uvicorn on a
+"""Live events (reference §11): ``GET /v1/runs/{id}/events/stream`` served by a real uvicorn on a
 loopback port, read by a real SSE client, and ``engine.watch``, on both backends.
 
 A client that disconnects mid-run and reconnects with ``Last-Event-ID`` gets every event

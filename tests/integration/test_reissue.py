@@ -1,4 +1,4 @@
-"""A deduplicating write re-issued after an ambiguous failure (invariant 3, SPEC §10).
+"""A deduplicating write re-issued after an ambiguous failure (invariant 3, reference §10).
 
 The re-issue runs under the same idempotency key, so the downstream answers it with the
 first call's result if that call took effect. A re-issue that meets a downstream which is

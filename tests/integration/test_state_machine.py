@@ -5,7 +5,7 @@ by their owner (assistant turns with tool-call intents, tool results), suspended
 window, or with a TTL of 0 so it is expired at once), decided by concurrent approvers,
 crashed, reaped, expired, continued, cancelled, purged, and written by owners whose lease
 is stale. A model says what each run must be; after every step the store must agree with
-it, and the invariants of SPEC §2 that the store is responsible for must hold against
+it, and the invariants of reference §2 that the store is responsible for must hold against
 what was observed before (legal transitions, terminal states final, append-only messages,
 a budget that only grows, fencing, one decision per token, bounded recovery, expiry,
 purge). A write that must be refused must also leave every table exactly as it was.
@@ -991,7 +991,7 @@ class RunMachine(RuleBasedStateMachine):
         statuses = {call: status for call, (_, status) in ledger.items()}
         prev = self.seen.get(run.id)
         if prev is not None:
-            # Legal transitions only; terminal is final (SPEC §1).
+            # Legal transitions only; terminal is final (reference §1).
             assert run.state is prev.state or can_transition(prev.state, run.state), (
                 f"{run.id}: {prev.state.value} → {run.state.value}"
             )

@@ -308,7 +308,7 @@ def test_a_malformed_key_resolves_to_nobody_and_cannot_be_added(store: Store, ke
 
 # -- partial indexes --------------------------------------------------------------------------
 
-# The scans that claim take only the versions served (SPEC §12): one, as a worker has.
+# The scans that claim take only the versions served (reference §12): one, as a worker has.
 _ONE = served(["t@1"])
 SCANS: dict[str, tuple[Any, dict[str, Any], str]] = {
     "ready runs": (claims._READY_CANDIDATE, _ONE, "runs_ready"),

@@ -1,4 +1,4 @@
-"""Tool timeouts and retries (SPEC §10), on both backends: a tool that hangs forever does
+"""Tool timeouts and retries (reference §10), on both backends: a tool that hangs forever does
 not stick the run; a read is retried with backoff, then the model sees ``tool_timeout`` or
 ``tool_unavailable``; the retries of one call are one tool call; a write that times out is
 reconciled by its key before the loop goes on, and takes effect at most once."""

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans of a run (SPEC §11, ``tether.telemetry.tracing``), on both backends.
+"""OpenTelemetry spans of a run (reference §11, ``tether.telemetry.tracing``), on both backends.
 
 Each test traces into its own SDK ``TracerProvider`` with an in-memory exporter, handed to
 tether with ``tracing.use_provider`` (the global provider can be set once per process).

@@ -1,4 +1,4 @@
-"""Typed output (SPEC §11) on both backends: a final answer validated against the agent's
+"""Typed output (reference §11) on both backends: a final answer validated against the agent's
 ``output_type``, shown as ``output`` in the run's JSON (HTTP, CLI, engine) and on
 ``ask()``; an invalid answer sent back to the model with its errors in one write, a step
 like any other; a model that never answers validly halting on its budget; declaration

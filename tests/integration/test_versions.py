@@ -1,4 +1,4 @@
-"""Agent versions (SPEC §12) on both backends, in one process: what a run records, that
+"""Agent versions (reference §12) on both backends, in one process: what a run records, that
 claims, recoveries, expiries and decisions take only the versions a process serves, the
 worker registry and stranded runs, migrations, and a decision whose tool is gone."""
 

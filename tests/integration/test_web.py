@@ -534,7 +534,7 @@ async def test_an_inbox_decision_by_a_stranger_changes_nothing(web: Web) -> None
     assert kit.effects() == []
 
 
-# -- decisions with a reason, and edits (SPEC §9) -------------------------------------------
+# -- decisions with a reason, and edits (reference §9) -------------------------------------------
 
 
 def _ship_preview(args: Any, scope: Any) -> dict[str, Any]:

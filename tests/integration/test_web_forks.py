@@ -1,4 +1,4 @@
-"""A run's page and its lineage in the inbox (SPEC §12), in-process on both backends: the
+"""A run's page and its lineage in the inbox (reference §12), in-process on both backends: the
 page shows the run's agent version, the run it was forked from and its forks; a halted or
 failed run has a "fork from step K" form that forks only on a signed-in POST with the
 session's CSRF token and shows the new run; a refused step says why (422) and forks

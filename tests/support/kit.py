@@ -29,7 +29,7 @@ from tether.tools.tool import OutcomeUnknown
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# SPEC §8's send preview, written out (not imported from the agent) so that a change to
+# reference §8's send preview, written out (not imported from the agent) so that a change to
 # the agent cannot hide in the tests.
 PREVIEW_KEYS = {
     "quote_id",

@@ -1,4 +1,4 @@
-"""Agents of several versions for the SPEC §12 tests: the kit's tools plus ``whoami``, a
+"""Agents of several versions for the reference §12 tests: the kit's tools plus ``whoami``, a
 read that answers with the version of the code running it, so a run's messages show which
 version carried each of its steps. Workers load them as ``--agent versioned:v1`` etc."""
 

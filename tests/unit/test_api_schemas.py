@@ -8,7 +8,7 @@ import pytest
 from tether import errors
 from tether.api.schemas import DEFAULT_STATUS, STATUS, status_for
 
-# The statuses SPEC §6 clients rely on; a change here is a breaking change of the API.
+# The statuses reference §6 clients rely on; a change here is a breaking change of the API.
 PUBLISHED = {
     "wrong_version": 409,
     "tool_unavailable": 409,

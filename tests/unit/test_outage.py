@@ -1,4 +1,4 @@
-"""The settings of a model that is down (SPEC §5, §10) and the backoff they give."""
+"""The settings of a model that is down (reference §5, §10) and the backoff they give."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``@tool(timeout_s=..., retries=N)`` (SPEC §10): what a declaration may say, and the
+"""``@tool(timeout_s=..., retries=N)`` (reference §10): what a declaration may say, and the
 bounded call itself (``tether.tools._timeouts``): a call past its timeout is abandoned, not waited
 on, and an overrun write is known to be still at work until it ends."""
 

@@ -1,4 +1,4 @@
-"""Acting on a run from outside it (SPEC §1-§4): a halted run its owner continues with a
+"""Acting on a run from outside it (reference §1-§4): a halted run its owner continues with a
 deliberate grant, and cancellation. Each says why running it twice is safe. Decisions on a
 pending call are ``tether.approvals``; forks are ``forks.py``; moving a run to another
 agent version is ``versions.py``.
@@ -10,7 +10,8 @@ import logging
 from typing import Any
 
 from tether import inputs
-from tether._runtime.services import Services, hop
+from tether._runtime.hop import hop
+from tether._runtime.services import Services
 from tether.budget import Limits, parse_limits
 from tether.errors import (
     AlreadyFinished,
@@ -33,7 +34,7 @@ async def continue_run(
     why: str | None = None,
 ) -> Run:
     """Continue a halted run, deliberately: only its owner, only when halted, with an
-    explicit grant (SPEC §6 default, or ``limits`` within the configured cap), logged.
+    explicit grant (reference §6 default, or ``limits`` within the configured cap), logged.
 
     Safe to call twice: the second call finds the run no longer halted (``not_halted``).
     """

@@ -1,4 +1,4 @@
-"""Carrying out a human decision on a pending call (SPEC §4, §9): decline it with the
+"""Carrying out a human decision on a pending call (reference §4, §9): decline it with the
 approver's reason, or re-check it now (invariant 7) and execute it, with the approver's
 edited arguments when they edited it. The claim that records the decision, and the
 entry points of an approval, are in ``approvals.py``.
@@ -39,7 +39,7 @@ async def decide(
     """Carry out a human decision on ``call``: decline (with the approver's reason), or
     re-check (re-resolved scope, preview re-rendered from the arguments it runs with against
     the digest the approver saw, guard) and execute, with the approver's edited arguments
-    when they edited the call (SPEC §9).
+    when they edited the call (reference §9).
 
     Safe to run twice (a crash after the claim hands it to the reaper): a recovered
     approval first asks the tool whether the write already happened, and a write runs
@@ -49,7 +49,7 @@ async def decide(
         content = declined(decision.reason)
         await session.append_result(call, content, CallStatus.ERROR, counted=False)
         return Resolution(verdict=CallVerdict.DECLINED)
-    if session.s.agent.tool(call.name) is None:
+    if session.services.agent.tool(call.name) is None:
         return await _tool_unavailable(session, call)
     r = await tool_call.resolve(session, call)
     if r is None:
@@ -74,10 +74,10 @@ async def decide(
 
 
 async def _tool_unavailable(session: RunSession, call: ToolCall) -> Resolution:
-    """An approved call whose tool this agent version does not have (SPEC §12): it did not
+    """An approved call whose tool this agent version does not have (reference §12): it did not
     run; the model will see why, and the run halts ``tool_unavailable`` for its owner, who
     may move it to a version that has the tool (``tether runs migrate``) and continue it."""
-    version = session.s.agent.agent_version
+    version = session.services.agent.agent_version
     message = f"the tool {call.name} is not available in agent version {version}"
     await session.refuse(call, "tool_unavailable", message)
     halted = await session.halt(HaltReason.TOOL_UNAVAILABLE)

@@ -1,4 +1,4 @@
-"""Dry runs (SPEC §12): a run whose writes never execute. The one place that decides a
+"""Dry runs (reference §12): a run whose writes never execute. The one place that decides a
 write is skipped: each write call gets, as its result, the call it would have made, and its
 ledger entry is ``skipped``. Reads execute as in any run.
 
@@ -37,8 +37,8 @@ def would_call(call: ToolCall, args: BaseModel) -> dict[str, Any]:
 
 
 async def skip(session: RunSession, call: ToolCall, args: BaseModel) -> Outcome | None:
-    """Store ``call``'s dry-run result, ledger ``skipped``, counted as a tool call (SPEC
-    §13: budgets bind a dry run as any other); halt instead when the budget is spent.
+    """Store ``call``'s dry-run result, ledger ``skipped``, counted as a tool call
+    (reference §13: budgets bind a dry run as any other); halt instead when the budget is spent.
 
     Safe twice (a crash before its result is durable): nothing ran, so skipping it again
     stores the same result.

@@ -1,4 +1,4 @@
-"""Live events of a run (SPEC §11): its stored events, in order, as they are written.
+"""Live events of a run (reference §11): its stored events, in order, as they are written.
 
 A watcher is fed from the store, never from memory, so a watcher that reconnects with the
 last SEQ it saw misses nothing and sees nothing twice. SEQ is an event's ordinal in its
@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether._runtime.services import hop
+from tether._runtime.hop import hop
 from tether.errors import InvalidInput
 from tether.listen import CONNECTED, listen
 from tether.results import LiveEvent

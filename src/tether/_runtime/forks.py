@@ -1,4 +1,4 @@
-"""Forking a run at a step (SPEC §12): a new run with the parent's messages through step K,
+"""Forking a run at a step (reference §12): a new run with the parent's messages through step K,
 halted (``forked``) until its owner continues it, with the parent's limits and nothing
 consumed. Nothing of the parent is re-executed: every call through step K has its
 result in the copied messages, and the fork's ledger starts empty.

@@ -19,8 +19,9 @@ import time
 from tether import output
 from tether._runtime import tool_call
 from tether._runtime.decided_call import decide
+from tether._runtime.hop import hop
 from tether._runtime.model_failures import model_failed
-from tether._runtime.services import Services, hop
+from tether._runtime.services import Services
 from tether._runtime.session import RunSession
 from tether.errors import (
     DatabaseUnavailable,
@@ -45,7 +46,7 @@ async def drive(session: RunSession) -> Outcome:
     as the run's stretch in this process, in the run's trace (``tracing.py``)."""
     run = session.run
     with (
-        tracing.stretch(run.id, run.trace_context, session.s.agent.name, "carry") as span,
+        tracing.stretch(run.id, run.trace_context, session.services.agent.name, "carry") as span,
         tracing.Steps() as steps,
     ):
         outcome = await _guarded(session, steps)
@@ -108,23 +109,23 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
         try:
             with (
                 MODEL_SECONDS.time(),
-                tracing.model_call(session.s.model.name, session.budget.steps + 1) as chat,
+                tracing.model_call(session.services.model.name, session.budget.steps + 1) as chat,
             ):
-                response = await session.s.model.request(
-                    list(session.messages), list(session.s.agent.tool_specs)
+                response = await session.services.model.request(
+                    list(session.messages), list(session.services.agent.tool_specs)
                 )
                 chat.answered(response)
-        except ModelError as exc:  # handed back with a delay, or failed (SPEC §10)
+        except ModelError as exc:  # handed back with a delay, or failed (reference §10)
             return await model_failed(session, exc, failures)
         failures = 0  # the stored turn resets the stored count too
         fail("after_model_call")
         turn = session.turn_of(response)
         if not turn.calls:
             answer = turn.message.get("content")
-            verdict = output.check(session.s.agent.output_type, answer)
+            verdict = output.check(session.services.agent.output_type, answer)
             await session.append_turn(turn, verdict=verdict)
             STEP_SECONDS.observe(time.monotonic() - step_started)
-            if verdict.errors:  # sent back with its errors, one step spent (SPEC §11)
+            if verdict.errors:  # sent back with its errors, one step spent (reference §11)
                 step_started = None
                 continue
             log.info("answered", extra={"run_id": session.run.id, "action": "answered"})
@@ -150,7 +151,7 @@ def batches(session: RunSession, pending: list[ToolCall]) -> list[list[ToolCall]
     groups: list[list[ToolCall]] = []
     after_read = False
     for call in pending:
-        read = tool_call.plain_read(session.s.agent.tool(call.name))
+        read = tool_call.plain_read(session.services.agent.tool(call.name))
         if read and after_read:
             groups[-1].append(call)
         else:

@@ -1,4 +1,4 @@
-"""A model that is down (SPEC §10): what a failed model call does to its run.
+"""A model that is down (reference §10): what a failed model call does to its run.
 
 A transient failure (a timeout, a connection error, 408, 409, 429, 5xx) hands the run
 back to the workers with a delay, exponential from ``model_retry_first_s`` to
@@ -43,7 +43,7 @@ async def model_failed(session: RunSession, error: ModelError, failures: int) ->
     stored (no message, no spend, no step), so the next owner asks again from exactly the
     messages this one sent; and each write is fenced by the lease, so an owner that lost
     the run changes nothing."""
-    settings = session.s.settings
+    settings = session.services.settings
     attempt = failures + 1
     event: dict[str, object] = {"error": error.message[:MAX_MESSAGE_CHARS]}
     if error.status is not None:

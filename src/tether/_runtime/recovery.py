@@ -8,8 +8,9 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from tether._runtime.hop import hop
 from tether._runtime.loop import process
-from tether._runtime.services import Services, hop
+from tether._runtime.services import Services
 from tether._runtime.session import RunSession
 from tether.errors import (
     DatabaseUnavailable,

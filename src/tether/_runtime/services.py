@@ -1,6 +1,5 @@
 """What every run session shares within one engine: store, agent, model, settings, the
-heartbeat of the leases it holds and the outbox of its notices; and ``hop``, the one way
-to reach the synchronous store from async code (``tether._runtime.hop``)."""
+heartbeat of the leases it holds and the outbox of its notices."""
 
 from __future__ import annotations
 
@@ -8,15 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tether._runtime.heartbeat import Heartbeat
-from tether._runtime.hop import hop, hop_once
 from tether._runtime.single_flight import InFlight
 from tether.agent import Agent
 from tether.config import Settings
 from tether.models.base import Model
 from tether.notify import Notifier, Outbox
 from tether.store import Store
-
-__all__ = ["Services", "hop", "hop_once"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,7 +32,7 @@ class Services:
 
     @property
     def versions(self) -> tuple[str, ...]:
-        """The agent versions this process serves (SPEC §12): its agent's, then those
+        """The agent versions this process serves (reference §12): its agent's, then those
         ``TETHER_ACCEPT_VERSIONS`` adds. It claims, recovers and decides only runs of these."""
         own = self.agent.agent_version
         return (own, *(v for v in self.settings.accept_versions if v != own))

@@ -18,7 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tether._runtime.services import Services, hop
+from tether._runtime.hop import hop
+from tether._runtime.services import Services
 from tether.budget import Budget
 from tether.errors import DatabaseUnavailable, LeaseLost, TetherError
 from tether.failpoints import fail
@@ -96,7 +97,7 @@ class RunSession:
         recovering: bool = False,
         stopping: asyncio.Event | None = None,
     ) -> None:
-        self.s = services
+        self.services = services
         self.run = run
         self.lease: Lease = run.lease()
         self.messages = messages
@@ -177,7 +178,7 @@ class RunSession:
             idempotency_key=idempotency_key(self.run.id, call.id),
             scope=self.scope,
             confirmed=confirmed,
-            deps=self.s.agent.deps,
+            deps=self.services.agent.deps,
         )
 
     # -- durable writes (one transaction each) ---------------------------------------------
@@ -187,7 +188,7 @@ class RunSession:
         the run), with its spend; nothing is written yet."""
         message = self._normalized(response.message)
         calls = tool_calls_of(message)
-        spend = spend_usd(response.model, response.usage, self.s.settings.prices)
+        spend = spend_usd(response.model, response.usage, self.services.settings.prices)
         event = {
             "step": self.budget.steps + 1,
             "tool_calls": [c.name for c in calls],
@@ -215,7 +216,7 @@ class RunSession:
             stored.append(verdict.feedback())
             events.append(("output_invalid", verdict.event(self.budget.steps + 1)))
         await hop(
-            self.s.store.persist_turn,
+            self.services.store.persist_turn,
             self.lease,
             seq=len(self.messages),
             message=turn.message,
@@ -242,7 +243,7 @@ class RunSession:
         result = Result(call=call, content=content, status=status, counted=counted)
         message = tool_result(call.id, content)
         await hop(
-            self.s.store.persist_tool_result,
+            self.services.store.persist_tool_result,
             self.lease,
             seq=len(self.messages),
             tool_call_id=call.id,
@@ -285,11 +286,11 @@ class RunSession:
             edited_from=edited_from,
         )
         expires_at = await hop(
-            self.s.store.suspend,
+            self.services.store.suspend,
             self.lease,
             pending=pending,
             token_hash=hash_token(token),
-            ttl_s=self.s.settings.suspension_ttl_s,
+            ttl_s=self.services.settings.suspension_ttl_s,
             elapsed_ms=self._elapsed(),
             event={"tool": call.name, "tool_call_id": call.id, "digest": pending.digest},
         )
@@ -298,24 +299,26 @@ class RunSession:
             run_id=self.run.id,
             user_id=self.run.user_id,
             token=token,
-            approve_url=self.s.approve_url(token),
+            approve_url=self.services.approve_url(token),
             tool=call.name,
             arguments=pending.arguments,
             preview=preview,
             expires_at=iso(expires_at) or "",
         )
-        await self.s.outbox.post(notice)
+        await self.services.outbox.post(notice)
         log.info("suspended", extra={"run_id": self.run.id, "action": "suspended"})
         return Outcome(run_id=self.run.id, kind=StopKind.SUSPENDED, notice=notice)
 
     async def record_edit(self, call: ToolCall, arguments: dict[str, Any]) -> None:
         """Record in the ledger the edited arguments ``call`` is about to run with."""
-        await hop(self.s.store.record_edit, self.lease, tool_call_id=call.id, arguments=arguments)
+        await hop(
+            self.services.store.record_edit, self.lease, tool_call_id=call.id, arguments=arguments
+        )
 
     async def halt(self, reason: HaltReason) -> Outcome:
         """running → halted; the run keeps its budget and messages for its owner."""
         await hop(
-            self.s.store.halt,
+            self.services.store.halt,
             self.lease,
             reason=reason,
             elapsed_ms=self._elapsed(),
@@ -329,7 +332,7 @@ class RunSession:
     ) -> Outcome:
         """running → failed, kept with its ledger for a person to inspect."""
         await hop(
-            self.s.store.fail,
+            self.services.store.fail,
             self.lease,
             reason=reason,
             elapsed_ms=self._elapsed(),
@@ -358,14 +361,16 @@ class RunSession:
 
     async def release(self, why: str) -> Outcome:
         """Hand the run back to the workers (still running, no owner)."""
-        await hop(self.s.store.release, self.lease, elapsed_ms=self._elapsed(), event={"why": why})
+        await hop(
+            self.services.store.release, self.lease, elapsed_ms=self._elapsed(), event={"why": why}
+        )
         return Outcome(run_id=self.run.id, kind=StopKind.RELEASED, reason=why)
 
     async def retry_model(self, delay_s: float, event: dict[str, Any]) -> tuple[int, float]:
         """Hand the run back after a transient model failure, claimable after ``delay_s``
         (``store.retry_model``); the consecutive failures now counted, and ``ready_at``."""
         return await hop(
-            self.s.store.retry_model,
+            self.services.store.retry_model,
             self.lease,
             elapsed_ms=self._elapsed(),
             delay_s=delay_s,
@@ -373,10 +378,10 @@ class RunSession:
         )
 
     async def add_event(self, kind: str, data: dict[str, Any]) -> None:
-        await hop(self.s.store.add_event, self.run.id, kind, data)
+        await hop(self.services.store.add_event, self.run.id, kind, data)
 
     async def lease_held(self) -> bool:
-        return await hop(self.s.store.lease_held, self.lease)
+        return await hop(self.services.store.lease_held, self.lease)
 
     # -- liveness --------------------------------------------------------------------------
 
@@ -387,12 +392,12 @@ class RunSession:
 
     def close(self) -> None:
         """Let go of the run: its lease is no longer kept alive by this process."""
-        self.s.heartbeat.drop(self._held)
+        self.services.heartbeat.drop(self._held)
 
     # -- helpers ---------------------------------------------------------------------------
 
     def _intent(self, call: ToolCall, result: Result | None = None) -> Intent:
-        tool = self.s.agent.tool(call.name)
+        tool = self.services.agent.tool(call.name)
         arguments = call.parsed_arguments()
         return Intent(
             tool_call_id=call.id,

@@ -73,7 +73,7 @@ class Recheck:
 @dataclass(frozen=True, kw_only=True)
 class Resolved:
     """A call whose tool exists and whose arguments validate; ``edited`` holds the
-    arguments an approver edited the model's to (it runs with those, SPEC §9)."""
+    arguments an approver edited the model's to (it runs with those, reference §9)."""
 
     call: ToolCall
     tool: Tool
@@ -90,7 +90,7 @@ class Resolved:
 def resolved(session: RunSession, call: ToolCall) -> Resolved | Result:
     """The call's tool and validated arguments, or, when there is no such tool or the
     arguments do not fit, the refusal to store as its result (nothing is written)."""
-    tool = session.s.agent.tool(call.name)
+    tool = session.services.agent.tool(call.name)
     if tool is None:
         return refusal(call, "unknown_tool", f"there is no tool {call.name!r}")
     try:
@@ -164,7 +164,7 @@ def traced(
     async def call_span(session: RunSession, call: ToolCall, /, *args: P.args, **kw: P.kwargs) -> R:
         if not tracing.on():
             return await fn(session, call, *args, **kw)
-        tool = session.s.agent.tool(call.name)
+        tool = session.services.agent.tool(call.name)
         key = idempotency_key(session.run.id, call.id)
         effect = tool.effect.value if tool is not None else None
         with tracing.tool_call(call.name, call.id, key=key, effect=effect) as span:
@@ -225,7 +225,7 @@ async def read_step(session: RunSession, calls: list[ToolCall]) -> list[Result] 
 
     A crash before that commit loses the turn and its reads, which have no effect: the
     next owner asks the model again from the stored messages (``after_reads``)."""
-    if not all(plain_read(session.s.agent.tool(call.name)) for call in calls):
+    if not all(plain_read(session.services.agent.tool(call.name)) for call in calls):
         return None
     if not _room_for(session, len(calls)):
         return None
@@ -400,7 +400,7 @@ async def find_outcome(session: RunSession, r: Resolved, *, confirmed: bool) -> 
     backoff for up to ``reconcile_patience_s`` while the heartbeat keeps the run's lease;
     only then is the answer ``unreachable`` for good (the run fails ``unreconcilable``)."""
     key = idempotency_key(session.run.id, r.call.id)
-    deadline = time.monotonic() + session.s.settings.reconcile_patience_s
+    deadline = time.monotonic() + session.services.settings.reconcile_patience_s
     delay = RECONCILE_FIRST_S
     tries = 0
     while True:

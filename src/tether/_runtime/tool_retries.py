@@ -1,4 +1,4 @@
-"""A tool call's attempts (SPEC §10): a read that timed out or failed transiently is tried
+"""A tool call's attempts (reference §10): a read that timed out or failed transiently is tried
 again with a jittered exponential backoff; a write runs once. And what the model sees of
 a call that failed."""
 

@@ -1,4 +1,4 @@
-"""Agent versions across deploys (SPEC §12): which runs this process may carry, the runs
+"""Agent versions across deploys (reference §12): which runs this process may carry, the runs
 no live worker serves (stranded), and moving a run to another version deliberately.
 
 A process serves its agent's version and those ``TETHER_ACCEPT_VERSIONS`` adds
@@ -12,7 +12,8 @@ serves it, or after ``tether runs migrate``.
 from __future__ import annotations
 
 from tether import inputs
-from tether._runtime.services import Services, hop
+from tether._runtime.hop import hop
+from tether._runtime.services import Services
 from tether.agent import MAX_VERSION_CHARS
 from tether.errors import (
     AlreadyFinished,

@@ -1,5 +1,5 @@
 """The FastAPI application: the JSON API under /v1, the approvals inbox, health and
-metrics. Every 4xx body is ``{"ok": false, "error": CODE, "message": TEXT}`` (SPEC §6)."""
+metrics. Every 4xx body is ``{"ok": false, "error": CODE, "message": TEXT}`` (reference §6)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The ``/metrics`` exposition: tether's metrics (``tether.telemetry.metrics``, re-exported here)
 plus the runs-by-state gauge and ``tether_runs_stranded`` (runs waiting on an agent
-version no live worker serves, SPEC §12), counted by the engine at scrape time, so they
+version no live worker serves, reference §12), counted by the engine at scrape time, so they
 are true for the whole fleet whichever process is scraped."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The JSON shapes of the HTTP API (SPEC §6) and the one mapping from a domain error's
+"""The JSON shapes of the HTTP API (reference §6) and the one mapping from a domain error's
 ``code`` to its HTTP status: domain errors know nothing of HTTP, the API decides here."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def status_for(code: str) -> int:
 
 
 def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
-    """A refusal as SPEC §6 shapes it: ``{"ok": false, "error": CODE, "message": TEXT}``."""
+    """A refusal as reference §6 shapes it: ``{"ok": false, "error": CODE, "message": TEXT}``."""
     return {"ok": False, "error": code, "message": message, **details}
 
 
@@ -89,7 +89,7 @@ DECISIONS: tuple[str, ...] = get_args(Decision)
 
 
 class DecisionIn(BaseModel):
-    """A human decision on a pending request (SPEC §9): a reason (either decision), and
+    """A human decision on a pending request (reference §9): a reason (either decision), and
     with an approval the edited arguments and the digest of the preview the approver saw."""
 
     model_config = ConfigDict(extra="forbid")
@@ -127,7 +127,7 @@ class PreviewOut(BaseModel):
 
 
 class ContinueIn(BaseModel):
-    """An explicit grant for a halted run: limits (default: SPEC §6's grant) and why."""
+    """An explicit grant for a halted run: limits (default: reference §6's grant) and why."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -136,7 +136,7 @@ class ContinueIn(BaseModel):
 
 
 class ForkIn(BaseModel):
-    """Where to fork a run (SPEC §12): through step ``at_step``, as a dry run or not."""
+    """Where to fork a run (reference §12): through step ``at_step``, as a dry run or not."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -144,7 +144,7 @@ class ForkIn(BaseModel):
         strict=True, ge=1, le=1_000_000, description="the step (model turn, from 1) to fork after"
     )
     dry_run: bool = Field(
-        default=False, strict=True, description="the fork never executes a write (SPEC §12)"
+        default=False, strict=True, description="the fork never executes a write (reference §12)"
     )
 
 
@@ -227,7 +227,7 @@ class AcceptedOut(BaseModel):
 
 class EventOut(BaseModel):
     id: int
-    seq: int = Field(description="the event's ordinal in its run, from 1 (SPEC §11)")
+    seq: int = Field(description="the event's ordinal in its run, from 1 (reference §11)")
     at: str = Field(description="ISO-8601, UTC")
     kind: str
     data: dict[str, Any]

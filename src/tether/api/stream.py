@@ -1,4 +1,4 @@
-"""The live event stream of a run as Server-Sent Events (SPEC §11), through sse-starlette.
+"""The live event stream of a run as Server-Sent Events (reference §11), through sse-starlette.
 
 Each stored event is sent as ``id: SEQ``, ``event: KIND``, ``data: {"seq", "at", "kind",
 "data"}`` (the shape of ``GET /v1/runs/{id}/events``' items), in order, from after the

@@ -1,7 +1,7 @@
-"""The JSON API under /v1 (SPEC §6): runs and their traces, approvals, continuation and
+"""The JSON API under /v1 (reference §6): runs and their traces, approvals, continuation and
 cancellation, for the caller of ``Authorization: Bearer API_KEY``.
 
-Refusals are the engine's errors (SPEC §4), rendered by the app's handler as a 4xx
+Refusals are the engine's errors (reference §4), rendered by the app's handler as a 4xx
 ``{"ok": false, "error": CODE, "message": TEXT}``; a run that is missing or another
 user's is one and the same ``not_found``. Input is validated before anything is stored.
 """

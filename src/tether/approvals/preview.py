@@ -1,4 +1,4 @@
-"""Previews of a pending call with an approver's edited arguments (SPEC §9): what the
+"""Previews of a pending call with an approver's edited arguments (reference §9): what the
 approver sees, and the digest they send with their approval. Never claims, never writes.
 """
 

@@ -13,7 +13,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from tether import inputs
-from tether._runtime.services import Services, hop
+from tether._runtime.hop import hop
+from tether._runtime.services import Services
 from tether.errors import (
     InvalidInput,
     UnknownOrExpired,

@@ -1,4 +1,4 @@
-"""The approval resumption (SPEC §4, §9): check the decision, claim the suspension once
+"""The approval resumption (reference §4, §9): check the decision, claim the suspension once
 (the one conditional UPDATE that records the decision), then carry it out
 (``decision.py``); and previews of an edited call, which never claim.
 
@@ -19,7 +19,8 @@ from typing import Any
 from tether import inputs
 from tether._runtime import versions
 from tether._runtime.decided_call import decide
-from tether._runtime.services import Services, hop
+from tether._runtime.hop import hop
+from tether._runtime.services import Services
 from tether._runtime.session import RunSession
 from tether.approvals.request import (
     Asked,
@@ -218,7 +219,7 @@ async def _claim_then_decide(
     scope = await services.agent.resolve_scope(run.user_id)
     if not scope.may_approve(ask.approver):
         raise unknown_or_expired()
-    versions.check_served(services, run)  # wrong_version: nothing is claimed (SPEC §12)
+    versions.check_served(services, run)  # wrong_version: nothing is claimed (reference §12)
     claimed = await _claim(services, owner, run, token_hash, ask)
     log.info("claimed", extra={"run_id": run.id, "action": "claim", "state": ask.choice.value})
     fail("after_claim")

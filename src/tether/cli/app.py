@@ -1,4 +1,4 @@
-"""The ``tether`` command line (SPEC §6). It uses nothing but the ``Engine``; the demo is
+"""The ``tether`` command line (reference §6). It uses nothing but the ``Engine``; the demo is
 only named, as the default ``--agent``."""
 
 from __future__ import annotations

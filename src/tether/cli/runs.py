@@ -1,4 +1,4 @@
-"""``tether runs``: reading runs, watching them, and (SPEC §12) forking and migrating
+"""``tether runs``: reading runs, watching them, and (reference §12) forking and migrating
 them. Like the rest of the CLI it uses nothing but the ``Engine``."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def runs_list(
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
     """List runs, newest first; with ``--stranded``, the runs no live worker can carry
-    (SPEC §12), longest waiting first."""
+    (reference §12), longest waiting first."""
     configure("WARNING")
     if stranded:
         if user is not None:
@@ -70,7 +70,7 @@ def runs_migrate(
     ] = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Move a waiting run to another agent version (SPEC §12): ``--agent`` must load that
+    """Move a waiting run to another agent version (reference §12): ``--agent`` must load that
     version, so the run's pending tool can be checked. Recorded as a ``migrated`` event."""
     configure("WARNING")
     who = by or getpass.getuser()
@@ -115,7 +115,7 @@ def runs_fork(
     ] = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Fork a run that is not running through step K into a new halted run (SPEC §12);
+    """Fork a run that is not running through step K into a new halted run (reference §12);
     ``tether continue`` the new run to carry it on."""
     configure("WARNING")
 

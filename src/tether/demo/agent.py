@@ -33,7 +33,7 @@ from tether.demo.crm import Crm, crm_of
 from tether.demo.lifespan import sandbox_db_for, sandbox_lifespan
 from tether.scope import ScopeResolver
 
-# The send's preview, exactly these fields (SPEC §8).
+# The send's preview, exactly these fields (reference §8).
 PREVIEW_FIELDS = (
     "quote_id",
     "account_id",
@@ -47,7 +47,7 @@ PREVIEW_FIELDS = (
 QUOTE_FIELDS = (*PREVIEW_FIELDS, "status")
 PERMISSION_FIELDS = ("accounts", "can_draft_quotes", "can_send_quotes", "max_discount_pct")
 
-# The demo users of SPEC §8 (ids as in the sandbox) and their fixed API keys, which the
+# The demo users of reference §8 (ids as in the sandbox) and their fixed API keys, which the
 # README lists; ``migrate`` and ``serve`` make sure they exist.
 DEMO_USERS = {"dana": "tether-demo-dana", "miguel": "tether-demo-miguel"}
 

@@ -1,7 +1,7 @@
 """The demo agent's dependency: a client of the sandbox CRM, handed to every tool call as
 ``ctx.deps`` (``Agent(deps=Crm(...))``), never found in globals or the environment.
 
-Errors are mapped for crash safety (SPEC invariant 3): a 4xx means the CRM refused and
+Errors are mapped for crash safety (reference invariant 3): a 4xx means the CRM refused and
 nothing happened (``ToolFailed``); a timeout, a dropped connection or a 5xx on a write may
 have committed (``OutcomeUnknown``), so tether reconciles it by key before going on.
 """

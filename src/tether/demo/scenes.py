@@ -1,4 +1,4 @@
-"""The five scenes of the demo story (SPEC §8), each returning what it expected and what
+"""The five scenes of the demo story (reference §8), each returning what it expected and what
 the store and the sandbox actually recorded."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The demo story (SPEC §8), told with real runs, a real sandbox CRM and a scripted model.
+"""The demo story (reference §8), told with real runs, a real sandbox CRM and a scripted model.
 
 Five scenes on a fresh SQLite database in a temporary folder, each returning what it
 expected and what the store and the sandbox actually recorded; ``main`` prints them as a

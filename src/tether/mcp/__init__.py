@@ -1,4 +1,4 @@
-"""Tools of MCP servers as tether tools (SPEC §11), through the official ``mcp`` SDK.
+"""Tools of MCP servers as tether tools (reference §11), through the official ``mcp`` SDK.
 
 Needs the extra ``tether[mcp]``; ``import tether`` never imports this package.
 """

@@ -1,4 +1,4 @@
-"""An MCP tool definition as a tether ``Tool`` (SPEC §11), and its calls.
+"""An MCP tool definition as a tether ``Tool`` (reference §11), and its calls.
 
 Annotations decide the effect: ``readOnlyHint`` true is a read; anything else is a
 write, which needs confirmation unless ``destructiveHint`` is false (MCP's default is

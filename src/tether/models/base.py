@@ -109,7 +109,7 @@ def provider_message(body: object) -> str | None:
     return None
 
 
-# Statuses worth asking again later (SPEC §13): a request timeout, a conflict, rate
+# Statuses worth asking again later (reference §13): a request timeout, a conflict, rate
 # limiting, and any 5xx, Anthropic's 529 "overloaded" included. Every other 4xx says the
 # request itself is wrong (bad key, bad model, bad schema): the same request fails again.
 TRANSIENT_STATUSES = frozenset({408, 409, 429})
@@ -130,7 +130,7 @@ def model_error(
     connection_error: type[Exception],
 ) -> ModelError:
     """A ``ModelError`` naming the HTTP status and the provider's message, from an SDK
-    exception, marked ``transient`` or not (SPEC §13); each SDK passes its own exception
+    exception, marked ``transient`` or not (reference §13); each SDK passes its own exception
     classes. Timeouts and connection errors are transient; a reply that cannot be read is
     not. This is the error of the whole call, after the SDK's own retries: one call."""
     if isinstance(exc, status_error):

@@ -1,7 +1,7 @@
 """Prices per million tokens, so spend can be computed from reported usage.
 
 A model the table does not know uses ``DEFAULT_PRICE`` and is logged once, so budgets
-always apply (SPEC §6). ``TETHER_PRICES`` (JSON ``{"model": [in, out]}``) is parsed once,
+always apply (reference §6). ``TETHER_PRICES`` (JSON ``{"model": [in, out]}``) is parsed once,
 by ``Settings.from_env`` with ``parse_prices``, into ``Settings.prices``: the overrides a
 caller passes as ``prices``.
 """

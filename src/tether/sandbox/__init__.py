@@ -1,4 +1,4 @@
-"""``tether.sandbox``, the name SPEC §8 gives the demo's CRM: an alias of
+"""``tether.sandbox``, the name reference §8 gives the demo's CRM: an alias of
 ``tether.demo.sandbox``, where it lives with the rest of the demo."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Announcing new events to the live event streams (SPEC §11) on PostgreSQL, off the
+"""Announcing new events to the live event streams (reference §11) on PostgreSQL, off the
 writers' commits.
 
 A ``NOTIFY`` inside a transaction makes its commit take PostgreSQL's one notification lock,

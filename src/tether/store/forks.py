@@ -1,4 +1,4 @@
-"""Forks (SPEC §12): a new run made of another run's messages through a step, and the
+"""Forks (reference §12): a new run made of another run's messages through a step, and the
 list of a run's forks.
 
 A fork is one transaction: the parent's row is locked (so it cannot start running and

@@ -62,7 +62,7 @@ _EVENTS = (
 # ``b_skip`` of them, in one query (a run without such events is one row of NULL event
 # columns): a watcher starts with (0, SEQ) and goes on with (the last id it saw, 0). Events
 # of a run are written only in transactions that hold the run's row, so they commit in id
-# order and an event's SEQ (its ordinal in its run) never changes once visible (SPEC §11).
+# order and an event's SEQ (its ordinal in its run) never changes once visible (reference §11).
 _EVENTS_AFTER = (
     sa.select(runs.c.state.label("run_state"), run_events)
     .select_from(

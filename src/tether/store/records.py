@@ -20,7 +20,7 @@ class CallStatus(str, enum.Enum):
     # The call failed ambiguously (timeout, dropped connection, 5xx): it may have taken
     # effect. Reconciled before the loop goes on.
     UNKNOWN = "unknown"
-    # A write in a dry run (SPEC §12): never executed; its result is the call it would make.
+    # A write in a dry run (reference §12): never executed; its result is the call it would make.
     SKIPPED = "skipped"
 
 
@@ -39,7 +39,7 @@ class LedgerEntry:
     result: Any
     intent_at: float
     outcome_at: float | None
-    # The arguments the call ran with when an approver edited the model's (SPEC §9).
+    # The arguments the call ran with when an approver edited the model's (reference §9).
     edited_arguments: dict[str, Any] | None = None
 
     @classmethod
@@ -64,7 +64,7 @@ class LedgerEntry:
 class Decision:
     """A human decision that used a token: what, who, when (DB clock), the digest of the
     preview the approver saw, their reason, and the arguments the call is to run with when
-    they are not the model's (an approver's edit, SPEC §9)."""
+    they are not the model's (an approver's edit, reference §9)."""
 
     run_id: str
     tool_call_id: str

@@ -76,13 +76,13 @@ runs = sa.Table(
     # A run handed back with a delay (a retry's backoff) is not claimable before this
     # time of the database's clock; NULL when it may be claimed at once (migration 0003).
     sa.Column("ready_at", sa.Float, nullable=True),
-    # Consecutive failed model calls; a successful call resets it (SPEC §10, migration 0004).
+    # Consecutive failed model calls; a successful call resets it (reference §10, migration 0004).
     sa.Column("model_failures", sa.Integer, nullable=False, server_default="0"),
-    # The validated typed output of an answered run (SPEC §11, migration 0005), or NULL.
+    # The validated typed output of an answered run (reference §11, migration 0005), or NULL.
     sa.Column("output", sa.JSON, nullable=True),
     # The W3C trace context of the run's root span, so a resumed run continues its trace.
     sa.Column("trace_context", sa.JSON, nullable=True),
-    # The agent version the run is written for (SPEC §12, migration 0006): only workers
+    # The agent version the run is written for (reference §12, migration 0006): only workers
     # that serve it claim, recover or resume it.
     sa.Column("agent_version", sa.String(128), nullable=False, server_default=""),
     # A fork's lineage: the run and step it was forked from; NULL for a run that was asked.
@@ -134,7 +134,7 @@ sa.Index("run_events_run", run_events.c.run_id, run_events.c.id)
 
 # The tool-call ledger, as Jepsen records operations: the intent is written before the
 # tool runs (with the assistant turn), the outcome (ok / error / unknown) after; a dry
-# run's write is recorded ``skipped`` instead (it never runs, SPEC §12).
+# run's write is recorded ``skipped`` instead (it never runs, reference §12).
 tool_calls = sa.Table(
     "tool_calls",
     metadata,
@@ -151,13 +151,13 @@ tool_calls = sa.Table(
     sa.Column("result", sa.JSON, nullable=True),
     sa.Column("intent_at", sa.Float, nullable=False),
     sa.Column("outcome_at", sa.Float, nullable=True),
-    # The arguments the call ran with when a human edited them (SPEC §9, migration 0004).
+    # The arguments the call ran with when a human edited them (reference §9, migration 0004).
     sa.Column("edited_arguments", sa.JSON, nullable=True),
 )
 sa.Index("tool_calls_run", tool_calls.c.run_id, tool_calls.c.seq)
 
 # Every decision that used a token, kept for as long as the run, so a used token answers
-# already_resumed with the decision that used it (SPEC §6).
+# already_resumed with the decision that used it (reference §6).
 decisions = sa.Table(
     "decisions",
     metadata,
@@ -170,7 +170,7 @@ decisions = sa.Table(
     sa.Column("decided_by", sa.String(128), nullable=False),
     sa.Column("decided_at", sa.Float, nullable=False),
     sa.Column("digest", sa.String(64), nullable=True),
-    # The approver's reason and edited arguments (SPEC §9, migration 0004).
+    # The approver's reason and edited arguments (reference §9, migration 0004).
     sa.Column("reason", sa.Text, nullable=True),
     sa.Column("arguments", sa.JSON, nullable=True),
 )
@@ -195,7 +195,7 @@ api_keys = sa.Table(
 )
 sa.Index("api_keys_user", api_keys.c.user_id)
 
-# The worker registry (SPEC §12, migration 0006): one row per worker and version it
+# The worker registry (reference §12, migration 0006): one row per worker and version it
 # serves, with the worker's heartbeat on the database's clock. A version is served while
 # a row of it has a fresh heartbeat; a run waiting on a version none serves is stranded.
 workers = sa.Table(

@@ -1,4 +1,4 @@
-"""Which agent versions a claim may take (SPEC §12): a worker claims, recovers, expires
+"""Which agent versions a claim may take (reference §12): a worker claims, recovers, expires
 and resumes only runs of the versions it serves. One condition, used by every claim."""
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ _TURN_VALUES: dict[str, Any] = {
     "message_count": runs.c.message_count + sa.bindparam("b_added", type_=sa.Integer),
     "heartbeat_at": _FRESH_HEARTBEAT,
     # A stored turn is a model call that succeeded: the count of consecutive failed ones
-    # starts again (SPEC §10). A constant in an UPDATE that happens anyway costs nothing.
+    # starts again (reference §10). A constant in an UPDATE that happens anyway costs nothing.
     "model_failures": sa.literal_column("0"),
 }
 
@@ -168,7 +168,7 @@ INSERT_MESSAGE = run_messages.insert()
 
 INSERT_EVENT = run_events.insert().values(at=db_now())
 # The run's row, to lock before an event that no update of the run comes with: events of a
-# run are written under its row lock, so they commit in id order (their SEQ, SPEC §11).
+# run are written under its row lock, so they commit in id order (their SEQ, reference §11).
 RUN_ROW = sa.select(runs.c.id).where(runs.c.id == sa.bindparam("b_id"))
 
 INSERT_INTENT = tool_calls.insert().values(status=CallStatus.INTENT.value, intent_at=db_now())

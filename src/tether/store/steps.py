@@ -51,7 +51,7 @@ class Intent:
 
 
 def idempotency_key(run_id: str, tool_call_id: str) -> str:
-    """The key of a tool call, in the ledger and towards the tool's downstream (SPEC §3)."""
+    """The key of a tool call, in the ledger and towards the tool's downstream (reference §3)."""
     return f"{run_id}:{tool_call_id}"
 
 
@@ -186,7 +186,7 @@ class Steps(StoreBase):
 
     def record_edit(self, lease: Lease, *, tool_call_id: str, arguments: dict[str, Any]) -> None:
         """Record in the ledger the arguments an approver edited a call to, before it runs
-        with them (SPEC §9). Fenced by the lease; safe twice (it sets the same value)."""
+        with them (reference §9). Fenced by the lease; safe twice (it sets the same value)."""
         params = {**lease_params(lease), "b_key": idempotency_key(lease.run_id, tool_call_id)}
         with self.begin() as conn:
             if conn.execute(LEASE_HELD, lease_params(lease)).first() is None:

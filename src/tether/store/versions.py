@@ -1,4 +1,4 @@
-"""Agent versions in the store (SPEC §12): the registry of live workers and the versions
+"""Agent versions in the store (reference §12): the registry of live workers and the versions
 they serve, the runs stranded on a version none of them serves, and the deliberate move
 of a run to another version (``migrate_run``).
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans for a run (SPEC §11): every OpenTelemetry touch of tether is here.
+"""OpenTelemetry spans for a run (reference §11): every OpenTelemetry touch of tether is here.
 
 The rest of the code calls the small functions and context managers below. They cost
 nothing but a check when the ``otel`` extra is not installed (the API is imported on first

@@ -1,4 +1,4 @@
-"""A tool call bounded by its timeout (SPEC §10), and never waited on once it overran.
+"""A tool call bounded by its timeout (reference §10), and never waited on once it overran.
 
 An ``async def`` runs as a task, cancelled at the timeout (it stops at its next await). A
 plain function runs in a daemon thread of its own, not in the event loop's executor: the

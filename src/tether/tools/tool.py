@@ -28,7 +28,7 @@ from tether.scope import Scope
 from tether.tools._timeouts import still_running, within
 
 T = TypeVar("T")
-# How long a tool call may take before it is abandoned (SPEC §10), unless declared.
+# How long a tool call may take before it is abandoned (reference §10), unless declared.
 DEFAULT_TIMEOUT_S = 60.0
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ Guard = Callable[[Any, Scope, ToolContext], Any]
 Reconcile = Callable[[str, ToolContext], Any]
 Permitted = Callable[[Any, Scope], Any]
 # A confirmation that depends on the call: (validated arguments, scope) → whether a human
-# must approve it (SPEC §9), e.g. ``lambda args, scope: args.amount > 1000``.
+# must approve it (reference §9), e.g. ``lambda args, scope: args.amount > 1000``.
 Confirmation = Callable[[Any, Scope], Any]
 
 
@@ -172,7 +172,7 @@ class Tool:
     accept_unreconcilable: bool = False
     version: str = "1"
     # Seconds a call may take; past them it is abandoned: a read is retried (``retries``
-    # times), a write's outcome is unknown and it is reconciled (SPEC §10).
+    # times), a write's outcome is unknown and it is reconciled (reference §10).
     timeout_s: float = DEFAULT_TIMEOUT_S
     retries: int = 0
 

@@ -3,7 +3,7 @@ and decide an approval link, and read a run. No JavaScript: every action is a pl
 
 A session is a signed cookie; every POST that acts carries a CSRF token bound to the
 session; a GET never changes anything; every stored string goes through Jinja's
-autoescaping (SPEC §6).
+autoescaping (reference §6).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Approval links and decisions: show the request behind a link (a GET never changes
-anything: mail scanners open links, SPEC §6) and act only on a signed-in POST carrying the
+anything: mail scanners open links, reference §6) and act only on a signed-in POST carrying the
 session's CSRF token, from the link's page or from the inbox."""
 
 from __future__ import annotations

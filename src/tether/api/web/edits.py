@@ -1,4 +1,4 @@
-"""Editing a pending call before approving it (SPEC §9), with no scripts: the edit form
+"""Editing a pending call before approving it (reference §9), with no scripts: the edit form
 (generated from the tool's schema) posts here, and the page answers with the preview
 re-rendered from the edited arguments and its digest, then the approval form that carries
 both. Nothing is claimed or changed here; the decision is a separate POST."""

@@ -1,4 +1,4 @@
-"""The edit form of a pending call, generated from its tool's JSON schema (SPEC §9), and its
+"""The edit form of a pending call, generated from its tool's JSON schema (reference §9), and its
 posted fields read back into arguments. Plain HTML controls, no scripts: a string is a text
 input, an integer or number a number input, a boolean a checkbox, an enum a select, and
 anything else a JSON textarea. The engine validates what comes back; this module only

@@ -51,7 +51,7 @@ async def run_page(request: Request, run_id: str) -> Response:
 
 @router.post("/runs/{run_id}/fork")
 async def fork(request: Request, run_id: str) -> Response:
-    """Fork the signed-in owner's run from the posted step (SPEC §12), with the session's
+    """Fork the signed-in owner's run from the posted step (reference §12), with the session's
     CSRF token like every form that acts, and show the new run (303). A refused step shows
     the run's page again with why (422)."""
     session = session_of(request)

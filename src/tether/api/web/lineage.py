@@ -1,4 +1,4 @@
-"""A run's lineage on its page (SPEC §12): the run it was forked from, the runs forked from
+"""A run's lineage on its page (reference §12): the run it was forked from, the runs forked from
 it, and the form that forks it from a step. The page is its owner's only, and so is every
 run it links to."""
 

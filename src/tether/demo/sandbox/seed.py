@@ -1,6 +1,6 @@
 """The sandbox's seed data: what a new or reset database holds.
 
-Fixed by SPEC §8 where named there (Henderson 4471 at ``silver`` without a hold, SKU-4411,
+Fixed by reference §8 where named there (Henderson 4471 at ``silver`` without a hold, SKU-4411,
 the four tiers, dana and miguel); the rest is plausible filler for the demo.
 """
 

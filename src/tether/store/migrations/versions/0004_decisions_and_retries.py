@@ -1,4 +1,4 @@
-"""Richer decisions and model retries (SPEC §9, §10).
+"""Richer decisions and model retries (reference §9, §10).
 
 ``decisions.reason`` and ``decisions.arguments`` keep a decision's reason and the
 arguments an approver edited, so every later ``already_resumed`` answer carries them.

@@ -1,4 +1,4 @@
-"""Typed output and trace context (SPEC §11).
+"""Typed output and trace context (reference §11).
 
 ``runs.output`` holds a run's validated typed output (the agent's ``output_type``), or NULL.
 ``runs.trace_context`` holds the W3C trace context of the run's root span, so a run resumed

@@ -1,4 +1,4 @@
-"""Agent versions, the worker registry, forks and dry runs (SPEC §12).
+"""Agent versions, the worker registry, forks and dry runs (reference §12).
 
 ``runs.agent_version`` is the version of the agent a run was written for; workers claim,
 recover and resume only the versions they serve. Existing runs get the agent version
