@@ -22,6 +22,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 $(CHROMIUM):
 	@echo "Chromium is missing: installing Debian's package (the browser tests need it)"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from tether import inputs
 from tether._runtime import control, forks, versions
-from tether._runtime.feed import Feed, after_seq
+from tether._runtime.feed import Feed
 from tether._runtime.heartbeat import Heartbeat
 from tether._runtime.hop import hop, hop_once
 from tether._runtime.runner import Runner, new_worker_id
@@ -28,6 +28,7 @@ from tether.approvals.request import asked
 from tether.budget import Limits, parse_limits
 from tether.config import Settings
 from tether.errors import InvalidInput, NotFound, NotReady
+from tether.inputs import after_seq
 from tether.models.base import Message, Model
 from tether.notify import LogNotifier, Notifier, Outbox
 from tether.results import (

@@ -6,7 +6,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tether.errors import InvalidInput, NotFound, UnknownOrExpired
+from tether.errors import (
+    InvalidInput,
+    NotFound,
+    UnknownOrExpired,
+)
 
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 TOKEN = re.compile(r"[A-Za-z0-9_-]{1,200}")
@@ -47,3 +51,19 @@ def text(value: Any, what: str, max_chars: int) -> str:
     except UnicodeEncodeError as exc:
         raise InvalidInput(f"{what} is not valid Unicode text") from exc
     return value
+
+
+def after_seq(value: Any) -> int:
+    """A SEQ to start after: an integer ≥ 0 (or its decimal string, as HTTP sends it);
+    anything else is ``invalid_input``."""
+    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 18:
+        return int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise InvalidInput(f"after must be a non-negative integer (an event's SEQ), got {value!r:.40}")
+
+
+MAX_REASON_CHARS = 2000
+
+
+DIGEST = re.compile(r"[0-9a-f]{64}")

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tether.errors import InvalidInput
 from tether.models.base import Message
 
 
@@ -66,3 +68,34 @@ def tool_result(call_id: str, content: Any) -> Message:
 def canonical_json(value: Any) -> str:
     """Canonical JSON: sorted keys, no spaces, UTF-8; the input of every digest."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def step_boundary(messages: Sequence[Message], at_step: object) -> int:
+    """How many of ``messages`` are "through step ``at_step``" (the cut of a fork).
+
+    ``at_step`` must be an int (not a bool) from 1 to the number of assistant messages,
+    and every tool call of the ``at_step``-th assistant message must have its result
+    (a ``tool`` message with its ``tool_call_id``) before the cut; else ``InvalidInput``.
+    """
+    if isinstance(at_step, bool) or not isinstance(at_step, int):
+        raise InvalidInput("at_step must be an integer")
+    turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if not 1 <= at_step <= len(turns):
+        raise InvalidInput(
+            f"at_step must be between 1 and the run's step count ({len(turns)})",
+            steps=len(turns),
+        )
+    cut = turns[at_step] if at_step < len(turns) else len(messages)
+    turn = messages[turns[at_step - 1]]
+    answered = {
+        m.get("tool_call_id")
+        for m in messages[turns[at_step - 1] + 1 : cut]
+        if m.get("role") == "tool"
+    }
+    waiting = [c.get("id") for c in turn.get("tool_calls") or [] if c.get("id") not in answered]
+    if waiting:
+        raise InvalidInput(
+            f"step {at_step} has tool calls without a result yet; fork at an earlier step",
+            tool_call_ids=waiting,
+        )
+    return cut

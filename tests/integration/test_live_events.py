@@ -28,9 +28,9 @@ import uvicorn
 from httpx_sse import aconnect_sse
 
 from tether import Engine, StopKind
-from tether._runtime.feed import after_seq
 from tether.api.app import create_app
 from tether.errors import InvalidInput, NotFound
+from tether.inputs import after_seq
 from tether.results import LiveEvent
 
 KEYS = {"dana": "key-of-dana", "miguel": "key-of-miguel"}

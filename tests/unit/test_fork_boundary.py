@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tether._runtime.forks import step_boundary
 from tether.errors import InvalidInput
+from tether.messages import step_boundary
 
 SUSPENDED: list[dict[str, Any]] = [
     {"role": "system", "content": "s"},

@@ -25,10 +25,8 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from tether._runtime.hop import hop
-from tether.errors import InvalidInput
 from tether.listen import CONNECTED, listen
 from tether.results import LiveEvent
 from tether.runs import RunState
@@ -42,16 +40,6 @@ FALLBACK_S = 15.0  # PostgreSQL with a listener: every run is read now and then 
 RELISTEN_S = 1.0  # after a lost listener connection
 MIN_ROUND_S = 0.05  # the steps of a busy run share a round; an idle run's event is read at once
 BATCH = 2000  # events per round
-
-
-def after_seq(value: Any) -> int:
-    """A SEQ to start after: an integer ≥ 0 (or its decimal string, as HTTP sends it);
-    anything else is ``invalid_input``."""
-    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 18:
-        return int(value.strip())
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    raise InvalidInput(f"after must be a non-negative integer (an event's SEQ), got {value!r:.40}")
 
 
 @dataclass(eq=False, kw_only=True)

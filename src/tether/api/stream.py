@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from tether import inputs
-from tether._runtime.feed import after_seq
 from tether.engine import Engine
+from tether.inputs import after_seq
 
 _SEP = "\n"
 

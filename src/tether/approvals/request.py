@@ -6,7 +6,6 @@ validated by the pending tool's schema.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ from tether.errors import (
     InvalidInput,
     UnknownOrExpired,
 )
+from tether.inputs import DIGEST, MAX_REASON_CHARS
 from tether.messages import canonical_json
 from tether.results import Choice
 from tether.runs import Pending, Run, RunState, iso
@@ -28,13 +28,7 @@ from tether.tools.tool import InvalidToolArguments
 log = logging.getLogger(__name__)
 
 
-MAX_REASON_CHARS = 2000
-
-
 MAX_ARGUMENTS_CHARS = 100_000
-
-
-DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tether._runtime.forks import step_boundary
 from tether.engine import Engine
 from tether.errors import InvalidInput, NotFound
+from tether.messages import step_boundary
 from tether.models.base import Message
 from tether.runs import Run, RunState
 
