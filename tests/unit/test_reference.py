@@ -26,7 +26,7 @@ def cli_command() -> click.Group:
         warnings.filterwarnings("ignore", r"'click\.[\w.]+' is deprecated", DeprecationWarning)
         import typer.main
 
-        from tether.cli import app  # the one line to change when the CLI module moves
+        from tether.cli.app import app
 
     command = typer.main.get_command(app)
     assert isinstance(command, click.Group)
