@@ -163,7 +163,7 @@ async def test_fifty_approvers_in_one_process_send_one_claim(
     approvers = 50
     _, token = await suspended(db_url)
     engine = kit.engine(db_url, script_name="send")
-    inflight = engine._services.inflight
+    inflight = engine._services.single_flight
     key = ("claim", hash_token(token))
     claims: list[str] = []
     claim = engine._store.claim_decision

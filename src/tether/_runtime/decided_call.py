@@ -1,7 +1,7 @@
 """Carrying out a human decision on a pending call (reference §4, §9): decline it with the
 approver's reason, or re-check it now (invariant 7) and execute it, with the approver's
 edited arguments when they edited it. The claim that records the decision, and the
-entry points of an approval, are in ``approvals.py``.
+entry points of an approval, are in ``approvals/resume.py``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Durable writes of a step, in order (each a transaction, each fenced by the lease):
 1. the assistant turn, with its spend, step count and the ledger intents of its calls
-   (a model call that failed writes no turn: see ``outage.py``);
+   (a model call that failed writes no turn: see ``model_failures.py``);
 2. for each tool call of the turn, in order: the tool's result with its counters.
 A call that needs confirmation suspends the run instead. A turn whose calls are all plain
 reads is one write: the reads run first, concurrently, and the turn is stored with their

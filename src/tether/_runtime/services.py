@@ -27,8 +27,8 @@ class Services:
     heartbeat: Heartbeat
     outbox: Outbox
     approve_url: Callable[[str], str] = field(default=lambda token: f"/approve/{token}")
-    # Concurrent lookups and claims of one token in this process, sent once (decision.py).
-    inflight: InFlight = field(default_factory=InFlight)
+    # Concurrent lookups and claims of one token in this process, sent once (decided_call.py).
+    single_flight: InFlight = field(default_factory=InFlight)
 
     @property
     def versions(self) -> tuple[str, ...]:

@@ -3,8 +3,8 @@
 The session holds the run's state and nothing else: each durable write is one method and
 one thread hop, fenced by the lease (invariant 8), and it keeps the in-memory messages
 and budget equal to what it wrote. What to write, and when, is decided by the loop
-(``loop.py``), the calls (``calls.py``) and the resumptions (``decision.py``,
-``resume.py``).
+(``loop.py``), the calls (``tool_call.py``) and the resumptions (``decided_call.py``,
+``recovery.py``, ``tether.approvals``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ read the token, then send the conditional UPDATE that claims it; all but one UPD
 on the run's row lock only to match nothing, and then read again to learn who won. Here
 the first caller of a key sends the call and the others that arrive while it is in
 flight await its result instead. Only calls whose result a later caller would have got
-anyway may share it (see ``decision.py``): the database still decides every claim.
+anyway may share it (see ``decided_call.py``): the database still decides every claim.
 
 Thread-safe, and usable from several event loops at once (``SyncEngine`` runs each call
 in a loop of its own): results travel in ``concurrent.futures`` futures.

@@ -2,7 +2,7 @@
 its idempotency key, and reconcile a write whose outcome is not known (invariant 3).
 
 The same ``recheck`` serves a call met for the first time and a call a human decided
-(``decision.py``); they differ only in what they do with its verdict.
+(``decided_call.py``); they differ only in what they do with its verdict.
 """
 
 from __future__ import annotations

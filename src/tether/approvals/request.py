@@ -114,7 +114,7 @@ async def find_suspended(services: Services, token_hash: str) -> tuple[Run | Non
     callers of that token in flight here. A shared read is as good as a caller's own: a
     token exists only once its suspension is durable, and a read that found it unused
     started after the first caller had it, so after that."""
-    found, _ = await services.inflight.run(
+    found, _ = await services.single_flight.run(
         ("find", token_hash), lambda: hop(services.store.find_by_token, token_hash)
     )
     return found

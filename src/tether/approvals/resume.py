@@ -1,6 +1,6 @@
 """The approval resumption (reference §4, §9): check the decision, claim the suspension once
 (the one conditional UPDATE that records the decision), then carry it out
-(``decision.py``); and previews of an edited call, which never claim.
+(``decided_call.py``); and previews of an edited call, which never claim.
 
 An approval executes in the request that carries it: the claim, the re-checks, the tool
 or the decline, and its durable result; the rest of the loop is handed back to the
@@ -130,7 +130,7 @@ def _recorded(services: Services, pending: Pending, ask: Asked) -> tuple[Any, di
     event: dict[str, Any] = {"reason": ask.reason}
     arguments = None
     if services.agent.tool(pending.tool) is None:
-        return None, event  # the decision halts the run ``tool_unavailable`` (decision.py)
+        return None, event  # the decision halts the run ``tool_unavailable`` (decided_call.py)
     if ask.choice is Choice.APPROVE:
         if ask.arguments is not None:
             arguments = tool_arguments(services, pending, ask.arguments).model_dump(mode="json")
@@ -152,7 +152,7 @@ async def _claim(services: Services, owner: str, run: Run, token_hash: str, ask:
     result without waiting on the run's row lock for an UPDATE that cannot win."""
     assert run.pending is not None
     arguments, event = _recorded(services, run.pending, ask)
-    claim, mine = await services.inflight.run(
+    claim, mine = await services.single_flight.run(
         ("claim", token_hash),
         lambda: hop(
             services.store.claim_decision,
