@@ -18,7 +18,18 @@ from rich.console import Console
 
 from tether.agent import load_agent
 from tether.cli.runs import runs_app
-from tether.cli.wiring import DEFAULT_AGENT, AgentOpt, emit, engine_for, on_engine, out, pick_model
+from tether.cli.wiring import (
+    DEFAULT_AGENT,
+    DEMO_SANDBOX,
+    DEMO_STORY,
+    AgentOpt,
+    demo_entry,
+    emit,
+    engine_for,
+    on_engine,
+    out,
+    pick_model,
+)
 from tether.config import Settings
 from tether.engine import Engine
 from tether.errors import InvalidInput, TetherError, UnknownOrExpired
@@ -327,15 +338,11 @@ def sandbox_serve(
 ) -> None:
     """Serve the sandbox business system the demo's tools call."""
     configure("INFO")
-    from tether.demo.sandbox.server import serve as serve_sandbox
-
-    serve_sandbox(host=host, port=port, db_path=db)
+    demo_entry(DEMO_SANDBOX)(host=host, port=port, db_path=db)
 
 
 @app.command()
 def demo() -> None:
     """Tell the whole story with real runs: suspension and approval, a crash, a budget
     halt, and the stale approval refused. Exits non-zero if any scene differs."""
-    from tether.demo.story import main as tell
-
-    raise typer.Exit(tell())
+    raise typer.Exit(demo_entry(DEMO_STORY)())

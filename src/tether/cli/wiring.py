@@ -4,6 +4,7 @@ agent it names, its model and its notifier."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, nullcontext
@@ -23,6 +24,18 @@ from tether.telemetry import tracing
 T = TypeVar("T")
 
 DEFAULT_AGENT = "tether.demo.agent:build_agent"
+# The demo's entry points, named like the default agent (tether never imports its demo).
+DEMO_STORY = "tether.demo.story:main"
+DEMO_SANDBOX = "tether.demo.sandbox.server:serve"
+
+
+def demo_entry(spec: str) -> Callable[..., Any]:
+    """The demo's function ``MODULE:ATTR`` (``DEMO_STORY``, ``DEMO_SANDBOX``)."""
+    module_name, _, attr = spec.partition(":")
+    entry: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)
+    return entry
+
+
 AgentOpt = Annotated[
     str, typer.Option("--agent", help="MODULE:ATTR of the agent (default: the demo agent)")
 ]
