@@ -22,11 +22,11 @@ def from_spec(spec: str) -> Model:
     if kind == "scripted":
         return ScriptedModel.from_file(rest)
     if kind == "openai":
-        from tether.models.openai_adapter import OpenAIChatModel
+        from tether.models.openai import OpenAIChatModel
 
         return OpenAIChatModel(rest)
     if kind == "anthropic":
-        from tether.models.anthropic_adapter import AnthropicModel
+        from tether.models.anthropic import AnthropicModel
 
         return AnthropicModel(rest)
     raise ConfigError(f"unknown model kind {kind!r} in TETHER_MODEL={spec!r}")
