@@ -12,7 +12,7 @@ __all__ = ["Message", "Model", "ModelResponse", "ScriptedModel", "ToolSpec", "Us
 def from_spec(spec: str) -> Model:
     """A model from ``scripted:PATH.json``, ``openai:MODEL`` or ``anthropic:MODEL``. The
     SDK adapters find their credentials and base URL (``OPENAI_BASE_URL``, ...) themselves,
-    in ``models.base.sdk_credentials``."""
+    in ``models.sdk.sdk_credentials``."""
     kind, sep, rest = spec.partition(":")
     if not sep or not rest:
         raise ConfigError(

@@ -7,7 +7,6 @@ and timeouts are the SDK's own (``max_retries``, ``timeout``).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -20,17 +19,8 @@ from openai.types.chat import (
 )
 
 from tether.errors import ModelError
-from tether.models.base import (
-    Message,
-    Model,
-    ModelResponse,
-    ToolSpec,
-    Usage,
-    model_error,
-    sdk_credentials,
-)
-
-log = logging.getLogger(__name__)
+from tether.models.base import Message, ModelResponse, ToolSpec, Usage
+from tether.models.sdk import SDKErrors, SDKModel
 
 
 def to_openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
@@ -77,73 +67,28 @@ def _tool_call_dict(call: ChatCompletionMessageToolCallUnion, model: str) -> dic
     }
 
 
-def model_error_from(exc: openai.OpenAIError, name: str, timeout_s: float) -> ModelError:
-    """A ``ModelError`` whose message names the HTTP status and the provider's message."""
-    return model_error(
-        exc,
-        name,
-        timeout_s,
-        status_error=openai.APIStatusError,
-        timeout_error=openai.APITimeoutError,
-        connection_error=openai.APIConnectionError,
-    )
-
-
-class OpenAIChatModel(Model):
+class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
     """A model reached through the Chat Completions API (OpenAI or a compatible server)."""
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        timeout_s: float = 60.0,
-        max_retries: int = 2,
-        client: openai.AsyncOpenAI | None = None,
-    ) -> None:
-        self.model = model
-        self.name = f"openai:{model}"
-        self.timeout_s = timeout_s
-        self._owns_client = client is None
-        self._client = client or self._make_client(base_url, api_key, timeout_s, max_retries)
+    provider = "openai"
+    key_vars = ("OPENAI_API_KEY",)
+    base_var = "OPENAI_BASE_URL"
+    errors = SDKErrors(
+        base=openai.OpenAIError,
+        status=openai.APIStatusError,
+        timeout=openai.APITimeoutError,
+        connection=openai.APIConnectionError,
+    )
+    client_class = openai.AsyncOpenAI
 
-    def _make_client(
-        self, base_url: str | None, api_key: str | None, timeout_s: float, max_retries: int
-    ) -> openai.AsyncOpenAI:
-        api_key, resolved_base = sdk_credentials(
-            self.name,
-            api_key=api_key,
-            base_url=base_url,
-            key_vars=("OPENAI_API_KEY",),
-            base_var="OPENAI_BASE_URL",
+    async def _call(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        completion = await self._client.chat.completions.create(
+            model=self.model,
+            messages=cast("list[ChatCompletionMessageParam]", messages),
+            tools=(
+                cast("list[ChatCompletionToolUnionParam]", to_openai_tools(tools))
+                if tools
+                else openai.omit
+            ),
         )
-        return openai.AsyncOpenAI(
-            api_key=api_key,
-            base_url=resolved_base,
-            timeout=timeout_s,
-            max_retries=max_retries,
-        )
-
-    async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
-        """One Chat Completions call; provider failures become ``ModelError``."""
-        try:
-            completion = await self._client.chat.completions.create(
-                model=self.model,
-                messages=cast("list[ChatCompletionMessageParam]", messages),
-                tools=(
-                    cast("list[ChatCompletionToolUnionParam]", to_openai_tools(tools))
-                    if tools
-                    else openai.omit
-                ),
-            )
-        except openai.OpenAIError as exc:
-            error = model_error_from(exc, self.name, self.timeout_s)
-            log.warning(error.message, extra={"action": "model_error", "model": self.name})
-            raise error from exc
         return from_openai_completion(completion, self.model)
-
-    async def aclose(self) -> None:
-        """Close the HTTP client this adapter created; an injected one is the caller's."""
-        if self._owns_client:
-            await self._client.close()
