@@ -24,9 +24,9 @@ from fakellm import (
 )
 
 from tether.errors import ConfigError, ModelError
-from tether.models.anthropic_adapter import AnthropicModel, to_anthropic_messages
+from tether.models.anthropic import AnthropicModel, to_anthropic_messages
 from tether.models.base import Message, ToolSpec, Usage
-from tether.models.openai_adapter import OpenAIChatModel
+from tether.models.openai import OpenAIChatModel
 from tether.models.pricing import spend_usd
 
 # --- fixtures ---------------------------------------------------------------------------

@@ -35,9 +35,9 @@ from tether import Engine, MemoryNotifier, StopKind
 from tether.api.app import create_app
 from tether.config import Settings
 from tether.models import from_spec
-from tether.models.anthropic_adapter import AnthropicModel
+from tether.models.anthropic import AnthropicModel
 from tether.models.base import Model
-from tether.models.openai_adapter import OpenAIChatModel
+from tether.models.openai import OpenAIChatModel
 from tether.results import Outcome
 from tether.runs import Run
 from tether.store.records import Event

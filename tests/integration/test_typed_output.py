@@ -31,7 +31,7 @@ from tether.api.app import create_app
 from tether.config import Settings
 from tether.errors import ConfigError
 from tether.models.base import Message, Model, ModelResponse, ToolSpec
-from tether.models.openai_adapter import OpenAIChatModel
+from tether.models.openai import OpenAIChatModel
 from tether.output import check
 
 DANA_KEY = "key-of-dana"

@@ -15,9 +15,10 @@ from tether import ToolContext, tool
 from tether.errors import ConfigError, FailpointError
 from tether.failpoints import POINTS, fail, parse, set_failpoint
 from tether.messages import pending_tool_calls
-from tether.models.base import PLACEHOLDER_API_KEY, Usage, sdk_credentials
+from tether.models.base import Usage
 from tether.models.pricing import DEFAULT_PRICE, price_for, spend_usd
 from tether.models.scripted import ScriptedModel
+from tether.models.sdk import PLACEHOLDER_API_KEY, sdk_credentials
 from tether.previews import diff_previews, digest
 from tether.tools.tool import Effect, InvalidToolArguments
 

@@ -12,7 +12,7 @@ __all__ = ["Message", "Model", "ModelResponse", "ScriptedModel", "ToolSpec", "Us
 def from_spec(spec: str) -> Model:
     """A model from ``scripted:PATH.json``, ``openai:MODEL`` or ``anthropic:MODEL``. The
     SDK adapters find their credentials and base URL (``OPENAI_BASE_URL``, ...) themselves,
-    in ``models.base.sdk_credentials``."""
+    in ``models.sdk.sdk_credentials``."""
     kind, sep, rest = spec.partition(":")
     if not sep or not rest:
         raise ConfigError(
@@ -22,11 +22,11 @@ def from_spec(spec: str) -> Model:
     if kind == "scripted":
         return ScriptedModel.from_file(rest)
     if kind == "openai":
-        from tether.models.openai_adapter import OpenAIChatModel
+        from tether.models.openai import OpenAIChatModel
 
         return OpenAIChatModel(rest)
     if kind == "anthropic":
-        from tether.models.anthropic_adapter import AnthropicModel
+        from tether.models.anthropic import AnthropicModel
 
         return AnthropicModel(rest)
     raise ConfigError(f"unknown model kind {kind!r} in TETHER_MODEL={spec!r}")

@@ -9,26 +9,16 @@ SDK's own (``max_retries``, ``timeout``).
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 import anthropic
 from anthropic.types import Message as AnthropicMessage
 from anthropic.types import MessageParam, ToolParam
 
 from tether.errors import ModelError
-from tether.models.base import (
-    Message,
-    Model,
-    ModelResponse,
-    ToolSpec,
-    Usage,
-    model_error,
-    sdk_credentials,
-)
-
-log = logging.getLogger(__name__)
+from tether.models.base import Message, ModelResponse, ToolSpec, Usage
+from tether.models.sdk import SDKErrors, SDKModel, SDKOptions
 
 Block = dict[str, Any]
 
@@ -159,76 +149,38 @@ def from_anthropic_response(response: AnthropicMessage, model: str) -> ModelResp
     )
 
 
-def model_error_from(exc: anthropic.AnthropicError, name: str, timeout_s: float) -> ModelError:
-    """A ``ModelError`` whose message names the HTTP status and the provider's message."""
-    return model_error(
-        exc,
-        name,
-        timeout_s,
-        status_error=anthropic.APIStatusError,
-        timeout_error=anthropic.APITimeoutError,
-        connection_error=anthropic.APIConnectionError,
-    )
-
-
-class AnthropicModel(Model):
+class AnthropicModel(SDKModel[anthropic.AsyncAnthropic]):
     """A Claude model reached through the Messages API."""
+
+    provider = "anthropic"
+    key_vars = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+    base_var = "ANTHROPIC_BASE_URL"
+    errors = SDKErrors(
+        base=anthropic.AnthropicError,
+        status=anthropic.APIStatusError,
+        timeout=anthropic.APITimeoutError,
+        connection=anthropic.APIConnectionError,
+    )
+    client_class = anthropic.AsyncAnthropic
 
     def __init__(
         self,
         model: str,
         *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        timeout_s: float = 60.0,
-        max_retries: int = 2,
         max_tokens: int = 4096,
         client: anthropic.AsyncAnthropic | None = None,
+        **options: Unpack[SDKOptions],
     ) -> None:
-        self.model = model
-        self.name = f"anthropic:{model}"
-        self.timeout_s = timeout_s
+        super().__init__(model, client=client, **options)
         self.max_tokens = max_tokens
-        self._owns_client = client is None
-        self._client = client or self._make_client(base_url, api_key, timeout_s, max_retries)
 
-    def _make_client(
-        self, base_url: str | None, api_key: str | None, timeout_s: float, max_retries: int
-    ) -> anthropic.AsyncAnthropic:
-        api_key, resolved_base = sdk_credentials(
-            self.name,
-            api_key=api_key,
-            base_url=base_url,
-            key_vars=("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"),
-            base_var="ANTHROPIC_BASE_URL",
-        )
-        return anthropic.AsyncAnthropic(
-            api_key=api_key,
-            base_url=resolved_base,
-            timeout=timeout_s,
-            max_retries=max_retries,
-        )
-
-    async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
-        """One Messages call; provider failures become ``ModelError``."""
+    async def _call(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
         system, turns = to_anthropic_messages(messages)
-        try:
-            response = await self._client.messages.create(
-                model=self.model,
-                max_tokens=self.max_tokens,
-                messages=cast("list[MessageParam]", turns),
-                system=system or anthropic.omit,
-                tools=(
-                    cast("list[ToolParam]", to_anthropic_tools(tools)) if tools else anthropic.omit
-                ),
-            )
-        except anthropic.AnthropicError as exc:
-            error = model_error_from(exc, self.name, self.timeout_s)
-            log.warning(error.message, extra={"action": "model_error", "model": self.name})
-            raise error from exc
+        response = await self._client.messages.create(
+            model=self.model,
+            max_tokens=self.max_tokens,
+            messages=cast("list[MessageParam]", turns),
+            system=system or anthropic.omit,
+            tools=cast("list[ToolParam]", to_anthropic_tools(tools)) if tools else anthropic.omit,
+        )
         return from_anthropic_response(response, self.model)
-
-    async def aclose(self) -> None:
-        """Close the HTTP client this adapter created; an injected one is the caller's."""
-        if self._owns_client:
-            await self._client.close()
