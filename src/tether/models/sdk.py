@@ -58,7 +58,7 @@ def provider_message(body: object) -> str | None:
     return None
 
 
-# Statuses worth asking again later (SPEC §13): a request timeout, a conflict, rate
+# Statuses worth asking again later (reference §13): a request timeout, a conflict, rate
 # limiting, and any 5xx, Anthropic's 529 "overloaded" included. Every other 4xx says the
 # request itself is wrong (bad key, bad model, bad schema): the same request fails again.
 TRANSIENT_STATUSES = frozenset({408, 409, 429})
@@ -81,7 +81,7 @@ class SDKErrors:
 
 def model_error(exc: Exception, name: str, timeout_s: float, errors: SDKErrors) -> ModelError:
     """A ``ModelError`` naming the HTTP status and the provider's message, from an SDK
-    exception, marked ``transient`` or not (SPEC §13). Timeouts and connection errors are
+    exception, marked ``transient`` or not (reference §13). Timeouts and connection errors are
     transient; a reply that cannot be read is not. This is the error of the whole call,
     after the SDK's own retries: one call."""
     if isinstance(exc, errors.status):
