@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from tether.store.announce import Announcer, take
+from tether.store.connect import create_db_engine
 from tether.store.dialect import Dialect, dialect_for
-from tether.store.engine import create_db_engine
 from tether.store.migrate import ensure_schema
 
 

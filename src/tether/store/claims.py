@@ -23,7 +23,7 @@ from tether.runs import FailReason, Run, RunState, can_transition
 from tether.store import pg_claims
 from tether.store.announce import mark
 from tether.store.base import StoreBase
-from tether.store.engine import db_now
+from tether.store.clock import db_now
 from tether.store.records import Decision
 from tether.store.schema import decisions, runs
 from tether.store.served import SERVED, served

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
 from tether.reasons import FailReason
-from tether.store.engine import db_now
+from tether.store.clock import db_now
 from tether.store.schema import decisions, run_events
 
 _EVENT_COLUMNS = ["run_id", "at", "kind", "data"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tether.store.engine import db_now
+from tether.store.clock import db_now
 from tether.store.records import CallStatus
 from tether.store.schema import run_events, run_messages, tool_calls
 

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 
 from tether.runs import Lease, RunState
 from tether.store.announce import mark
-from tether.store.engine import db_now
+from tether.store.clock import db_now
 from tether.store.records import CallStatus
 from tether.store.schema import run_events, run_messages, runs, tool_calls
 from tether.store.transitions import Transition, state_in
