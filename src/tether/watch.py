@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.errors import InvalidInput
-from tether.listen import CONNECTED, listen
 from tether.runs import RunState, iso
 from tether.services import hop
 from tether.store import Event, Store
-from tether.store.announce import CHANNEL as EVENTS_CHANNEL
+from tether.store.listen import CONNECTED, EVENTS_CHANNEL, listen
 
 log = logging.getLogger(__name__)
 

@@ -41,9 +41,9 @@ from typing import Any
 
 from tether.engine import Engine
 from tether.errors import DatabaseUnavailable
-from tether.listen import listen
 from tether.resume import OrphanClaim
 from tether.runs import Run
+from tether.store.listen import listen
 from tether.versions import Registration
 
 log = logging.getLogger(__name__)

@@ -20,10 +20,8 @@ from sqlalchemy.engine import URL, Connection, Engine
 from tether.errors import ConfigError, LeaseLost
 from tether.store import pg_steps, sqlite_steps
 from tether.store.announce import mark
+from tether.store.listen import RUNS_CHANNEL
 from tether.store.statements import RESULT, TURN, TURN_FINAL
-
-# The notification channel a ready run is announced on (PostgreSQL).
-CHANNEL = "tether_runs"
 
 _Query = TypeVar("_Query", bound=sa.Select[Any])
 
@@ -34,7 +32,7 @@ _PG_TURN = {
 }
 _PG_RESULT = {traced: pg_steps.result_statement(RESULT, traced=traced) for traced in (False, True)}
 
-_NOTIFY = sa.select(sa.func.pg_notify(CHANNEL, ""))
+_NOTIFY = sa.select(sa.func.pg_notify(RUNS_CHANNEL, ""))
 
 
 def fenced(conn: Connection, stmt: Any, params: dict[str, Any]) -> int:
