@@ -177,7 +177,7 @@ INSERT_INTENT = tool_calls.insert().values(status=CallStatus.INTENT.value, inten
 INSERT_DONE = tool_calls.insert().values(intent_at=db_now(), outcome_at=db_now())
 
 # The statuses an outcome may replace, inlined (no expanding IN: the statement is also
-# compiled once for SQLite's driver cursor, ``sqlite_steps``).
+# compiled once for SQLite's driver cursor, ``sqlite.py``).
 _OPEN: list[sa.ColumnElement[str]] = [
     sa.literal_column(f"'{s.value}'") for s in (CallStatus.INTENT, CallStatus.UNKNOWN)
 ]
