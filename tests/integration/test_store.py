@@ -134,10 +134,10 @@ def test_a_legal_transition_whose_state_moved_on_applies_to_nothing(store: Store
     _suspend(store, lease, "h1")
     assert store.cancel(run_id=lease.run_id, user_id="dana", by="dana") is not None
     before = _row(store, lease.run_id)
-    claim = store.claim_suspended(
+    claim = store.claim_decision(
         run_id=lease.run_id, token_hash="h1", owner="w2", decision="approve", approver="dana"
     )
-    assert claim is None
+    assert claim.run is None and claim.decision is None
     assert (
         store.continue_halted(
             run_id=lease.run_id, user_id="dana", limits=Limits(), by="dana", why=None
@@ -237,9 +237,9 @@ def test_the_snapshot_carries_the_decision_of_the_current_token_only(store: Stor
     snap = store.snapshot(lease.run_id)
     assert snap is not None and snap.decision is None and snap.messages[0]["content"] == "q"
     _suspend(store, lease, "h1")
-    resumed = store.claim_suspended(
+    resumed = store.claim_decision(
         run_id=lease.run_id, token_hash="h1", owner="w2", decision="approve", approver="dana"
-    )
+    ).run
     assert resumed is not None
     snap = store.snapshot(lease.run_id)
     assert snap is not None and snap.decision is not None

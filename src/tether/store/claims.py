@@ -149,14 +149,6 @@ class Claims(StoreBase):
             row = CLAIM_READY.one(conn, {"b_id": run_id, "b_owner": owner, **which})
             return Run.from_row(row._mapping) if row else None
 
-    def claim_suspended(
-        self, *, run_id: str, token_hash: str, owner: str, decision: str, approver: str
-    ) -> Run | None:
-        """The run claimed by ``claim_decision`` (of any version), or None if the claim lost."""
-        return self.claim_decision(
-            run_id=run_id, token_hash=token_hash, owner=owner, decision=decision, approver=approver
-        ).run
-
     def claim_decision(
         self,
         *,
