@@ -9,7 +9,7 @@
 3. The latency of the claim of an approval (target: p99 <= 10 ms), in process: 50
    approvals of one token started together on one engine (as one ``tether serve``
    carries them), each timed from its entry into ``Engine.resume_after_confirmation``
-   until its claim is decided: the winner's ``claim_suspended`` returned the run, a loser
+   until its claim is decided: the winner's ``claim_decision`` returned the run, a loser
    got ``AlreadyResumed``. The tool the winner then runs is not counted. Measured with
    the store's default pool and thread pool (10 + 20 connections, as many threads), then
    with both at 8 and at 60, to tell whether they bound it; and once more with the
@@ -50,7 +50,8 @@ from tether import Engine, MemoryNotifier  # noqa: E402
 from tether.config import Settings  # noqa: E402
 from tether.errors import AlreadyResumed  # noqa: E402
 from tether.store import Store, faults, upgrade  # noqa: E402
-from tether.store.engine import normalize_url  # noqa: E402
+from tether.store.claims import SuspensionClaim  # noqa: E402
+from tether.store.connect import normalize_url  # noqa: E402
 from tether.store.schema import run_events, runs  # noqa: E402
 
 ADMIN = os.environ.get("TETHER_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -219,16 +220,15 @@ def _sized(eng: Engine, url: str, size: int | None) -> None:
 def _timed_claims(store: Store, decided: dict[str, float]) -> None:
     """Record when the winning claim of each token hash was decided (in its thread, as
     the claim returns). Bound to the store, so ``hop`` still finds its executor."""
-    name = "claim_decision" if hasattr(store, "claim_decision") else "claim_suspended"
-    claim = getattr(store, name)
+    claim = store.claim_decision
 
-    def timed(self: Store, **kwargs: Any) -> Any:
+    def timed(self: Store, **kwargs: Any) -> SuspensionClaim:
         result = claim(**kwargs)
-        if getattr(result, "run", result) is not None:
+        if result.run is not None:
             decided[kwargs["token_hash"]] = time.perf_counter()
         return result
 
-    setattr(store, name, types.MethodType(timed, store))
+    setattr(store, "claim_decision", types.MethodType(timed, store))  # noqa: B010
 
 
 async def _claim_round(eng: Engine, notifier: MemoryNotifier, concurrent: int) -> list[float]:

@@ -43,7 +43,6 @@ from tether._runtime.recovery import OrphanClaim
 from tether._runtime.versions import Registration
 from tether.engine import Engine
 from tether.errors import DatabaseUnavailable
-from tether.listen import listen
 from tether.runs import Run
 
 log = logging.getLogger(__name__)
@@ -128,9 +127,9 @@ class Worker:
         if reap:
             side["reaper"] = self._reaper
             side["notices"] = self._notices
-        dsn = self._runner.listen_dsn()
-        if dsn is not None:
-            side["listener"] = lambda: listen(dsn, lambda _payload: self._announced())
+        listener = self._runner.listener(self._announced)
+        if listener is not None:
+            side["listener"] = listener
         return side
 
     # -- the claim loop --------------------------------------------------------------------

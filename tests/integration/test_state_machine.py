@@ -315,6 +315,11 @@ class RunMachine(RuleBasedStateMachine):
         self._let_go(lease)
         return None
 
+    def _claim(self, **claim: Any) -> Run | None:
+        """The run an approval's claim (``claim_decision``, as the approvals path sends
+        it) took, or None if it lost."""
+        return self.store.claim_decision(**claim).run
+
     def _race(self, calls: Sequence[Callable[[], object]]) -> list[object]:
         """Run the calls at once, each in its own thread, released together."""
         barrier = threading.Barrier(len(calls))
@@ -660,7 +665,7 @@ class RunMachine(RuleBasedStateMachine):
         results = self._race(
             [
                 partial(
-                    self.store.claim_suspended,
+                    self._claim,
                     run_id=run.id,
                     token_hash=run.token,
                     owner=owner,
@@ -701,7 +706,7 @@ class RunMachine(RuleBasedStateMachine):
         owners = [self._next("approval") for _ in range(claimers)]
         calls: list[Callable[[], object]] = [
             partial(
-                self.store.claim_suspended,
+                self._claim,
                 run_id=run.id,
                 token_hash=token,
                 owner=owner,
@@ -788,11 +793,12 @@ class RunMachine(RuleBasedStateMachine):
         token = _pick(spent, pick)
         run_id = self.tokens.get(token, "never-made")
         before = self._dump()
-        claim = self.store.claim_suspended(
+        claim = self.store.claim_decision(
             run_id=run_id, token_hash=token, owner=owner, decision="approve", approver="dana"
         )
-        assert claim is None and self._dump() == before
+        assert claim.run is None and self._dump() == before
         _, recorded = self.store.find_by_token(token)
+        assert claim.decision == recorded  # what the approver who lost is told
         if token in self.used and run_id in self.runs:
             assert recorded is not None
             assert (recorded.run_id, recorded.decision, recorded.by) == self.used[token]

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from tether.budget import Limits
 from tether.errors import IllegalTransition, InvalidInput, LeaseLost
 from tether.runs import TRANSITIONS, FailReason, HaltReason, Lease, Pending, Run, RunState
-from tether.store import Store, claims, statements, upkeep
+from tether.store import Store, claim_statements, claims, statements, upkeep
 from tether.store.reads import _COUNT_BY_STATE
 from tether.store.schema import runs
 from tether.store.served import served
@@ -81,7 +81,7 @@ def test_a_transition_builds_exactly_when_the_table_allows_it(src: RunState, dst
 def test_the_store_declares_every_transition_of_the_table_and_no_other() -> None:
     declared = {
         pair
-        for module in (statements, claims, upkeep)
+        for module in (statements, claim_statements, claims, upkeep)
         for value in vars(module).values()
         if isinstance(value, Transition)
         for pair in value.pairs()
@@ -134,10 +134,10 @@ def test_a_legal_transition_whose_state_moved_on_applies_to_nothing(store: Store
     _suspend(store, lease, "h1")
     assert store.cancel(run_id=lease.run_id, user_id="dana", by="dana") is not None
     before = _row(store, lease.run_id)
-    claim = store.claim_suspended(
+    claim = store.claim_decision(
         run_id=lease.run_id, token_hash="h1", owner="w2", decision="approve", approver="dana"
     )
-    assert claim is None
+    assert claim.run is None and claim.decision is None
     assert (
         store.continue_halted(
             run_id=lease.run_id, user_id="dana", limits=Limits(), by="dana", why=None
@@ -237,9 +237,9 @@ def test_the_snapshot_carries_the_decision_of_the_current_token_only(store: Stor
     snap = store.snapshot(lease.run_id)
     assert snap is not None and snap.decision is None and snap.messages[0]["content"] == "q"
     _suspend(store, lease, "h1")
-    resumed = store.claim_suspended(
+    resumed = store.claim_decision(
         run_id=lease.run_id, token_hash="h1", owner="w2", decision="approve", approver="dana"
-    )
+    ).run
     assert resumed is not None
     snap = store.snapshot(lease.run_id)
     assert snap is not None and snap.decision is not None
@@ -311,8 +311,12 @@ def test_a_malformed_key_resolves_to_nobody_and_cannot_be_added(store: Store, ke
 # The scans that claim take only the versions served (reference §12): one, as a worker has.
 _ONE = served(["t@1"])
 SCANS: dict[str, tuple[Any, dict[str, Any], str]] = {
-    "ready runs": (claims._READY_CANDIDATE, _ONE, "runs_ready"),
-    "orphans": (claims._ORPHANS, {"b_stale": 10.0, "b_batch": 5, **_ONE}, "runs_orphan_scan"),
+    "ready runs": (claim_statements.READY_CANDIDATE, _ONE, "runs_ready"),
+    "orphans": (
+        claim_statements.ORPHANS,
+        {"b_stale": 10.0, "b_batch": 5, **_ONE},
+        "runs_orphan_scan",
+    ),
     "expired": (upkeep._EXPIRED, {"b_batch": 5, **_ONE}, "runs_suspended_expiry"),
     "unnotified": (
         upkeep._UNNOTIFIED,

@@ -27,11 +27,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from tether._runtime.hop import hop
-from tether.listen import CONNECTED, listen
 from tether.results import LiveEvent
 from tether.runs import RunState
 from tether.store import Event, Store
-from tether.store.announce import CHANNEL as EVENTS_CHANNEL
+from tether.store.listen import CONNECTED, EVENTS_CHANNEL, listen
 
 log = logging.getLogger(__name__)
 

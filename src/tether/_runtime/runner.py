@@ -22,6 +22,7 @@ from tether._runtime.versions import Registration
 from tether.config import Settings
 from tether.results import Outcome, ReapReport, StopKind
 from tether.runs import Run
+from tether.store.listen import listen
 
 
 def new_worker_id() -> str:
@@ -53,9 +54,13 @@ class Runner:
         polling."""
         return self.services.store.dialect.notifies
 
-    def listen_dsn(self) -> str | None:
-        """The DSN a listener of ready-run notices connects with; None where there are none."""
-        return self.services.store.listen_dsn()
+    def listener(self, on_ready: Callable[[], None]) -> Callable[[], Awaitable[None]] | None:
+        """The body of a task that calls ``on_ready`` at each ready-run notice (PostgreSQL's
+        ``LISTEN``); None where the store sends none, and idle workers poll."""
+        dsn = self.services.store.listen_dsn()
+        if dsn is None:
+            return None
+        return lambda: listen(dsn, lambda _payload: on_ready())
 
     def registration(self) -> Registration:
         """This process's entry in the registry of live workers and their versions."""

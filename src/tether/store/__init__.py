@@ -1,4 +1,6 @@
-"""The store: engine by URL, schema, migrations and every database operation."""
+"""The store: the engine by URL (``connect``), the schema, migrations and every database
+operation (``Store``), written once and sent through the backend's dialect (``dialect``:
+``sqlite.SqliteDialect``, ``postgres.PostgresDialect``)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ one before it, and concurrent step writes lose their group commit (measured with
 ``benchmarks/watchers.py``: a trigger notifying on each event cost the workers about 30% of
 their throughput). So a transaction that adds events only marks its runs on its connection
 (``mark``); when the transaction has ended, the store hands them to the ``Announcer``, whose
-thread sends them, batched every ``BATCH_S``, as ``pg_notify('tether_events', run_id)`` on
-a connection of its own. A notice is a hint to read again: one for a transaction that
+thread sends them, batched every ``BATCH_S``, as ``pg_notify`` on ``listen.EVENTS_CHANNEL``,
+on a connection of its own. A notice is a hint to read again: one for a transaction that
 rolled back, or a duplicate, costs a watcher one read; one lost (the announcer's connection
 failed) is covered by the watchers' fallback re-read.
 """
@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
 from sqlalchemy.engine import Connection
+
+from tether.store.listen import EVENTS_CHANNEL
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "tether_events"
 BATCH_S = 0.01  # how long the announcer gathers marks before it sends them
 _KEY = "tether.announce"
 _SEND = "SELECT pg_notify(%s, run_id) FROM unnest(%s::text[]) AS run_id"
@@ -92,7 +95,10 @@ class Announcer:
         self, dsn: str, conn: psycopg.Connection[Any] | None
     ) -> psycopg.Connection[Any] | None:
         """Send the queued notices in one statement; a failure drops them (the watchers
-        re-read on their fallback) and the connection, which the next batch opens again."""
+        re-read on their fallback) and the connection, which the next batch opens again.
+        psycopg is imported here: only a store with a DSN (PostgreSQL) gets this far."""
+        import psycopg
+
         with self._lock:
             batch, self._pending = self._pending, set()
         if not batch:
@@ -100,7 +106,7 @@ class Announcer:
         try:
             if conn is None or conn.closed:
                 conn = psycopg.connect(dsn, autocommit=True)
-            conn.execute(_SEND, (CHANNEL, sorted(batch)))
+            conn.execute(_SEND, (EVENTS_CHANNEL, sorted(batch)))
             return conn
         except psycopg.Error as exc:
             log.warning("event notices not sent: %s", exc, extra={"action": "announce_failed"})

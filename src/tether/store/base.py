@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from tether.store.announce import Announcer, take
+from tether.store.connect import create_db_engine
 from tether.store.dialect import Dialect, dialect_for
-from tether.store.engine import create_db_engine
 from tether.store.migrate import ensure_schema
 
 
@@ -25,7 +25,7 @@ class StoreBase:
         # error and committed nothing (``tether.store.faults``).
         self.retry_s = retry_s
         self.engine: Engine = create_db_engine(url)
-        self.dialect: Dialect = dialect_for(self.engine)
+        self.dialect: Dialect = dialect_for(self.engine.dialect.name)
         # A step write refreshes a heartbeat older than this (a third of the timeout).
         self.heartbeat_refresh_s = heartbeat_refresh_s
         self._executor: ThreadPoolExecutor | None = None

@@ -3,102 +3,42 @@ of ready runs, suspensions and orphans, continuing a halted run, cancelling.
 
 Every state change here is a ``Transition`` (one conditional UPDATE checked against the
 table), so two claimers racing for one run cannot both win: the loser's UPDATE matches
-no row and it is told so (None). On PostgreSQL the claims of suspensions and orphans are
-one statement each (``pg_claims``), built here from the same transitions.
+no row and it is told so (None). The claims' statements are ``claim_statements``; the
+claims of suspensions and orphans are sent by the dialect (``Dialect.claim_suspension``,
+``Dialect.claim_orphans``): statement sequences, or one statement each on PostgreSQL.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from tether.budget import Limits
 from tether.models.base import Message
-from tether.runs import FailReason, Run, RunState, can_transition
-from tether.store import pg_claims
-from tether.store.announce import mark
+from tether.runs import Run, RunState, can_transition
 from tether.store.base import StoreBase
-from tether.store.engine import db_now
+from tether.store.claim_statements import (
+    CLAIM_READY,
+    ID,
+    NO_CUTOFF,
+    READY_CANDIDATE,
+    RUNNING,
+    STALE,
+)
+from tether.store.clock import db_now
 from tether.store.records import Decision
 from tether.store.schema import decisions, runs
-from tether.store.served import SERVED, served
+from tether.store.served import served
 from tether.store.statements import INSERT_MESSAGE, add_event
 from tether.store.transitions import Transition, state_in
 
-RUNNING = RunState.RUNNING
-_ID = runs.c.id == sa.bindparam("b_id")
-_CLAIMED: dict[str, Any] = {
-    "owner": sa.bindparam("b_owner"),
-    "lease_epoch": runs.c.lease_epoch + 1,
-    "heartbeat_at": db_now(),
-    "updated_at": db_now(),
-    "ready_at": None,
-}
-
-# Waiting for a worker: running, no owner (the ready-runs partial index's predicate, so
-# the index serves the pick), and not held back by a delay, judged by the DB clock.
-_NOT_DELAYED = sa.or_(runs.c.ready_at.is_(None), runs.c.ready_at <= db_now())
-_READY_CANDIDATE = (
-    sa.select(runs.c.id)
-    .where(state_in([RUNNING]), runs.c.owner.is_(None), _NOT_DELAYED, SERVED)
-    .order_by(runs.c.updated_at)
-    .limit(1)
-)
-_CLAIM_READY = Transition(
-    RUNNING, RUNNING, _ID, runs.c.owner.is_(None), _NOT_DELAYED, SERVED, **_CLAIMED
-)
-
-_TOKEN = runs.c.pending_token_hash == sa.bindparam("b_token_hash")
-_CLAIM_SUSPENDED = Transition(
-    RunState.SUSPENDED, RUNNING, _ID, _TOKEN, runs.c.expires_at > db_now(), SERVED, **_CLAIMED
-)
-_PG_CLAIM_SUSPENDED = pg_claims.suspended_statement(_CLAIM_SUSPENDED.statement)
 _DECISION_OF_TOKEN = sa.select(decisions).where(
     decisions.c.token_hash == sa.bindparam("b_token_hash")
 )
-
-# No pass start to stay before: the largest float (finite, so it renders in any plan).
-_NO_CUTOFF = sys.float_info.max
-# An orphan: running under an owner whose heartbeat is older than ``b_stale`` seconds,
-# and older than ``b_before`` (the start of the reaper's pass: a run it claimed has a
-# fresh heartbeat, so one pass never takes a run twice). The claim re-checks both, so a
-# run whose owner came back (or that another reaper took) meanwhile is left alone.
-_STALE = sa.and_(
-    runs.c.owner.is_not(None),
-    runs.c.heartbeat_at < db_now() - sa.bindparam("b_stale", type_=sa.Float),
-    runs.c.heartbeat_at < sa.bindparam("b_before", value=_NO_CUTOFF, type_=sa.Float),
-    SERVED,
-)
-_ORPHANS = (
-    sa.select(runs.c.id)
-    .where(state_in([RUNNING]), _STALE)
-    .order_by(runs.c.heartbeat_at)
-    .limit(sa.bindparam("b_batch", type_=sa.Integer))
-)
-_WITHIN = runs.c.recovery_attempts < sa.bindparam("b_max")
-_PAST = runs.c.recovery_attempts >= sa.bindparam("b_max")
-_RECOVERED: dict[str, Any] = {**_CLAIMED, "recovery_attempts": runs.c.recovery_attempts + 1}
-_EXHAUSTED: dict[str, Any] = {
-    "returning": (runs.c.id, runs.c.recovery_attempts),
-    "fail_reason": FailReason.RECOVERY_EXHAUSTED.value,
-    "owner": None,
-    "updated_at": db_now(),
-}
-_RECOVER = Transition(RUNNING, RUNNING, _ID, _STALE, _WITHIN, **_RECOVERED)
-_EXHAUST = Transition(RUNNING, RunState.FAILED, _ID, _STALE, _PAST, **_EXHAUSTED)
-# PostgreSQL: the same two transitions over a whole batch of locked candidates at once.
-_LOCKED = _ORPHANS.with_for_update(skip_locked=True).cte("c")
-_IN_BATCH = runs.c.id == _LOCKED.c.id
-_PG_CLAIM_ORPHANS = pg_claims.orphans_statement(
-    Transition(RUNNING, RUNNING, _IN_BATCH, _STALE, _WITHIN, **_RECOVERED).statement,
-    Transition(RUNNING, RunState.FAILED, _IN_BATCH, _STALE, _PAST, **_EXHAUSTED).statement,
-)
-_CENSUS = sa.select(db_now(), sa.select(runs.c.id).where(state_in([RUNNING]), _STALE).exists())
+_CENSUS = sa.select(db_now(), sa.select(runs.c.id).where(state_in([RUNNING]), STALE).exists())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,12 +54,12 @@ class SuspensionClaim:
 _LIMITS = ("max_steps", "max_spend_usd", "max_tool_calls", "max_elapsed_ms")
 _GRANTED: dict[str, Any] = {name: sa.bindparam(f"b_{name}") for name in _LIMITS}
 _HALTED_OF_USER = sa.select(runs).where(
-    _ID, runs.c.user_id == sa.bindparam("b_user"), state_in([RunState.HALTED])
+    ID, runs.c.user_id == sa.bindparam("b_user"), state_in([RunState.HALTED])
 )
 _CONTINUE = Transition(
     RunState.HALTED,
     RUNNING,
-    _ID,
+    ID,
     runs.c.user_id == sa.bindparam("b_user"),
     owner=None,
     halt_reason=None,
@@ -133,7 +73,7 @@ _CONTINUE = Transition(
 _CANCEL = Transition(
     [state for state in RunState if can_transition(state, RunState.CANCELLED)],
     RunState.CANCELLED,
-    _ID,
+    ID,
     runs.c.user_id == sa.bindparam("b_user"),
     owner=None,
     ready_at=None,
@@ -203,19 +143,11 @@ class Claims(StoreBase):
         which = served(versions)
         with self.begin() as conn:
             if run_id is None:
-                run_id = conn.execute(self.dialect.candidates(_READY_CANDIDATE), which).scalar()
+                run_id = conn.execute(self.dialect.candidates(READY_CANDIDATE), which).scalar()
                 if run_id is None:
                     return None
-            row = _CLAIM_READY.one(conn, {"b_id": run_id, "b_owner": owner, **which})
+            row = CLAIM_READY.one(conn, {"b_id": run_id, "b_owner": owner, **which})
             return Run.from_row(row._mapping) if row else None
-
-    def claim_suspended(
-        self, *, run_id: str, token_hash: str, owner: str, decision: str, approver: str
-    ) -> Run | None:
-        """The run claimed by ``claim_decision`` (of any version), or None if the claim lost."""
-        return self.claim_decision(
-            run_id=run_id, token_hash=token_hash, owner=owner, decision=decision, approver=approver
-        ).run
 
     def claim_decision(
         self,
@@ -256,48 +188,12 @@ class Claims(StoreBase):
             "b_event": {"decision": decision, "by": approver, **(event or {})},
         }
         with self.begin() as conn:
-            if self.dialect.one_statement_claims:
-                won = conn.execute(_PG_CLAIM_SUSPENDED, params).first()
-                if won is not None:
-                    mark(conn, won.id)  # its approved / declined event
-                    mapping = won._mapping
-                    recorded = {c.name: mapping[f"d_{c.name}"] for c in decisions.c}
-                    return SuspensionClaim(
-                        run=Run.from_row(mapping), decision=Decision.from_row(recorded)
-                    )
-            else:
-                claim = self._claim_suspension(conn, params)
-                if claim is not None:
-                    return claim
+            won = self.dialect.claim_suspension(conn, params)
+            if won is not None:
+                run, recorded = won
+                return SuspensionClaim(run=run, decision=recorded)
             used = conn.execute(_DECISION_OF_TOKEN, params).first()
             return SuspensionClaim(decision=Decision.from_row(used._mapping) if used else None)
-
-    @staticmethod
-    def _claim_suspension(conn: Connection, params: dict[str, Any]) -> SuspensionClaim | None:
-        """The claim as a statement sequence (SQLite)."""
-        row = _CLAIM_SUSPENDED.one(conn, params)
-        if row is None:
-            return None
-        run = Run.from_row(row._mapping)
-        assert run.pending is not None
-        recorded = conn.execute(
-            decisions.insert()
-            .values(
-                token_hash=params["b_token_hash"],
-                run_id=run.id,
-                tool_call_id=run.pending.tool_call_id,
-                decision=params["b_decision"],
-                decided_by=params["b_approver"],
-                decided_at=db_now(),
-                digest=params["b_digest"] or run.pending.digest,
-                reason=params["b_reason"],
-                arguments=params["b_arguments"],
-            )
-            .returning(*decisions.c)
-        ).one()
-        data = {**params["b_event"], "tool_call_id": run.pending.tool_call_id}
-        add_event(conn, run.id, params["b_kind"], data)
-        return SuspensionClaim(run=run, decision=Decision.from_row(recorded._mapping))
 
     def orphan_census(
         self, *, stale_after_s: float, versions: Sequence[str] | None = None
@@ -339,41 +235,10 @@ class Claims(StoreBase):
             "b_stale": stale_after_s,
             "b_max": max_attempts,
             "b_batch": batch,
-            "b_before": _NO_CUTOFF if before is None else before,
+            "b_before": NO_CUTOFF if before is None else before,
         }
         with self.begin() as conn:
-            if self.dialect.one_statement_claims:
-                rows = conn.execute(_PG_CLAIM_ORPHANS, params).all()
-                claimed = [Run.from_row(r._mapping) for r in rows if r.id is not None]
-                exhausted = list(rows[0].exhausted or []) if rows else []
-                mark(conn, *(run.id for run in claimed), *exhausted)  # recovering / failed
-                return claimed, exhausted
-            return self._claim_orphans(conn, params)
-
-    def _claim_orphans(
-        self, conn: Connection, params: dict[str, Any]
-    ) -> tuple[list[Run], list[str]]:
-        """The orphan claim as a statement sequence, one run at a time (SQLite)."""
-        claimed: list[Run] = []
-        exhausted: list[str] = []
-        candidates = self.dialect.candidates(_ORPHANS)
-        for run_id in conn.execute(candidates, params).scalars().all():
-            row = _RECOVER.one(conn, {**params, "b_id": run_id})
-            if row is not None:
-                run = Run.from_row(row._mapping)
-                claimed.append(run)
-                data = {"recovery_attempts": run.recovery_attempts, "owner": params["b_owner"]}
-                add_event(conn, run_id, "recovering", data)
-                continue
-            failed = _EXHAUST.one(conn, {**params, "b_id": run_id})
-            if failed is not None:
-                exhausted.append(run_id)
-                data = {
-                    "reason": FailReason.RECOVERY_EXHAUSTED.value,
-                    "recovery_attempts": failed.recovery_attempts,
-                }
-                add_event(conn, run_id, "failed", data)
-        return claimed, exhausted
+            return self.dialect.claim_orphans(conn, params)
 
     def continue_halted(
         self, *, run_id: str, user_id: str, limits: Limits, by: str, why: str | None

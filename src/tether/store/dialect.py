@@ -1,12 +1,26 @@
-"""What differs between SQLite and PostgreSQL, as one small object per backend.
+"""What differs between SQLite and PostgreSQL, as one object per backend.
 
-The store writes its queries once; a backend overrides only these hooks (as DBOS's
-system database subclasses do): how claim candidates are locked (``SKIP LOCKED`` or
-nothing: SQLite serialises writers at ``BEGIN IMMEDIATE``), how idle workers are woken
-(``pg_notify`` or nothing: they poll), the DSN a ``LISTEN`` connection uses, and the two
-step writes, which PostgreSQL sends as one statement each (``pg_steps``) because there
-every statement is a round trip, and SQLite sends to the driver's cursor directly
-(``sqlite_steps``) because there the cost is the work around each statement.
+The store writes its queries once and calls its dialect (``store.dialect``) where the
+backends differ; a backend overrides only these hooks (as DBOS's system database
+subclasses do):
+
+- ``candidates`` / ``lock``: how claim candidates and read-then-CAS rows are locked
+  (``SKIP LOCKED`` / ``FOR UPDATE``, or nothing: SQLite serialises writers at ``BEGIN
+  IMMEDIATE``);
+- ``wake``: how idle workers are told a run became ready (``pg_notify`` on
+  ``listen.RUNS_CHANNEL``, or nothing: they poll), and ``listen_dsn``, the DSN a
+  ``LISTEN`` connection uses;
+- ``insert_new``: an INSERT that skips existing keys;
+- ``write_turn`` / ``write_result``: the two step writes;
+- ``claim_suspension`` / ``claim_orphans``: the claims of a suspension (with its decision)
+  and of a batch of orphans.
+
+``Dialect`` is the portable behaviour: no locks, no notifications, the claims as
+statement sequences. ``sqlite.SqliteDialect`` sends its step writes to the driver's
+cursor (there the cost is the work around each statement); ``postgres.PostgresDialect``
+sends each step write and each claim as one statement (there every statement is a round
+trip). ``dialect_for`` picks one by backend name and imports only that module, so a
+SQLite store never builds PostgreSQL's statements nor loads its driver.
 """
 
 from __future__ import annotations
@@ -14,56 +28,34 @@ from __future__ import annotations
 from typing import Any, ClassVar, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.engine import URL, Connection
 
-from tether.errors import ConfigError, LeaseLost
-from tether.store import pg_steps, sqlite_steps
-from tether.store.announce import mark
-from tether.store.statements import RESULT, TURN, TURN_FINAL
+from tether.errors import ConfigError
+from tether.runs import FailReason, Run
+from tether.store.claim_statements import CLAIM_SUSPENDED, EXHAUST, ORPHANS, RECOVER
+from tether.store.clock import db_now
+from tether.store.records import Decision
+from tether.store.schema import decisions
+from tether.store.statements import add_event
 
-# The notification channel a ready run is announced on (PostgreSQL).
-CHANNEL = "tether_runs"
-
-_Query = TypeVar("_Query", bound=sa.Select[Any])
-
-# PostgreSQL: each step write as one statement, by shape (final turn or not, traced or not).
-_PG_TURN = {
-    final: pg_steps.turn_statement(TURN_FINAL.statement if final else TURN)
-    for final in (False, True)
-}
-_PG_RESULT = {traced: pg_steps.result_statement(RESULT, traced=traced) for traced in (False, True)}
-
-_NOTIFY = sa.select(sa.func.pg_notify(CHANNEL, ""))
-
-
-def fenced(conn: Connection, stmt: Any, params: dict[str, Any]) -> int:
-    """Run a lease-conditional UPDATE … RETURNING message_count; the new message's seq.
-    No row means the lease was lost: ``LeaseLost``, and the caller's transaction rolls
-    back."""
-    row = conn.execute(stmt, params).first()
-    if row is None:
-        raise LeaseLost("this worker no longer owns the run", run_id=params["b_id"])
-    mark(conn, params["b_id"])  # a step write's events (a result without one: harmless)
-    return int(row[0]) - 1
+# A SELECT a lock hook returns as it came, with its locking clause.
+Query = TypeVar("Query", bound=sa.Select[Any])
 
 
 class Dialect:
-    """The portable behaviour: no row locks, no notifications. A backend overrides what it
-    does differently, and gives its own step writes."""
+    """The portable behaviour: no row locks, no notifications, each claim a sequence of
+    statements. A backend overrides what it does differently, and gives its own step
+    writes and ``insert_new``."""
 
     name: ClassVar[str]
     # Whether a ready run is announced (so workers may LISTEN instead of polling).
     notifies: ClassVar[bool] = False
-    # Whether the claims of suspensions and orphans are sent as one statement each
-    # (``pg_claims``, chosen by ``claims.py``) rather than as statement sequences.
-    one_statement_claims: ClassVar[bool] = False
 
-    def candidates(self, query: _Query) -> _Query:
+    def candidates(self, query: Query) -> Query:
         """Lock the rows a claim picks, so concurrent claimers pick different ones."""
         return query
 
-    def lock(self, query: _Query) -> _Query:
+    def lock(self, query: Query) -> Query:
         """Lock the row a read-then-CAS reads, until the transaction ends."""
         return query
 
@@ -107,77 +99,74 @@ class Dialect:
         event."""
         raise NotImplementedError
 
+    def claim_suspension(
+        self, conn: Connection, params: dict[str, Any]
+    ) -> tuple[Run, Decision] | None:
+        """Claim the suspension of ``params`` (``CLAIM_SUSPENDED``) and record its decision
+        and its ``approved`` / ``declined`` event (``b_kind``, data ``b_event``); the run
+        claimed and the decision recorded, or None when the claim lost and nothing was
+        written. Here: the UPDATE, then the two INSERTs."""
+        row = CLAIM_SUSPENDED.one(conn, params)
+        if row is None:
+            return None
+        run = Run.from_row(row._mapping)
+        assert run.pending is not None
+        recorded = conn.execute(
+            decisions.insert()
+            .values(
+                token_hash=params["b_token_hash"],
+                run_id=run.id,
+                tool_call_id=run.pending.tool_call_id,
+                decision=params["b_decision"],
+                decided_by=params["b_approver"],
+                decided_at=db_now(),
+                digest=params["b_digest"] or run.pending.digest,
+                reason=params["b_reason"],
+                arguments=params["b_arguments"],
+            )
+            .returning(*decisions.c)
+        ).one()
+        data = {**params["b_event"], "tool_call_id": run.pending.tool_call_id}
+        add_event(conn, run.id, params["b_kind"], data)
+        return run, Decision.from_row(recorded._mapping)
 
-class SqliteDialect(Dialect):
-    """SQLite: writers serialise at ``BEGIN IMMEDIATE``, so claims need no row locks, and
-    a statement is a function call, so a step write is a short statement sequence, sent
-    to the driver's cursor directly (``sqlite_steps``)."""
-
-    name: ClassVar[str] = "sqlite"
-
-    def insert_new(self, table: sa.Table) -> sa.Insert:
-        return sqlite.insert(table).on_conflict_do_nothing()
-
-    # The step writes, on the driver's cursor.
-    write_turn = staticmethod(sqlite_steps.write_turn)
-    write_result = staticmethod(sqlite_steps.write_result)
-
-
-class PostgresDialect(Dialect):
-    """PostgreSQL: SKIP LOCKED claims, NOTIFY on a ready run, one statement per step."""
-
-    name: ClassVar[str] = "postgresql"
-    notifies: ClassVar[bool] = True
-    one_statement_claims: ClassVar[bool] = True
-
-    def candidates(self, query: _Query) -> _Query:
-        return query.with_for_update(skip_locked=True)
-
-    def lock(self, query: _Query) -> _Query:
-        return query.with_for_update()
-
-    def wake(self, conn: Connection) -> None:
-        conn.execute(_NOTIFY)
-
-    def listen_dsn(self, url: URL) -> str | None:
-        return url.set(drivername="postgresql").render_as_string(hide_password=False)
-
-    def insert_new(self, table: sa.Table) -> sa.Insert:
-        return postgresql.insert(table).on_conflict_do_nothing()
-
-    def write_turn(
-        self,
-        conn: Connection,
-        params: dict[str, Any],
-        *,
-        final: bool,
-        messages: list[dict[str, Any]],
-        intents: list[dict[str, Any]],
-        events: list[tuple[str, dict[str, Any]]],
-    ) -> None:
-        values = {
-            **params,
-            "b_messages": messages,
-            "b_intents": intents,
-            "b_events": [{"kind": kind, "data": data} for kind, data in events],
-        }
-        fenced(conn, _PG_TURN[final], values)
-
-    def write_result(
-        self,
-        conn: Connection,
-        params: dict[str, Any],
-        *,
-        traced: bool,
-        message: dict[str, Any],
-        event: dict[str, Any],
-    ) -> None:
-        fenced(conn, _PG_RESULT[traced], {**params, "b_message": message, "b_event": event})
+    def claim_orphans(
+        self, conn: Connection, params: dict[str, Any]
+    ) -> tuple[list[Run], list[str]]:
+        """Claim the orphans of ``params`` (``ORPHANS``, locked by ``candidates``): each
+        within its attempts recovered (``RECOVER``, a ``recovering`` event), each past
+        them failed (``EXHAUST``, a ``failed`` event). The runs claimed and the ids of
+        those failed. Here: one run at a time."""
+        claimed: list[Run] = []
+        exhausted: list[str] = []
+        for run_id in conn.execute(self.candidates(ORPHANS), params).scalars().all():
+            row = RECOVER.one(conn, {**params, "b_id": run_id})
+            if row is not None:
+                run = Run.from_row(row._mapping)
+                claimed.append(run)
+                data = {"recovery_attempts": run.recovery_attempts, "owner": params["b_owner"]}
+                add_event(conn, run_id, "recovering", data)
+                continue
+            failed = EXHAUST.one(conn, {**params, "b_id": run_id})
+            if failed is not None:
+                exhausted.append(run_id)
+                data = {
+                    "reason": FailReason.RECOVERY_EXHAUSTED.value,
+                    "recovery_attempts": failed.recovery_attempts,
+                }
+                add_event(conn, run_id, "failed", data)
+        return claimed, exhausted
 
 
-def dialect_for(engine: Engine) -> Dialect:
-    """The dialect object of ``engine``'s backend."""
-    for dialect in (SqliteDialect(), PostgresDialect()):
-        if engine.dialect.name == dialect.name:
-            return dialect
-    raise ConfigError(f"unsupported database backend {engine.dialect.name!r}")
+def dialect_for(backend: str) -> Dialect:
+    """The dialect of the backend SQLAlchemy names ``backend`` (``engine.dialect.name``).
+    Only that backend's module is imported."""
+    if backend == "sqlite":
+        from tether.store.sqlite import SqliteDialect
+
+        return SqliteDialect()
+    if backend == "postgresql":
+        from tether.store.postgres import PostgresDialect
+
+        return PostgresDialect()
+    raise ConfigError(f"unsupported database backend {backend!r}")

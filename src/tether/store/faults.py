@@ -16,11 +16,11 @@ is tried again after an ambiguous error.
 from __future__ import annotations
 
 import sqlite3
+import sys
 import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-import psycopg
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
@@ -52,11 +52,16 @@ def is_transient(exc: BaseException) -> bool:
         if exc.connection_invalidated:
             return True
         cause = exc.orig
-    if isinstance(cause, (psycopg.OperationalError, psycopg.InterfaceError)):
-        return True  # connection lost or refused, shutdown, serialization, deadlock
     if isinstance(cause, sqlite3.OperationalError):
         message = str(cause).lower()
         return any(word in message for word in _SQLITE_TRANSIENT)
+    # A psycopg error exists only once psycopg was loaded (by a PostgreSQL store): looked
+    # up, not imported, so classifying an error on SQLite never loads the driver.
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is not None and isinstance(
+        cause, (psycopg.OperationalError, psycopg.InterfaceError)
+    ):
+        return True  # connection lost or refused, shutdown, serialization, deadlock
     return False
 
 

@@ -19,7 +19,7 @@ from tether.models.base import Message
 from tether.reasons import HaltReason
 from tether.runs import Run, RunState
 from tether.store.base import StoreBase
-from tether.store.engine import db_now
+from tether.store.clock import db_now
 from tether.store.schema import run_events, runs
 from tether.store.statements import INSERT_MESSAGE, SELECT_MESSAGES, add_event
 

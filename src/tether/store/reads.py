@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from tether.models.base import Message
 from tether.runs import Run, RunState
 from tether.store.base import StoreBase
-from tether.store.engine import db_now
+from tether.store.clock import db_now
 from tether.store.records import Decision, Event, LedgerEntry
 from tether.store.schema import COUNTABLE, decisions, run_events, runs, tool_calls
 from tether.store.statements import SELECT_MESSAGES

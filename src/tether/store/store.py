@@ -13,7 +13,8 @@ from tether.store.versions import Versions
 
 
 class Store(Steps, Claims, Forks, Upkeep, Reads, Users, Versions):
-    """The synchronous store for a database URL: SQLite or PostgreSQL (``dialect``).
+    """The synchronous store for a database URL: SQLite or PostgreSQL, whose differences
+    are the hooks of its ``dialect`` (``dialect.Dialect``, picked by ``dialect_for``).
 
     ``steps``: a running owner's fenced writes; ``claims``: creating, claiming,
     continuing, cancelling; ``forks``: forking a run at a step; ``upkeep``: expiry,

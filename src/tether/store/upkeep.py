@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from tether.runs import HaltReason, Run, RunState
 from tether.store.base import StoreBase
-from tether.store.engine import db_now
+from tether.store.clock import db_now
 from tether.store.schema import RETAINED, decisions, run_events, run_messages, runs, tool_calls
 from tether.store.served import SERVED, served
 from tether.store.statements import add_event

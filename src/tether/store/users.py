@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from tether import inputs
 from tether.errors import InvalidInput
 from tether.store.base import StoreBase
-from tether.store.engine import db_now
+from tether.store.clock import db_now
 from tether.store.schema import api_keys, users
 
 MAX_KEY_CHARS = 512

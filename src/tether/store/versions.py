@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from tether.runs import Run, RunState
 from tether.store.base import StoreBase
-from tether.store.engine import db_now
+from tether.store.clock import db_now
 from tether.store.schema import runs, workers
 from tether.store.statements import add_event
 from tether.store.transitions import state_in

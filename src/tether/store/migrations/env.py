@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from tether.store.engine import create_db_engine
+from tether.store.connect import create_db_engine
 from tether.store.schema import metadata
 
 config = context.config

@@ -1,8 +1,9 @@
-"""The SQLAlchemy engine for a ``TETHER_DATABASE_URL``, with each backend's dialect hooks.
+"""Connecting: the SQLAlchemy engine for a ``TETHER_DATABASE_URL``, set up per backend.
 
 SQLite: WAL, ``synchronous=FULL``, a busy timeout, and every transaction opened with
 ``BEGIN IMMEDIATE`` so two writers serialise at BEGIN instead of failing at COMMIT.
-PostgreSQL: psycopg 3, ``synchronous_commit=on``. ``db_now()`` is the one clock.
+PostgreSQL: psycopg 3, ``synchronous_commit=on`` (the driver is loaded by SQLAlchemy only
+for a PostgreSQL URL). The database's clock is ``clock.db_now()``.
 """
 
 from __future__ import annotations
@@ -12,29 +13,9 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.functions import FunctionElement
 
 from tether.errors import ConfigError
 from tether.store.faults import track_commits
-
-
-class db_now(FunctionElement[float]):
-    """The database's current time in epoch seconds (invariant 11: one clock)."""
-
-    type = sa.Float()
-    inherit_cache = True
-
-
-@compiles(db_now, "postgresql")
-def _now_pg(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
-    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
-
-
-@compiles(db_now, "sqlite")
-def _now_sqlite(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
-    return "((julianday('now') - 2440587.5) * 86400.0)"
 
 
 def normalize_url(url: str) -> str:
@@ -51,7 +32,7 @@ def normalize_url(url: str) -> str:
 
 
 def create_db_engine(url: str) -> Engine:
-    """An engine for ``url`` with the dialect hooks of its backend installed."""
+    """An engine for ``url`` with its backend's connection and transaction set-up."""
     url = normalize_url(url)
     if url.startswith("sqlite"):
         engine = _sqlite_engine(url)

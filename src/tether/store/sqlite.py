@@ -1,5 +1,6 @@
-"""SQLite's dialect hook for the step writes: the same statements, sent to the driver's
-cursor directly.
+"""SQLite's dialect: writers serialise at ``BEGIN IMMEDIATE``, so claims need no row locks
+(the portable ``Dialect``'s claims), workers poll, and the step writes are the same
+statements as everywhere, sent to the driver's cursor directly.
 
 On SQLite a statement is a function call, not a round trip, so what a step write costs
 beyond its COMMIT is the work around each statement. SQLAlchemy's execution layer (the
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite
@@ -24,6 +25,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from tether.errors import LeaseLost
+from tether.store.dialect import Dialect
 from tether.store.statements import (
     INSERT_DONE,
     INSERT_EVENT,
@@ -88,44 +90,53 @@ def _event(cursor: Any, run_id: str, kind: str, data: dict[str, Any]) -> None:
     cursor.execute(_EVENT.sql, _EVENT.args({"run_id": run_id, "kind": kind, "data": data}))
 
 
-def write_turn(
-    conn: Connection,
-    params: dict[str, Any],
-    *,
-    final: bool,
-    messages: list[dict[str, Any]],
-    intents: list[dict[str, Any]],
-    events: list[tuple[str, dict[str, Any]]],
-) -> None:
-    """The fenced counters, the turn's messages from ``b_seq``, its ledger entries (an
-    intent, or an outcome when ``done``), its events."""
-    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    run_id, seq = params["b_id"], params["b_seq"]
-    _fenced(cursor, _TURN[final], params)
-    rows = [{"run_id": run_id, "seq": seq + i, "message": m} for i, m in enumerate(messages)]
-    cursor.executemany(_MESSAGE.sql, [_MESSAGE.args(row) for row in rows])
-    for intent in intents:
-        insert = _DONE if intent["done"] else _INTENT
-        cursor.execute(insert.sql, insert.args({**intent, "run_id": run_id, "seq": seq}))
-    for kind, data in events:
-        _event(cursor, run_id, kind, data)
+class SqliteDialect(Dialect):
+    """SQLite: the portable claims, no notifications, the step writes on the cursor."""
 
+    name: ClassVar[str] = "sqlite"
 
-def write_result(
-    conn: Connection,
-    params: dict[str, Any],
-    *,
-    traced: bool,
-    message: dict[str, Any],
-    event: dict[str, Any],
-) -> None:
-    """The fenced counters, the result message at ``b_seq``, its ledger outcome, and its
-    event if ``traced``."""
-    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    run_id = params["b_id"]
-    _fenced(cursor, _RESULT, params)
-    row = {"run_id": run_id, "seq": params["b_seq"], "message": message}
-    cursor.execute(_MESSAGE.sql, _MESSAGE.args(row))
-    cursor.execute(_OUTCOME.sql, _OUTCOME.args(params))
-    if traced:
-        _event(cursor, run_id, "tool_result", event)
+    def insert_new(self, table: sa.Table) -> sa.Insert:
+        return sqlite.insert(table).on_conflict_do_nothing()
+
+    def write_turn(
+        self,
+        conn: Connection,
+        params: dict[str, Any],
+        *,
+        final: bool,
+        messages: list[dict[str, Any]],
+        intents: list[dict[str, Any]],
+        events: list[tuple[str, dict[str, Any]]],
+    ) -> None:
+        """The fenced counters, the turn's messages from ``b_seq``, its ledger entries (an
+        intent, or an outcome when ``done``), its events."""
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        run_id, seq = params["b_id"], params["b_seq"]
+        _fenced(cursor, _TURN[final], params)
+        rows = [{"run_id": run_id, "seq": seq + i, "message": m} for i, m in enumerate(messages)]
+        cursor.executemany(_MESSAGE.sql, [_MESSAGE.args(row) for row in rows])
+        for intent in intents:
+            insert = _DONE if intent["done"] else _INTENT
+            cursor.execute(insert.sql, insert.args({**intent, "run_id": run_id, "seq": seq}))
+        for kind, data in events:
+            _event(cursor, run_id, kind, data)
+
+    def write_result(
+        self,
+        conn: Connection,
+        params: dict[str, Any],
+        *,
+        traced: bool,
+        message: dict[str, Any],
+        event: dict[str, Any],
+    ) -> None:
+        """The fenced counters, the result message at ``b_seq``, its ledger outcome, and its
+        event if ``traced``."""
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        run_id = params["b_id"]
+        _fenced(cursor, _RESULT, params)
+        row = {"run_id": run_id, "seq": params["b_seq"], "message": message}
+        cursor.execute(_MESSAGE.sql, _MESSAGE.args(row))
+        cursor.execute(_OUTCOME.sql, _OUTCOME.args(params))
+        if traced:
+            _event(cursor, run_id, "tool_result", event)

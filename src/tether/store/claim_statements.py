@@ -1,0 +1,82 @@
+"""The claims' conditions and transitions, built once at import: a ready run's, a
+suspension's and an orphan's.
+
+``claims.py`` runs them; each dialect sends the claims of suspensions and orphans its
+own way (``Dialect.claim_suspension`` / ``Dialect.claim_orphans``): as the statement
+sequences of ``dialect.py``, or, on PostgreSQL, as one statement each built from these
+same transitions (``postgres.py``), so the conditions are written once for both backends.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import sqlalchemy as sa
+
+from tether.runs import FailReason, RunState
+from tether.store.clock import db_now
+from tether.store.schema import runs
+from tether.store.served import SERVED
+from tether.store.transitions import Transition, state_in
+
+RUNNING = RunState.RUNNING
+ID = runs.c.id == sa.bindparam("b_id")
+# What every claim sets: the new owner, a new lease epoch, a fresh heartbeat.
+CLAIMED: dict[str, Any] = {
+    "owner": sa.bindparam("b_owner"),
+    "lease_epoch": runs.c.lease_epoch + 1,
+    "heartbeat_at": db_now(),
+    "updated_at": db_now(),
+    "ready_at": None,
+}
+
+# Waiting for a worker: running, no owner (the ready-runs partial index's predicate, so
+# the index serves the pick), and not held back by a delay, judged by the DB clock.
+_NOT_DELAYED = sa.or_(runs.c.ready_at.is_(None), runs.c.ready_at <= db_now())
+READY_CANDIDATE = (
+    sa.select(runs.c.id)
+    .where(state_in([RUNNING]), runs.c.owner.is_(None), _NOT_DELAYED, SERVED)
+    .order_by(runs.c.updated_at)
+    .limit(1)
+)
+CLAIM_READY = Transition(
+    RUNNING, RUNNING, ID, runs.c.owner.is_(None), _NOT_DELAYED, SERVED, **CLAIMED
+)
+
+# A suspension, by its token, while its window is open by the database's clock.
+_TOKEN = runs.c.pending_token_hash == sa.bindparam("b_token_hash")
+CLAIM_SUSPENDED = Transition(
+    RunState.SUSPENDED, RUNNING, ID, _TOKEN, runs.c.expires_at > db_now(), SERVED, **CLAIMED
+)
+
+# No pass start to stay before: the largest float (finite, so it renders in any plan).
+NO_CUTOFF = sys.float_info.max
+# An orphan: running under an owner whose heartbeat is older than ``b_stale`` seconds,
+# and older than ``b_before`` (the start of the reaper's pass: a run it claimed has a
+# fresh heartbeat, so one pass never takes a run twice). The claim re-checks both, so a
+# run whose owner came back (or that another reaper took) meanwhile is left alone.
+STALE = sa.and_(
+    runs.c.owner.is_not(None),
+    runs.c.heartbeat_at < db_now() - sa.bindparam("b_stale", type_=sa.Float),
+    runs.c.heartbeat_at < sa.bindparam("b_before", value=NO_CUTOFF, type_=sa.Float),
+    SERVED,
+)
+ORPHANS = (
+    sa.select(runs.c.id)
+    .where(state_in([RUNNING]), STALE)
+    .order_by(runs.c.heartbeat_at)
+    .limit(sa.bindparam("b_batch", type_=sa.Integer))
+)
+# Within its recovery attempts (``b_max``) an orphan is recovered, past them it fails.
+WITHIN = runs.c.recovery_attempts < sa.bindparam("b_max")
+PAST = runs.c.recovery_attempts >= sa.bindparam("b_max")
+RECOVERED: dict[str, Any] = {**CLAIMED, "recovery_attempts": runs.c.recovery_attempts + 1}
+EXHAUSTED: dict[str, Any] = {
+    "returning": (runs.c.id, runs.c.recovery_attempts),
+    "fail_reason": FailReason.RECOVERY_EXHAUSTED.value,
+    "owner": None,
+    "updated_at": db_now(),
+}
+RECOVER = Transition(RUNNING, RUNNING, ID, STALE, WITHIN, **RECOVERED)
+EXHAUST = Transition(RUNNING, RunState.FAILED, ID, STALE, PAST, **EXHAUSTED)
