@@ -77,7 +77,7 @@ async def move_run(
             "migration with the agent of that version (--agent), so its tools can be checked"
         )
     moved = await hop(
-        services.store.migrate_run,
+        services.store.move_run,
         run_id=inputs.run_id(run_id),
         to_version=to_version,
         tools=[tool.name for tool in services.agent.tools],

@@ -1,6 +1,6 @@
 """Agent versions in the store (reference §12): the registry of live workers and the versions
 they serve, the runs stranded on a version none of them serves, and the deliberate move
-of a run to another version (``migrate_run``).
+of a run to another version (``move_run``).
 
 A worker's rows carry its heartbeat on the database's clock (invariant 11); a version is
 served while one of its rows is fresher than the heartbeat timeout. A worker that stops
@@ -54,7 +54,7 @@ _RUN = sa.select(runs).where(runs.c.id == sa.bindparam("b_id"))
 
 @dataclass(frozen=True, kw_only=True)
 class Migration:
-    """What ``migrate_run`` found: the run as moved (``run``), or why it was not moved
+    """What ``move_run`` found: the run as moved (``run``), or why it was not moved
     (``refused``: ``not_found``, ``already_finished``, ``busy``, ``same_version``,
     ``tool_unavailable``) with the run as it stands."""
 
@@ -111,7 +111,7 @@ class Versions(StoreBase):
         with self.engine.connect() as conn:
             return int(conn.execute(_COUNT_STRANDED, {"b_stale": stale_after_s}).scalar() or 0)
 
-    def migrate_run(
+    def move_run(
         self,
         *,
         run_id: str,
