@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 
 import kit
 import pytest
 from alembic import command
+from waiting import run_sync
 
 from tether.store import SchemaStatus, Store, schema_status
 from tether.store.migrate import alembic_config
@@ -48,7 +48,7 @@ def test_approve_takes_a_reason_and_edited_arguments_with_the_digest_of_their_pr
     first = engine.sync.ask("dana", "send").run_id
     second = engine.sync.ask("dana", "send").run_id
     token, other = notifier.last(first).token, notifier.last(second).token
-    shown = asyncio.run(engine.preview_approval(token, "dana", {"item": "c"}))
+    shown = run_sync(engine.preview_approval(token, "dana", {"item": "c"}))
     engine.close()
     env = kit.tether_env(db_url)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import kit
 import pytest
+from waiting import poll_until
 
 from tether.runs import Run
 from tether.store import Store
@@ -67,7 +68,7 @@ def drive(url: str, run_id: str, failpoints: list[str], receiver: kit.NoticeRece
             elif run.state.value == "suspended":
                 # The notice was lost (the process died before sending it): the reaper
                 # re-issues it with a fresh token once the suspension is stale.
-                kit.poll_until(
+                poll_until(
                     functools.partial(_older_than, store, run.suspended_at or 0, 0.35),
                     what="an old unnotified suspension",
                 )
@@ -75,7 +76,7 @@ def drive(url: str, run_id: str, failpoints: list[str], receiver: kit.NoticeRece
             elif run.owner is None:
                 args = ["worker", "--exit-when-idle", "--no-reap"]
             else:
-                kit.poll_until(functools.partial(_stale, store, run), what="a stale heartbeat")
+                poll_until(functools.partial(_stale, store, run), what="a stale heartbeat")
                 args = ["reap"]
             proc = kit.tether(*args, env=env)
             seen.processes.append(f"{args[0]}:{proc.returncode}")
@@ -223,7 +224,7 @@ def test_two_reapers_at_once_recover_each_orphan_once(db_url: str) -> None:
         )
         assert crashed.returncode == 137, crashed.stderr[-2000:]
     store = Store(db_url)
-    kit.poll_until(lambda: all(_stale(store, store.get_run(i)) for i in ids))  # type: ignore[arg-type]
+    poll_until(lambda: all(_stale(store, store.get_run(i)) for i in ids))  # type: ignore[arg-type]
     reap_env = kit.tether_env(db_url)
     reapers = [
         subprocess.Popen(
@@ -275,9 +276,9 @@ def test_a_paused_worker_cannot_write_after_the_reaper_took_its_run(db_url: str)
         )
         try:
             working = Path(os.environ["KIT_EFFECTS_DB"] + ".working")
-            kit.poll_until(working.exists, what="the first tool at work")
+            poll_until(working.exists, what="the first tool at work")
             worker.send_signal(signal.SIGSTOP)
-            kit.poll_until(lambda: _stale(store, run), what="a stale heartbeat")
+            poll_until(lambda: _stale(store, run), what="a stale heartbeat")
             epoch_before = store.get_run(run.id).lease_epoch  # type: ignore[union-attr]
             reap = kit.tether("reap", env=env)
             assert reap.returncode == 0, reap.stderr

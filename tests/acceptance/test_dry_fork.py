@@ -6,7 +6,6 @@ never reconciles, and that no process ever runs."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 import kit
 from demo_procs import DANA, QUESTION, cli, demo_env, free_port, henderson, process, stopped
+from waiting import poll_until, run_sync
 
 from tether.runs import Run
 from tether.store import CallStatus, Store
@@ -44,7 +44,7 @@ def test_a_dry_run_fork_of_the_demo_run_drafts_and_sends_nothing(
         created = httpx.post(f"{base}/v1/runs", headers=DANA, json={"question": QUESTION})
         assert created.status_code == 202, created.text
         parent = created.json()["id"]
-        waiting = kit.poll_until(lambda: stopped(base, parent), timeout=60, what="the send")
+        waiting = poll_until(lambda: stopped(base, parent), timeout=60, what="the send")
         assert waiting["state"] == "suspended" and waiting["pending"]["tool"] == "send_quote"
         before = henderson(crm)
         assert before == (1, 0)
@@ -56,7 +56,7 @@ def test_a_dry_run_fork_of_the_demo_run_drafts_and_sends_nothing(
             go = httpx.post(f"{base}/v1/runs/{fork['id']}/continue", headers=DANA, json={})
             assert go.status_code == 200, go.text
         ended = [
-            kit.poll_until(functools.partial(stopped, base, f["id"]), timeout=60, what="a fork")
+            poll_until(functools.partial(stopped, base, f["id"]), timeout=60, what="a fork")
             for f in forks
         ]
         assert [run["state"] for run in ended] == ["answered", "answered"]
@@ -88,7 +88,7 @@ def test_a_dry_write_left_at_after_intent_by_a_killed_worker_is_skipped_never_ru
         return await engine.continue_run(fork.id, "dana")
 
     try:
-        fork = asyncio.run(forked())
+        fork = run_sync(forked())
     finally:
         engine.close()
     assert len(kit.effects()) == 1
@@ -99,7 +99,7 @@ def test_a_dry_write_left_at_after_intent_by_a_killed_worker_is_skipped_never_ru
     store = Store(db_url)
     try:
         assert [e.status for e in store.ledger(fork.id)][-1] is CallStatus.INTENT
-        kit.poll_until(lambda: _stale(store, fork.id), what="a stale heartbeat")
+        poll_until(lambda: _stale(store, fork.id), what="a stale heartbeat")
         reaped = kit.tether("reap", env=env)
         assert reaped.returncode == 0, reaped.stderr[-3000:]
         assert [e.status for e in store.ledger(fork.id)][-1] is CallStatus.SKIPPED

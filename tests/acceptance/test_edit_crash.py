@@ -5,11 +5,11 @@ one key, and the model's original arguments never run."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import kit
 import pytest
+from waiting import poll_until, run_sync
 
 from tether import MemoryNotifier, StopKind
 from tether.store import Store
@@ -26,7 +26,7 @@ def test_a_crash_in_an_edited_approval_recovers_and_runs_the_edited_call_once(
     engine = kit.engine(db_url, script_name="send", notifier=notifier)
     run_id = engine.sync.ask("dana", "send b").run_id
     token = notifier.last(run_id).token
-    shown = asyncio.run(engine.preview_approval(token, "dana", {"item": "c"}))
+    shown = run_sync(engine.preview_approval(token, "dana", {"item": "c"}))
     engine.close()
     edit = ("--arguments", '{"item": "c"}', "--digest", str(shown.digest))
 
@@ -44,7 +44,7 @@ def test_a_crash_in_an_edited_approval_recovers_and_runs_the_edited_call_once(
             assert run is not None and run.heartbeat_at is not None
             return store.now() - run.heartbeat_at > 0.35
 
-        kit.poll_until(stale, what="the crashed approval's lease to go stale")
+        poll_until(stale, what="the crashed approval's lease to go stale")
         reaped = kit.tether("reap", env=kit.tether_env(db_url))
         assert reaped.returncode == 0, reaped.stderr
         recovered = store.get_run(run_id)
@@ -56,7 +56,7 @@ def test_a_crash_in_an_edited_approval_recovers_and_runs_the_edited_call_once(
     try:
         assert finisher.sync.run_until_stop(run_id).kind is StopKind.ANSWERED
         view = finisher.sync.get_run(run_id)
-        ledger = asyncio.run(finisher.ledger(run_id))
+        ledger = run_sync(finisher.ledger(run_id))
     finally:
         finisher.close()
     call_id = ledger[0].tool_call_id

@@ -14,7 +14,6 @@ faults' own durations.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import errno
 import json
@@ -26,25 +25,25 @@ import sqlite3
 import subprocess
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import kit
 import pgcluster
 import psycopg
 import pytest
+from waiting import poll_until, run_sync
 
 from tether import Engine
 from tether.store import Store, upgrade
 from tether.store.users import add_user
 
 AGENT = "kit:fault_agent"
-T = TypeVar("T")
 TERMINATE = (
     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
     " WHERE datname = %s AND pid <> pg_backend_pid()"
@@ -58,12 +57,6 @@ FAULT_ENV = {
     # for an orphan several times must not be failed ``recovery_exhausted``.
     "TETHER_MAX_RECOVERY_ATTEMPTS": "50",
 }
-
-
-def _sync(work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work`` on a loop of its own (see tests/acceptance/test_workers.py)."""
-    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
-        return runner.run(work)
 
 
 # -- processes -------------------------------------------------------------------------------
@@ -103,7 +96,7 @@ class Procs:
             except httpx.HTTPError:
                 return False
 
-        kit.poll_until(ready, timeout=60, interval=0.2, what="serve to be ready")
+        poll_until(ready, timeout=60, interval=0.2, what="serve to be ready")
         return base
 
     def assert_alive(self) -> None:
@@ -214,7 +207,7 @@ def wait_for_states(
         return runs if all(r["state"] == wanted for r in runs.values()) else None
 
     try:
-        found: dict[str, dict[str, Any]] = kit.poll_until(
+        found: dict[str, dict[str, Any]] = poll_until(
             settled, timeout=timeout, interval=0.25, what=f"every run to be {wanted}"
         )
     except AssertionError as exc:
@@ -305,7 +298,7 @@ def test_dropped_connections_fail_no_run_and_stop_no_process(pg_url: str, tmp_pa
             procs.worker(env, tmp_path / f"worker{i}.log", "--concurrency", "2")
         with api(base, key) as client:
             ids = start_runs(client, [f"script:steps job {i}" for i in range(15)])
-            kit.poll_until(lambda: steps_taken(client, ids) >= 2, timeout=60, what="runs under way")
+            poll_until(lambda: steps_taken(client, ids) >= 2, timeout=60, what="runs under way")
             with ApiWatch(base, key, ids) as watch:
                 killed = drop_connections(pg_url, seconds=8, every=0.5)
                 procs.assert_alive()
@@ -337,13 +330,13 @@ def test_a_database_restart_fails_no_run_and_stops_no_process(tmp_path: Path) ->
         procs.worker(env, tmp_path / "worker.log", "--concurrency", "3")
         with api(base, key) as client:
             ids = start_runs(client, [f"script:steps job {i}" for i in range(10)])
-            kit.poll_until(lambda: steps_taken(client, ids) >= 2, timeout=60, what="runs under way")
+            poll_until(lambda: steps_taken(client, ids) >= 2, timeout=60, what="runs under way")
             with ApiWatch(base, key, ids) as watch:
                 cluster.stop("fast")
                 down = readyz_while(base, DOWN_S)
                 cluster.start()
                 procs.assert_alive()
-                kit.poll_until(
+                poll_until(
                     lambda: _readyz(base) == 200, timeout=60, what="/readyz 200 after restart"
                 )
                 wait_for_states(client, ids, "answered", timeout=90, procs=procs)
@@ -414,8 +407,8 @@ def test_a_hung_webhook_delays_no_run(sqlite_url: str, tmp_path: Path) -> None:
     hook = HungHook()
     engine = kit.fault_engine(sqlite_url)
     try:
-        suspending = [_sync(engine.start_run("dana", f"script:send {i}")).id for i in range(10)]
-        plain = [_sync(engine.start_run("dana", f"script:work {i}")).id for i in range(10)]
+        suspending = [run_sync(engine.start_run("dana", f"script:send {i}")).id for i in range(10)]
+        plain = [run_sync(engine.start_run("dana", f"script:work {i}")).id for i in range(10)]
         env = kit.tether_env(
             sqlite_url,
             TETHER_WEBHOOK_URL=hook.url,
@@ -426,20 +419,20 @@ def test_a_hung_webhook_delays_no_run(sqlite_url: str, tmp_path: Path) -> None:
             procs.worker(env, tmp_path / "worker.log", "--concurrency", "4")
 
             def where() -> dict[str, int]:
-                runs = [_sync(engine.get_run(i)).run for i in suspending + plain]
+                runs = [run_sync(engine.get_run(i)).run for i in suspending + plain]
                 return dict(collections.Counter(r.state.value for r in runs if r is not None))
 
             expected = {"suspended": len(suspending), "answered": len(plain)}
             try:
-                kit.poll_until(lambda: where() == expected, timeout=20, interval=0.2)
+                poll_until(lambda: where() == expected, timeout=20, interval=0.2)
             except AssertionError as exc:
                 raise AssertionError(
                     f"within 20 s: {where()}, expected {expected}\n{procs.logs()[-3000:]}"
                 ) from exc
             for run_id in plain:
-                run = _sync(engine.get_run(run_id)).run
+                run = run_sync(engine.get_run(run_id)).run
                 assert run is not None and run.state.value == "answered"
-            kit.poll_until(lambda: hook.accepted, timeout=30, what="a notice to reach the hook")
+            poll_until(lambda: hook.accepted, timeout=30, what="a notice to reach the hook")
             procs.assert_alive()
     finally:
         engine.close()
@@ -477,7 +470,7 @@ def approval_storm(pg_url: str, tmp_path: Path, *, tool: str, runs: int, approve
         base = procs.serve(env, tmp_path / "serve.log")
         with api(base, key) as client:
             ids = start_runs(client, [f"script:{tool} storm {i}" for i in range(runs)])
-            kit.poll_until(
+            poll_until(
                 lambda: {n["run_id"] for n in receiver.notices} >= set(ids),
                 timeout=60,
                 what="every run's notice",
@@ -539,12 +532,12 @@ LOCK_S = 5.0
 
 
 def _states(engine: Engine, ids: list[str]) -> dict[str, int]:
-    runs = [_sync(engine.get_run(i)).run for i in ids]
+    runs = [run_sync(engine.get_run(i)).run for i in ids]
     return dict(collections.Counter(r.state.value for r in runs if r is not None))
 
 
 def _steps(engine: Engine, ids: list[str]) -> int:
-    runs = [_sync(engine.get_run(i)).run for i in ids]
+    runs = [run_sync(engine.get_run(i)).run for i in ids]
     return max((r.budget.steps for r in runs if r is not None), default=0)
 
 
@@ -555,7 +548,7 @@ def _all_answered(engine: Engine, ids: list[str], procs: Procs, timeout: float) 
         return states == {"answered": len(ids)}
 
     try:
-        kit.poll_until(done, timeout=timeout, interval=0.25)
+        poll_until(done, timeout=timeout, interval=0.25)
     except AssertionError as exc:
         if "timed out" not in str(exc):
             raise
@@ -569,11 +562,11 @@ def test_a_locked_sqlite_database_fails_no_run(sqlite_url: str, tmp_path: Path) 
     path = sqlite_url.removeprefix("sqlite:///")
     engine = kit.fault_engine(sqlite_url)
     try:
-        ids = [_sync(engine.start_run("dana", f"script:steps job {i}")).id for i in range(10)]
+        ids = [run_sync(engine.start_run("dana", f"script:steps job {i}")).id for i in range(10)]
         env = kit.tether_env(sqlite_url, **FAULT_ENV)
         with Procs() as procs:
             procs.worker(env, tmp_path / "worker.log", "--concurrency", "4")
-            kit.poll_until(lambda: _steps(engine, ids) >= 2, timeout=60, what="runs under way")
+            poll_until(lambda: _steps(engine, ids) >= 2, timeout=60, what="runs under way")
             holder = sqlite3.connect(path, isolation_level=None, timeout=30)
             try:
                 holder.execute("BEGIN IMMEDIATE")  # another process's write transaction
@@ -636,10 +629,10 @@ def test_a_full_disk_stops_no_sqlite_worker(sqlite_url: str, tmp_path: Path) -> 
         engine = kit.fault_engine(url)
         stack.callback(engine.close)
         procs = stack.enter_context(Procs())
-        ids = [_sync(engine.start_run("dana", f"script:steps job {i}")).id for i in range(10)]
+        ids = [run_sync(engine.start_run("dana", f"script:steps job {i}")).id for i in range(10)]
         env = kit.tether_env(url, **FAULT_ENV)
         procs.worker(env, tmp_path / "worker.log", "--concurrency", "4")
-        kit.poll_until(lambda: _steps(engine, ids) >= 2, timeout=60, what="runs under way")
+        poll_until(lambda: _steps(engine, ids) >= 2, timeout=60, what="runs under way")
         filler = disk / "filler"
         written = fill(filler)
         try:
@@ -667,7 +660,7 @@ def test_a_slow_plain_function_tool_is_never_taken_for_an_orphan(
     and the other worker recover the run, running the read again."""
     engine = kit.fault_engine(pg_url)
     try:
-        ids = [_sync(engine.start_run("dana", f"script:slow {i}")).id for i in range(2)]
+        ids = [run_sync(engine.start_run("dana", f"script:slow {i}")).id for i in range(2)]
         env = kit.tether_env(
             pg_url, TETHER_HEARTBEAT_TIMEOUT_S="1.5", TETHER_REAPER_INTERVAL_S="0.5"
         )
@@ -680,9 +673,9 @@ def test_a_slow_plain_function_tool_is_never_taken_for_an_orphan(
         assert sorted(k.split(":")[0] for k in naps) == sorted(ids), naps
         assert set(naps.values()) == {1}, f"a read ran again: {naps}"
         for run_id in ids:
-            kinds = [e.kind for e in _sync(engine.events(run_id))]
+            kinds = [e.kind for e in run_sync(engine.events(run_id))]
             assert "recovering" not in kinds, kinds
-            run = _sync(engine.get_run(run_id)).run
+            run = run_sync(engine.get_run(run_id)).run
             assert run is not None and run.recovery_attempts == 0
     finally:
         engine.close()

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import kit
 from demo_procs import DANA, QUESTION, cli, demo_env, henderson, serving, stopped
+from waiting import poll_until
 
 from tether import StopKind
 from tether.sandbox import RunningSandbox
@@ -52,7 +53,7 @@ def test_a_fork_just_after_the_draft_continues_to_the_send_without_drafting_agai
         created = httpx.post(f"{base}/v1/runs", headers=DANA, json={"question": QUESTION})
         assert created.status_code == 202, created.text
         parent_id = created.json()["id"]
-        parent = kit.poll_until(lambda: stopped(base, parent_id), timeout=60, what="the send")
+        parent = poll_until(lambda: stopped(base, parent_id), timeout=60, what="the send")
         assert parent["state"] == "suspended" and parent["pending"]["tool"] == "send_quote"
         assert henderson(crm) == (1, 0)
         [drafted] = drafts(parent["messages"])
@@ -76,7 +77,7 @@ def test_a_fork_just_after_the_draft_continues_to_the_send_without_drafting_agai
 
         continued = cli(env, "continue", fork["id"])
         assert continued["state"] == "running"
-        after = kit.poll_until(lambda: stopped(base, fork["id"]), timeout=60, what="the fork")
+        after = poll_until(lambda: stopped(base, fork["id"]), timeout=60, what="the fork")
 
     # The fork went on from the copied draft to the send of that same quote.
     assert after["state"] == "suspended", after

@@ -17,6 +17,7 @@ import kit
 import mcp_agent
 import mcp_server
 import pytest
+from waiting import poll_until
 
 from tether import Engine, ScriptedModel
 from tether.config import Settings
@@ -99,7 +100,7 @@ def _stale(store: Store, run_id: str) -> bool:
 def _recover(store: Store, run_id: str, env: dict[str, str]) -> tuple[Run | None, list[Message]]:
     """Once the dead owner's heartbeat is stale: ``tether reap`` recovers the run (it
     reconciles the write) and a worker finishes it; the run and its messages then."""
-    kit.poll_until(lambda: _stale(store, run_id), what="a stale heartbeat")
+    poll_until(lambda: _stale(store, run_id), what="a stale heartbeat")
     reaped = tether("reap", env=env)
     assert reaped.returncode == 0, reaped.stderr[-3000:]
     assert run_id in json.loads(reaped.stdout)["recovered"]

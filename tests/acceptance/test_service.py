@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import kit
 import pytest
+from waiting import poll_until
 
 from tether.store import Store
 from tether.store.users import add_user
@@ -66,7 +67,7 @@ def serving(url: str, log: Path, **env: str) -> Iterator[Service]:
         )  # fmt: skip
     service = Service(proc=proc, base=f"http://127.0.0.1:{port}", log=log)
     try:
-        kit.poll_until(lambda: _ready(service), timeout=30, what="serve to be ready")
+        poll_until(lambda: _ready(service), timeout=30, what="serve to be ready")
         yield service
     finally:
         if proc.poll() is None:
@@ -115,7 +116,7 @@ def test_a_run_is_suspended_announced_approved_and_answered_over_http_then_serve
         assert response.status_code == 202, response.text
         run_id = response.json()["id"]
 
-        kit.poll_until(
+        poll_until(
             lambda: any(n["run_id"] == run_id for n in receiver.notices),
             what="the suspension notice on the webhook",
         )
@@ -137,7 +138,7 @@ def test_a_run_is_suspended_announced_approved_and_answered_over_http_then_serve
         assert response.status_code == 200, response.text
         assert response.json()["outcome"] == "executed"
 
-        done = kit.poll_until(
+        done = poll_until(
             lambda: (r := get_run(client, run_id))["state"] == "answered" and r,
             what="the run to be answered",
         )
@@ -171,7 +172,7 @@ def test_serve_migrates_an_empty_database_and_takes_runs(empty_url: str, tmp_pat
             response = client.post("/v1/runs", json={"question": "what is six times seven?"})
             assert response.status_code == 202, response.text
             run_id = response.json()["id"]
-            done = kit.poll_until(
+            done = poll_until(
                 lambda: (r := get_run(client, run_id))["state"] == "answered" and r,
                 what="the run to be answered",
             )

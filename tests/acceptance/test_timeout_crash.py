@@ -20,6 +20,7 @@ from typing import Any
 
 import kit
 import pytest
+from waiting import poll_until
 
 from tether import Agent, Engine, Reconciled, ScriptedModel, Settings, ToolContext, tool
 from tether.store import CallStatus, Store
@@ -96,7 +97,7 @@ def test_a_crash_while_a_timed_out_write_is_reconciled_recovers_without_a_second
         # It took effect once; nothing of what reconciling learnt was stored.
         assert [tool for _, tool, _ in kit.effects()] == [tool_name]
         assert [e.status for e in store.ledger(run.id)] == [CallStatus.INTENT]
-        kit.poll_until(lambda: _stale(store, run.id), what="a stale heartbeat")
+        poll_until(lambda: _stale(store, run.id), what="a stale heartbeat")
         reap = _tether("reap", env=plain)
         assert reap.returncode == 0, reap.stderr[-3000:]
         assert json.loads(reap.stdout)["recovered"] == [run.id]

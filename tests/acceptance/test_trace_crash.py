@@ -19,6 +19,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from waiting import poll_until
 
 from tether import Engine, ScriptedModel
 from tether.config import Settings
@@ -86,7 +87,7 @@ def test_the_spans_of_a_crashed_worker_and_its_recovery_share_the_run_trace(db_u
                 env=_env(db_url, receiver, "crashed", **failpoint),
             )
             assert crashed.returncode == 137, crashed.stderr[-3000:]
-            kit.poll_until(functools.partial(_stale, store, run.id), what="a stale heartbeat")
+            poll_until(functools.partial(_stale, store, run.id), what="a stale heartbeat")
             reaped = _tether("reap", env=_env(db_url, receiver, "reaper"))
             assert reaped.returncode == 0, reaped.stderr[-3000:]
             finished = _tether(

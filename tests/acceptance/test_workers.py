@@ -3,40 +3,28 @@ one of them, and hand runs over on SIGTERM without waiting for the heartbeat tim
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import signal
 import subprocess
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
 
 import kit
+from waiting import poll_until, run_sync
 
 from tether import Engine, Run
 from tether.store import Event
 
-T = TypeVar("T")
-
-
-def _sync(work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work`` on a loop of its own without touching the current-loop slot, which
-    ``asyncio.run`` clears (pytest-asyncio < 1.4 then leaks the loop it left there after
-    an async test: pytest-dev/pytest-asyncio#724)."""
-    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
-        return runner.run(work)
-
 
 def _states(engine: Engine) -> dict[str, int]:
-    return {state: n for state, n in _sync(engine.counts_by_state()).items() if n}
+    return {state: n for state, n in run_sync(engine.counts_by_state()).items() if n}
 
 
 def _run(engine: Engine, run_id: str) -> Run | None:
-    return _sync(engine.get_run(run_id)).run
+    return run_sync(engine.get_run(run_id)).run
 
 
 def _events(engine: Engine, run_id: str) -> list[Event]:
-    return _sync(engine.events(run_id))
+    return run_sync(engine.events(run_id))
 
 
 def _stop(procs: list[subprocess.Popen[str]]) -> None:
@@ -49,7 +37,7 @@ def _stop(procs: list[subprocess.Popen[str]]) -> None:
 
 def test_three_workers_carry_200_runs_through_a_sigkill(pg_url: str, tmp_path: Path) -> None:
     engine = kit.engine(pg_url, script_name="work")
-    ids = [_sync(engine.start_run("dana", f"job {i}")).id for i in range(200)]
+    ids = [run_sync(engine.start_run("dana", f"job {i}")).id for i in range(200)]
     env = kit.tether_env(
         pg_url,
         KIT_SCRIPT="work",
@@ -61,10 +49,10 @@ def test_three_workers_carry_200_runs_through_a_sigkill(pg_url: str, tmp_path: P
         for i in range(3)
     ]
     try:
-        kit.poll_until(lambda: _states(engine).get("answered", 0) >= 40, timeout=120)
+        poll_until(lambda: _states(engine).get("answered", 0) >= 40, timeout=120)
         workers[0].send_signal(signal.SIGKILL)
         assert workers[0].wait(timeout=30) == -signal.SIGKILL
-        kit.poll_until(
+        poll_until(
             lambda: _states(engine).get("answered", 0) == 200, timeout=180, what="all 200 answered"
         )
         assert _states(engine) == {"answered": 200}
@@ -80,16 +68,14 @@ def test_sigterm_hands_runs_over_without_waiting_for_staleness(db_url: str, tmp_
     # Long enough that all six runs are in hand at once, whatever the machine's load.
     kit.set_world("lookup_ms", "2000")
     engine = kit.engine(db_url, script_name="work")
-    ids = [_sync(engine.start_run("dana", f"job {i}")).id for i in range(6)]
+    ids = [run_sync(engine.start_run("dana", f"job {i}")).id for i in range(6)]
     # A heartbeat timeout far longer than the test: only a handover can move the runs.
     env = kit.tether_env(db_url, KIT_SCRIPT="work", TETHER_HEARTBEAT_TIMEOUT_S="600")
     first = kit.spawn(
         "worker", "--concurrency", "6", "--no-reap", env=env, log=tmp_path / "first.log"
     )
     try:
-        kit.poll_until(
-            lambda: all((r := _run(engine, i)) and r.owner for i in ids), what="all claimed"
-        )
+        poll_until(lambda: all((r := _run(engine, i)) and r.owner for i in ids), what="all claimed")
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=60) == 0, (tmp_path / "first.log").read_text()[-2000:]
         held = [_run(engine, i) for i in ids]

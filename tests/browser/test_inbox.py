@@ -25,6 +25,7 @@ import pytest
 import uvicorn
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from waiting import poll_until, run_sync
 
 from tether import Agent, Engine, MemoryNotifier, ScriptedModel, StopKind, tool
 from tether.api.app import create_app
@@ -145,7 +146,7 @@ def off_loop(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run an engine coroutine to completion on a thread of its own: Playwright's sync API
     keeps an event loop running on the test's thread."""
     with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result(timeout=60)
+        return pool.submit(lambda: run_sync(make())).result(timeout=60)
 
 
 def _free_port() -> int:
@@ -172,7 +173,7 @@ def _serving(url: str, agent: Agent, model: ScriptedModel) -> Iterator[Served]:
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     try:
-        kit.poll_until(lambda: server.started, timeout=15, what="uvicorn to start")
+        poll_until(lambda: server.started, timeout=15, what="uvicorn to start")
         yield Served(
             engine=engine,
             notifier=notifier,
@@ -286,14 +287,14 @@ def test_sign_in_see_the_request_and_a_double_click_approves_once(
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
     served.posts.pair_next()
     page.mouse.click(x, y)
-    kit.poll_until(lambda: served.posts.arrived == 1, timeout=15, what="the first click")
+    poll_until(lambda: served.posts.arrived == 1, timeout=15, what="the first click")
     page.mouse.click(x, y)
     # The page shows whichever answer came last: the decision, or that it was decided.
     expect(page.locator("section.outcome h1")).to_have_text(
         re.compile("^(Approved|Already decided)$")
     )
     shot(page, "double-click")
-    kit.poll_until(lambda: len(served.posts.statuses) >= 2, timeout=15, what="both POSTs")
+    poll_until(lambda: len(served.posts.statuses) >= 2, timeout=15, what="both POSTs")
     assert sorted(served.posts.statuses) == [200, 409]  # one decision, one already_resumed
     assert [e[1] for e in kit.effects()] == ["send"]
     assert [d["decision"] for d in served.decisions(run_id)] == ["approve"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import kit
 import pytest
 import sqlalchemy as sa
+from waiting import until
 
 from tether import Agent, Engine, MemoryNotifier, Run, Scope, ScriptedModel, StopKind
 from tether.config import Settings
@@ -27,15 +27,7 @@ from tether.worker import Worker
 DEAD = "dead-host:1:0"  # the owner that crashed
 HEARTBEAT_S = 0.3
 HOUR = 3600.0
-
-
-async def until(predicate: Callable[[], Awaitable[Any]], *, timeout: float = 60.0) -> None:
-    """Poll an async ``predicate`` without blocking the event loop; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {predicate}")
-        await asyncio.sleep(0.02)
+WAIT_S = 60.0  # for what a two-core machine under load does slowly
 
 
 def _lookup_turn(store: Store, run: Run) -> None:
@@ -77,7 +69,7 @@ async def orphans(
     async def stale() -> bool:
         return await engine.now() - heartbeat > HEARTBEAT_S * 1.5
 
-    await until(stale)
+    await until(stale, timeout=WAIT_S)
     return ids
 
 
@@ -225,23 +217,25 @@ async def test_while_runs_wait_recoveries_hold_only_their_share_of_the_slots(db_
     share = worker.orphan_share
     running = asyncio.create_task(worker.run())
     try:
-        await until(partial(_entered, gate, 4))
+        await until(partial(_entered, gate, 4), timeout=WAIT_S)
         # Each queued run let through frees a slot; it goes to an orphan until the
         # recoveries hold their share, then to the queue, which keeps the rest.
         for _ in range(8):
             if gate.held["olga"] == share:
                 break
             gate.turns.release()
-            await until(partial(_entered, gate, gate.entered.total() + 1))  # slot refilled
+            await until(
+                partial(_entered, gate, gate.entered.total() + 1), timeout=WAIT_S
+            )  # slot refilled
             assert sum(gate.held.values()) == 4
         assert gate.held["olga"] == share and gate.held["dana"] == 4 - share
         assert gate.most["olga"] == share < worker.concurrency
         # The queue drains: with no run waiting, the recoveries take every slot.
         gate.release_all(len(queued))
-        await until(answered(engine, queued))
-        await until(gate.holding(olga=worker.concurrency))
+        await until(answered(engine, queued), timeout=WAIT_S)
+        await until(gate.holding(olga=worker.concurrency), timeout=WAIT_S)
         gate.opened.set()
-        await until(answered(engine, ids))
+        await until(answered(engine, ids), timeout=WAIT_S)
         assert not worker.restarts  # one pass (an hour's interval)
         assert [recovering(engine, i) for i in ids] == [1] * 10
     finally:
@@ -262,7 +256,7 @@ async def test_stop_ends_a_reaper_pass_after_the_recoveries_in_hand(db_url: str)
     worker = Worker(engine, concurrency=2)
     running = asyncio.create_task(worker.run())
     try:
-        await until(gate.holding(olga=2))
+        await until(gate.holding(olga=2), timeout=WAIT_S)
         worker.stop()
         gate.opened.set()
         await asyncio.wait_for(running, timeout=60)
@@ -295,7 +289,7 @@ async def test_a_pass_takes_an_orphan_at_most_once_even_when_it_goes_stale_again
         async def stale_again() -> bool:
             return await engine.now() - claimed_at > HEARTBEAT_S * 1.5
 
-        await until(stale_again)  # the recovery stalled: its run is an orphan again
+        await until(stale_again, timeout=WAIT_S)  # the recovery stalled: its run is an orphan again
         assert store.claim_orphans(owner="reaper", before=began, **params) == ([], [])
         again, _ = store.claim_orphans(owner="next-pass", **params)  # the next pass may
         assert [(r.id, r.recovery_attempts) for r in again] == [(run_id, 2)]
@@ -329,7 +323,7 @@ async def test_a_batch_claim_counts_attempts_and_fails_the_exhausted(db_url: str
         async def stale() -> bool:
             return await engine.now() - heartbeat > HEARTBEAT_S * 1.5
 
-        await until(stale)
+        await until(stale, timeout=WAIT_S)
         claimed, exhausted = store.claim_orphans(owner="reaper-2", **{**params, "batch": 4})
         _check_batch(store, ids, first, claimed, exhausted)
     finally:

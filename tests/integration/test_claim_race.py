@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import types
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kit
 import pytest
+from waiting import poll_until, run_sync, until
 
 from tether import Engine, MemoryNotifier, StopKind
 from tether.errors import AlreadyResumed, UnknownOrExpired
@@ -23,14 +22,6 @@ from tether.results import ApprovalResult
 from tether.store import Store
 from tether.store.claims import SuspensionClaim
 from tether.tokens import hash_token
-
-
-async def until(predicate: Callable[[], Awaitable[bool]], *, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {predicate}")
-        await asyncio.sleep(0.02)
 
 
 async def suspended(url: str, **settings: Any) -> tuple[str, str]:
@@ -48,7 +39,7 @@ async def suspended(url: str, **settings: Any) -> tuple[str, str]:
 def test_one_of_n_concurrent_store_claims_wins_and_the_rest_read_its_decision(
     db_url: str,
 ) -> None:
-    run_id, token = asyncio.run(suspended(db_url))
+    run_id, token = run_sync(suspended(db_url))
     store = Store(db_url)
     claimers = 12
     barrier = threading.Barrier(claimers)
@@ -172,7 +163,7 @@ async def test_fifty_approvers_in_one_process_send_one_claim(
         # The first claim waits (in its thread) until every other approver waits on it,
         # so that what is counted is the sharing, not the speed of the claim.
         claims.append(kwargs["owner"])
-        kit.poll_until(lambda: inflight.sharing(key) == approvers - 1, timeout=30)
+        poll_until(lambda: inflight.sharing(key) == approvers - 1, timeout=30)
         return claim(**kwargs)
 
     # Bound to the store, as ``hop`` expects of a store method.

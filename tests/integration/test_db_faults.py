@@ -27,6 +27,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from kit import call
+from waiting import poll_until
 
 from conftest import PG_ADMIN_URL
 from tether import Agent, Reconciled, Scope, ScriptedModel, ToolContext, tool
@@ -193,7 +194,7 @@ async def test_runs_finish_while_their_connections_are_killed(pg_url: str) -> No
         assert {o.kind for o in outcomes} <= {StopKind.ANSWERED, StopKind.ABANDONED}
         for run_id in [o.run_id for o in outcomes if o.kind is StopKind.ABANDONED]:
             await asyncio.to_thread(
-                kit.poll_until, functools.partial(_stale, engine, run_id, 1.0), timeout=30
+                poll_until, functools.partial(_stale, engine, run_id, 1.0), timeout=30
             )
         await engine._runner.recover_orphans()
         finals = [await engine.run_until_stop(r.id) for r in runs]
@@ -218,7 +219,7 @@ async def test_a_run_whose_database_stays_away_is_let_go_and_finished_after(
         run = await engine.start_run("dana", "outage")
         carried = asyncio.create_task(engine.run_until_stop(run.id))
         working = Path(os.environ["KIT_EFFECTS_DB"] + ".working")
-        await asyncio.to_thread(kit.poll_until, working.exists, what="the lookup to start")
+        await asyncio.to_thread(poll_until, working.exists, what="the lookup to start")
         _allow_connections(dbname, False)
         try:
             _terminate(dbname)
@@ -233,7 +234,7 @@ async def test_a_run_whose_database_stays_away_is_let_go_and_finished_after(
         reaper = kit.engine(pg_url, script_name="work", heartbeat_timeout_s=0.5)
         try:
             await asyncio.to_thread(
-                kit.poll_until, lambda: _stale(engine, run.id), what="the run to go stale"
+                poll_until, lambda: _stale(engine, run.id), what="the run to go stale"
             )
             recovered = await reaper._runner.recover_orphans()
             assert [o.run_id for o in recovered] == [run.id]
@@ -421,7 +422,7 @@ async def test_a_hung_notifier_holds_up_no_run(db_url: str) -> None:
         answered = await asyncio.wait_for(answering.ask("dana", "answer"), timeout=30)
         assert suspended.kind is StopKind.SUSPENDED
         assert answered.kind is StopKind.ANSWERED
-        await asyncio.to_thread(kit.poll_until, lambda: notifier.sent, what="the notice")
+        await asyncio.to_thread(poll_until, lambda: notifier.sent, what="the notice")
         assert engine._services.outbox.pending == 0  # taken by a sender, which waits
         with engine._store.engine.connect() as conn:
             notified = conn.execute(

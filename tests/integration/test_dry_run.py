@@ -7,14 +7,13 @@ is skipped, never reconciled."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import Any
 
 import kit
 import pytest
 import sqlalchemy as sa
+from waiting import until
 
 from tether import (
     Agent,
@@ -62,11 +61,7 @@ def would(tool_name: str, **arguments: Any) -> dict[str, Any]:
 
 async def recovered(engine: Engine) -> list[Outcome]:
     """Reaper passes until one recovers something (the orphan's heartbeat must go stale)."""
-    deadline = time.monotonic() + 30
-    while not (outcomes := await engine._runner.recover_orphans()):
-        assert time.monotonic() < deadline, "no orphan was recovered"
-        await asyncio.sleep(0.05)
-    return outcomes
+    return await until(engine._runner.recover_orphans, interval=0.05, what="an orphan recovered")
 
 
 async def dry_run_of(engine: Engine, question: str = "go", **limits: Any) -> str:

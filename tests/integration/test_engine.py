@@ -9,6 +9,7 @@ from typing import Any
 import kit
 import pytest
 import sqlalchemy as sa
+from waiting import until
 
 from tether import MemoryNotifier, StopKind
 from tether._runtime.loop import drive
@@ -105,7 +106,7 @@ async def test_a_driver_whose_lease_was_taken_stops_before_it_executes(db_url: s
     stale = engine._store.claim_ready("worker-a", run.id)
     assert stale is not None
     taker = kit.engine(db_url, script_name="write_once", heartbeat_timeout_s=0.001)
-    kit.poll_until(lambda: engine._store.now() - (stale.heartbeat_at or 0) > 0.01)
+    await until(lambda: engine._store.now() - (stale.heartbeat_at or 0) > 0.01)
     recovered = await taker._runner.recover_orphans()
     assert [o.run_id for o in recovered] == [run.id]
 

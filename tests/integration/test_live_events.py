@@ -26,6 +26,7 @@ import kit
 import pytest
 import uvicorn
 from httpx_sse import aconnect_sse
+from waiting import until
 
 from tether import Engine, StopKind
 from tether._runtime.feed import after_seq
@@ -66,9 +67,7 @@ async def serving(url: str, **settings: Any) -> AsyncIterator[Served]:
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:
-        async with asyncio.timeout(DEADLINE_S):
-            while not server.started:
-                await asyncio.sleep(0.02)
+        await until(lambda: server.started, timeout=DEADLINE_S, what="uvicorn to start")
         yield Served(engine=engine, base=f"http://127.0.0.1:{port}")
     finally:
         server.should_exit = True

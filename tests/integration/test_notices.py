@@ -10,6 +10,7 @@ from typing import Any
 
 import kit
 import pytest
+from waiting import until
 
 from tether import StopKind
 from tether.errors import UnknownOrExpired
@@ -94,7 +95,7 @@ async def test_an_undelivered_notice_is_reissued_with_a_fresh_token(db_url: str)
         assert hook.received == []
         run = engine._store.get_run(outcome.run_id)
         assert run is not None
-        kit.poll_until(lambda: engine._store.now() - (run.suspended_at or 0) > 0.1)
+        await until(lambda: engine._store.now() - (run.suspended_at or 0) > 0.1)
         hook.failures = 0
         summary = await engine.reap()
         assert summary.notices_reissued == [outcome.run_id]

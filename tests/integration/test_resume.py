@@ -11,6 +11,7 @@ from typing import Any
 
 import kit
 import pytest
+from waiting import until
 
 from tether import ApprovalResult, Engine, MemoryNotifier, Run, StopKind
 from tether.errors import (
@@ -169,7 +170,7 @@ async def test_tokens_are_unknown_to_strangers_and_to_nobody(db_url: str) -> Non
 async def test_an_expired_suspension_halts_and_its_token_stops_working(db_url: str) -> None:
     engine, run_id, token = await _suspended(db_url, suspension_ttl_min=0.002)
     expires_at = _run(engine, run_id).expires_at or 0
-    kit.poll_until(lambda: engine._store.now() > expires_at)
+    await until(lambda: engine._store.now() > expires_at)
     assert engine._store.open_suspensions(10)[0] == []  # past its window, swept or not
     # The claim checks the window itself, even before the sweep ran.
     with pytest.raises(UnknownOrExpired):
@@ -188,7 +189,7 @@ async def test_an_approval_racing_the_expiry_sweep_is_decided_once(db_url: str) 
         engine, run_id, token = await _suspended(db_url, suspension_ttl_min=0.003)
         try:
             deadline = (_run(engine, run_id).expires_at or 0) - 0.05
-            kit.poll_until(functools.partial(_past, engine._store, deadline))
+            await until(functools.partial(_past, engine._store, deadline))
             approval, expired = await asyncio.gather(
                 engine.resume_after_confirmation(token, "approve", "dana"),
                 engine._runner.expire_suspended(),
@@ -257,7 +258,7 @@ async def test_purge_deletes_old_finished_runs_with_their_rows(db_url: str) -> N
     outcome = await engine.ask("dana", "hi")
     live, _, _ = await _suspended(db_url)
     updated_at = _run(engine, outcome.run_id).updated_at
-    kit.poll_until(lambda: engine._store.now() - updated_at > 0.01)
+    await until(lambda: engine._store.now() - updated_at > 0.01)
     assert await engine._runner.purge_retained() == 1
     with pytest.raises(NotFound):
         await engine.get_run(outcome.run_id)

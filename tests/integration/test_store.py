@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import kit
 import pytest
 import sqlalchemy as sa
+from waiting import poll_until
 
 from tether.budget import Limits
 from tether.errors import IllegalTransition, InvalidInput, LeaseLost
@@ -174,7 +174,7 @@ def test_a_delayed_run_becomes_claimable_by_the_database_clock(store: Store) -> 
     lease = _claimed(store)
     store.release(lease, elapsed_ms=3, delay_s=0.2)
     ready_at = _row(store, lease.run_id)["ready_at"]
-    claimed = kit.poll_until(lambda: store.claim_ready("w2"), what="the delayed run")
+    claimed = poll_until(lambda: store.claim_ready("w2"), what="the delayed run")
     assert isinstance(claimed, Run) and claimed.id == lease.run_id
     assert store.now() >= ready_at
     assert _row(store, lease.run_id)["ready_at"] is None  # cleared by the claim

@@ -11,6 +11,7 @@ from typing import Any
 import kit
 import pytest
 import versioned
+from waiting import until
 
 from tether import Agent, Engine, StopKind
 from tether.errors import (
@@ -86,7 +87,7 @@ async def test_orphans_and_expiries_of_another_version_are_left_alone(db_url: st
         claimed = await old._runner.claim()
         assert claimed is not None and claimed.id == orphan.id
         old._services.heartbeat.stop()  # its owner "dies": the heartbeat goes stale
-        kit.poll_until(lambda: _stale(new, orphan.id), what="a stale heartbeat")
+        await until(lambda: _stale(new, orphan.id), what="a stale heartbeat")
         assert (await new._runner.claim_orphans(10)).claimed == []
         _, any_orphan = await new._runner.orphan_census()
         assert not any_orphan
@@ -94,7 +95,7 @@ async def test_orphans_and_expiries_of_another_version_are_left_alone(db_url: st
         suspended = await waiting.ask("dana", "send it")
         waiting.close()
         assert suspended.kind is StopKind.SUSPENDED
-        kit.poll_until(lambda: _expired(new, suspended.run_id), what="the window to pass")
+        await until(lambda: _expired(new, suspended.run_id), what="the window to pass")
         assert await new._runner.expire_suspended() == []
         assert ((await new.get_run(suspended.run_id)).run).state is RunState.SUSPENDED
         assert suspended.run_id in await old._runner.expire_suspended()

@@ -10,13 +10,12 @@ import gc
 import logging
 import socket
 import threading
-import time
-from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
 import kit
 import pytest
+from waiting import until
 
 from tether import Agent, Engine, MemoryNotifier, Outcome, Run, Scope, ScriptedModel, StopKind
 from tether import worker as worker_module
@@ -29,20 +28,6 @@ from tether.webhook import WebhookNotifier
 from tether.worker import Worker
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-async def until(
-    predicate: Callable[[], Awaitable[Any]], *, timeout: float = 30.0, what: str = ""
-) -> Any:
-    """Poll an async ``predicate`` without blocking the event loop; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.05)
 
 
 async def states(engine: Engine, ids: list[str]) -> list[str]:
@@ -133,7 +118,7 @@ async def test_a_webhook_that_never_answers_does_not_delay_claiming(db_url: str)
         # Due for re-issue once their suspension is older than the heartbeat timeout.
         await until(lambda: _older_than(engine, suspended, 0.6), what="notices due")
         running = asyncio.create_task(worker.run())
-        await until(_async(lambda: silent.accepted), what="the webhook to hang")
+        await until(lambda: silent.accepted, what="the webhook to hang")
         plain = [(await engine.start_run("dana", f"plain {i}")).id for i in range(5)]
         await until(lambda: all_in(engine, plain, "answered"), what="plain runs answered")
         # The re-issued notices went to a webhook that hangs; the plain runs answered anyway.
@@ -153,13 +138,6 @@ async def test_a_webhook_that_never_answers_does_not_delay_claiming(db_url: str)
         silent.close()
         setup.close()
         engine.close()
-
-
-def _async(fn: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
-    async def call() -> Any:
-        return fn()
-
-    return call
 
 
 async def _older_than(engine: Engine, ids: list[str], seconds: float) -> bool:
@@ -197,7 +175,7 @@ async def test_a_reaper_that_raises_is_logged_and_restarted(
     worker = Worker(engine, concurrency=2)
     running = asyncio.create_task(worker.run())
     try:
-        await until(_async(lambda: calls >= 3), what="the reaper to run again after it broke")
+        await until(lambda: calls >= 3, what="the reaper to run again after it broke")
         run = await engine.start_run("dana", "still claiming?")
         await until(lambda: all_in(engine, [run.id], "answered"), what="a run answered")
         assert worker.restarts == {"reaper": 1}
@@ -226,7 +204,7 @@ async def test_a_listener_that_cannot_connect_is_restarted_and_claiming_goes_on(
     worker = Worker(engine, concurrency=2, poll_s=0.1)
     running = asyncio.create_task(worker.run(reap=False))
     try:
-        await until(_async(lambda: worker.restarts["listener"] >= 2), what="listener restarts")
+        await until(lambda: worker.restarts["listener"] >= 2, what="listener restarts")
         run = await engine.start_run("dana", "polled")
         await until(lambda: all_in(engine, [run.id], "answered"), what="a run answered")
         tasks = {getattr(r, "task", None) for r in caplog.records}
@@ -394,7 +372,7 @@ async def test_memory_stays_bounded_over_thousands_of_runs(db_url: str) -> None:
                 await engine.start_run("dana", f"tiny {total + i}")
             total += batch
             await until(partial(_answered, worker, total), timeout=300, what="runs")
-            await until(_async(lambda: not worker._tasks), what="no task left")
+            await until(lambda: not worker._tasks, what="no task left")
             counted.append((_retained(Outcome), _retained(Run)))
     finally:
         worker.stop()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import kit
+from waiting import poll_until
 
 DANA = {"Authorization": "Bearer tether-demo-dana"}
 QUESTION = "Draft and send a quote for Henderson, 200 of SKU-4411"
@@ -57,7 +57,7 @@ def process(args: list[str], env: dict[str, str], log: Path, ready_url: str) -> 
             stderr=subprocess.STDOUT,
         )
     try:
-        kit.poll_until(lambda: _up(proc, ready_url, log), timeout=60, what=" ".join(args))
+        poll_until(lambda: _up(proc, ready_url, log), timeout=60, what=" ".join(args))
         yield
     finally:
         proc.terminate()

@@ -280,21 +280,7 @@ def count_calls(engine: Engine, name: str) -> list[dict[str, Any]]:
     return seen
 
 
-# -- polls, subprocesses, webhooks -----------------------------------------------------------
-
-
-def poll_until(
-    predicate: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.05, what: str = ""
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(interval)
+# -- subprocesses, webhooks -------------------------------------------------------------------
 
 
 def tether_env(url: str, **extra: str) -> dict[str, str]:

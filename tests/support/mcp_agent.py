@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import kit
+from waiting import poll_until
 
 from tether import Agent, ScriptedModel
 from tether.mcp import HttpServer, Override, StdioServer, serving
@@ -57,7 +58,7 @@ def http_server(db: Path | str, log: Path) -> Iterator[tuple[str, subprocess.Pop
         )
     url = f"http://127.0.0.1:{port}/mcp"
     try:
-        kit.poll_until(lambda: proc.poll() is not None or _answers(url), what="the MCP server")
+        poll_until(lambda: proc.poll() is not None or _answers(url), what="the MCP server")
         assert proc.poll() is None, log.read_text()[-3000:]
         yield url, proc
     finally:

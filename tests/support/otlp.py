@@ -30,6 +30,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from waiting import poll_until
 
 from tether import Agent, ScriptedModel, tool
 
@@ -158,7 +159,7 @@ def _own_spans_arrived() -> bool:
 @tool
 def await_export() -> dict[str, Any]:
     """A read that returns once this process's first spans reached the receiver."""
-    kit.poll_until(_own_spans_arrived, timeout=30, what="this process's spans at the receiver")
+    poll_until(_own_spans_arrived, timeout=30, what="this process's spans at the receiver")
     return {"exported": True}
 
 
