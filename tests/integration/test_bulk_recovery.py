@@ -111,7 +111,7 @@ async def test_one_reaper_pass_recovers_every_orphan_through_the_slots(
         finally:
             in_flight["now"] -= 1
 
-    monkeypatch.setattr(engine, "recover", counted)
+    monkeypatch.setattr(engine._runner, "recover", counted)
     worker = Worker(engine, concurrency=2)
     running = asyncio.create_task(worker.run())
     try:

@@ -170,7 +170,7 @@ async def test_a_reaper_that_raises_is_logged_and_restarted(
             raise RuntimeError("the reaper broke")
         return await expire()
 
-    monkeypatch.setattr(engine, "expire_suspended", broken_once)
+    monkeypatch.setattr(engine._runner, "expire_suspended", broken_once)
     caplog.set_level(logging.WARNING, logger="tether.worker")
     worker = Worker(engine, concurrency=2)
     running = asyncio.create_task(worker.run())
@@ -262,7 +262,7 @@ async def test_orphans_are_claimed_into_free_slots_and_recovered_by_the_worker(
         limits.append(limit)
         return await claim(limit, **kwargs)
 
-    monkeypatch.setattr(engine, "claim_orphans", counted)
+    monkeypatch.setattr(engine._runner, "claim_orphans", counted)
     worker = Worker(engine, concurrency=1)
     running = asyncio.create_task(worker.run())
     try:
