@@ -11,8 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import downstream
 import httpx
-import kit
+import inprocess
+import processes
 from demo_procs import DANA, QUESTION, cli, demo_env, free_port, henderson, process, stopped
 from waiting import poll_until, run_sync
 
@@ -80,7 +82,7 @@ def test_a_dry_run_fork_of_the_demo_run_drafts_and_sends_nothing(
 def test_a_dry_write_left_at_after_intent_by_a_killed_worker_is_skipped_never_run(
     db_url: str,
 ) -> None:
-    engine = kit.engine(db_url, script_name="work")
+    engine = inprocess.engine(db_url, script_name="work")
 
     async def forked() -> Run:
         parent = (await engine.ask("dana", "go")).run_id  # a read, a write, an answer
@@ -91,20 +93,20 @@ def test_a_dry_write_left_at_after_intent_by_a_killed_worker_is_skipped_never_ru
         fork = run_sync(forked())
     finally:
         engine.close()
-    assert len(kit.effects()) == 1
-    env = kit.tether_env(db_url, KIT_SCRIPT="work")
+    assert len(downstream.effects()) == 1
+    env = processes.tether_env(db_url, KIT_SCRIPT="work")
     crash = {**env, "TETHER_FAILPOINTS": "after_intent:record=crash"}
-    died = kit.tether("worker", "--exit-when-idle", "--no-reap", env=crash)
+    died = processes.tether("worker", "--exit-when-idle", "--no-reap", env=crash)
     assert died.returncode == 137, died.stderr[-3000:]
     store = Store(db_url)
     try:
         assert [e.status for e in store.ledger(fork.id)][-1] is CallStatus.INTENT
         poll_until(lambda: _stale(store, fork.id), what="a stale heartbeat")
-        reaped = kit.tether("reap", env=env)
+        reaped = processes.tether("reap", env=env)
         assert reaped.returncode == 0, reaped.stderr[-3000:]
         assert [e.status for e in store.ledger(fork.id)][-1] is CallStatus.SKIPPED
         assert "reconciled" not in [e.kind for e in store.events(fork.id)]
-        finished = kit.tether("worker", "--exit-when-idle", "--no-reap", env=env)
+        finished = processes.tether("worker", "--exit-when-idle", "--no-reap", env=env)
         assert finished.returncode == 0, finished.stderr[-3000:]
         run = store.get_run(fork.id)
         assert run is not None and run.state.value == "answered" and run.dry_run
@@ -114,7 +116,7 @@ def test_a_dry_write_left_at_after_intent_by_a_killed_worker_is_skipped_never_ru
         }
     finally:
         store.close()
-    assert len(kit.effects()) == 1  # the parent's write only
+    assert len(downstream.effects()) == 1  # the parent's write only
 
 
 def _stale(store: Store, run_id: str) -> bool:

@@ -4,7 +4,7 @@ approval storm meets a short heartbeat; a plain-function tool outlasts the heart
 timeout. In each, no run fails with ``fail_reason = "error"``, every run reaches the
 state its script leads to, no process exits, and the API answers no 500.
 
-The runs are the test agent's (``kit:fault_agent``): each question names its script
+The runs are the test agent's (``agents:fault_agent``): each question names its script
 (``script:steps``: six short naps, a write, the answer; ``script:send``: a send that
 needs confirmation; ``script:careful_send``: one whose re-check after approval is slow;
 ``script:slow``: a six-second plain-function read). Timings are chosen for a loaded
@@ -32,18 +32,21 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import downstream
 import httpx
-import kit
+import inprocess
 import pgcluster
+import processes
 import psycopg
 import pytest
+import webhooks
 from waiting import poll_until, run_sync
 
 from tether import Engine
 from tether.store import Store, upgrade
 from tether.store.users import add_user
 
-AGENT = "kit:fault_agent"
+AGENT = "agents:fault_agent"
 TERMINATE = (
     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
     " WHERE datname = %s AND pid <> pg_backend_pid()"
@@ -74,13 +77,13 @@ class Procs:
         return proc
 
     def worker(self, env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[str]:
-        return self.add(kit.spawn_agent("worker", *args, agent=AGENT, env=env, log=log), log)
+        return self.add(processes.spawn_agent("worker", *args, agent=AGENT, env=env, log=log), log)
 
     def serve(self, env: dict[str, str], log: Path, *, concurrency: int = 8) -> str:
         """``tether serve --workers 1``; its base URL once /readyz answers 200."""
         port = pgcluster.free_port()
         proc = self.add(
-            kit.spawn_agent(
+            processes.spawn_agent(
                 "serve", "--port", str(port), "--workers", "1",
                 "--concurrency", str(concurrency), agent=AGENT, env=env, log=log,
             ),
@@ -291,7 +294,7 @@ def drop_connections(url: str, *, seconds: float, every: float) -> int:
 
 def test_dropped_connections_fail_no_run_and_stop_no_process(pg_url: str, tmp_path: Path) -> None:
     key = new_key(pg_url)
-    env = kit.tether_env(pg_url, **FAULT_ENV)
+    env = processes.tether_env(pg_url, **FAULT_ENV)
     with Procs() as procs:
         base = procs.serve(env, tmp_path / "serve.log", concurrency=2)
         for i in range(2):
@@ -307,7 +310,7 @@ def test_dropped_connections_fail_no_run_and_stop_no_process(pg_url: str, tmp_pa
     assert killed > 0, "the trial dropped no connection"
     assert not watch.complaints, "\n".join(watch.complaints[:20])
     assert watch.answers[("run", 200)] > 0 and watch.answers[("readyz", 200)] > 0
-    records = [key for key, tool, _ in kit.effects() if tool == "record"]
+    records = [key for key, tool, _ in downstream.effects() if tool == "record"]
     assert sorted(records) == sorted(set(records)) and len(records) == len(ids)
 
 
@@ -325,7 +328,7 @@ def test_a_database_restart_fails_no_run_and_stops_no_process(tmp_path: Path) ->
         finally:
             store.close()
         key = new_key(cluster.url)
-        env = kit.tether_env(cluster.url, **FAULT_ENV)
+        env = processes.tether_env(cluster.url, **FAULT_ENV)
         base = procs.serve(env, tmp_path / "serve.log", concurrency=2)
         procs.worker(env, tmp_path / "worker.log", "--concurrency", "3")
         with api(base, key) as client:
@@ -405,11 +408,11 @@ def test_a_hung_webhook_delays_no_run(sqlite_url: str, tmp_path: Path) -> None:
     slots are held by hung notices for 20 s at a time, so the plain runs (queued behind
     the suspending ones) cannot finish within 40 s."""
     hook = HungHook()
-    engine = kit.fault_engine(sqlite_url)
+    engine = inprocess.fault_engine(sqlite_url)
     try:
         suspending = [run_sync(engine.start_run("dana", f"script:send {i}")).id for i in range(10)]
         plain = [run_sync(engine.start_run("dana", f"script:work {i}")).id for i in range(10)]
-        env = kit.tether_env(
+        env = processes.tether_env(
             sqlite_url,
             TETHER_WEBHOOK_URL=hook.url,
             TETHER_HEARTBEAT_TIMEOUT_S="5",
@@ -455,7 +458,7 @@ def test_approvals_whose_rechecks_outlast_the_heartbeat_timeout_keep_their_lease
     """The approved call's guard takes 5 s (2.5 heartbeat timeouts) before the tool runs:
     the request executing the approval holds the run's lease, and its heartbeat must
     keep it, or the reaper takes the run for an orphan mid-approval."""
-    kit.set_world("careful_guard_ms", "5000")
+    downstream.set_world("careful_guard_ms", "5000")
     approval_storm(pg_url, tmp_path, tool="careful_send", runs=5, approvers=3)
 
 
@@ -465,8 +468,8 @@ def approval_storm(pg_url: str, tmp_path: Path, *, tool: str, runs: int, approve
     one executes, the others are ``already_resumed``; no 500, no lease lost, no run taken
     for an orphan; every run is then answered, its write applied once."""
     key = new_key(pg_url)
-    with kit.receiver() as receiver, Procs() as procs:
-        env = kit.tether_env(pg_url, **FAULT_ENV, TETHER_WEBHOOK_URL=receiver.url)
+    with webhooks.receiver() as receiver, Procs() as procs:
+        env = processes.tether_env(pg_url, **FAULT_ENV, TETHER_WEBHOOK_URL=receiver.url)
         base = procs.serve(env, tmp_path / "serve.log")
         with api(base, key) as client:
             ids = start_runs(client, [f"script:{tool} storm {i}" for i in range(runs)])
@@ -521,7 +524,7 @@ def approval_storm(pg_url: str, tmp_path: Path, *, tool: str, runs: int, approve
             procs.assert_alive()
         logs = procs.logs()
     assert "lease_lost" not in logs and "lease lost" not in logs, logs[-4000:]
-    sent = collections.Counter(key for key, name, _ in kit.effects() if name == tool)
+    sent = collections.Counter(key for key, name, _ in downstream.effects() if name == tool)
     assert len(sent) == len(ids) and set(sent.values()) == {1}, sent
 
 
@@ -560,10 +563,10 @@ def _all_answered(engine: Engine, ids: list[str], procs: Procs, timeout: float) 
 
 def test_a_locked_sqlite_database_fails_no_run(sqlite_url: str, tmp_path: Path) -> None:
     path = sqlite_url.removeprefix("sqlite:///")
-    engine = kit.fault_engine(sqlite_url)
+    engine = inprocess.fault_engine(sqlite_url)
     try:
         ids = [run_sync(engine.start_run("dana", f"script:steps job {i}")).id for i in range(10)]
-        env = kit.tether_env(sqlite_url, **FAULT_ENV)
+        env = processes.tether_env(sqlite_url, **FAULT_ENV)
         with Procs() as procs:
             procs.worker(env, tmp_path / "worker.log", "--concurrency", "4")
             poll_until(lambda: _steps(engine, ids) >= 2, timeout=60, what="runs under way")
@@ -626,11 +629,11 @@ def test_a_full_disk_stops_no_sqlite_worker(sqlite_url: str, tmp_path: Path) -> 
         disk = stack.enter_context(small_tmpfs(tmp_path / "small", 32))
         shutil.copyfile(sqlite_url.removeprefix("sqlite:///"), disk / "tether.db")
         url = f"sqlite:///{disk / 'tether.db'}"
-        engine = kit.fault_engine(url)
+        engine = inprocess.fault_engine(url)
         stack.callback(engine.close)
         procs = stack.enter_context(Procs())
         ids = [run_sync(engine.start_run("dana", f"script:steps job {i}")).id for i in range(10)]
-        env = kit.tether_env(url, **FAULT_ENV)
+        env = processes.tether_env(url, **FAULT_ENV)
         procs.worker(env, tmp_path / "worker.log", "--concurrency", "4")
         poll_until(lambda: _steps(engine, ids) >= 2, timeout=60, what="runs under way")
         filler = disk / "filler"
@@ -658,10 +661,10 @@ def test_a_slow_plain_function_tool_is_never_taken_for_an_orphan(
     """``nap`` sleeps 6 s in a thread; the heartbeat timeout is 1.5 s and both workers
     reap every 0.5 s. Tool threads on the event loop's path would let the lease go stale
     and the other worker recover the run, running the read again."""
-    engine = kit.fault_engine(pg_url)
+    engine = inprocess.fault_engine(pg_url)
     try:
         ids = [run_sync(engine.start_run("dana", f"script:slow {i}")).id for i in range(2)]
-        env = kit.tether_env(
+        env = processes.tether_env(
             pg_url, TETHER_HEARTBEAT_TIMEOUT_S="1.5", TETHER_REAPER_INTERVAL_S="0.5"
         )
         with Procs() as procs:
@@ -669,7 +672,7 @@ def test_a_slow_plain_function_tool_is_never_taken_for_an_orphan(
                 procs.worker(env, tmp_path / f"worker{i}.log", "--concurrency", "2")
             _all_answered(engine, ids, procs, timeout=90)
             procs.assert_alive()
-        naps = collections.Counter(key for key, tool, _ in kit.effects() if tool == "nap")
+        naps = collections.Counter(key for key, tool, _ in downstream.effects() if tool == "nap")
         assert sorted(k.split(":")[0] for k in naps) == sorted(ids), naps
         assert set(naps.values()) == {1}, f"a read ran again: {naps}"
         for run_id in ids:

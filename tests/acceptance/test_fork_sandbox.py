@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import kit
+import inprocess
+import processes
 from demo_procs import DANA, QUESTION, cli, demo_env, henderson, serving, stopped
 from waiting import poll_until
 
@@ -103,8 +104,8 @@ def test_a_fork_just_after_the_draft_continues_to_the_send_without_drafting_agai
 def test_tether_runs_fork_prints_the_fork_and_a_refusal_exits_1_with_its_code(
     db_url: str,
 ) -> None:
-    env = kit.tether_env(db_url, KIT_SCRIPT="standard")
-    engine = kit.engine(db_url, script_name="standard")
+    env = processes.tether_env(db_url, KIT_SCRIPT="standard")
+    engine = inprocess.engine(db_url, script_name="standard")
     try:
         parent = engine.sync.ask("dana", "do the thing")  # suspended at step 3
         assert parent.kind is StopKind.SUSPENDED
@@ -112,15 +113,17 @@ def test_tether_runs_fork_prints_the_fork_and_a_refusal_exits_1_with_its_code(
     finally:
         engine.close()
 
-    done = kit.tether("runs", "fork", parent.run_id, "--at-step", "2", "--dry-run", env=env)
+    done = processes.tether("runs", "fork", parent.run_id, "--at-step", "2", "--dry-run", env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     fork = json.loads(done.stdout)
     assert fork["forked_from"] == {"run_id": parent.run_id, "step": 2}
     assert fork["user_id"] == "dana" and fork["dry_run"] is True  # the owner, by default
 
-    unfinished = kit.tether("runs", "fork", parent.run_id, "--at-step", "3", env=env)
+    unfinished = processes.tether("runs", "fork", parent.run_id, "--at-step", "3", env=env)
     assert unfinished.returncode == 1 and "invalid_input" in unfinished.stderr
-    theirs = kit.tether("runs", "fork", parent.run_id, "--at-step", "1", "--as", "miguel", env=env)
+    theirs = processes.tether(
+        "runs", "fork", parent.run_id, "--at-step", "1", "--as", "miguel", env=env
+    )
     assert theirs.returncode == 1 and "not_found" in theirs.stderr
     store = Store(db_url)
     try:

@@ -13,7 +13,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import kit
+import downstream
+import processes
 import versioned
 from waiting import poll_until, run_sync
 
@@ -31,19 +32,19 @@ def _messages(engine: Engine, run_id: str) -> list[dict[str, Any]]:
 
 
 def _worker(version: str, env: dict[str, str], log: Path, *extra: str) -> subprocess.Popen[str]:
-    return kit.spawn_agent(
+    return processes.spawn_agent(
         "worker", "--no-reap", *extra, agent=f"versioned:{version}", env=env, log=log
     )
 
 
 def _cli(version: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [kit.PYTHON, "-m", "tether", *args, "--agent", f"versioned:{version}"],
+        [processes.PYTHON, "-m", "tether", *args, "--agent", f"versioned:{version}"],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=kit.ROOT,
+        cwd=processes.ROOT,
     )
 
 
@@ -56,7 +57,7 @@ def test_two_workers_of_different_versions_never_carry_each_others_runs(
 ) -> None:
     one = versioned.engine(db_url, versioned.v1())
     two = versioned.engine(db_url, versioned.v2())
-    env = kit.tether_env(db_url)
+    env = processes.tether_env(db_url)
     try:
         ids = {
             "kit@v1": [run_sync(one.start_run("dana", f"v1 job {i}")).id for i in range(4)],
@@ -78,10 +79,12 @@ def test_two_workers_of_different_versions_never_carry_each_others_runs(
 def test_a_rolling_deploy_strands_old_runs_until_they_are_migrated(
     db_url: str, tmp_path: Path
 ) -> None:
-    kit.set_world("lookup_ms", "1500")  # step 2's read keeps the runs in the old worker's hand
+    downstream.set_world(
+        "lookup_ms", "1500"
+    )  # step 2's read keeps the runs in the old worker's hand
     old = versioned.engine(db_url, versioned.v1())
     new = versioned.engine(db_url, versioned.v2())
-    env = kit.tether_env(db_url, TETHER_HEARTBEAT_TIMEOUT_S="600")
+    env = processes.tether_env(db_url, TETHER_HEARTBEAT_TIMEOUT_S="600")
     first = _worker("v1", env, tmp_path / "old.log")
     second: subprocess.Popen[str] | None = None
     try:

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import downstream
 import httpx
-import kit
+import processes
 import pytest
+import webhooks
 from waiting import poll_until
 
 from tether.store import Store
@@ -58,10 +60,10 @@ def serving(url: str, log: Path, **env: str) -> Iterator[Service]:
     port = free_port()
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [kit.PYTHON, "-m", "tether", "serve", "--port", str(port), "--workers", "1",
-             "--agent", "kit:agent"],
-            env=kit.tether_env(url, **env),
-            cwd=kit.ROOT,
+            [processes.PYTHON, "-m", "tether", "serve", "--port", str(port), "--workers", "1",
+             "--agent", "agents:agent"],
+            env=processes.tether_env(url, **env),
+            cwd=processes.ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -104,7 +106,7 @@ def test_a_run_is_suspended_announced_approved_and_answered_over_http_then_serve
 ) -> None:
     key = new_key(db_url, "dana")
     with (
-        kit.receiver() as receiver,
+        webhooks.receiver() as receiver,
         serving(
             db_url, tmp_path / "serve.log", TETHER_WEBHOOK_URL=receiver.url, KIT_SCRIPT="standard"
         ) as service,
@@ -145,7 +147,7 @@ def test_a_run_is_suspended_announced_approved_and_answered_over_http_then_serve
         assert done["messages"][-1] == {"role": "assistant", "content": "done"}
         assert done["budget"]["consumed"]["tool_calls"] == 4  # lookup, record, lookup, send
 
-        effects = kit.effects()
+        effects = downstream.effects()
         assert collections.Counter(tool for _, tool, _ in effects) == {"record": 1, "send": 1}
         assert all(k.startswith(f"{run_id}:") for k, _, _ in effects)
         assert len({k for k, _, _ in effects}) == len(effects)

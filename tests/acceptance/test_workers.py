@@ -8,7 +8,9 @@ import signal
 import subprocess
 from pathlib import Path
 
-import kit
+import downstream
+import inprocess
+import processes
 from waiting import poll_until, run_sync
 
 from tether import Engine, Run
@@ -36,16 +38,16 @@ def _stop(procs: list[subprocess.Popen[str]]) -> None:
 
 
 def test_three_workers_carry_200_runs_through_a_sigkill(pg_url: str, tmp_path: Path) -> None:
-    engine = kit.engine(pg_url, script_name="work")
+    engine = inprocess.engine(pg_url, script_name="work")
     ids = [run_sync(engine.start_run("dana", f"job {i}")).id for i in range(200)]
-    env = kit.tether_env(
+    env = processes.tether_env(
         pg_url,
         KIT_SCRIPT="work",
         TETHER_HEARTBEAT_TIMEOUT_S="1.5",
         TETHER_REAPER_INTERVAL_S="0.5",
     )
     workers = [
-        kit.spawn("worker", "--concurrency", "4", env=env, log=tmp_path / f"worker{i}.log")
+        processes.spawn("worker", "--concurrency", "4", env=env, log=tmp_path / f"worker{i}.log")
         for i in range(3)
     ]
     try:
@@ -59,19 +61,19 @@ def test_three_workers_carry_200_runs_through_a_sigkill(pg_url: str, tmp_path: P
     finally:
         _stop(workers)
         engine.close()
-    keys = collections.Counter(key for key, tool, _ in kit.effects() if tool == "record")
+    keys = collections.Counter(key for key, tool, _ in downstream.effects() if tool == "record")
     assert len(keys) == 200 and set(keys.values()) == {1}
     assert {key.split(":")[0] for key in keys} == set(ids)
 
 
 def test_sigterm_hands_runs_over_without_waiting_for_staleness(db_url: str, tmp_path: Path) -> None:
     # Long enough that all six runs are in hand at once, whatever the machine's load.
-    kit.set_world("lookup_ms", "2000")
-    engine = kit.engine(db_url, script_name="work")
+    downstream.set_world("lookup_ms", "2000")
+    engine = inprocess.engine(db_url, script_name="work")
     ids = [run_sync(engine.start_run("dana", f"job {i}")).id for i in range(6)]
     # A heartbeat timeout far longer than the test: only a handover can move the runs.
-    env = kit.tether_env(db_url, KIT_SCRIPT="work", TETHER_HEARTBEAT_TIMEOUT_S="600")
-    first = kit.spawn(
+    env = processes.tether_env(db_url, KIT_SCRIPT="work", TETHER_HEARTBEAT_TIMEOUT_S="600")
+    first = processes.spawn(
         "worker", "--concurrency", "6", "--no-reap", env=env, log=tmp_path / "first.log"
     )
     try:
@@ -81,7 +83,7 @@ def test_sigterm_hands_runs_over_without_waiting_for_staleness(db_url: str, tmp_
         held = [_run(engine, i) for i in ids]
         assert all(r is not None and r.owner is None for r in held), "a lease was kept"
         assert any(r is not None and r.state.value == "running" for r in held)
-        second = kit.spawn(
+        second = processes.spawn(
             "worker", "--exit-when-idle", "--no-reap", env=env, log=tmp_path / "second.log"
         )
         assert second.wait(timeout=120) == 0, (tmp_path / "second.log").read_text()[-2000:]
@@ -92,4 +94,4 @@ def test_sigterm_hands_runs_over_without_waiting_for_staleness(db_url: str, tmp_
         if first.poll() is None:
             first.kill()
         engine.close()
-    assert sorted(tool for _, tool, _ in kit.effects()) == ["record"] * 6
+    assert sorted(tool for _, tool, _ in downstream.effects()) == ["record"] * 6

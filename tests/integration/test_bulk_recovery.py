@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-import kit
+import downstream
+import inprocess
 import pytest
 import sqlalchemy as sa
 from waiting import until
@@ -96,7 +97,7 @@ async def stopped(worker: Worker, running: asyncio.Task[None]) -> None:
 async def test_one_reaper_pass_recovers_every_orphan_through_the_slots(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = kit.engine(
+    engine = inprocess.engine(
         db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S, reaper_interval_s=HOUR
     )
     ids = await orphans(engine, 20, turns=True)
@@ -125,13 +126,13 @@ async def test_one_reaper_pass_recovers_every_orphan_through_the_slots(
     finally:
         await stopped(worker, running)
         engine.close()
-    records = [key for key, tool, _ in kit.effects() if tool == "record"]
+    records = [key for key, tool, _ in downstream.effects() if tool == "record"]
     assert len(records) == len(set(records)) == 20  # each run's write applied once
 
 
 async def test_two_workers_recover_each_orphan_once(db_url: str) -> None:
     engines = [
-        kit.engine(
+        inprocess.engine(
             db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S, reaper_interval_s=HOUR
         )
         for _ in range(2)
@@ -276,7 +277,7 @@ async def test_stop_ends_a_reaper_pass_after_the_recoveries_in_hand(db_url: str)
 async def test_a_pass_takes_an_orphan_at_most_once_even_when_it_goes_stale_again(
     db_url: str,
 ) -> None:
-    engine = kit.engine(db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S)
+    engine = inprocess.engine(db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S)
     (run_id,) = await orphans(engine, 1)
     store = engine._store
     began = store.now()
@@ -298,7 +299,9 @@ async def test_a_pass_takes_an_orphan_at_most_once_even_when_it_goes_stale_again
 
 
 async def test_reap_takes_every_orphan_in_one_pass_in_batches(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S, reaper_batch=5)
+    engine = inprocess.engine(
+        db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S, reaper_batch=5
+    )
     ids = await orphans(engine, 12, turns=True)
     try:
         outcomes = await engine._runner.recover_orphans()
@@ -311,7 +314,7 @@ async def test_reap_takes_every_orphan_in_one_pass_in_batches(db_url: str) -> No
 
 
 async def test_a_batch_claim_counts_attempts_and_fails_the_exhausted(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S)
+    engine = inprocess.engine(db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S)
     ids = await orphans(engine, 4)
     store = engine._store
     params: dict[str, Any] = {"stale_after_s": HEARTBEAT_S, "max_attempts": 1, "batch": 2}

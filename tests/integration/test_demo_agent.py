@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import kit
 import pytest
+from demo_procs import PREVIEW_KEYS
 
 from tether import Engine, MemoryNotifier, Scope, ScriptedModel, Settings, StopKind, ToolContext
 from tether.agent import Agent, load_agent
@@ -31,7 +31,6 @@ from tether.tools.tool import OutcomeUnknown, ReconcileKind, ToolFailed
 
 _ORDER = {"account_id": "4471", "sku": "SKU-4411", "quantity": 200}
 QUESTION = "Draft and send a quote for Henderson: 200 of SKU-4411."
-PREVIEW_KEYS = kit.PREVIEW_KEYS
 
 
 @pytest.fixture
@@ -344,7 +343,7 @@ def test_an_in_process_sandbox_keeps_its_data_beside_a_sqlite_database(
 
 def test_the_cli_gives_the_agent_factory_its_settings_and_the_agent_names_its_users() -> None:
     demo = load_agent("tether.demo.agent:build_agent", Settings(sandbox_url="http://crm:1"))
-    plain = load_agent("kit:agent", Settings(sandbox_url="http://crm:1"))
+    plain = load_agent("agents:agent", Settings(sandbox_url="http://crm:1"))
 
     assert demo.deps == Crm(base_url="http://crm:1")
     assert dict(demo.users) == {"dana": "tether-demo-dana", "miguel": "tether-demo-miguel"}

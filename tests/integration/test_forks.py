@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import downstream
 import httpx
-import kit
+import inprocess
 import pytest
 
 from tether import Engine, StopKind
@@ -53,10 +54,10 @@ async def stored(engine: Engine) -> list[tuple[Any, ...]]:
 async def test_a_fork_holds_the_messages_through_step_k_exactly_with_a_fresh_budget(
     db_url: str,
 ) -> None:
-    engine = kit.engine(db_url, script_name="standard")
+    engine = inprocess.engine(db_url, script_name="standard")
     parent = await suspended(engine)
     before = (await engine.get_run(parent.id)).messages
-    effects = kit.effects()
+    effects = downstream.effects()
     ledger = await engine.ledger(parent.id)
 
     fork = await engine.fork_run(parent.id, "dana", at_step=2)
@@ -84,7 +85,7 @@ async def test_a_fork_holds_the_messages_through_step_k_exactly_with_a_fresh_bud
     assert fork.versions == parent.versions
     assert fork.owner is None and fork.pending is None and fork.dry_run is False
     # Nothing re-executed: no effect, an empty ledger, the parent's ledger untouched.
-    assert kit.effects() == effects
+    assert downstream.effects() == effects
     assert await engine.ledger(fork.id) == []
     assert await engine.ledger(parent.id) == ledger
     # The parent is as it was, still waiting on its send.
@@ -95,7 +96,7 @@ async def test_a_fork_holds_the_messages_through_step_k_exactly_with_a_fresh_bud
 
 
 async def test_the_fork_event_records_where_from_which_step_dry_run_and_who(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="standard")
+    engine = inprocess.engine(db_url, script_name="standard")
     parent = await suspended(engine)
     fork = await engine.fork_run(parent.id, "dana", at_step=1, dry_run=True)
     events = await engine.events(fork.id)
@@ -112,7 +113,7 @@ async def test_the_fork_event_records_where_from_which_step_dry_run_and_who(db_u
 async def test_runs_in_any_stopped_state_may_be_forked_and_a_fork_of_a_fork_points_to_it(
     db_url: str,
 ) -> None:
-    engine = kit.engine(db_url, script_name="work")
+    engine = inprocess.engine(db_url, script_name="work")
     answered = await engine.ask("dana", "work")
     assert answered.kind is StopKind.ANSWERED
     halted = await engine.ask("dana", "work", limits={"max_steps": 1})
@@ -136,7 +137,7 @@ async def test_runs_in_any_stopped_state_may_be_forked_and_a_fork_of_a_fork_poin
 
 
 async def test_forks_of_lists_a_runs_own_forks_oldest_first(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="standard")
+    engine = inprocess.engine(db_url, script_name="standard")
     parent = await suspended(engine)
     other = await suspended(engine)
     made = [await engine.fork_run(parent.id, "dana", at_step=k) for k in (2, 1, 2)]
@@ -169,7 +170,7 @@ async def test_forks_of_lists_a_runs_own_forks_oldest_first(db_url: str) -> None
 async def test_a_step_that_is_not_a_boundary_is_invalid_input_and_writes_nothing(
     db_url: str, at_step: Any, message: str
 ) -> None:
-    engine = kit.engine(db_url, script_name="standard")
+    engine = inprocess.engine(db_url, script_name="standard")
     parent = await suspended(engine)
     before = await stored(engine)
     with pytest.raises(InvalidInput, match=r"at_step|step 3") as refused:
@@ -184,7 +185,7 @@ async def test_a_step_that_is_not_a_boundary_is_invalid_input_and_writes_nothing
 async def test_a_running_run_is_refused_and_another_users_or_a_missing_run_is_not_found(
     db_url: str,
 ) -> None:
-    engine = kit.engine(db_url, script_name="standard")
+    engine = inprocess.engine(db_url, script_name="standard")
     waiting = await engine.start_run("dana", "do the thing")  # running, waiting for a worker
     parent = await suspended(engine)
     before = await stored(engine)
@@ -211,12 +212,12 @@ async def test_a_running_run_is_refused_and_another_users_or_a_missing_run_is_no
 async def test_a_continued_fork_goes_on_from_the_copied_messages_on_its_own_budget(
     db_url: str,
 ) -> None:
-    engine = kit.engine(db_url, script_name="work")  # lookup, then record (a write), answer
+    engine = inprocess.engine(db_url, script_name="work")  # lookup, then record (a write), answer
     parent = await engine.ask("dana", "work")
     assert parent.kind is StopKind.ANSWERED
-    assert [tool for _, tool, _ in kit.effects()] == ["record"]
+    assert [tool for _, tool, _ in downstream.effects()] == ["record"]
     fork = await engine.fork_run(parent.run_id, "dana", at_step=2)  # just after the write
-    assert len(kit.effects()) == 1  # the fork executed nothing
+    assert len(downstream.effects()) == 1  # the fork executed nothing
     copied = (await engine.get_run(fork.id)).messages
 
     continued = await engine.continue_run(fork.id, "dana")
@@ -234,17 +235,17 @@ async def test_a_continued_fork_goes_on_from_the_copied_messages_on_its_own_budg
     assert view.messages[-1]["content"] == "done"
     # One model turn of its own (step 3), no tool call: the write was not made again.
     assert view.run.step == 3 and view.run.budget.steps == 1 and view.run.budget.tool_calls == 0
-    assert len(kit.effects()) == 1 and await engine.ledger(fork.id) == []
+    assert len(downstream.effects()) == 1 and await engine.ledger(fork.id) == []
     engine.close()
 
 
 async def test_a_fork_before_a_write_makes_it_anew_under_its_own_key(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="work")
+    engine = inprocess.engine(db_url, script_name="work")
     parent = await engine.ask("dana", "work")
     fork = await engine.fork_run(parent.run_id, "dana", at_step=1)  # before the write
     await engine.continue_run(fork.id, "dana")
     assert (await engine.run_until_stop(fork.id)).kind is StopKind.ANSWERED
-    (parent_key, _, _), (fork_key, tool, _) = kit.effects()
+    (parent_key, _, _), (fork_key, tool, _) = downstream.effects()
     # A new run, a new idempotency key: the downstream sees the fork's own write.
     assert tool == "record" and parent_key != fork_key and fork.id in fork_key
     assert [e.tool for e in await engine.ledger(fork.id)] == ["record"]
@@ -256,7 +257,7 @@ async def test_a_fork_before_a_write_makes_it_anew_under_its_own_key(db_url: str
 
 @asynccontextmanager
 async def serving(url: str) -> AsyncIterator[tuple[Engine, httpx.AsyncClient]]:
-    engine = kit.engine(url, script_name="standard")
+    engine = inprocess.engine(url, script_name="standard")
     for user, key in KEYS.items():
         await engine.add_user(user, key)
     transport = httpx.ASGITransport(app=create_app(engine, public_url="http://tether.test"))

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any
 
+import agents
 import httpx
-import kit
 import pytest
 import sqlalchemy as sa
 from fakellm import (
@@ -72,7 +72,7 @@ def answer(provider: str, text: str) -> Reply:
 
 
 def lookup(provider: str, call_id: str) -> Reply:
-    """A turn that calls the kit's ``lookup`` read."""
+    """A turn that calls the test agent's ``lookup`` read."""
     if provider == "openai":
         call = {
             "id": call_id,
@@ -86,7 +86,7 @@ def lookup(provider: str, call_id: str) -> Reply:
 
 def engine_for(url: str, model: Model, **settings: Any) -> Engine:
     return Engine(
-        agent=kit.agent(),
+        agent=agents.agent(),
         model=model,
         settings=Settings(database_url=url, **{**FAST, **settings}),
         notifier=MemoryNotifier(),

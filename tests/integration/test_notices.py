@@ -8,7 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import kit
+import inprocess
 import pytest
 from waiting import until
 
@@ -81,7 +81,7 @@ async def test_the_webhook_gives_up_and_says_so() -> None:
 
 async def test_an_undelivered_notice_is_reissued_with_a_fresh_token(db_url: str) -> None:
     hook = Flaky(failures=100)
-    engine = kit.engine(
+    engine = inprocess.engine(
         db_url,
         script_name="send",
         notifier=WebhookNotifier(hook.url, attempts=1),

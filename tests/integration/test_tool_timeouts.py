@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kit import call
+from agents import call
 from waiting import until
 
 from tether import (

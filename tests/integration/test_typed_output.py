@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import agents
 import httpx
-import kit
+import inprocess
+import processes
 import pytest
 import sqlalchemy as sa
 from fakellm import OPENAI_PATH, Reply, openai_completion, running
@@ -59,8 +61,8 @@ def typed_agent() -> Agent:
     return Agent(
         name="typed",
         system_prompt=PROMPT,
-        tools=(kit.lookup,),
-        resolve_scope=kit.resolve,
+        tools=(agents.lookup,),
+        resolve_scope=agents.resolve,
         output_type=Quote,
     )
 
@@ -123,7 +125,7 @@ async def test_a_valid_answer_is_the_output_over_http_on_the_engine_and_in_the_l
 ) -> None:
     model = Recording(
         [
-            {"tool_calls": [kit.call("lookup", query="Henderson")]},
+            {"tool_calls": [agents.call("lookup", query="Henderson")]},
             {"content": json.dumps(VALID)},
         ]
     )
@@ -174,7 +176,7 @@ async def test_runs_show_prints_the_output(db_url: str) -> None:
         outcome = await engine.ask("dana", "quote")
     finally:
         engine.close()
-    shown = kit.tether("runs", "show", outcome.run_id, env=kit.tether_env(db_url))
+    shown = processes.tether("runs", "show", outcome.run_id, env=processes.tether_env(db_url))
     assert shown.returncode == 0, shown.stderr
     body = json.loads(shown.stdout)
     assert body["state"] == "answered" and body["output"] == VALID
@@ -183,7 +185,7 @@ async def test_runs_show_prints_the_output(db_url: str) -> None:
 async def test_an_agent_without_output_type_keeps_its_prompt_and_stores_null(
     db_url: str,
 ) -> None:
-    engine = kit.engine(db_url, script_name="answer")
+    engine = inprocess.engine(db_url, script_name="answer")
     try:
         outcome = await engine.ask("dana", "what is it?")
         view = await engine.get_run(outcome.run_id)
@@ -204,7 +206,7 @@ async def test_an_invalid_answer_goes_back_with_its_errors_in_one_write_then_val
 ) -> None:
     model = Recording([{"content": json.dumps(INVALID)}, {"content": json.dumps(VALID)}])
     engine = typed_engine(db_url, model)
-    turn_writes = kit.count_calls(engine, "persist_turn")
+    turn_writes = inprocess.count_calls(engine, "persist_turn")
     try:
         outcome = await engine.ask("dana", "quote")
         view = await engine.get_run(outcome.run_id)
@@ -369,7 +371,7 @@ def test_feedback_lists_at_most_twenty_errors_and_counts_the_rest() -> None:
 
 
 def test_the_integrations_page_example_runs_as_written(tmp_path: Path) -> None:
-    page = (kit.ROOT / "docs" / "integrations.md").read_text()
+    page = (processes.ROOT / "docs" / "integrations.md").read_text()
     section = page.split("## Typed output", 1)[1]
     code = re.search(r"```python\n(.*?\n)```\n", section, re.DOTALL)
     printed = re.search(r"```text\n(.*?\n)```\n", section, re.DOTALL)

@@ -8,7 +8,8 @@ import dataclasses
 import re
 from typing import Any
 
-import kit
+import agents
+import downstream
 import pytest
 import versioned
 from waiting import until
@@ -23,7 +24,7 @@ from tether.errors import (
 )
 from tether.runs import RunState, run_to_json
 
-SEND: list[dict[str, Any]] = [{"tool_calls": [kit.call("send", item="b")]}, {"content": "sent"}]
+SEND: list[dict[str, Any]] = [{"tool_calls": [agents.call("send", item="b")]}, {"content": "sent"}]
 
 
 def _token(engine: Engine) -> str:
@@ -31,9 +32,9 @@ def _token(engine: Engine) -> str:
 
 
 def test_the_default_version_is_the_name_and_a_digest_of_prompt_and_tools() -> None:
-    agent = dataclasses.replace(kit.agent(), version=None)
+    agent = dataclasses.replace(agents.agent(), version=None)
     assert re.fullmatch(r"kit@[0-9a-f]{12}", agent.agent_version)
-    assert dataclasses.replace(kit.agent(), version=None).agent_version == agent.agent_version
+    assert dataclasses.replace(agents.agent(), version=None).agent_version == agent.agent_version
     reworded = dataclasses.replace(agent, system_prompt="You are another test agent.")
     fewer_tools = dataclasses.replace(agent, tools=agent.tools[:-1])
     declared = dataclasses.replace(agent, version="2026-12-01")
@@ -254,7 +255,7 @@ async def test_a_decision_whose_tool_is_gone_halts_the_run_tool_unavailable(
         assert view.run.halt_reason == "tool_unavailable"
         last = view.messages[-1]
         assert last["role"] == "tool" and "tool_unavailable" in last["content"]
-        assert kit.effects() == []  # the send never ran
+        assert downstream.effects() == []  # the send never ran
         kinds = [e.kind for e in await no_send.events(suspended.run_id)]
         assert kinds[-3:] == ["approved", "tool_result", "halted"]
     finally:
@@ -320,7 +321,7 @@ async def test_tools_a_lifespan_adds_do_not_change_the_version() -> None:
     async def adds_whoami(agent: Agent) -> AsyncIterator[Agent]:
         yield dataclasses.replace(agent, tools=(*agent.tools, versioned.whoami))
 
-    declared = dataclasses.replace(kit.agent(), version=None, lifespan=adds_whoami)
+    declared = dataclasses.replace(agents.agent(), version=None, lifespan=adds_whoami)
     async with declared.running() as served:
         assert served.tool("whoami") is not None
         assert served.agent_version == declared.agent_version

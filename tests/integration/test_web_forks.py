@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import agents
+import downstream
 import httpx
-import kit
 import pytest
 
 from tether import Engine, MemoryNotifier, ScriptedModel, StopKind
@@ -37,7 +38,7 @@ class Web:
         )
 
     async def halted(self, **limits: Any) -> str:
-        """dana's run of the kit's ``work`` script (a read, a write, an answer), halted."""
+        """dana's run of the test agent's ``work`` script (a read, a write, an answer), halted."""
         outcome = await self.engine.ask("dana", "go", limits=limits)
         assert outcome.kind is StopKind.HALTED
         return outcome.run_id
@@ -46,8 +47,8 @@ class Web:
 @pytest.fixture
 async def web(db_url: str) -> AsyncIterator[Web]:
     engine = Engine(
-        agent=kit.agent(),
-        model=kit.script("work"),
+        agent=agents.agent(),
+        model=agents.script("work"),
         settings=Settings(database_url=db_url),
         notifier=MemoryNotifier(),
     )
@@ -179,12 +180,12 @@ async def test_a_failed_runs_page_offers_to_fork_it_before_the_step_it_failed_in
     db_url: str,
 ) -> None:
     turns: list[dict[str, Any]] = [
-        {"tool_calls": [kit.call("lookup", query="x")]},
-        {"tool_calls": [kit.call("blind_write", item="z")]},
+        {"tool_calls": [agents.call("lookup", query="x")]},
+        {"tool_calls": [agents.call("blind_write", item="z")]},
         {"content": "done"},
     ]
     engine = Engine(
-        agent=kit.agent(),
+        agent=agents.agent(),
         model=ScriptedModel(turns),
         settings=Settings(database_url=db_url),
         notifier=MemoryNotifier(),
@@ -193,7 +194,7 @@ async def test_a_failed_runs_page_offers_to_fork_it_before_the_step_it_failed_in
         web = Web(
             engine=engine, keys={"dana": await engine.add_user("dana")}, app=create_app(engine)
         )
-        kit.inject_failure("blind_write", "after_commit")  # cannot tell whether it ran
+        downstream.inject_failure("blind_write", "after_commit")  # cannot tell whether it ran
         outcome = await engine.ask("dana", "go")
         assert outcome.kind is StopKind.FAILED and outcome.reason == "unreconcilable"
         async with web.client() as client:

@@ -13,7 +13,8 @@ import threading
 from functools import partial
 from typing import Any
 
-import kit
+import downstream
+import inprocess
 import pytest
 from waiting import until
 
@@ -105,11 +106,13 @@ class Silent:
 
 
 async def test_a_webhook_that_never_answers_does_not_delay_claiming(db_url: str) -> None:
-    setup = kit.engine(db_url, script_name="send", notifier=Refusing())
+    setup = inprocess.engine(db_url, script_name="send", notifier=Refusing())
     silent = Silent()
     # A notifier whose every try waits far longer than this test polls.
     notifier = Watched(WebhookNotifier(silent.url, attempts=4, timeout_s=120))
-    engine = kit.engine(db_url, script_name="answer", notifier=notifier, heartbeat_timeout_s=0.5)
+    engine = inprocess.engine(
+        db_url, script_name="answer", notifier=notifier, heartbeat_timeout_s=0.5
+    )
     worker = Worker(engine, concurrency=4)
     running: asyncio.Task[None] | None = None
     try:
@@ -237,7 +240,7 @@ async def test_postgresql_wakes_an_idle_worker_by_notify(pg_url: str) -> None:
 async def leave_orphans(url: str, count: int) -> list[str]:
     """Runs left running by an owner that stopped after a write committed (a failpoint
     raising in this process stands for a crash): orphans once their heartbeat is stale."""
-    crasher = kit.engine(url, script_name="work")
+    crasher = inprocess.engine(url, script_name="work")
     try:
         ids = [(await crasher.start_run("dana", f"orphan {i}")).id for i in range(count)]
         set_failpoint("after_tool_commit", "error", tool="record")
@@ -254,7 +257,9 @@ async def test_orphans_are_claimed_into_free_slots_and_recovered_by_the_worker(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids = await leave_orphans(db_url, 3)
-    engine = kit.engine(db_url, script_name="work", heartbeat_timeout_s=0.3, reaper_interval_s=0.05)
+    engine = inprocess.engine(
+        db_url, script_name="work", heartbeat_timeout_s=0.3, reaper_interval_s=0.05
+    )
     limits: list[int] = []
     claim = engine._runner.claim_orphans
 
@@ -277,14 +282,16 @@ async def test_orphans_are_claimed_into_free_slots_and_recovered_by_the_worker(
         worker.stop()
         await asyncio.wait_for(running, timeout=30)
         engine.close()
-    records = [key for key, tool, _ in kit.effects() if tool == "record"]
+    records = [key for key, tool, _ in downstream.effects() if tool == "record"]
     assert len(records) == len(set(records)) == 3  # each write applied once
 
 
 async def test_a_busy_worker_takes_orphans_before_new_runs(db_url: str) -> None:
     (orphan,) = await leave_orphans(db_url, 1)
     # One pass only (at start): the reaper waits up to an interval for a slot.
-    engine = kit.engine(db_url, script_name="work", heartbeat_timeout_s=0.3, reaper_interval_s=30)
+    engine = inprocess.engine(
+        db_url, script_name="work", heartbeat_timeout_s=0.3, reaper_interval_s=30
+    )
     worker = Worker(engine, concurrency=1)
     running: asyncio.Task[None] | None = None
     try:

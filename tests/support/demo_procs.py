@@ -1,7 +1,8 @@
 """The demo agent in real processes, for acceptance tests that drive it over HTTP:
 ``tether serve`` and ``tether sandbox serve`` as subprocesses that are ready when their
 URL answers, the CLI with JSON output, and the readings those tests take (a run once it
-stopped, the sandbox's Henderson quote counters)."""
+stopped, the sandbox's Henderson quote counters); and the demo's send preview as the
+reference writes it, for the in-process tests of the demo agent and its sandbox too."""
 
 from __future__ import annotations
 
@@ -21,6 +22,17 @@ from waiting import poll_until
 DANA = {"Authorization": "Bearer tether-demo-dana"}
 QUESTION = "Draft and send a quote for Henderson, 200 of SKU-4411"
 STOP_S = 30
+# reference §8's send preview, written out (not imported from the agent) so that a change to
+# the agent cannot hide in the tests.
+PREVIEW_KEYS = {
+    "quote_id",
+    "account_id",
+    "account_name",
+    "lines",
+    "discount_tier",
+    "discount_pct",
+    "total",
+}
 
 
 def free_port() -> int:
