@@ -204,27 +204,3 @@ async def test_a_dry_write_left_at_after_intent_is_skipped_by_the_reaper_never_r
         assert downstream.effects() == []
     finally:
         reaper.close()
-
-
-async def test_a_dry_run_fork_replays_nothing_and_skips_the_writes_of_its_continuation(
-    db_url: str,
-) -> None:
-    engine = inprocess.engine(db_url, script_name="work")
-    try:
-        parent = (await engine.ask("dana", "go")).run_id  # a read, a write, an answer
-        assert len(downstream.effects()) == 1
-        fork = await engine.fork_run(parent, "dana", at_step=1, dry_run=True)
-        assert fork.dry_run is True and fork.state is RunState.HALTED
-        continued = await engine.continue_run(fork.id, "dana")
-        assert continued.dry_run is True
-        assert (await engine.run_until_stop(fork.id)).kind is StopKind.ANSWERED
-        view = await engine.get_run(fork.id)
-        assert results(view.messages)[-1] == would("record", item="a")
-        assert [(e.tool, e.status) for e in await engine.ledger(fork.id)][-1] == (
-            "record",
-            CallStatus.SKIPPED,
-        )
-        assert view.run.budget.tool_calls == 1  # the fork's own skipped write only
-        assert len(downstream.effects()) == 1  # the parent's write, never the fork's
-    finally:
-        engine.close()
