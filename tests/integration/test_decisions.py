@@ -296,13 +296,3 @@ async def test_a_confirmation_may_depend_on_the_call_and_is_asked_each_time(db_u
         assert [item for _, _, item in downstream.effects()] == ["10", "900"]
     finally:
         engine.close()
-
-
-def test_a_confirmation_that_is_not_a_bool_or_a_function_is_refused_when_declared() -> None:
-    from tether.tools.tool import UnsafeTool
-
-    with pytest.raises(UnsafeTool):
-
-        @tool(effect="write", dedupes=True, needs_confirmation="yes")  # type: ignore[call-overload, misc]
-        def odd(ctx: ToolContext, amount: int) -> dict[str, Any]:
-            return {}

@@ -30,7 +30,6 @@ from httpx_sse import aconnect_sse
 from waiting import until
 
 from tether import Engine, StopKind
-from tether._runtime.feed import after_seq
 from tether.api.app import create_app
 from tether.errors import InvalidInput, NotFound
 from tether.results import LiveEvent
@@ -220,11 +219,6 @@ async def test_watch_refuses_another_users_run_and_a_bad_after(sqlite_url: str) 
         with pytest.raises(InvalidInput):
             await anext(engine.watch(run.id, after=bad))  # type: ignore[arg-type]
     engine.close()
-
-
-@pytest.mark.parametrize("value", ["0", "7", " 12 ", 0, 3])
-def test_after_accepts_a_seq(value: Any) -> None:
-    assert after_seq(value) == int(str(value).strip())
 
 
 async def test_notices_wake_watchers_for_steps_approvals_and_cancels(pg_url: str) -> None:

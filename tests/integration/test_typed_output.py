@@ -1,8 +1,9 @@
 """Typed output (reference §11) on both backends: a final answer validated against the agent's
 ``output_type``, shown as ``output`` in the run's JSON (HTTP, CLI, engine) and on
 ``ask()``; an invalid answer sent back to the model with its errors in one write, a step
-like any other; a model that never answers validly halting on its budget; declaration
-errors; the real OpenAI adapter; and the example of docs/integrations.md, run as written.
+like any other; a model that never answers validly halting on its budget; the real OpenAI
+adapter; and the example of docs/integrations.md, run as written. Declaration errors and
+checking an answer without a run are tests/unit/test_output.py.
 """
 
 from __future__ import annotations
@@ -26,35 +27,17 @@ import processes
 import pytest
 import sqlalchemy as sa
 from fakellm import OPENAI_PATH, Reply, openai_completion, running
-from pydantic import BaseModel, ConfigDict, Field
+from quotes import INVALID, VALID, Quote
 
 from tether import Agent, Engine, MemoryNotifier, ScriptedModel, StopKind
 from tether.api.app import create_app
 from tether.config import Settings
-from tether.errors import ConfigError
 from tether.models.base import Message, Model, ModelResponse, ToolSpec
 from tether.models.openai_adapter import OpenAIChatModel
-from tether.output import check
 
 DANA_KEY = "key-of-dana"
 DANA = {"Authorization": f"Bearer {DANA_KEY}"}
 PROMPT = "You price quotes."
-
-
-class Line(BaseModel):
-    sku: str
-    quantity: int = Field(gt=0)
-
-
-class Quote(BaseModel):
-    account_id: str
-    lines: list[Line]
-    total: float
-
-
-VALID = {"account_id": "4471", "lines": [{"sku": "SKU-4411", "quantity": 200}], "total": 950.0}
-# Two errors: a constraint deep in a list, and a missing field.
-INVALID = {"account_id": "4471", "lines": [{"sku": "SKU-4411", "quantity": 0}]}
 
 
 def typed_agent() -> Agent:
@@ -301,70 +284,6 @@ async def test_the_openai_adapter_sends_the_schema_and_the_errors(db_url: str) -
     assert '"title": "Quote"' in sent[0][0]["content"]
     assert sent[1][-1]["role"] == "user"
     assert "- total: Field required" in sent[1][-1]["content"]
-
-
-# -- declaration and parsing ---------------------------------------------------------------
-
-
-class Opaque:
-    """A type pydantic can hold but not describe in JSON schema."""
-
-
-class Undescribable(BaseModel):
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    thing: Opaque
-
-
-@pytest.mark.parametrize(
-    ("output_type", "expected"),
-    [
-        (dict, "must be a pydantic BaseModel subclass"),
-        (Quote.model_validate(VALID), "must be a pydantic BaseModel subclass"),
-        ("Quote", "must be a pydantic BaseModel subclass"),
-        (list[Quote], "must be a pydantic BaseModel subclass"),
-        (Undescribable, "has no JSON schema"),
-    ],
-)
-def test_an_output_type_that_is_not_a_describable_model_is_refused_when_declared(
-    output_type: Any, expected: str
-) -> None:
-    with pytest.raises(ConfigError, match=expected) as raised:
-        Agent(name="bad", system_prompt=PROMPT, output_type=output_type)
-    assert raised.value.code == "invalid_config"
-    assert "agent bad: output_type" in raised.value.message
-
-
-@pytest.mark.parametrize(
-    ("content", "locs"),
-    [
-        (json.dumps(VALID), []),
-        (f"```\n{json.dumps(VALID)}\n```", []),
-        (None, ["(answer)"]),
-        ("   ", ["(answer)"]),
-        ("no json here", ["(root)"]),
-        ('{"account_id": 4471, "lines": [], "total": "lots"}', ["account_id", "total"]),
-        (f"```json\n{json.dumps(INVALID)}\n```", ["lines.0.quantity", "total"]),
-    ],
-)
-def test_check_accepts_json_or_a_fenced_block_and_names_each_error(
-    content: str | None, locs: list[str]
-) -> None:
-    verdict = check(Quote, content)
-    assert [e["loc"] for e in verdict.errors] == locs
-    assert (verdict.value is None) == bool(locs)
-    if not locs:
-        assert verdict.stored == VALID
-
-
-def test_feedback_lists_at_most_twenty_errors_and_counts_the_rest() -> None:
-    many = json.dumps({"account_id": "a", "lines": [{"quantity": 0}] * 15, "total": 1})
-    verdict = check(Quote, many)
-    assert len(verdict.errors) == 30  # each line: sku missing, quantity not > 0
-    content = verdict.feedback()["content"]
-    assert content.count("\n- ") == 21  # twenty errors and the count of the rest
-    assert "- ... and 10 more" in content
-    assert verdict.event(4) == {"step": 4, "errors": verdict.errors[:20], "count": 30}
 
 
 # -- the documented example ----------------------------------------------------------------

@@ -5,7 +5,6 @@ worker registry and stranded runs, migrations, and a decision whose tool is gone
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import agents
@@ -29,17 +28,6 @@ SEND: list[dict[str, Any]] = [{"tool_calls": [agents.call("send", item="b")]}, {
 
 def _token(engine: Engine) -> str:
     return str(engine._services.notifier.last().token)  # type: ignore[attr-defined]
-
-
-def test_the_default_version_is_the_name_and_a_digest_of_prompt_and_tools() -> None:
-    agent = dataclasses.replace(agents.agent(), version=None)
-    assert re.fullmatch(r"kit@[0-9a-f]{12}", agent.agent_version)
-    assert dataclasses.replace(agents.agent(), version=None).agent_version == agent.agent_version
-    reworded = dataclasses.replace(agent, system_prompt="You are another test agent.")
-    fewer_tools = dataclasses.replace(agent, tools=agent.tools[:-1])
-    declared = dataclasses.replace(agent, version="2026-12-01")
-    assert len({agent.agent_version, reworded.agent_version, fewer_tools.agent_version}) == 3
-    assert declared.agent_version == "2026-12-01"
 
 
 async def test_a_run_records_its_agent_version_and_shows_it(db_url: str) -> None:
@@ -262,17 +250,6 @@ async def test_a_decision_whose_tool_is_gone_halts_the_run_tool_unavailable(
         no_send.close()
 
 
-def test_accept_versions_from_the_environment() -> None:
-    from tether.config import Settings
-    from tether.errors import ConfigError
-
-    env = {"TETHER_ACCEPT_VERSIONS": " kit@v1, kit@v0 ,,kit@v1"}
-    assert Settings.from_env(env).accept_versions == ("kit@v1", "kit@v0")
-    assert Settings.from_env({}).accept_versions == ()
-    with pytest.raises(ConfigError):
-        Settings.from_env({"TETHER_ACCEPT_VERSIONS": "x" * 129})
-
-
 async def test_over_http_a_decision_of_another_version_is_a_409_and_metrics_count_it(
     db_url: str,
 ) -> None:
@@ -309,19 +286,3 @@ async def test_over_http_a_decision_of_another_version_is_a_409_and_metrics_coun
         assert gauges == [1.0]  # the suspended v1 run: no worker serves v1
     finally:
         engine.close()
-
-
-async def test_tools_a_lifespan_adds_do_not_change_the_version() -> None:
-    """An MCP server's tools are listed when a process enters the agent's lifespan; a run
-    started by a process that did not (or before they were listed) has the same version."""
-    from collections.abc import AsyncIterator
-    from contextlib import asynccontextmanager
-
-    @asynccontextmanager
-    async def adds_whoami(agent: Agent) -> AsyncIterator[Agent]:
-        yield dataclasses.replace(agent, tools=(*agent.tools, versioned.whoami))
-
-    declared = dataclasses.replace(agents.agent(), version=None, lifespan=adds_whoami)
-    async with declared.running() as served:
-        assert served.tool("whoami") is not None
-        assert served.agent_version == declared.agent_version

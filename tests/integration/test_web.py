@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import agents
 import downstream
@@ -18,10 +18,9 @@ import httpx
 import pytest
 
 import tether.api.web.inbox
-from tether import Agent, Engine, MemoryNotifier, ScriptedModel, StopKind, tool
+from tether import Agent, Engine, MemoryNotifier, ScriptedModel, StopKind
 from tether.api.app import create_app
 from tether.config import Settings
-from tether.errors import InvalidInput
 from tether.runs import Run, RunState
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -459,32 +458,6 @@ async def test_a_published_user_whose_key_is_not_stored_cannot_sign_in(db_url: s
         web.engine.close()
 
 
-def test_a_preview_with_lines_renders_them_as_a_nested_table() -> None:
-    from tether.api.web import templates
-
-    preview = {
-        "quote_id": "Q-1",
-        "lines": [
-            {"sku": "SKU-4411", "quantity": 200, "unit_price": 12.5},
-            {"sku": "<b>x</b>", "quantity": 1},
-        ],
-        "discount_pct": 5,
-        "total": None,
-    }
-    rendered = templates.env.from_string(
-        '{% from "macros.html" import value %}{{ value(p) }}'
-    ).render(p=preview)
-    compact = re.sub(r">\s+<", "><", rendered)
-    assert '<th scope="row">lines</th><td><table class="rows">' in compact
-    assert (
-        '<thead><tr><th scope="col">sku</th><th scope="col">quantity</th>'
-        '<th scope="col">unit_price</th></tr></thead>'
-    ) in compact
-    assert "<td>SKU-4411</td><td>200</td><td>12.5</td>" in compact
-    assert "<td>&lt;b&gt;x&lt;/b&gt;</td><td>1</td><td>—</td>" in compact
-    assert '<th scope="row">total</th><td>—</td>' in compact
-
-
 INBOX_FORM = re.compile(
     r'action="/runs/([^"]+)/decision".*?name="tool_call_id" value="([^"]+)".*?'
     r'name="digest" value="([^"]*)"',
@@ -538,23 +511,6 @@ async def test_an_inbox_decision_by_a_stranger_changes_nothing(web: Web) -> None
 # -- decisions with a reason, and edits (reference §9) -------------------------------------------
 
 
-def _ship_preview(args: Any, scope: Any) -> dict[str, Any]:
-    return {"sku": args.sku, "quantity": args.quantity, "cost": args.quantity * args.weight}
-
-
-@tool(effect="write", needs_confirmation=True, dedupes=True, preview=_ship_preview)
-def ship(
-    sku: str,
-    quantity: int,
-    rush: bool = False,
-    speed: Literal["ground", "air"] = "ground",
-    weight: float = 1.5,
-    labels: list[str] | None = None,
-) -> dict[str, Any]:
-    """Ship an order (a write a human confirms); its downstream deduplicates by key."""
-    return {"shipped": sku, "quantity": quantity, "rush": rush, "speed": speed}
-
-
 SHIP_ORDER = {"sku": "A-1", "quantity": 3, "rush": False, "speed": "ground"}
 
 
@@ -563,7 +519,7 @@ async def shipping(db_url: str) -> AsyncIterator[Web]:
     """The inbox of an agent whose one tool has string, integer, number, boolean, enum and
     list arguments."""
     agent = Agent(
-        name="shipping", system_prompt="Ship.", tools=(ship,), resolve_scope=agents.resolve
+        name="shipping", system_prompt="Ship.", tools=(agents.ship,), resolve_scope=agents.resolve
     )
     model = ScriptedModel(
         [{"tool_calls": [{"name": "ship", "arguments": SHIP_ORDER}]}, {"content": "shipped"}]
@@ -842,30 +798,3 @@ async def test_a_decline_reason_reaches_the_model_and_every_later_answer(web: We
     assert result["error"] == "declined_by_user" and result["reason"] == stored
     assert [(d["by"], d["reason"]) for d in await web.decisions(run_id)] == [("boss", stored)]
     assert downstream.effects() == []
-
-
-def test_edit_fields_read_back_as_json_values_and_leave_bad_text_to_validation() -> None:
-    from tether.api.web.forms import edit_fields, read_edits
-
-    parameters = ship.spec().parameters
-    fields = {f.name: f for f in edit_fields(parameters, {"sku": "A", "labels": ["x"]})}
-    assert {name: f.kind for name, f in fields.items()} == {
-        "sku": "text",
-        "quantity": "number",
-        "rush": "checkbox",
-        "speed": "select",
-        "weight": "number",
-        "labels": "json",
-    }
-    assert fields["speed"].value == "ground" and fields["weight"].value == "1.5"  # defaults
-    assert json.loads(fields["labels"].value) == ["x"] and fields["labels"].nullable
-    assert fields["quantity"].required and not fields["rush"].required
-    read = read_edits(
-        parameters,
-        {"arg.sku": "B", "arg.quantity": "7", "arg.speed": "air", "arg.labels": ""},
-    )
-    assert read == {"sku": "B", "quantity": 7, "rush": False, "speed": "air", "labels": None}
-    loose = read_edits(parameters, {"arg.quantity": "seven", "arg.weight": "NaN"})
-    assert loose["quantity"] == "seven" and loose["weight"] == "NaN"  # validation refuses
-    with pytest.raises(InvalidInput, match="not valid JSON"):
-        read_edits(parameters, {"arg.labels": "[NaN]"})

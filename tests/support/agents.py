@@ -7,7 +7,8 @@ built of them. Imported by tests and by the ``tether`` subprocesses they start
   deduplicates; ``write_once``, reconciled by key; ``blind_write``, neither; ``send``, which
   a human confirms, with a preview, a guard and a permission), playing ``KIT_SCRIPT``;
 - ``fault_agent()``: the same and a slow read (``nap``) and a slow re-check
-  (``careful_send``), each run playing the script its question names.
+  (``careful_send``), each run playing the script its question names;
+- ``ship``: a write a human confirms whose arguments are of every kind an edit form shows.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import downstream
 
@@ -143,6 +144,26 @@ def agent() -> Agent:
         resolve_scope=resolve,
         default_model=script,
     )
+
+
+# -- an edit form of every kind of field (tests/integration/test_web.py) ---------------------
+
+
+def _ship_preview(args: Any, scope: Any) -> dict[str, Any]:
+    return {"sku": args.sku, "quantity": args.quantity, "cost": args.quantity * args.weight}
+
+
+@tool(effect="write", needs_confirmation=True, dedupes=True, preview=_ship_preview)
+def ship(
+    sku: str,
+    quantity: int,
+    rush: bool = False,
+    speed: Literal["ground", "air"] = "ground",
+    weight: float = 1.5,
+    labels: list[str] | None = None,
+) -> dict[str, Any]:
+    """Ship an order (a write a human confirms); its downstream deduplicates by key."""
+    return {"shipped": sku, "quantity": quantity, "rush": rush, "speed": speed}
 
 
 # -- fault trials (tests/acceptance/test_faults.py) ------------------------------------------

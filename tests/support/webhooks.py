@@ -1,4 +1,5 @@
-"""A local webhook receiver: collects the suspension notices tether POSTs to it."""
+"""Local webhook receivers: one that collects the suspension notices tether POSTs to it, and
+one that refuses the first few."""
 
 from __future__ import annotations
 
@@ -52,3 +53,34 @@ class NoticeReceiver:
 def receiver() -> Iterator[NoticeReceiver]:
     with NoticeReceiver() as r:
         yield r
+
+
+class Flaky:
+    """A webhook receiver that answers 503 ``failures`` times, then 204."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.received: list[dict[str, Any]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if outer.failures > 0:
+                    outer.failures -= 1
+                    self.send_response(503)
+                else:
+                    outer.received.append(body)
+                    self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
