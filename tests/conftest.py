@@ -15,12 +15,18 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import settings
 
 from tether.sandbox import RunningSandbox, start_in_thread
 from tether.store import Store, upgrade
 
 PG_ADMIN_URL = os.environ.get("TETHER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 BACKENDS = ["sqlite", "postgresql"]
+
+# Property tests judge what a function returns, never how fast a loaded machine computes
+# it: Hypothesis's per-example deadline would be a timed assertion.
+settings.register_profile("untimed", deadline=None)
+settings.load_profile("untimed")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -14,10 +14,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import kit
+import processes
 import pytest
 
-CHAOS = kit.ROOT / "benchmarks" / "chaos.py"
+CHAOS = processes.ROOT / "benchmarks" / "chaos.py"
 # A guard against a hung soak, not a timing assertion: the soak takes well under this.
 GUARD_S = 240
 
@@ -26,13 +26,13 @@ def test_a_small_chaos_soak_with_kills_and_dropped_connections_keeps_every_invar
     tmp_path: Path,
 ) -> None:
     command = [
-        kit.PYTHON, str(CHAOS), "--runs", "30", "--workers", "2", "--seed", "20261130",
+        processes.PYTHON, str(CHAOS), "--runs", "30", "--workers", "2", "--seed", "20261130",
         "--kill-every-s", "5", "--min-kills", "2",
         "--db-fault-every-s", "3", "--min-db-faults", "2",
         "--deadline-s", "120", "--settle-s", "60", "--logs", str(tmp_path / "logs"),
     ]  # fmt: skip
     proc = subprocess.Popen(
-        command, cwd=kit.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, cwd=processes.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         out, _ = proc.communicate(timeout=GUARD_S)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 
-import kit
+import downstream
+import inprocess
+import processes
 import pytest
 from alembic import command
+from waiting import run_sync
 
+from tether.notify import MemoryNotifier
 from tether.store import SchemaStatus, Store, schema_status
 from tether.store.migrate import alembic_config
 
@@ -21,47 +24,47 @@ def _json(text: str) -> dict[str, object]:
 def test_approve_exits_0_when_it_took_effect_and_1_with_the_code_when_refused(
     db_url: str,
 ) -> None:
-    notifier = kit.MemoryNotifier()
-    engine = kit.engine(db_url, script_name="send", notifier=notifier)
+    notifier = MemoryNotifier()
+    engine = inprocess.engine(db_url, script_name="send", notifier=notifier)
     run_id = engine.sync.ask("dana", "send").run_id
     token = notifier.last(run_id).token
     engine.close()
-    env = kit.tether_env(db_url)
+    env = processes.tether_env(db_url)
 
-    stranger = kit.tether("approve", token, "--as", "mallory", env=env)
+    stranger = processes.tether("approve", token, "--as", "mallory", env=env)
     assert stranger.returncode == 1 and "unknown_or_expired" in stranger.stderr
-    done = kit.tether("approve", token, env=env)
+    done = processes.tether("approve", token, env=env)
     assert done.returncode == 0, done.stderr
     assert _json(done.stdout)["outcome"] == "executed"
-    again = kit.tether("approve", token, "--decline", env=env)
+    again = processes.tether("approve", token, "--decline", env=env)
     assert again.returncode == 1 and "already_resumed" in again.stderr
-    unknown = kit.tether("approve", "no-such-token", env=env)
+    unknown = processes.tether("approve", "no-such-token", env=env)
     assert unknown.returncode == 1 and "unknown_or_expired" in unknown.stderr
-    assert len(kit.effects()) == 1
+    assert len(downstream.effects()) == 1
 
 
 def test_approve_takes_a_reason_and_edited_arguments_with_the_digest_of_their_preview(
     db_url: str,
 ) -> None:
-    notifier = kit.MemoryNotifier()
-    engine = kit.engine(db_url, script_name="send", notifier=notifier)
+    notifier = MemoryNotifier()
+    engine = inprocess.engine(db_url, script_name="send", notifier=notifier)
     first = engine.sync.ask("dana", "send").run_id
     second = engine.sync.ask("dana", "send").run_id
     token, other = notifier.last(first).token, notifier.last(second).token
-    shown = asyncio.run(engine.preview_approval(token, "dana", {"item": "c"}))
+    shown = run_sync(engine.preview_approval(token, "dana", {"item": "c"}))
     engine.close()
-    env = kit.tether_env(db_url)
+    env = processes.tether_env(db_url)
 
-    bad = kit.tether("approve", token, "--arguments", "{not json", env=env)
+    bad = processes.tether("approve", token, "--arguments", "{not json", env=env)
     assert bad.returncode == 1 and "invalid_input" in bad.stderr
-    wrong = kit.tether("approve", token, "--arguments", '{"item": 1}', env=env)
+    wrong = processes.tether("approve", token, "--arguments", '{"item": 1}', env=env)
     assert wrong.returncode == 1 and "invalid_input" in wrong.stderr
     edited = ("--arguments", '{"item": "c"}', "--digest", str(shown.digest))
-    done = kit.tether("approve", token, *edited, "--reason", "c it is", env=env)
+    done = processes.tether("approve", token, *edited, "--reason", "c it is", env=env)
     assert done.returncode == 0, done.stderr
     assert _json(done.stdout)["outcome"] == "executed"
-    assert [item for _, _, item in kit.effects()] == ["c"]
-    declined = kit.tether("approve", other, "--decline", "--reason", "not now", env=env)
+    assert [item for _, _, item in downstream.effects()] == ["c"]
+    declined = processes.tether("approve", other, "--decline", "--reason", "not now", env=env)
     assert declined.returncode == 0, declined.stderr
     store = Store(db_url)
     try:
@@ -72,43 +75,43 @@ def test_approve_takes_a_reason_and_edited_arguments_with_the_digest_of_their_pr
 
 
 def test_continue_cancel_and_runs_show(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="standard")
+    engine = inprocess.engine(db_url, script_name="standard")
     halted = engine.sync.ask("dana", "go", limits={"max_steps": 1})
     assert halted.reason == "max_steps"
     engine.close()
-    env = kit.tether_env(db_url)
+    env = processes.tether_env(db_url)
 
-    shown = kit.tether("runs", "show", halted.run_id, env=env)
+    shown = processes.tether("runs", "show", halted.run_id, env=env)
     assert shown.returncode == 0
     data = _json(shown.stdout)
     assert data["state"] == "halted" and data["halt_reason"] == "max_steps"
     assert data["budget"]["consumed"]["steps"] == 1  # type: ignore[index]
     assert [m["role"] for m in data["messages"]][:2] == ["system", "user"]  # type: ignore[attr-defined]
 
-    continued = kit.tether("continue", halted.run_id, env=env)
+    continued = processes.tether("continue", halted.run_id, env=env)
     assert continued.returncode == 0, continued.stderr
     assert _json(continued.stdout)["budget"]["limits"]["max_steps"] == 5  # type: ignore[index]
-    not_halted = kit.tether("continue", halted.run_id, env=env)
+    not_halted = processes.tether("continue", halted.run_id, env=env)
     assert not_halted.returncode == 1 and "not_halted" in not_halted.stderr
 
-    cancelled = kit.tether("cancel", halted.run_id, env=env)
+    cancelled = processes.tether("cancel", halted.run_id, env=env)
     assert cancelled.returncode == 0 and _json(cancelled.stdout)["state"] == "cancelled"
-    again = kit.tether("cancel", halted.run_id, env=env)
+    again = processes.tether("cancel", halted.run_id, env=env)
     assert again.returncode == 1 and "already_finished" in again.stderr
-    missing = kit.tether("runs", "show", "nope", env=env)
+    missing = processes.tether("runs", "show", "nope", env=env)
     assert missing.returncode == 1 and "not_found" in missing.stderr
-    listed = kit.tether("runs", "list", env=env)
+    listed = processes.tether("runs", "list", env=env)
     assert listed.returncode == 0 and halted.run_id[:8] in listed.stdout
 
     # The cancelled run's events, one JSON line each, then the command ends (terminal).
-    watched = kit.tether("runs", "watch", halted.run_id, env=env)
+    watched = processes.tether("runs", "watch", halted.run_id, env=env)
     assert watched.returncode == 0, watched.stderr
     lines = [json.loads(line) for line in watched.stdout.splitlines()]
     assert [e["seq"] for e in lines] == list(range(1, len(lines) + 1))
     assert lines[0]["kind"] == "created" and lines[-1]["kind"] == "cancelled"
-    tail = kit.tether("runs", "watch", halted.run_id, "--after", str(len(lines) - 1), env=env)
+    tail = processes.tether("runs", "watch", halted.run_id, "--after", str(len(lines) - 1), env=env)
     assert [json.loads(line)["kind"] for line in tail.stdout.splitlines()] == ["cancelled"]
-    unknown = kit.tether("runs", "watch", "nope", env=env)
+    unknown = processes.tether("runs", "watch", "nope", env=env)
     assert unknown.returncode == 1 and "not_found" in unknown.stderr
 
 
@@ -118,21 +121,21 @@ def test_worker_refuses_an_older_schema_and_migrate_brings_it_up(db_url: str) ->
         config = alembic_config(store.engine)
         config.attributes["connection"] = conn
         command.downgrade(config, "0001")
-    env = kit.tether_env(db_url)
-    refused = kit.tether("worker", "--exit-when-idle", env=env)
+    env = processes.tether_env(db_url)
+    refused = processes.tether("worker", "--exit-when-idle", env=env)
     assert refused.returncode == 1
     assert "tether migrate" in refused.stderr
-    migrated = kit.tether("migrate", env=env)
+    migrated = processes.tether("migrate", env=env)
     assert migrated.returncode == 0, migrated.stderr
     assert schema_status(store.engine) is SchemaStatus.CURRENT
-    worker = kit.tether("worker", "--exit-when-idle", env=env)
+    worker = processes.tether("worker", "--exit-when-idle", env=env)
     assert worker.returncode == 0, worker.stderr
     store.close()
 
 
 def test_worker_migrates_an_empty_sqlite_database_on_start(tmp_path: object) -> None:
     url = f"sqlite:///{tmp_path}/fresh.db"
-    worker = kit.tether("worker", "--exit-when-idle", env=kit.tether_env(url))
+    worker = processes.tether("worker", "--exit-when-idle", env=processes.tether_env(url))
     assert worker.returncode == 0, worker.stderr
     store = Store(url)
     assert schema_status(store.engine) is SchemaStatus.CURRENT
@@ -140,11 +143,11 @@ def test_worker_migrates_an_empty_sqlite_database_on_start(tmp_path: object) -> 
 
 
 def test_a_bad_failpoint_or_setting_is_a_clear_error(db_url: str) -> None:
-    env = kit.tether_env(db_url, TETHER_FAILPOINTS="nowhere=crash")
-    bad = kit.tether("worker", "--exit-when-idle", env=env)
+    env = processes.tether_env(db_url, TETHER_FAILPOINTS="nowhere=crash")
+    bad = processes.tether("worker", "--exit-when-idle", env=env)
     assert bad.returncode != 0 and "bad failpoint" in bad.stderr
-    env = kit.tether_env(db_url, TETHER_HEARTBEAT_TIMEOUT_S="soon")
-    bad = kit.tether("reap", env=env)
+    env = processes.tether_env(db_url, TETHER_HEARTBEAT_TIMEOUT_S="soon")
+    bad = processes.tether("reap", env=env)
     assert bad.returncode == 1 and "TETHER_HEARTBEAT_TIMEOUT_S" in bad.stderr
 
 
@@ -152,22 +155,22 @@ def test_a_bad_failpoint_or_setting_is_a_clear_error(db_url: str) -> None:
 async def test_migrate_creates_the_agents_published_users_and_users_add_prints_a_working_key(
     empty_url: str,
 ) -> None:
-    env = kit.tether_env(empty_url)
+    env = processes.tether_env(empty_url)
     demo = subprocess.run(
-        [kit.PYTHON, "-m", "tether", "migrate"],  # the default agent: the demo's
+        [processes.PYTHON, "-m", "tether", "migrate"],  # the default agent: the demo's
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=kit.ROOT,
+        cwd=processes.ROOT,
         check=False,
     )
     assert demo.returncode == 0, demo.stderr
-    added = kit.tether("users", "add", "erin", env=env)
+    added = processes.tether("users", "add", "erin", env=env)
     assert added.returncode == 0, added.stderr
     key = added.stdout.strip()
 
-    async with kit.engine(empty_url) as engine:
+    async with inprocess.engine(empty_url) as engine:
         owners = [
             await engine.user_for_key(k)
             for k in ("tether-demo-dana", "tether-demo-miguel", key, "tether-demo-nobody")

@@ -18,9 +18,14 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import kit
+import downstream
+import inprocess
+import processes
 import pytest
+import webhooks
+from waiting import poll_until
 
+from tether.notify import MemoryNotifier
 from tether.runs import Run
 from tether.store import Store
 
@@ -43,7 +48,9 @@ def _stale(store: Store, run: Run) -> bool:
     return current.owner is None or store.now() - (current.heartbeat_at or 0) > 0.35
 
 
-def drive(url: str, run_id: str, failpoints: list[str], receiver: kit.NoticeReceiver) -> Phases:
+def drive(
+    url: str, run_id: str, failpoints: list[str], receiver: webhooks.NoticeReceiver
+) -> Phases:
     """Carry a run to a terminal state with subprocesses, crashing at each failpoint in
     turn (the next one is armed after the previous one fired)."""
     store = Store(url)
@@ -59,7 +66,7 @@ def drive(url: str, run_id: str, failpoints: list[str], receiver: kit.NoticeRece
             extra = {"TETHER_WEBHOOK_URL": receiver.url}
             if armed:
                 extra["TETHER_FAILPOINTS"] = armed[0]
-            env = kit.tether_env(url, **extra)
+            env = processes.tether_env(url, **extra)
             token = _token(receiver, run_id) if run.state.value == "suspended" else None
             if token is not None:
                 receiver.notices.clear()
@@ -67,7 +74,7 @@ def drive(url: str, run_id: str, failpoints: list[str], receiver: kit.NoticeRece
             elif run.state.value == "suspended":
                 # The notice was lost (the process died before sending it): the reaper
                 # re-issues it with a fresh token once the suspension is stale.
-                kit.poll_until(
+                poll_until(
                     functools.partial(_older_than, store, run.suspended_at or 0, 0.35),
                     what="an old unnotified suspension",
                 )
@@ -75,9 +82,9 @@ def drive(url: str, run_id: str, failpoints: list[str], receiver: kit.NoticeRece
             elif run.owner is None:
                 args = ["worker", "--exit-when-idle", "--no-reap"]
             else:
-                kit.poll_until(functools.partial(_stale, store, run), what="a stale heartbeat")
+                poll_until(functools.partial(_stale, store, run), what="a stale heartbeat")
                 args = ["reap"]
-            proc = kit.tether(*args, env=env)
+            proc = processes.tether(*args, env=env)
             seen.processes.append(f"{args[0]}:{proc.returncode}")
             if proc.returncode == 137:
                 seen.crashes += 1
@@ -89,7 +96,7 @@ def drive(url: str, run_id: str, failpoints: list[str], receiver: kit.NoticeRece
         store.close()
 
 
-def _token(receiver: kit.NoticeReceiver, run_id: str) -> str | None:
+def _token(receiver: webhooks.NoticeReceiver, run_id: str) -> str | None:
     try:
         return receiver.token_for(run_id)
     except LookupError:
@@ -124,7 +131,7 @@ def check_messages(messages: list[dict[str, object]]) -> None:
 
 
 def effects_by_tool() -> dict[str, int]:
-    rows = kit.effects()
+    rows = downstream.effects()
     per_key = collections.Counter(key for key, _, _ in rows)
     assert all(n == 1 for n in per_key.values()), f"duplicate writes: {per_key}"
     return dict(collections.Counter(tool for _, tool, _ in rows))
@@ -159,12 +166,12 @@ CASES = [
 def test_crash_at_each_failpoint_recovers_exactly_once(
     db_url: str, failpoints: list[str], script: str, expected: dict[str, int]
 ) -> None:
-    engine = kit.engine(db_url, script_name=script)
+    engine = inprocess.engine(db_url, script_name=script)
     run = engine.sync.start_run("dana", "go")
     engine.close()
     os.environ["KIT_SCRIPT"] = script
     try:
-        with kit.receiver() as receiver:
+        with webhooks.receiver() as receiver:
             seen = drive(db_url, run.id, failpoints, receiver)
     finally:
         os.environ.pop("KIT_SCRIPT", None)
@@ -181,12 +188,12 @@ def test_crash_at_each_failpoint_recovers_exactly_once(
 def test_a_crash_after_intent_of_an_unreconciled_write_tells_the_model(db_url: str) -> None:
     """The write never ran: reconciliation finds it absent, the model is told it did not
     complete (reference invariant 3), and nothing is written twice or at all."""
-    engine = kit.engine(db_url, script_name="write_once")
+    engine = inprocess.engine(db_url, script_name="write_once")
     run = engine.sync.start_run("dana", "go")
     engine.close()
     os.environ["KIT_SCRIPT"] = "write_once"
     try:
-        with kit.receiver() as receiver:
+        with webhooks.receiver() as receiver:
             seen = drive(db_url, run.id, ["after_intent=crash"], receiver)
     finally:
         os.environ.pop("KIT_SCRIPT", None)
@@ -194,14 +201,14 @@ def test_a_crash_after_intent_of_an_unreconciled_write_tells_the_model(db_url: s
     check_messages(seen.messages[-1])
     results = [json.loads(str(m["content"])) for m in seen.messages[-1] if m["role"] == "tool"]
     assert results[0]["error"] == "not_completed"
-    assert kit.effects() == []
+    assert downstream.effects() == []
 
 
 def test_a_run_that_crashes_on_every_attempt_ends_recovery_exhausted(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="standard")
+    engine = inprocess.engine(db_url, script_name="standard")
     run = engine.sync.start_run("dana", "go")
     engine.close()
-    with kit.receiver() as receiver:
+    with webhooks.receiver() as receiver:
         seen = drive(db_url, run.id, ["after_model_call=crash"] * 10, receiver)
     store = Store(db_url)
     final = store.get_run(run.id)
@@ -213,26 +220,26 @@ def test_a_run_that_crashes_on_every_attempt_ends_recovery_exhausted(db_url: str
 
 
 def test_two_reapers_at_once_recover_each_orphan_once(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="standard")
+    engine = inprocess.engine(db_url, script_name="standard")
     ids = [engine.sync.start_run("dana", f"go {i}").id for i in range(6)]
     engine.close()
-    env = kit.tether_env(db_url, TETHER_FAILPOINTS="after_tool_commit:record=crash")
+    env = processes.tether_env(db_url, TETHER_FAILPOINTS="after_tool_commit:record=crash")
     for _ in ids:
-        crashed = kit.tether(
+        crashed = processes.tether(
             "worker", "--exit-when-idle", "--no-reap", "--concurrency", "1", env=env
         )
         assert crashed.returncode == 137, crashed.stderr[-2000:]
     store = Store(db_url)
-    kit.poll_until(lambda: all(_stale(store, store.get_run(i)) for i in ids))  # type: ignore[arg-type]
-    reap_env = kit.tether_env(db_url)
+    poll_until(lambda: all(_stale(store, store.get_run(i)) for i in ids))  # type: ignore[arg-type]
+    reap_env = processes.tether_env(db_url)
     reapers = [
         subprocess.Popen(
-            [kit.PYTHON, "-m", "tether", "reap", "--agent", "kit:agent"],
+            [processes.PYTHON, "-m", "tether", "reap", "--agent", "agents:agent"],
             env=reap_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            cwd=kit.ROOT,
+            cwd=processes.ROOT,
         )
         for _ in range(2)
     ]
@@ -249,40 +256,40 @@ def test_two_reapers_at_once_recover_each_orphan_once(db_url: str) -> None:
 
 
 def test_a_paused_worker_cannot_write_after_the_reaper_took_its_run(db_url: str) -> None:
-    kit.set_world("lookup_ms", "1500")
-    engine = kit.engine(db_url, script_name="standard")
+    downstream.set_world("lookup_ms", "1500")
+    engine = inprocess.engine(db_url, script_name="standard")
     run = engine.sync.start_run("dana", "go")
     engine.close()
     store = Store(db_url)
-    with kit.receiver() as receiver:
-        env = kit.tether_env(db_url, TETHER_WEBHOOK_URL=receiver.url)
+    with webhooks.receiver() as receiver:
+        env = processes.tether_env(db_url, TETHER_WEBHOOK_URL=receiver.url)
         worker = subprocess.Popen(
             [
-                kit.PYTHON,
+                processes.PYTHON,
                 "-m",
                 "tether",
                 "worker",
                 "--exit-when-idle",
                 "--no-reap",
                 "--agent",
-                "kit:agent",
+                "agents:agent",
             ],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            cwd=kit.ROOT,
+            cwd=processes.ROOT,
         )
         try:
             working = Path(os.environ["KIT_EFFECTS_DB"] + ".working")
-            kit.poll_until(working.exists, what="the first tool at work")
+            poll_until(working.exists, what="the first tool at work")
             worker.send_signal(signal.SIGSTOP)
-            kit.poll_until(lambda: _stale(store, run), what="a stale heartbeat")
+            poll_until(lambda: _stale(store, run), what="a stale heartbeat")
             epoch_before = store.get_run(run.id).lease_epoch  # type: ignore[union-attr]
-            reap = kit.tether("reap", env=env)
+            reap = processes.tether("reap", env=env)
             assert reap.returncode == 0, reap.stderr
             assert store.get_run(run.id).lease_epoch == epoch_before + 1  # type: ignore[union-attr]
-            kit.set_world("lookup_ms", "0")
+            downstream.set_world("lookup_ms", "0")
         finally:
             worker.send_signal(signal.SIGCONT)
         _, stderr = worker.communicate(timeout=120)
@@ -296,20 +303,20 @@ def test_a_paused_worker_cannot_write_after_the_reaper_took_its_run(db_url: str)
 
 
 def test_twenty_approvals_from_separate_processes_resume_once(pg_url: str) -> None:
-    notifier = kit.MemoryNotifier()
-    engine = kit.engine(pg_url, script_name="send", notifier=notifier)
+    notifier = MemoryNotifier()
+    engine = inprocess.engine(pg_url, script_name="send", notifier=notifier)
     outcome = engine.sync.ask("dana", "send")
     token = notifier.last(outcome.run_id).token
     engine.close()
-    env = kit.tether_env(pg_url)
+    env = processes.tether_env(pg_url)
     procs = [
         subprocess.Popen(
-            [kit.PYTHON, "-m", "tether", "approve", token, "--agent", "kit:agent"],
+            [processes.PYTHON, "-m", "tether", "approve", token, "--agent", "agents:agent"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            cwd=kit.ROOT,
+            cwd=processes.ROOT,
         )
         for _ in range(20)
     ]

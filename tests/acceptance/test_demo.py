@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import kit
 import pytest
 from rich.console import Console
+from waiting import poll_until
 
 from tether.demo import scenes, story
 from tether.demo.stage import SceneResult, Stage, open_stage
@@ -257,7 +257,7 @@ def test_the_readmes_service_walkthrough_suspends_the_send_with_no_sandbox_confi
             stderr=subprocess.STDOUT,
         )
     try:
-        kit.poll_until(lambda: _ready(proc, base, log), timeout=60, what="serve to be ready")
+        poll_until(lambda: _ready(proc, base, log), timeout=60, what="serve to be ready")
         response = httpx.post(
             f"{base}/v1/runs",
             headers={"Authorization": "Bearer tether-demo-dana"},
@@ -267,7 +267,7 @@ def test_the_readmes_service_walkthrough_suspends_the_send_with_no_sandbox_confi
         assert response.status_code == 202, response.text
         run_id = response.json()["id"]
 
-        state = kit.poll_until(lambda: _state(base, run_id, log), timeout=60, what="a stop")
+        state = poll_until(lambda: _state(base, run_id, log), timeout=60, what="a stop")
 
         assert state == "suspended", log.read_text()[-3000:]
         # The README's `curl -N …/events/stream`: the run's events so far, then the stream

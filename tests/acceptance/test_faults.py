@@ -4,7 +4,7 @@ approval storm meets a short heartbeat; a plain-function tool outlasts the heart
 timeout. In each, no run fails with ``fail_reason = "error"``, every run reaches the
 state its script leads to, no process exits, and the API answers no 500.
 
-The runs are the test agent's (``kit:fault_agent``): each question names its script
+The runs are the test agent's (``agents:fault_agent``): each question names its script
 (``script:steps``: six short naps, a write, the answer; ``script:send``: a send that
 needs confirmation; ``script:careful_send``: one whose re-check after approval is slow;
 ``script:slow``: a six-second plain-function read). Timings are chosen for a loaded
@@ -14,7 +14,6 @@ faults' own durations.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import errno
 import json
@@ -26,25 +25,28 @@ import sqlite3
 import subprocess
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
+import downstream
 import httpx
-import kit
+import inprocess
 import pgcluster
+import processes
 import psycopg
 import pytest
+import webhooks
+from waiting import poll_until, run_sync
 
 from tether import Engine
 from tether.store import Store, upgrade
 from tether.store.users import add_user
 
-AGENT = "kit:fault_agent"
-T = TypeVar("T")
+AGENT = "agents:fault_agent"
 TERMINATE = (
     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
     " WHERE datname = %s AND pid <> pg_backend_pid()"
@@ -58,12 +60,6 @@ FAULT_ENV = {
     # for an orphan several times must not be failed ``recovery_exhausted``.
     "TETHER_MAX_RECOVERY_ATTEMPTS": "50",
 }
-
-
-def _sync(work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work`` on a loop of its own (see tests/acceptance/test_workers.py)."""
-    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
-        return runner.run(work)
 
 
 # -- processes -------------------------------------------------------------------------------
@@ -81,13 +77,13 @@ class Procs:
         return proc
 
     def worker(self, env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[str]:
-        return self.add(kit.spawn_agent("worker", *args, agent=AGENT, env=env, log=log), log)
+        return self.add(processes.spawn_agent("worker", *args, agent=AGENT, env=env, log=log), log)
 
     def serve(self, env: dict[str, str], log: Path, *, concurrency: int = 8) -> str:
         """``tether serve --workers 1``; its base URL once /readyz answers 200."""
         port = pgcluster.free_port()
         proc = self.add(
-            kit.spawn_agent(
+            processes.spawn_agent(
                 "serve", "--port", str(port), "--workers", "1",
                 "--concurrency", str(concurrency), agent=AGENT, env=env, log=log,
             ),
@@ -103,7 +99,7 @@ class Procs:
             except httpx.HTTPError:
                 return False
 
-        kit.poll_until(ready, timeout=60, interval=0.2, what="serve to be ready")
+        poll_until(ready, timeout=60, interval=0.2, what="serve to be ready")
         return base
 
     def assert_alive(self) -> None:
@@ -214,7 +210,7 @@ def wait_for_states(
         return runs if all(r["state"] == wanted for r in runs.values()) else None
 
     try:
-        found: dict[str, dict[str, Any]] = kit.poll_until(
+        found: dict[str, dict[str, Any]] = poll_until(
             settled, timeout=timeout, interval=0.25, what=f"every run to be {wanted}"
         )
     except AssertionError as exc:
@@ -298,14 +294,14 @@ def drop_connections(url: str, *, seconds: float, every: float) -> int:
 
 def test_dropped_connections_fail_no_run_and_stop_no_process(pg_url: str, tmp_path: Path) -> None:
     key = new_key(pg_url)
-    env = kit.tether_env(pg_url, **FAULT_ENV)
+    env = processes.tether_env(pg_url, **FAULT_ENV)
     with Procs() as procs:
         base = procs.serve(env, tmp_path / "serve.log", concurrency=2)
         for i in range(2):
             procs.worker(env, tmp_path / f"worker{i}.log", "--concurrency", "2")
         with api(base, key) as client:
             ids = start_runs(client, [f"script:steps job {i}" for i in range(15)])
-            kit.poll_until(lambda: steps_taken(client, ids) >= 2, timeout=60, what="runs under way")
+            poll_until(lambda: steps_taken(client, ids) >= 2, timeout=60, what="runs under way")
             with ApiWatch(base, key, ids) as watch:
                 killed = drop_connections(pg_url, seconds=8, every=0.5)
                 procs.assert_alive()
@@ -314,7 +310,7 @@ def test_dropped_connections_fail_no_run_and_stop_no_process(pg_url: str, tmp_pa
     assert killed > 0, "the trial dropped no connection"
     assert not watch.complaints, "\n".join(watch.complaints[:20])
     assert watch.answers[("run", 200)] > 0 and watch.answers[("readyz", 200)] > 0
-    records = [key for key, tool, _ in kit.effects() if tool == "record"]
+    records = [key for key, tool, _ in downstream.effects() if tool == "record"]
     assert sorted(records) == sorted(set(records)) and len(records) == len(ids)
 
 
@@ -332,18 +328,18 @@ def test_a_database_restart_fails_no_run_and_stops_no_process(tmp_path: Path) ->
         finally:
             store.close()
         key = new_key(cluster.url)
-        env = kit.tether_env(cluster.url, **FAULT_ENV)
+        env = processes.tether_env(cluster.url, **FAULT_ENV)
         base = procs.serve(env, tmp_path / "serve.log", concurrency=2)
         procs.worker(env, tmp_path / "worker.log", "--concurrency", "3")
         with api(base, key) as client:
             ids = start_runs(client, [f"script:steps job {i}" for i in range(10)])
-            kit.poll_until(lambda: steps_taken(client, ids) >= 2, timeout=60, what="runs under way")
+            poll_until(lambda: steps_taken(client, ids) >= 2, timeout=60, what="runs under way")
             with ApiWatch(base, key, ids) as watch:
                 cluster.stop("fast")
                 down = readyz_while(base, DOWN_S)
                 cluster.start()
                 procs.assert_alive()
-                kit.poll_until(
+                poll_until(
                     lambda: _readyz(base) == 200, timeout=60, what="/readyz 200 after restart"
                 )
                 wait_for_states(client, ids, "answered", timeout=90, procs=procs)
@@ -412,11 +408,11 @@ def test_a_hung_webhook_delays_no_run(sqlite_url: str, tmp_path: Path) -> None:
     slots are held by hung notices for 20 s at a time, so the plain runs (queued behind
     the suspending ones) cannot finish within 40 s."""
     hook = HungHook()
-    engine = kit.fault_engine(sqlite_url)
+    engine = inprocess.fault_engine(sqlite_url)
     try:
-        suspending = [_sync(engine.start_run("dana", f"script:send {i}")).id for i in range(10)]
-        plain = [_sync(engine.start_run("dana", f"script:work {i}")).id for i in range(10)]
-        env = kit.tether_env(
+        suspending = [run_sync(engine.start_run("dana", f"script:send {i}")).id for i in range(10)]
+        plain = [run_sync(engine.start_run("dana", f"script:work {i}")).id for i in range(10)]
+        env = processes.tether_env(
             sqlite_url,
             TETHER_WEBHOOK_URL=hook.url,
             TETHER_HEARTBEAT_TIMEOUT_S="5",
@@ -426,20 +422,20 @@ def test_a_hung_webhook_delays_no_run(sqlite_url: str, tmp_path: Path) -> None:
             procs.worker(env, tmp_path / "worker.log", "--concurrency", "4")
 
             def where() -> dict[str, int]:
-                runs = [_sync(engine.get_run(i)).run for i in suspending + plain]
+                runs = [run_sync(engine.get_run(i)).run for i in suspending + plain]
                 return dict(collections.Counter(r.state.value for r in runs if r is not None))
 
             expected = {"suspended": len(suspending), "answered": len(plain)}
             try:
-                kit.poll_until(lambda: where() == expected, timeout=20, interval=0.2)
+                poll_until(lambda: where() == expected, timeout=20, interval=0.2)
             except AssertionError as exc:
                 raise AssertionError(
                     f"within 20 s: {where()}, expected {expected}\n{procs.logs()[-3000:]}"
                 ) from exc
             for run_id in plain:
-                run = _sync(engine.get_run(run_id)).run
+                run = run_sync(engine.get_run(run_id)).run
                 assert run is not None and run.state.value == "answered"
-            kit.poll_until(lambda: hook.accepted, timeout=30, what="a notice to reach the hook")
+            poll_until(lambda: hook.accepted, timeout=30, what="a notice to reach the hook")
             procs.assert_alive()
     finally:
         engine.close()
@@ -462,7 +458,7 @@ def test_approvals_whose_rechecks_outlast_the_heartbeat_timeout_keep_their_lease
     """The approved call's guard takes 5 s (2.5 heartbeat timeouts) before the tool runs:
     the request executing the approval holds the run's lease, and its heartbeat must
     keep it, or the reaper takes the run for an orphan mid-approval."""
-    kit.set_world("careful_guard_ms", "5000")
+    downstream.set_world("careful_guard_ms", "5000")
     approval_storm(pg_url, tmp_path, tool="careful_send", runs=5, approvers=3)
 
 
@@ -472,12 +468,12 @@ def approval_storm(pg_url: str, tmp_path: Path, *, tool: str, runs: int, approve
     one executes, the others are ``already_resumed``; no 500, no lease lost, no run taken
     for an orphan; every run is then answered, its write applied once."""
     key = new_key(pg_url)
-    with kit.receiver() as receiver, Procs() as procs:
-        env = kit.tether_env(pg_url, **FAULT_ENV, TETHER_WEBHOOK_URL=receiver.url)
+    with webhooks.receiver() as receiver, Procs() as procs:
+        env = processes.tether_env(pg_url, **FAULT_ENV, TETHER_WEBHOOK_URL=receiver.url)
         base = procs.serve(env, tmp_path / "serve.log")
         with api(base, key) as client:
             ids = start_runs(client, [f"script:{tool} storm {i}" for i in range(runs)])
-            kit.poll_until(
+            poll_until(
                 lambda: {n["run_id"] for n in receiver.notices} >= set(ids),
                 timeout=60,
                 what="every run's notice",
@@ -528,7 +524,7 @@ def approval_storm(pg_url: str, tmp_path: Path, *, tool: str, runs: int, approve
             procs.assert_alive()
         logs = procs.logs()
     assert "lease_lost" not in logs and "lease lost" not in logs, logs[-4000:]
-    sent = collections.Counter(key for key, name, _ in kit.effects() if name == tool)
+    sent = collections.Counter(key for key, name, _ in downstream.effects() if name == tool)
     assert len(sent) == len(ids) and set(sent.values()) == {1}, sent
 
 
@@ -539,12 +535,12 @@ LOCK_S = 5.0
 
 
 def _states(engine: Engine, ids: list[str]) -> dict[str, int]:
-    runs = [_sync(engine.get_run(i)).run for i in ids]
+    runs = [run_sync(engine.get_run(i)).run for i in ids]
     return dict(collections.Counter(r.state.value for r in runs if r is not None))
 
 
 def _steps(engine: Engine, ids: list[str]) -> int:
-    runs = [_sync(engine.get_run(i)).run for i in ids]
+    runs = [run_sync(engine.get_run(i)).run for i in ids]
     return max((r.budget.steps for r in runs if r is not None), default=0)
 
 
@@ -555,7 +551,7 @@ def _all_answered(engine: Engine, ids: list[str], procs: Procs, timeout: float) 
         return states == {"answered": len(ids)}
 
     try:
-        kit.poll_until(done, timeout=timeout, interval=0.25)
+        poll_until(done, timeout=timeout, interval=0.25)
     except AssertionError as exc:
         if "timed out" not in str(exc):
             raise
@@ -567,13 +563,13 @@ def _all_answered(engine: Engine, ids: list[str], procs: Procs, timeout: float) 
 
 def test_a_locked_sqlite_database_fails_no_run(sqlite_url: str, tmp_path: Path) -> None:
     path = sqlite_url.removeprefix("sqlite:///")
-    engine = kit.fault_engine(sqlite_url)
+    engine = inprocess.fault_engine(sqlite_url)
     try:
-        ids = [_sync(engine.start_run("dana", f"script:steps job {i}")).id for i in range(10)]
-        env = kit.tether_env(sqlite_url, **FAULT_ENV)
+        ids = [run_sync(engine.start_run("dana", f"script:steps job {i}")).id for i in range(10)]
+        env = processes.tether_env(sqlite_url, **FAULT_ENV)
         with Procs() as procs:
             procs.worker(env, tmp_path / "worker.log", "--concurrency", "4")
-            kit.poll_until(lambda: _steps(engine, ids) >= 2, timeout=60, what="runs under way")
+            poll_until(lambda: _steps(engine, ids) >= 2, timeout=60, what="runs under way")
             holder = sqlite3.connect(path, isolation_level=None, timeout=30)
             try:
                 holder.execute("BEGIN IMMEDIATE")  # another process's write transaction
@@ -633,13 +629,13 @@ def test_a_full_disk_stops_no_sqlite_worker(sqlite_url: str, tmp_path: Path) -> 
         disk = stack.enter_context(small_tmpfs(tmp_path / "small", 32))
         shutil.copyfile(sqlite_url.removeprefix("sqlite:///"), disk / "tether.db")
         url = f"sqlite:///{disk / 'tether.db'}"
-        engine = kit.fault_engine(url)
+        engine = inprocess.fault_engine(url)
         stack.callback(engine.close)
         procs = stack.enter_context(Procs())
-        ids = [_sync(engine.start_run("dana", f"script:steps job {i}")).id for i in range(10)]
-        env = kit.tether_env(url, **FAULT_ENV)
+        ids = [run_sync(engine.start_run("dana", f"script:steps job {i}")).id for i in range(10)]
+        env = processes.tether_env(url, **FAULT_ENV)
         procs.worker(env, tmp_path / "worker.log", "--concurrency", "4")
-        kit.poll_until(lambda: _steps(engine, ids) >= 2, timeout=60, what="runs under way")
+        poll_until(lambda: _steps(engine, ids) >= 2, timeout=60, what="runs under way")
         filler = disk / "filler"
         written = fill(filler)
         try:
@@ -665,10 +661,10 @@ def test_a_slow_plain_function_tool_is_never_taken_for_an_orphan(
     """``nap`` sleeps 6 s in a thread; the heartbeat timeout is 1.5 s and both workers
     reap every 0.5 s. Tool threads on the event loop's path would let the lease go stale
     and the other worker recover the run, running the read again."""
-    engine = kit.fault_engine(pg_url)
+    engine = inprocess.fault_engine(pg_url)
     try:
-        ids = [_sync(engine.start_run("dana", f"script:slow {i}")).id for i in range(2)]
-        env = kit.tether_env(
+        ids = [run_sync(engine.start_run("dana", f"script:slow {i}")).id for i in range(2)]
+        env = processes.tether_env(
             pg_url, TETHER_HEARTBEAT_TIMEOUT_S="1.5", TETHER_REAPER_INTERVAL_S="0.5"
         )
         with Procs() as procs:
@@ -676,13 +672,13 @@ def test_a_slow_plain_function_tool_is_never_taken_for_an_orphan(
                 procs.worker(env, tmp_path / f"worker{i}.log", "--concurrency", "2")
             _all_answered(engine, ids, procs, timeout=90)
             procs.assert_alive()
-        naps = collections.Counter(key for key, tool, _ in kit.effects() if tool == "nap")
+        naps = collections.Counter(key for key, tool, _ in downstream.effects() if tool == "nap")
         assert sorted(k.split(":")[0] for k in naps) == sorted(ids), naps
         assert set(naps.values()) == {1}, f"a read ran again: {naps}"
         for run_id in ids:
-            kinds = [e.kind for e in _sync(engine.events(run_id))]
+            kinds = [e.kind for e in run_sync(engine.events(run_id))]
             assert "recovering" not in kinds, kinds
-            run = _sync(engine.get_run(run_id)).run
+            run = run_sync(engine.get_run(run_id)).run
             assert run is not None and run.recovery_attempts == 0
     finally:
         engine.close()

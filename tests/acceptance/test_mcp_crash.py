@@ -13,10 +13,12 @@ import json
 import subprocess
 from pathlib import Path
 
-import kit
 import mcp_agent
 import mcp_server
+import processes
 import pytest
+import webhooks
+from waiting import poll_until
 
 from tether import Engine, ScriptedModel
 from tether.config import Settings
@@ -29,12 +31,12 @@ from tether.store import Store, idempotency_key
 def tether(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """The ``tether`` CLI in a new process, serving the MCP test agent."""
     return subprocess.run(
-        [kit.PYTHON, "-m", "tether", *args, "--agent", "mcp_agent:agent"],
+        [processes.PYTHON, "-m", "tether", *args, "--agent", "mcp_agent:agent"],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=kit.ROOT,
+        cwd=processes.ROOT,
     )
 
 
@@ -57,7 +59,7 @@ def test_a_crash_after_the_mcp_write_committed_is_recovered_with_one_effect(
 ) -> None:
     notes = tmp_path / "notes.db"
     mcp_server.seed(str(notes), {"alpha": "first note"})
-    env = kit.tether_env(db_url, MCP_NOTES_DB=str(notes), MCP_SCRIPT="add")
+    env = processes.tether_env(db_url, MCP_NOTES_DB=str(notes), MCP_SCRIPT="add")
     monkeypatch.setenv("MCP_NOTES_DB", str(notes))  # for start_run's agent in this process
     run_id = start_run(db_url)
 
@@ -99,7 +101,7 @@ def _stale(store: Store, run_id: str) -> bool:
 def _recover(store: Store, run_id: str, env: dict[str, str]) -> tuple[Run | None, list[Message]]:
     """Once the dead owner's heartbeat is stale: ``tether reap`` recovers the run (it
     reconciles the write) and a worker finishes it; the run and its messages then."""
-    kit.poll_until(lambda: _stale(store, run_id), what="a stale heartbeat")
+    poll_until(lambda: _stale(store, run_id), what="a stale heartbeat")
     reaped = tether("reap", env=env)
     assert reaped.returncode == 0, reaped.stderr[-3000:]
     assert run_id in json.loads(reaped.stdout)["recovered"]
@@ -117,8 +119,8 @@ def test_a_crash_after_an_approved_mcp_write_committed_is_reconciled_not_rerun(
     run_id = start_run(db_url, "delete")
     store = Store(db_url)
     try:
-        with kit.receiver() as receiver:
-            env = kit.tether_env(
+        with webhooks.receiver() as receiver:
+            env = processes.tether_env(
                 db_url,
                 MCP_NOTES_DB=str(notes),
                 MCP_SCRIPT="delete",

@@ -16,15 +16,16 @@ recoveries span well under the three passes' worth they are allowed.
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import threading
-from collections.abc import Coroutine
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import kit
+import downstream
+import inprocess
+import processes
+from waiting import poll_until, run_sync
 
 from tether import Engine, StopKind
 from tether.notify import Notice
@@ -33,15 +34,6 @@ from tether.store import Event
 FLOOR_S = 5.0  # the interval a broken worker would fall back to
 ORPHANS = 4
 REISSUES = 5
-T = TypeVar("T")
-
-
-def _sync(work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work`` on a loop of its own without touching the current-loop slot, which
-    ``asyncio.run`` clears (pytest-asyncio < 1.4 then leaks the loop it left there after
-    an async test: pytest-dev/pytest-asyncio#724)."""
-    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
-        return runner.run(work)
 
 
 class Refusing:
@@ -80,37 +72,39 @@ class RefusingHook:
 
 
 def _events(engine: Engine, run_id: str, kind: str) -> list[Event]:
-    return [e for e in _sync(engine.events(run_id)) if e.kind == kind]
+    return [e for e in run_sync(engine.events(run_id)) if e.kind == kind]
 
 
 def _state(engine: Engine, run_id: str) -> str:
-    run = _sync(engine.get_run(run_id)).run
+    run = run_sync(engine.get_run(run_id)).run
     return run.state.value if run is not None else "missing"
 
 
 def _leave_orphans(url: str, engine: Engine) -> list[str]:
     """Runs left running by workers killed (``os._exit``) after a write committed."""
-    ids = [_sync(engine.start_run("dana", f"job {i}")).id for i in range(ORPHANS)]
-    env = kit.tether_env(url, KIT_SCRIPT="work", TETHER_FAILPOINTS="after_tool_commit:record=crash")
+    ids = [run_sync(engine.start_run("dana", f"job {i}")).id for i in range(ORPHANS)]
+    env = processes.tether_env(
+        url, KIT_SCRIPT="work", TETHER_FAILPOINTS="after_tool_commit:record=crash"
+    )
     for _ in ids:  # one slot each: each process takes one run with it
-        crashed = kit.tether("worker", "--concurrency", "1", "--no-reap", env=env)
+        crashed = processes.tether("worker", "--concurrency", "1", "--no-reap", env=env)
         assert crashed.returncode == 137, crashed.stderr[-2000:]
     for run_id in ids:
-        run = _sync(engine.get_run(run_id)).run
+        run = run_sync(engine.get_run(run_id)).run
         assert run is not None and run.state.value == "running" and run.owner is not None
     return ids
 
 
 def test_a_one_second_reaper_interval_is_honoured(db_url: str, tmp_path: Path) -> None:
-    engine = kit.engine(db_url, script_name="work")
-    setup = kit.engine(db_url, script_name="send", notifier=Refusing())
+    engine = inprocess.engine(db_url, script_name="work")
+    setup = inprocess.engine(db_url, script_name="send", notifier=Refusing())
     hook = RefusingHook()
     worker = None
     try:
-        suspended = _sync(setup.ask("dana", "send"))
+        suspended = run_sync(setup.ask("dana", "send"))
         assert suspended.kind is StopKind.SUSPENDED
         orphans = _leave_orphans(db_url, engine)
-        env = kit.tether_env(
+        env = processes.tether_env(
             db_url,
             KIT_SCRIPT="work",
             TETHER_REAPER_INTERVAL_S="1",
@@ -118,8 +112,8 @@ def test_a_one_second_reaper_interval_is_honoured(db_url: str, tmp_path: Path) -
             TETHER_WEBHOOK_URL=hook.url,
         )
         log = tmp_path / "reaper.log"
-        worker = kit.spawn("worker", "--concurrency", "1", env=env, log=log)
-        kit.poll_until(
+        worker = processes.spawn("worker", "--concurrency", "1", env=env, log=log)
+        poll_until(
             lambda: all(_state(engine, i) == "answered" for i in orphans)
             and len(_events(engine, suspended.run_id, "notice_reissued")) >= REISSUES,
             timeout=120,
@@ -136,7 +130,7 @@ def test_a_one_second_reaper_interval_is_honoured(db_url: str, tmp_path: Path) -
         assert span < (REISSUES - 1) * FLOOR_S, f"{REISSUES} re-issues took {span:.1f}s"
         # Each re-issue was really sent and refused (SIGTERM may cut the last one short).
         assert hook.posts >= REISSUES - 1
-        records = [key for key, tool, _ in kit.effects() if tool == "record"]
+        records = [key for key, tool, _ in downstream.effects() if tool == "record"]
         assert len(records) == len(set(records)) == ORPHANS  # each write applied once
         assert _state(engine, suspended.run_id) == "suspended"
     finally:

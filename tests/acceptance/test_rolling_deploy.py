@@ -6,52 +6,45 @@ goes on under the new version from its stored messages."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import kit
+import downstream
+import processes
 import versioned
+from waiting import poll_until, run_sync
 
 from tether import Engine, Run
 
-T = TypeVar("T")
-
-
-def _sync(work: Coroutine[Any, Any, T]) -> T:
-    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
-        return runner.run(work)
-
 
 def _run(engine: Engine, run_id: str) -> Run:
-    run = _sync(engine.get_run(run_id)).run
+    run = run_sync(engine.get_run(run_id)).run
     assert run is not None
     return run
 
 
 def _messages(engine: Engine, run_id: str) -> list[dict[str, Any]]:
-    return [dict(m) for m in _sync(engine.get_run(run_id)).messages]
+    return [dict(m) for m in run_sync(engine.get_run(run_id)).messages]
 
 
 def _worker(version: str, env: dict[str, str], log: Path, *extra: str) -> subprocess.Popen[str]:
-    return kit.spawn_agent(
+    return processes.spawn_agent(
         "worker", "--no-reap", *extra, agent=f"versioned:{version}", env=env, log=log
     )
 
 
 def _cli(version: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [kit.PYTHON, "-m", "tether", *args, "--agent", f"versioned:{version}"],
+        [processes.PYTHON, "-m", "tether", *args, "--agent", f"versioned:{version}"],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=kit.ROOT,
+        cwd=processes.ROOT,
     )
 
 
@@ -64,11 +57,11 @@ def test_two_workers_of_different_versions_never_carry_each_others_runs(
 ) -> None:
     one = versioned.engine(db_url, versioned.v1())
     two = versioned.engine(db_url, versioned.v2())
-    env = kit.tether_env(db_url)
+    env = processes.tether_env(db_url)
     try:
         ids = {
-            "kit@v1": [_sync(one.start_run("dana", f"v1 job {i}")).id for i in range(4)],
-            "kit@v2": [_sync(two.start_run("dana", f"v2 job {i}")).id for i in range(4)],
+            "kit@v1": [run_sync(one.start_run("dana", f"v1 job {i}")).id for i in range(4)],
+            "kit@v2": [run_sync(two.start_run("dana", f"v2 job {i}")).id for i in range(4)],
         }
         workers = [_worker(v, env, tmp_path / f"{v}.log", "--exit-when-idle") for v in ("v1", "v2")]
         for proc, version in zip(workers, ("v1", "v2"), strict=True):
@@ -86,14 +79,16 @@ def test_two_workers_of_different_versions_never_carry_each_others_runs(
 def test_a_rolling_deploy_strands_old_runs_until_they_are_migrated(
     db_url: str, tmp_path: Path
 ) -> None:
-    kit.set_world("lookup_ms", "1500")  # step 2's read keeps the runs in the old worker's hand
+    downstream.set_world(
+        "lookup_ms", "1500"
+    )  # step 2's read keeps the runs in the old worker's hand
     old = versioned.engine(db_url, versioned.v1())
     new = versioned.engine(db_url, versioned.v2())
-    env = kit.tether_env(db_url, TETHER_HEARTBEAT_TIMEOUT_S="600")
+    env = processes.tether_env(db_url, TETHER_HEARTBEAT_TIMEOUT_S="600")
     first = _worker("v1", env, tmp_path / "old.log")
     second: subprocess.Popen[str] | None = None
     try:
-        ids = [_sync(old.start_run("dana", f"job {i}")).id for i in range(2)]
+        ids = [run_sync(old.start_run("dana", f"job {i}")).id for i in range(2)]
 
         working = Path(os.environ["KIT_EFFECTS_DB"] + ".working")  # a lookup has begun
 
@@ -102,7 +97,7 @@ def test_a_rolling_deploy_strands_old_runs_until_they_are_migrated(
 
         # Each run is in its first step or in its slow second one: SIGTERM hands it back at
         # the boundary after that step, before its second whoami.
-        kit.poll_until(in_hand, what="both runs in hand, a lookup under way")
+        poll_until(in_hand, what="both runs in hand, a lookup under way")
         first.send_signal(signal.SIGTERM)  # the deploy: the old worker hands its runs back
         assert first.wait(timeout=60) == 0, _log(tmp_path / "old.log")
         handed_back = {i: _messages(old, i) for i in ids}
@@ -114,8 +109,8 @@ def test_a_rolling_deploy_strands_old_runs_until_they_are_migrated(
         second = _worker("v2", env, tmp_path / "new.log")
         # A run of the new version, started after the old ones: once the new worker has
         # answered it, it has passed over the old runs, which waited longer.
-        canary = _sync(new.start_run("dana", "canary")).id
-        kit.poll_until(lambda: _run(new, canary).state.value == "answered", what="canary")
+        canary = run_sync(new.start_run("dana", "canary")).id
+        poll_until(lambda: _run(new, canary).state.value == "answered", what="canary")
         for run_id in ids:
             run = _run(new, run_id)
             assert run.state.value == "running" and run.owner is None
@@ -127,7 +122,7 @@ def test_a_rolling_deploy_strands_old_runs_until_they_are_migrated(
         stranded = json.loads(listed.stdout)["items"]
         assert {r["id"] for r in stranded} == set(ids)
         assert {r["agent_version"] for r in stranded} == {"kit@v1"}
-        assert _sync(new.count_stranded()) == 2
+        assert run_sync(new.count_stranded()) == 2
 
         for run_id in ids:
             moved = _cli(
@@ -140,17 +135,17 @@ def test_a_rolling_deploy_strands_old_runs_until_they_are_migrated(
         def answered() -> bool:
             return all(_run(new, i).state.value == "answered" for i in ids)
 
-        kit.poll_until(answered, timeout=60, what="the migrated runs answered")
+        poll_until(answered, timeout=60, what="the migrated runs answered")
         for run_id in ids:
             messages = _messages(new, run_id)
             assert messages[: len(handed_back[run_id])] == handed_back[run_id]
             assert versioned.served_by(messages) == ["kit@v1", "kit@v2"]
-            events = _sync(new.events(run_id))
+            events = run_sync(new.events(run_id))
             migrated = [e.data for e in events if e.kind == "migrated"]
             assert migrated == [
                 {"by": "ops", "why": "deploy 43", "from_version": "kit@v1", "to_version": "kit@v2"}
             ]
-        assert _sync(new.count_stranded()) == 0
+        assert run_sync(new.count_stranded()) == 0
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:

@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import downstream
 import httpx
-import kit
+import processes
 import pytest
+import webhooks
+from waiting import poll_until
 
 from tether.store import Store
 from tether.store.users import add_user
@@ -57,16 +60,16 @@ def serving(url: str, log: Path, **env: str) -> Iterator[Service]:
     port = free_port()
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [kit.PYTHON, "-m", "tether", "serve", "--port", str(port), "--workers", "1",
-             "--agent", "kit:agent"],
-            env=kit.tether_env(url, **env),
-            cwd=kit.ROOT,
+            [processes.PYTHON, "-m", "tether", "serve", "--port", str(port), "--workers", "1",
+             "--agent", "agents:agent"],
+            env=processes.tether_env(url, **env),
+            cwd=processes.ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
     service = Service(proc=proc, base=f"http://127.0.0.1:{port}", log=log)
     try:
-        kit.poll_until(lambda: _ready(service), timeout=30, what="serve to be ready")
+        poll_until(lambda: _ready(service), timeout=30, what="serve to be ready")
         yield service
     finally:
         if proc.poll() is None:
@@ -103,7 +106,7 @@ def test_a_run_is_suspended_announced_approved_and_answered_over_http_then_serve
 ) -> None:
     key = new_key(db_url, "dana")
     with (
-        kit.receiver() as receiver,
+        webhooks.receiver() as receiver,
         serving(
             db_url, tmp_path / "serve.log", TETHER_WEBHOOK_URL=receiver.url, KIT_SCRIPT="standard"
         ) as service,
@@ -115,7 +118,7 @@ def test_a_run_is_suspended_announced_approved_and_answered_over_http_then_serve
         assert response.status_code == 202, response.text
         run_id = response.json()["id"]
 
-        kit.poll_until(
+        poll_until(
             lambda: any(n["run_id"] == run_id for n in receiver.notices),
             what="the suspension notice on the webhook",
         )
@@ -137,14 +140,14 @@ def test_a_run_is_suspended_announced_approved_and_answered_over_http_then_serve
         assert response.status_code == 200, response.text
         assert response.json()["outcome"] == "executed"
 
-        done = kit.poll_until(
+        done = poll_until(
             lambda: (r := get_run(client, run_id))["state"] == "answered" and r,
             what="the run to be answered",
         )
         assert done["messages"][-1] == {"role": "assistant", "content": "done"}
         assert done["budget"]["consumed"]["tool_calls"] == 4  # lookup, record, lookup, send
 
-        effects = kit.effects()
+        effects = downstream.effects()
         assert collections.Counter(tool for _, tool, _ in effects) == {"record": 1, "send": 1}
         assert all(k.startswith(f"{run_id}:") for k, _, _ in effects)
         assert len({k for k, _, _ in effects}) == len(effects)
@@ -171,7 +174,7 @@ def test_serve_migrates_an_empty_database_and_takes_runs(empty_url: str, tmp_pat
             response = client.post("/v1/runs", json={"question": "what is six times seven?"})
             assert response.status_code == 202, response.text
             run_id = response.json()["id"]
-            done = kit.poll_until(
+            done = poll_until(
                 lambda: (r := get_run(client, run_id))["state"] == "answered" and r,
                 what="the run to be answered",
             )

@@ -18,8 +18,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import kit
+import agents
+import downstream
+import processes
 import pytest
+from waiting import poll_until
 
 from tether import Agent, Engine, Reconciled, ScriptedModel, Settings, ToolContext, tool
 from tether.store import CallStatus, Store
@@ -30,18 +33,18 @@ HERE = Path(__file__).resolve().parent
 def _script() -> ScriptedModel:
     """One write (the tool ``HANG_TOOL`` names), then the answer."""
     tool_name = os.environ.get("HANG_TOOL", "hang_async")
-    return ScriptedModel([{"tool_calls": [kit.call(tool_name, item="w")]}, {"content": "done"}])
+    return ScriptedModel([{"tool_calls": [agents.call(tool_name, item="w")]}, {"content": "done"}])
 
 
 def _find(key: str, ctx: ToolContext) -> Reconciled:
-    found = kit.effects(key)
+    found = downstream.effects(key)
     return Reconciled.found({"item": found[0][2], "found": True}) if found else Reconciled.absent()
 
 
 @tool(effect="write", reconcile=_find, timeout_s=0.5)
 async def hang_async(ctx: ToolContext, item: str) -> dict[str, Any]:
     """A write that takes effect downstream, then never answers."""
-    kit.write_effect(ctx, "hang_async", item)
+    downstream.write_effect(ctx, "hang_async", item)
     await asyncio.Event().wait()
     return {}
 
@@ -49,7 +52,7 @@ async def hang_async(ctx: ToolContext, item: str) -> dict[str, Any]:
 @tool(effect="write", reconcile=_find, timeout_s=0.5)
 def hang_thread(ctx: ToolContext, item: str) -> dict[str, Any]:
     """The same as a plain function: its thread blocks for good."""
-    kit.write_effect(ctx, "hang_thread", item)
+    downstream.write_effect(ctx, "hang_thread", item)
     threading.Event().wait()
     return {}
 
@@ -65,12 +68,12 @@ def agent() -> Agent:
 
 def _tether(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [kit.PYTHON, "-m", "tether", *args, "--agent", "test_timeout_crash:agent"],
+        [processes.PYTHON, "-m", "tether", *args, "--agent", "test_timeout_crash:agent"],
         env={**env, "PYTHONPATH": f"{HERE.parent / 'support'}:{HERE}"},
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=kit.ROOT,
+        cwd=processes.ROOT,
     )
 
 
@@ -87,16 +90,16 @@ def test_a_crash_while_a_timed_out_write_is_reconciled_recovers_without_a_second
     engine = Engine(agent=agent(), model=_script(), settings=Settings(database_url=db_url))
     run = engine.sync.start_run("dana", "go")
     engine.close()
-    plain = kit.tether_env(db_url, HANG_TOOL=tool_name)
+    plain = processes.tether_env(db_url, HANG_TOOL=tool_name)
     crashing = {**plain, "TETHER_FAILPOINTS": f"after_outcome_found:{tool_name}=crash"}
     store = Store(db_url)
     try:
         worker = _tether("worker", "--exit-when-idle", "--no-reap", env=crashing)
         assert worker.returncode == 137, worker.stderr[-3000:]
         # It took effect once; nothing of what reconciling learnt was stored.
-        assert [tool for _, tool, _ in kit.effects()] == [tool_name]
+        assert [tool for _, tool, _ in downstream.effects()] == [tool_name]
         assert [e.status for e in store.ledger(run.id)] == [CallStatus.INTENT]
-        kit.poll_until(lambda: _stale(store, run.id), what="a stale heartbeat")
+        poll_until(lambda: _stale(store, run.id), what="a stale heartbeat")
         reap = _tether("reap", env=plain)
         assert reap.returncode == 0, reap.stderr[-3000:]
         assert json.loads(reap.stdout)["recovered"] == [run.id]
@@ -110,7 +113,7 @@ def test_a_crash_while_a_timed_out_write_is_reconciled_recovers_without_a_second
         store.close()
     assert state is not None and state.state.value == "answered"
     assert state.recovery_attempts == 1
-    assert [tool for _, tool, _ in kit.effects()] == [tool_name]  # exactly once, all told
+    assert [tool for _, tool, _ in downstream.effects()] == [tool_name]  # exactly once, all told
     results = [json.loads(str(m["content"])) for m in messages if m["role"] == "tool"]
     assert results == [{"item": "w", "found": True}]  # what the reaper's reconcile found
     assert [e.status for e in ledger] == [CallStatus.OK]

@@ -13,12 +13,14 @@ from __future__ import annotations
 import functools
 import subprocess
 
-import kit
+import downstream
 import otlp
+import processes
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from waiting import poll_until
 
 from tether import Engine, ScriptedModel
 from tether.config import Settings
@@ -29,17 +31,17 @@ from tether.telemetry import tracing
 
 def _tether(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [kit.PYTHON, "-m", "tether", *args, "--agent", "otlp:agent"],
+        [processes.PYTHON, "-m", "tether", *args, "--agent", "otlp:agent"],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=kit.ROOT,
+        cwd=processes.ROOT,
     )
 
 
 def _env(url: str, receiver: otlp.Receiver, process: str, **extra: str) -> dict[str, str]:
-    return kit.tether_env(
+    return processes.tether_env(
         url,
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
         OTEL_SERVICE_NAME="tether-test",
@@ -86,7 +88,7 @@ def test_the_spans_of_a_crashed_worker_and_its_recovery_share_the_run_trace(db_u
                 env=_env(db_url, receiver, "crashed", **failpoint),
             )
             assert crashed.returncode == 137, crashed.stderr[-3000:]
-            kit.poll_until(functools.partial(_stale, store, run.id), what="a stale heartbeat")
+            poll_until(functools.partial(_stale, store, run.id), what="a stale heartbeat")
             reaped = _tether("reap", env=_env(db_url, receiver, "reaper"))
             assert reaped.returncode == 0, reaped.stderr[-3000:]
             finished = _tether(
@@ -100,7 +102,7 @@ def test_the_spans_of_a_crashed_worker_and_its_recovery_share_the_run_trace(db_u
     finally:
         store.close()
     assert final is not None and final.state.value == "answered"
-    assert [tool for _, tool, _ in kit.effects()] == ["record"]  # recovered, not re-run
+    assert [tool for _, tool, _ in downstream.effects()] == ["record"]  # recovered, not re-run
     assert run.trace_context is not None
     trace_id = run.trace_context["traceparent"].split("-")[1]
     assert all(spans.values()), {p: len(s) for p, s in spans.items()}

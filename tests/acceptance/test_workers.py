@@ -3,40 +3,30 @@ one of them, and hand runs over on SIGTERM without waiting for the heartbeat tim
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import signal
 import subprocess
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
 
-import kit
+import downstream
+import inprocess
+import processes
+from waiting import poll_until, run_sync
 
 from tether import Engine, Run
 from tether.store import Event
 
-T = TypeVar("T")
-
-
-def _sync(work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work`` on a loop of its own without touching the current-loop slot, which
-    ``asyncio.run`` clears (pytest-asyncio < 1.4 then leaks the loop it left there after
-    an async test: pytest-dev/pytest-asyncio#724)."""
-    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
-        return runner.run(work)
-
 
 def _states(engine: Engine) -> dict[str, int]:
-    return {state: n for state, n in _sync(engine.counts_by_state()).items() if n}
+    return {state: n for state, n in run_sync(engine.counts_by_state()).items() if n}
 
 
 def _run(engine: Engine, run_id: str) -> Run | None:
-    return _sync(engine.get_run(run_id)).run
+    return run_sync(engine.get_run(run_id)).run
 
 
 def _events(engine: Engine, run_id: str) -> list[Event]:
-    return _sync(engine.events(run_id))
+    return run_sync(engine.events(run_id))
 
 
 def _stop(procs: list[subprocess.Popen[str]]) -> None:
@@ -48,54 +38,52 @@ def _stop(procs: list[subprocess.Popen[str]]) -> None:
 
 
 def test_three_workers_carry_200_runs_through_a_sigkill(pg_url: str, tmp_path: Path) -> None:
-    engine = kit.engine(pg_url, script_name="work")
-    ids = [_sync(engine.start_run("dana", f"job {i}")).id for i in range(200)]
-    env = kit.tether_env(
+    engine = inprocess.engine(pg_url, script_name="work")
+    ids = [run_sync(engine.start_run("dana", f"job {i}")).id for i in range(200)]
+    env = processes.tether_env(
         pg_url,
         KIT_SCRIPT="work",
         TETHER_HEARTBEAT_TIMEOUT_S="1.5",
         TETHER_REAPER_INTERVAL_S="0.5",
     )
     workers = [
-        kit.spawn("worker", "--concurrency", "4", env=env, log=tmp_path / f"worker{i}.log")
+        processes.spawn("worker", "--concurrency", "4", env=env, log=tmp_path / f"worker{i}.log")
         for i in range(3)
     ]
     try:
-        kit.poll_until(lambda: _states(engine).get("answered", 0) >= 40, timeout=120)
+        poll_until(lambda: _states(engine).get("answered", 0) >= 40, timeout=120)
         workers[0].send_signal(signal.SIGKILL)
         assert workers[0].wait(timeout=30) == -signal.SIGKILL
-        kit.poll_until(
+        poll_until(
             lambda: _states(engine).get("answered", 0) == 200, timeout=180, what="all 200 answered"
         )
         assert _states(engine) == {"answered": 200}
     finally:
         _stop(workers)
         engine.close()
-    keys = collections.Counter(key for key, tool, _ in kit.effects() if tool == "record")
+    keys = collections.Counter(key for key, tool, _ in downstream.effects() if tool == "record")
     assert len(keys) == 200 and set(keys.values()) == {1}
     assert {key.split(":")[0] for key in keys} == set(ids)
 
 
 def test_sigterm_hands_runs_over_without_waiting_for_staleness(db_url: str, tmp_path: Path) -> None:
     # Long enough that all six runs are in hand at once, whatever the machine's load.
-    kit.set_world("lookup_ms", "2000")
-    engine = kit.engine(db_url, script_name="work")
-    ids = [_sync(engine.start_run("dana", f"job {i}")).id for i in range(6)]
+    downstream.set_world("lookup_ms", "2000")
+    engine = inprocess.engine(db_url, script_name="work")
+    ids = [run_sync(engine.start_run("dana", f"job {i}")).id for i in range(6)]
     # A heartbeat timeout far longer than the test: only a handover can move the runs.
-    env = kit.tether_env(db_url, KIT_SCRIPT="work", TETHER_HEARTBEAT_TIMEOUT_S="600")
-    first = kit.spawn(
+    env = processes.tether_env(db_url, KIT_SCRIPT="work", TETHER_HEARTBEAT_TIMEOUT_S="600")
+    first = processes.spawn(
         "worker", "--concurrency", "6", "--no-reap", env=env, log=tmp_path / "first.log"
     )
     try:
-        kit.poll_until(
-            lambda: all((r := _run(engine, i)) and r.owner for i in ids), what="all claimed"
-        )
+        poll_until(lambda: all((r := _run(engine, i)) and r.owner for i in ids), what="all claimed")
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=60) == 0, (tmp_path / "first.log").read_text()[-2000:]
         held = [_run(engine, i) for i in ids]
         assert all(r is not None and r.owner is None for r in held), "a lease was kept"
         assert any(r is not None and r.state.value == "running" for r in held)
-        second = kit.spawn(
+        second = processes.spawn(
             "worker", "--exit-when-idle", "--no-reap", env=env, log=tmp_path / "second.log"
         )
         assert second.wait(timeout=120) == 0, (tmp_path / "second.log").read_text()[-2000:]
@@ -106,4 +94,4 @@ def test_sigterm_hands_runs_over_without_waiting_for_staleness(db_url: str, tmp_
         if first.poll() is None:
             first.kill()
         engine.close()
-    assert sorted(tool for _, tool, _ in kit.effects()) == ["record"] * 6
+    assert sorted(tool for _, tool, _ in downstream.effects()) == ["record"] * 6

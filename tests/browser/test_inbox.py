@@ -20,11 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import kit
+import agents
+import downstream
+import processes
 import pytest
 import uvicorn
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from waiting import poll_until, run_sync
 
 from tether import Agent, Engine, MemoryNotifier, ScriptedModel, StopKind, tool
 from tether.api.app import create_app
@@ -42,7 +45,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 T = TypeVar("T")
-SCREENSHOTS = kit.ROOT / "test-artifacts" / "screenshots"
+SCREENSHOTS = processes.ROOT / "test-artifacts" / "screenshots"
 
 
 class DecisionPosts:
@@ -145,7 +148,7 @@ def off_loop(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run an engine coroutine to completion on a thread of its own: Playwright's sync API
     keeps an event loop running on the test's thread."""
     with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result(timeout=60)
+        return pool.submit(lambda: run_sync(make())).result(timeout=60)
 
 
 def _free_port() -> int:
@@ -172,7 +175,7 @@ def _serving(url: str, agent: Agent, model: ScriptedModel) -> Iterator[Served]:
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     try:
-        kit.poll_until(lambda: server.started, timeout=15, what="uvicorn to start")
+        poll_until(lambda: server.started, timeout=15, what="uvicorn to start")
         yield Served(
             engine=engine,
             notifier=notifier,
@@ -190,7 +193,7 @@ def _serving(url: str, agent: Agent, model: ScriptedModel) -> Iterator[Served]:
 @pytest.fixture
 def served(sqlite_url: str) -> Iterator[Served]:
     """The app for the test agent (its confirmed ``send`` takes one string, ``item``)."""
-    with _serving(sqlite_url, kit.agent(), kit.script("send")) as app:
+    with _serving(sqlite_url, agents.agent(), agents.script("send")) as app:
         yield app
 
 
@@ -214,7 +217,9 @@ def ship(
 def shipping(sqlite_url: str) -> Iterator[Served]:
     """The app for an agent whose one tool takes a string, an integer, a boolean, an enum
     and a list: every kind of control of the edit form."""
-    agent = Agent(name="shipping", system_prompt="Ship.", tools=(ship,), resolve_scope=kit.resolve)
+    agent = Agent(
+        name="shipping", system_prompt="Ship.", tools=(ship,), resolve_scope=agents.resolve
+    )
     order = {"sku": "A-1", "quantity": 3}
     model = ScriptedModel(
         [{"tool_calls": [{"name": "ship", "arguments": order}]}, {"content": "shipped"}]
@@ -277,7 +282,7 @@ def test_sign_in_see_the_request_and_a_double_click_approves_once(
     expect(page.get_by_role("heading", name="Approve this action?")).to_be_visible()
     expect(page.locator(".preview table.kv tr", has_text="item")).to_contain_text("b")
     shot(page, "approval")
-    assert served.decisions(run_id) == [] and kit.effects() == []  # the GET did nothing
+    assert served.decisions(run_id) == [] and downstream.effects() == []  # the GET did nothing
 
     # Two clicks at the button's place, the second while the first answer is on its way
     # (the mouse, unlike a locator, does not wait for the pending navigation).
@@ -286,16 +291,16 @@ def test_sign_in_see_the_request_and_a_double_click_approves_once(
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
     served.posts.pair_next()
     page.mouse.click(x, y)
-    kit.poll_until(lambda: served.posts.arrived == 1, timeout=15, what="the first click")
+    poll_until(lambda: served.posts.arrived == 1, timeout=15, what="the first click")
     page.mouse.click(x, y)
     # The page shows whichever answer came last: the decision, or that it was decided.
     expect(page.locator("section.outcome h1")).to_have_text(
         re.compile("^(Approved|Already decided)$")
     )
     shot(page, "double-click")
-    kit.poll_until(lambda: len(served.posts.statuses) >= 2, timeout=15, what="both POSTs")
+    poll_until(lambda: len(served.posts.statuses) >= 2, timeout=15, what="both POSTs")
     assert sorted(served.posts.statuses) == [200, 409]  # one decision, one already_resumed
-    assert [e[1] for e in kit.effects()] == ["send"]
+    assert [e[1] for e in downstream.effects()] == ["send"]
     assert [d["decision"] for d in served.decisions(run_id)] == ["approve"]
 
     page.goto(f"{served.url}/approve/{token}")
@@ -315,7 +320,7 @@ def test_a_changed_request_shows_the_diff_side_by_side_and_can_be_approved_again
     sign_in(page, served)
     page.goto(f"{served.url}/approve/{token}")
     expect(page.locator(".preview table.kv tr", has_text="price")).to_contain_text("100")
-    kit.set_world("price", "90")
+    downstream.set_world("price", "90")
 
     page.get_by_role("button", name="Approve").click()
     expect(page.locator("section.outcome h1")).to_have_text("The details changed")
@@ -332,12 +337,12 @@ def test_a_changed_request_shows_the_diff_side_by_side_and_can_be_approved_again
     assert abs(before_box["y"] - after_box["y"]) < 1
     expect(page.locator(".preview table.kv tr", has_text="price")).to_contain_text("90")
     shot(page, "changed")
-    assert kit.effects() == []
+    assert downstream.effects() == []
 
     page.get_by_role("button", name="Approve").click()
     expect(page.locator("section.outcome h1")).to_have_text("Approved")
     shot(page, "approved-after-change")
-    assert [e[1] for e in kit.effects()] == ["send"]
+    assert [e[1] for e in downstream.effects()] == ["send"]
     assert [d["decision"] for d in served.decisions(run_id)] == ["approve", "approve"]
 
 
@@ -371,7 +376,7 @@ def test_a_decline_with_a_reason_is_told_to_the_model_and_shown_afterwards(
     assert result["error"] == "declined_by_user"
     assert result["reason"] == "Wrong customer: send it to Henderson."
     assert [d["reason"] for d in served.decisions(run_id)] == [result["reason"]]
-    assert kit.effects() == []
+    assert downstream.effects() == []
 
     page.goto(f"{served.url}/approve/{token}")
     expect(page.locator("section.outcome h1")).to_have_text("Already decided")
@@ -396,14 +401,14 @@ def test_an_edit_from_the_inbox_is_previewed_then_approved_and_executes_as_edite
     expect(page.locator(".preview table.kv tr", has_text="item")).to_contain_text("c")
     assert page.locator("script").count() == 0
     shot(page, "edit-preview")
-    assert served.decisions(run_id) == [] and kit.effects() == []  # the preview did nothing
+    assert served.decisions(run_id) == [] and downstream.effects() == []  # the preview did nothing
 
     page.get_by_label("Reason").fill("c, not b")
     page.get_by_role("button", name="Approve with these edits").click()
     expect(page.locator("section.outcome h1")).to_have_text("Approved")
     expect(page.locator(".edited-arguments")).to_contain_text("c")
     shot(page, "approved-with-edits")
-    assert [e[1:] for e in kit.effects()] == [("send", "c")]
+    assert [e[1:] for e in downstream.effects()] == [("send", "c")]
     assert served.tool_result(run_id)["edited_by_user"] == {"arguments": {"item": "c"}}
     [decision] = served.decisions(run_id)
     assert decision["reason"] == "c, not b"
@@ -445,7 +450,7 @@ def test_an_invalid_edit_shows_the_error_and_the_request_can_still_be_edited_and
 def halted(sqlite_url: str) -> Iterator[tuple[Served, str]]:
     """The app for the test agent, and dana's run halted after its first step (a read; its
     script goes on with a write)."""
-    with _serving(sqlite_url, kit.agent(), kit.script("work")) as app:
+    with _serving(sqlite_url, agents.agent(), agents.script("work")) as app:
         outcome = off_loop(lambda: app.engine.ask("dana", "go", limits={"max_steps": 1}))
         assert outcome.kind is StopKind.HALTED
         yield app, outcome.run_id
@@ -472,4 +477,4 @@ def test_the_fork_button_on_a_halted_runs_page_opens_the_dry_run_fork_and_its_li
     page.locator(".forked-from a").click()
     expect(page).to_have_url(f"{served.url}/runs/{parent}")
     expect(page.locator(".forks a")).to_have_text(fork.id)
-    assert kit.effects() == []  # forking executed nothing
+    assert downstream.effects() == []  # forking executed nothing

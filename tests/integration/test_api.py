@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import agents
+import downstream
 import httpx
-import kit
 import psycopg
 import pytest
 import schemathesis
@@ -73,8 +74,8 @@ class Api:
 
 async def build_engine(url: str, script: str, notifier: MemoryNotifier) -> Engine:
     engine = Engine(
-        agent=kit.agent(),
-        model=kit.script(script),
+        agent=agents.agent(),
+        model=agents.script(script),
         settings=Settings(database_url=url),
         notifier=notifier,
     )
@@ -219,7 +220,7 @@ async def test_a_suspended_run_shows_its_pending_request_and_one_approval_execut
         assert result["ok"] is True and result["run_id"] == run_id
         assert result["decision"] == "approve" and result["outcome"] == "executed"
         assert result["state"] == "running"  # handed to the workers
-        assert [e[1] for e in kit.effects()] == ["send"]
+        assert [e[1] for e in downstream.effects()] == ["send"]
 
         for decision in ("approve", "decline"):
             again = refused(
@@ -228,7 +229,7 @@ async def test_a_suspended_run_shows_its_pending_request_and_one_approval_execut
             assert again["decision"]["decision"] == "approve"
             assert again["decision"]["by"] == "dana"
             parse_iso(again["decision"]["at"])
-        assert [e[1] for e in kit.effects()] == ["send"]  # still once
+        assert [e[1] for e in downstream.effects()] == ["send"]  # still once
 
         assert (await api.engine.run_until_stop(run_id)).kind is StopKind.ANSWERED
         done = await api.run(run_id)
@@ -245,7 +246,7 @@ async def test_a_decline_over_http_gives_the_model_a_declined_result_and_no_effe
         response = await api.decide(token, "decline")
         assert response.status_code == 200, response.text
         assert response.json()["outcome"] == "declined"
-        assert kit.effects() == []
+        assert downstream.effects() == []
         messages = (await api.run(run_id))["messages"]
         assert json.loads(messages[-1]["content"])["error"] == "declined_by_user"
 
@@ -395,7 +396,7 @@ async def test_cancel_stops_a_run_once_and_a_finished_run_is_already_finished(
             await api.client.post(f"/v1/runs/{run_id}/continue", headers=DANA), 409, "not_halted"
         )
         refused(await api.decide(token), 404, "unknown_or_expired")
-        assert kit.effects() == []
+        assert downstream.effects() == []
         missing = await api.client.post(f"/v1/runs/{'0' * 32}/cancel", headers=DANA)
         refused(missing, 404, "not_found")
 
@@ -406,7 +407,7 @@ async def test_cancel_stops_a_run_once_and_a_finished_run_is_already_finished(
 async def test_a_changed_preview_is_409_with_the_diff_and_a_new_token(db_url: str) -> None:
     async with serving(db_url) as api:
         run_id, token = await api.suspended()
-        kit.set_world("price", "120")
+        downstream.set_world("price", "120")
         body = refused(
             await api.decide(token), 409, "changed", ("diff", "token", "preview", "expires_at")
         )
@@ -419,31 +420,31 @@ async def test_a_changed_preview_is_409_with_the_diff_and_a_new_token(db_url: st
         refused(await api.decide(token), 409, "already_resumed", ("decision",))
         response = await api.decide(body["token"])
         assert response.status_code == 200 and response.json()["outcome"] == "executed"
-        assert [e[1] for e in kit.effects()] == ["send"]
+        assert [e[1] for e in downstream.effects()] == ["send"]
 
 
 async def test_a_guard_refusal_is_409_guard_failed_and_the_run_goes_on(db_url: str) -> None:
     async with serving(db_url) as api:
         run_id, token = await api.suspended()
-        kit.set_world("hold", "1")
+        downstream.set_world("hold", "1")
         body = refused(await api.decide(token), 409, "guard_failed", ("reason",))
         assert body["reason"] == "the account is on hold"
         run = await api.run(run_id)
         assert run["state"] == "running"
         assert json.loads(run["messages"][-1]["content"])["error"] == "guard_failed"
-        assert kit.effects() == []
+        assert downstream.effects() == []
 
 
 async def test_lost_permission_is_403_no_longer_permitted_and_the_run_halts(db_url: str) -> None:
     async with serving(db_url) as api:
         run_id, token = await api.suspended()
-        kit.set_world("perm:dana", "0")
+        downstream.set_world("perm:dana", "0")
         body = refused(await api.decide(token), 403, "no_longer_permitted", ("run_id",))
         assert body["run_id"] == run_id
         run = await api.run(run_id)
         assert run["state"] == "halted" and run["halt_reason"] == "no_longer_permitted"
         refused(await api.decide(token), 409, "already_resumed", ("decision",))
-        assert kit.effects() == []
+        assert downstream.effects() == []
 
 
 # -- malformed input -------------------------------------------------------------------------
@@ -570,8 +571,8 @@ async def test_readyz_is_200_with_a_reachable_database(db_url: str) -> None:
 
 async def test_readyz_is_503_not_ready_when_the_database_is_unreachable() -> None:
     engine = Engine(
-        agent=kit.agent(),
-        model=kit.script("send"),
+        agent=agents.agent(),
+        model=agents.script("send"),
         settings=Settings(database_url="postgresql://postgres@127.0.0.1:1/nowhere"),
     )
     transport = httpx.ASGITransport(app=create_app(engine))
@@ -736,7 +737,7 @@ async def test_an_edit_is_previewed_then_approved_on_its_digest_and_a_decline_ca
         used = refused(again, 409, "already_resumed", ("decision",))
         assert used["decision"]["arguments"] == {"item": "c"}
         assert used["decision"]["reason"] is None
-        assert [item for _, _, item in kit.effects()] == ["c"]
+        assert [item for _, _, item in downstream.effects()] == ["c"]
 
         other, other_token = await api.suspended()
         declined = await api.client.post(
@@ -763,7 +764,7 @@ async def test_a_stale_digest_is_changed_with_a_diff_and_a_new_token(db_url: str
         now = await api.run(run_id)
         assert now["state"] == "suspended" and now["pending"]["arguments"] == {"item": "d"}
         assert pending["arguments"] == {"item": "b"}
-        assert kit.effects() == []
+        assert downstream.effects() == []
 
 
 async def test_bad_decisions_and_previews_are_clear_4xx_and_change_nothing(db_url: str) -> None:

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-import kit
+import downstream
+import inprocess
 import pytest
 import sqlalchemy as sa
+from waiting import until
 
 from tether import Agent, Engine, MemoryNotifier, Run, Scope, ScriptedModel, StopKind
 from tether.config import Settings
@@ -27,15 +28,7 @@ from tether.worker import Worker
 DEAD = "dead-host:1:0"  # the owner that crashed
 HEARTBEAT_S = 0.3
 HOUR = 3600.0
-
-
-async def until(predicate: Callable[[], Awaitable[Any]], *, timeout: float = 60.0) -> None:
-    """Poll an async ``predicate`` without blocking the event loop; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {predicate}")
-        await asyncio.sleep(0.02)
+WAIT_S = 60.0  # for what a two-core machine under load does slowly
 
 
 def _lookup_turn(store: Store, run: Run) -> None:
@@ -77,7 +70,7 @@ async def orphans(
     async def stale() -> bool:
         return await engine.now() - heartbeat > HEARTBEAT_S * 1.5
 
-    await until(stale)
+    await until(stale, timeout=WAIT_S)
     return ids
 
 
@@ -104,7 +97,7 @@ async def stopped(worker: Worker, running: asyncio.Task[None]) -> None:
 async def test_one_reaper_pass_recovers_every_orphan_through_the_slots(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = kit.engine(
+    engine = inprocess.engine(
         db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S, reaper_interval_s=HOUR
     )
     ids = await orphans(engine, 20, turns=True)
@@ -133,13 +126,13 @@ async def test_one_reaper_pass_recovers_every_orphan_through_the_slots(
     finally:
         await stopped(worker, running)
         engine.close()
-    records = [key for key, tool, _ in kit.effects() if tool == "record"]
+    records = [key for key, tool, _ in downstream.effects() if tool == "record"]
     assert len(records) == len(set(records)) == 20  # each run's write applied once
 
 
 async def test_two_workers_recover_each_orphan_once(db_url: str) -> None:
     engines = [
-        kit.engine(
+        inprocess.engine(
             db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S, reaper_interval_s=HOUR
         )
         for _ in range(2)
@@ -225,23 +218,25 @@ async def test_while_runs_wait_recoveries_hold_only_their_share_of_the_slots(db_
     share = worker.orphan_share
     running = asyncio.create_task(worker.run())
     try:
-        await until(partial(_entered, gate, 4))
+        await until(partial(_entered, gate, 4), timeout=WAIT_S)
         # Each queued run let through frees a slot; it goes to an orphan until the
         # recoveries hold their share, then to the queue, which keeps the rest.
         for _ in range(8):
             if gate.held["olga"] == share:
                 break
             gate.turns.release()
-            await until(partial(_entered, gate, gate.entered.total() + 1))  # slot refilled
+            await until(
+                partial(_entered, gate, gate.entered.total() + 1), timeout=WAIT_S
+            )  # slot refilled
             assert sum(gate.held.values()) == 4
         assert gate.held["olga"] == share and gate.held["dana"] == 4 - share
         assert gate.most["olga"] == share < worker.concurrency
         # The queue drains: with no run waiting, the recoveries take every slot.
         gate.release_all(len(queued))
-        await until(answered(engine, queued))
-        await until(gate.holding(olga=worker.concurrency))
+        await until(answered(engine, queued), timeout=WAIT_S)
+        await until(gate.holding(olga=worker.concurrency), timeout=WAIT_S)
         gate.opened.set()
-        await until(answered(engine, ids))
+        await until(answered(engine, ids), timeout=WAIT_S)
         assert not worker.restarts  # one pass (an hour's interval)
         assert [recovering(engine, i) for i in ids] == [1] * 10
     finally:
@@ -262,7 +257,7 @@ async def test_stop_ends_a_reaper_pass_after_the_recoveries_in_hand(db_url: str)
     worker = Worker(engine, concurrency=2)
     running = asyncio.create_task(worker.run())
     try:
-        await until(gate.holding(olga=2))
+        await until(gate.holding(olga=2), timeout=WAIT_S)
         worker.stop()
         gate.opened.set()
         await asyncio.wait_for(running, timeout=60)
@@ -282,7 +277,7 @@ async def test_stop_ends_a_reaper_pass_after_the_recoveries_in_hand(db_url: str)
 async def test_a_pass_takes_an_orphan_at_most_once_even_when_it_goes_stale_again(
     db_url: str,
 ) -> None:
-    engine = kit.engine(db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S)
+    engine = inprocess.engine(db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S)
     (run_id,) = await orphans(engine, 1)
     store = engine._store
     began = store.now()
@@ -295,7 +290,7 @@ async def test_a_pass_takes_an_orphan_at_most_once_even_when_it_goes_stale_again
         async def stale_again() -> bool:
             return await engine.now() - claimed_at > HEARTBEAT_S * 1.5
 
-        await until(stale_again)  # the recovery stalled: its run is an orphan again
+        await until(stale_again, timeout=WAIT_S)  # the recovery stalled: its run is an orphan again
         assert store.claim_orphans(owner="reaper", before=began, **params) == ([], [])
         again, _ = store.claim_orphans(owner="next-pass", **params)  # the next pass may
         assert [(r.id, r.recovery_attempts) for r in again] == [(run_id, 2)]
@@ -304,7 +299,9 @@ async def test_a_pass_takes_an_orphan_at_most_once_even_when_it_goes_stale_again
 
 
 async def test_reap_takes_every_orphan_in_one_pass_in_batches(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S, reaper_batch=5)
+    engine = inprocess.engine(
+        db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S, reaper_batch=5
+    )
     ids = await orphans(engine, 12, turns=True)
     try:
         outcomes = await engine._runner.recover_orphans()
@@ -317,7 +314,7 @@ async def test_reap_takes_every_orphan_in_one_pass_in_batches(db_url: str) -> No
 
 
 async def test_a_batch_claim_counts_attempts_and_fails_the_exhausted(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S)
+    engine = inprocess.engine(db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S)
     ids = await orphans(engine, 4)
     store = engine._store
     params: dict[str, Any] = {"stale_after_s": HEARTBEAT_S, "max_attempts": 1, "batch": 2}
@@ -329,7 +326,7 @@ async def test_a_batch_claim_counts_attempts_and_fails_the_exhausted(db_url: str
         async def stale() -> bool:
             return await engine.now() - heartbeat > HEARTBEAT_S * 1.5
 
-        await until(stale)
+        await until(stale, timeout=WAIT_S)
         claimed, exhausted = store.claim_orphans(owner="reaper-2", **{**params, "batch": 4})
         _check_batch(store, ids, first, claimed, exhausted)
     finally:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import types
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import kit
+import downstream
+import inprocess
 import pytest
+from waiting import poll_until, run_sync, until
 
 from tether import Engine, MemoryNotifier, StopKind
 from tether.errors import AlreadyResumed, UnknownOrExpired
@@ -25,18 +25,10 @@ from tether.store.claims import SuspensionClaim
 from tether.tokens import hash_token
 
 
-async def until(predicate: Callable[[], Awaitable[bool]], *, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {predicate}")
-        await asyncio.sleep(0.02)
-
-
 async def suspended(url: str, **settings: Any) -> tuple[str, str]:
     """A run suspended on a send that needs confirmation: (run id, token)."""
     notifier = MemoryNotifier()
-    setup = kit.engine(url, script_name="send", notifier=notifier, **settings)
+    setup = inprocess.engine(url, script_name="send", notifier=notifier, **settings)
     try:
         outcome = await setup.ask("dana", "send it")
         assert outcome.kind is StopKind.SUSPENDED
@@ -48,7 +40,7 @@ async def suspended(url: str, **settings: Any) -> tuple[str, str]:
 def test_one_of_n_concurrent_store_claims_wins_and_the_rest_read_its_decision(
     db_url: str,
 ) -> None:
-    run_id, token = asyncio.run(suspended(db_url))
+    run_id, token = run_sync(suspended(db_url))
     store = Store(db_url)
     claimers = 12
     barrier = threading.Barrier(claimers)
@@ -90,7 +82,7 @@ async def _approve(engine: Engine, token: str, decision: str) -> ApprovalResult 
 async def test_concurrent_approvals_in_and_across_processes_resume_once(db_url: str) -> None:
     _, token = await suspended(db_url)
     # Three engines (three processes' worth of pools and owners), eight approvers each.
-    engines = [kit.engine(db_url, script_name="send") for _ in range(3)]
+    engines = [inprocess.engine(db_url, script_name="send") for _ in range(3)]
     try:
         calls = [
             _approve(engine, token, "approve" if i % 3 else "decline")
@@ -113,7 +105,7 @@ async def test_concurrent_approvals_in_and_across_processes_resume_once(db_url: 
         assert all(exc.code == "already_resumed" for exc in lost)
         assert all(exc.details["decision"] == expected for exc in lost)
         # The approved send ran at most once, under its one key.
-        sends = [key for key, tool, _ in kit.effects() if tool == "send"]
+        sends = [key for key, tool, _ in downstream.effects() if tool == "send"]
         assert len(sends) == (1 if recorded.decision == "approve" else 0)
         # A late approver, after the race, is told the same.
         late = await _approve(engines[1], token, "approve")
@@ -132,7 +124,7 @@ def _iso(at: float) -> str | None:
 async def test_an_expired_token_claims_nothing_for_any_concurrent_approver(db_url: str) -> None:
     ttl_min = 0.005  # 0.3 s
     run_id, token = await suspended(db_url, suspension_ttl_min=ttl_min)
-    engine = kit.engine(db_url, script_name="send", suspension_ttl_min=ttl_min)
+    engine = inprocess.engine(db_url, script_name="send", suspension_ttl_min=ttl_min)
     try:
         run = (await engine.get_run(run_id)).run
         assert run is not None and run.expires_at is not None
@@ -162,7 +154,7 @@ async def test_fifty_approvers_in_one_process_send_one_claim(
 ) -> None:
     approvers = 50
     _, token = await suspended(db_url)
-    engine = kit.engine(db_url, script_name="send")
+    engine = inprocess.engine(db_url, script_name="send")
     inflight = engine._services.single_flight
     key = ("claim", hash_token(token))
     claims: list[str] = []
@@ -172,7 +164,7 @@ async def test_fifty_approvers_in_one_process_send_one_claim(
         # The first claim waits (in its thread) until every other approver waits on it,
         # so that what is counted is the sharing, not the speed of the claim.
         claims.append(kwargs["owner"])
-        kit.poll_until(lambda: inflight.sharing(key) == approvers - 1, timeout=30)
+        poll_until(lambda: inflight.sharing(key) == approvers - 1, timeout=30)
         return claim(**kwargs)
 
     # Bound to the store, as ``hop`` expects of a store method.

@@ -21,12 +21,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kit
+import agents
+import downstream
+import inprocess
 import pgproxy
 import psycopg
 import pytest
 import sqlalchemy as sa
-from kit import call
+from agents import call
+from waiting import poll_until
 
 from conftest import PG_ADMIN_URL
 from tether import Agent, Reconciled, Scope, ScriptedModel, ToolContext, tool
@@ -183,8 +186,8 @@ def killing(dbname: str, every_s: float) -> Iterator[list[int]]:
 async def test_runs_finish_while_their_connections_are_killed(pg_url: str) -> None:
     """A kill before a COMMIT is retried; one that cuts a COMMIT off (it may have landed)
     lets the run go, to be recovered (reconciled first) once stale. None fails."""
-    kit.set_world("lookup_ms", "30")
-    engine = kit.engine(pg_url, script_name="work", heartbeat_timeout_s=1.0)
+    downstream.set_world("lookup_ms", "30")
+    engine = inprocess.engine(pg_url, script_name="work", heartbeat_timeout_s=1.0)
     try:
         runs = [await engine.start_run("dana", f"run {i}") for i in range(6)]
         with killing(pg_url.rsplit("/", 1)[1], 0.1) as killed:
@@ -193,14 +196,14 @@ async def test_runs_finish_while_their_connections_are_killed(pg_url: str) -> No
         assert {o.kind for o in outcomes} <= {StopKind.ANSWERED, StopKind.ABANDONED}
         for run_id in [o.run_id for o in outcomes if o.kind is StopKind.ABANDONED]:
             await asyncio.to_thread(
-                kit.poll_until, functools.partial(_stale, engine, run_id, 1.0), timeout=30
+                poll_until, functools.partial(_stale, engine, run_id, 1.0), timeout=30
             )
         await engine._runner.recover_orphans()
         finals = [await engine.run_until_stop(r.id) for r in runs]
     finally:
         engine.close()
     assert [f.kind for f in finals] == [StopKind.ANSWERED] * 6
-    assert len(kit.effects()) == 6  # each run's deduplicating write: once per key
+    assert len(downstream.effects()) == 6  # each run's deduplicating write: once per key
 
 
 def _allow_connections(dbname: str, allow: bool) -> None:
@@ -212,13 +215,13 @@ async def test_a_run_whose_database_stays_away_is_let_go_and_finished_after(
     pg_url: str,
 ) -> None:
     dbname = pg_url.rsplit("/", 1)[1]
-    kit.set_world("lookup_ms", "400")
-    engine = kit.engine(pg_url, script_name="work", db_retry_s=0.3, heartbeat_timeout_s=0.5)
+    downstream.set_world("lookup_ms", "400")
+    engine = inprocess.engine(pg_url, script_name="work", db_retry_s=0.3, heartbeat_timeout_s=0.5)
     try:
         run = await engine.start_run("dana", "outage")
         carried = asyncio.create_task(engine.run_until_stop(run.id))
         working = Path(os.environ["KIT_EFFECTS_DB"] + ".working")
-        await asyncio.to_thread(kit.poll_until, working.exists, what="the lookup to start")
+        await asyncio.to_thread(poll_until, working.exists, what="the lookup to start")
         _allow_connections(dbname, False)
         try:
             _terminate(dbname)
@@ -227,13 +230,13 @@ async def test_a_run_whose_database_stays_away_is_let_go_and_finished_after(
             _allow_connections(dbname, True)
         assert outcome.kind is StopKind.ABANDONED
 
-        kit.set_world("lookup_ms", "0")
+        downstream.set_world("lookup_ms", "0")
         view = await engine.get_run(run.id)
         assert view.run.state is RunState.RUNNING  # never failed for it
-        reaper = kit.engine(pg_url, script_name="work", heartbeat_timeout_s=0.5)
+        reaper = inprocess.engine(pg_url, script_name="work", heartbeat_timeout_s=0.5)
         try:
             await asyncio.to_thread(
-                kit.poll_until, lambda: _stale(engine, run.id), what="the run to go stale"
+                poll_until, lambda: _stale(engine, run.id), what="the run to go stale"
             )
             recovered = await reaper._runner.recover_orphans()
             assert [o.run_id for o in recovered] == [run.id]
@@ -279,7 +282,7 @@ def _reconcile(key: str, ctx: ToolContext) -> Reconciled:
     _GATE["asked"] = _GATE.get("asked", 0) + 1
     if down and _GATE["asked"] <= down:
         raise ConnectionError("the downstream is down")
-    found = kit.effects(key)
+    found = downstream.effects(key)
     return Reconciled.found({"item": found[0][2]}) if found else Reconciled.absent()
 
 
@@ -292,8 +295,8 @@ def _reconcile(key: str, ctx: ToolContext) -> Reconciled:
 )
 def transfer(ctx: ToolContext, item: str) -> dict[str, Any]:
     """A confirmed write whose response may be lost after it committed
-    (``kit.inject_failure("transfer", "after_commit")``)."""
-    return kit.write_effect(ctx, "transfer", item)
+    (``downstream.inject_failure("transfer", "after_commit")``)."""
+    return downstream.write_effect(ctx, "transfer", item)
 
 
 def _agent() -> Agent:
@@ -301,7 +304,7 @@ def _agent() -> Agent:
         name="faults",
         system_prompt="test",
         tools=(transfer,),
-        resolve_scope=kit.resolve,
+        resolve_scope=agents.resolve,
     )
 
 
@@ -347,13 +350,13 @@ async def test_an_approval_that_loses_its_run_says_the_decision_continues_elsewh
         result = await approving
         assert result.ok
         assert result.outcome is CallVerdict.CONTINUES_ELSEWHERE
-        assert kit.effects() == []  # the request started no tool after losing the run
+        assert downstream.effects() == []  # the request started no tool after losing the run
 
         # The owner that took the run over carries the recorded decision out.
         gate.pop("guard_started")
         recovered = await engine._runner.recover(taken[0])
         assert recovered.kind is StopKind.RELEASED
-        assert [e[1] for e in kit.effects()] == ["transfer"]
+        assert [e[1] for e in downstream.effects()] == ["transfer"]
     finally:
         engine.close()
 
@@ -362,7 +365,7 @@ async def test_reconcile_waits_for_a_downstream_it_cannot_reach(
     db_url: str, gate: dict[str, Any]
 ) -> None:
     gate.update(unreachable=2)
-    kit.inject_failure("transfer", "after_commit")
+    downstream.inject_failure("transfer", "after_commit")
     engine, notifier = _engine(db_url, reconcile_patience_s=30)
     try:
         suspended = await engine.ask("dana", "transfer")
@@ -370,7 +373,7 @@ async def test_reconcile_waits_for_a_downstream_it_cannot_reach(
         assert gate["asked"] == 3  # two lookups failed, the third found the write
         assert result.outcome is CallVerdict.EXECUTED
         assert result.state is RunState.RUNNING
-        assert [e[1] for e in kit.effects()] == ["transfer"]
+        assert [e[1] for e in downstream.effects()] == ["transfer"]
         messages = (await engine.get_run(suspended.run_id)).messages
         assert messages[-1]["role"] == "tool"
         assert json.loads(messages[-1]["content"]) == {"item": "t"}
@@ -382,7 +385,7 @@ async def test_a_downstream_unreachable_past_the_patience_fails_the_run_and_says
     db_url: str, gate: dict[str, Any]
 ) -> None:
     gate.update(unreachable=10_000)
-    kit.inject_failure("transfer", "after_commit")
+    downstream.inject_failure("transfer", "after_commit")
     engine, notifier = _engine(db_url, reconcile_patience_s=0.6)
     try:
         suspended = await engine.ask("dana", "transfer")
@@ -414,14 +417,14 @@ class HungNotifier:
 
 async def test_a_hung_notifier_holds_up_no_run(db_url: str) -> None:
     notifier = HungNotifier()
-    engine = kit.engine(db_url, script_name="send", notifier=notifier)
-    answering = kit.engine(db_url, script_name="answer", notifier=notifier)
+    engine = inprocess.engine(db_url, script_name="send", notifier=notifier)
+    answering = inprocess.engine(db_url, script_name="answer", notifier=notifier)
     try:
         suspended = await asyncio.wait_for(engine.ask("dana", "send"), timeout=30)
         answered = await asyncio.wait_for(answering.ask("dana", "answer"), timeout=30)
         assert suspended.kind is StopKind.SUSPENDED
         assert answered.kind is StopKind.ANSWERED
-        await asyncio.to_thread(kit.poll_until, lambda: notifier.sent, what="the notice")
+        await asyncio.to_thread(poll_until, lambda: notifier.sent, what="the notice")
         assert engine._services.outbox.pending == 0  # taken by a sender, which waits
         with engine._store.engine.connect() as conn:
             notified = conn.execute(
@@ -452,7 +455,7 @@ async def test_a_step_write_cut_off_after_its_commit_landed_is_retried_and_appli
     base, _, dbname = pg_url.rpartition("/")
     with pgproxy.proxy() as cutter:
         url = f"{base.rsplit('@', 1)[0]}@127.0.0.1:{cutter.port}/{dbname}"
-        engine = kit.engine(url, script_name="work", db_retry_s=10.0)
+        engine = inprocess.engine(url, script_name="work", db_retry_s=10.0)
         step_writes: list[str] = []
 
         @sa.event.listens_for(engine._store.engine, "before_cursor_execute")
@@ -476,7 +479,7 @@ async def test_a_step_write_cut_off_after_its_commit_landed_is_retried_and_appli
     budget = view.run.budget
     assert (budget.steps, budget.tool_calls) == (3, 2)
     assert [(e.tool, e.status.value) for e in ledger] == [("lookup", "ok"), ("record", "ok")]
-    assert [tool for _, tool, _ in kit.effects()] == ["record"]
+    assert [tool for _, tool, _ in downstream.effects()] == ["record"]
 
 
 async def test_a_pooled_connection_that_died_while_idle_costs_one_retry(pg_url: str) -> None:

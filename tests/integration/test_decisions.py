@@ -11,7 +11,9 @@ import asyncio
 import json
 from typing import Any
 
-import kit
+import agents
+import downstream
+import inprocess
 import pytest
 from pydantic import BaseModel
 
@@ -36,7 +38,7 @@ def results(messages: list[dict[str, Any]]) -> list[Any]:
 @pytest.fixture
 async def sending(db_url: str) -> Any:
     notifier = MemoryNotifier()
-    engine = kit.engine(db_url, script_name="send", notifier=notifier)
+    engine = inprocess.engine(db_url, script_name="send", notifier=notifier)
     try:
         yield engine, notifier
     finally:
@@ -70,7 +72,7 @@ async def test_a_decline_reason_reaches_the_model_the_decision_its_event_and_lat
         await engine.resume_after_confirmation(token, "approve", "dana")
     assert used.value.details["decision"]["reason"] == "the customer asked to wait"
     assert used.value.details["decision"]["decision"] == "decline"
-    assert kit.effects() == []
+    assert downstream.effects() == []
 
 
 async def test_an_edit_approved_on_its_previews_digest_runs_once_under_the_same_key(
@@ -97,7 +99,7 @@ async def test_an_edit_approved_on_its_previews_digest_runs_once_under_the_same_
         "edited_by_user": {"arguments": {"item": "c"}},
         "result": {"done": "send", "item": "c"},
     }
-    assert kit.effects() == [(f"{run_id}:{call_id}", "send", "c")]
+    assert downstream.effects() == [(f"{run_id}:{call_id}", "send", "c")]
     (entry,) = [e for e in await engine.ledger(run_id) if e.tool == "send"]
     assert entry.arguments == {"item": "b"} and entry.edited_arguments == {"item": "c"}
     assert entry.status is CallStatus.OK
@@ -127,7 +129,7 @@ async def test_an_edit_on_a_stale_digest_is_changed_then_the_edited_call_is_appr
     assert again.state is RunState.SUSPENDED and again.pending is not None
     assert again.pending.arguments == {"item": "c"}
     assert again.pending.edited_from == {"item": "b"}
-    assert kit.effects() == []
+    assert downstream.effects() == []
     new_token = changed.value.details["token"]
     assert new_token != token
     await engine.resume_after_confirmation(new_token, "approve", "dana")
@@ -135,7 +137,7 @@ async def test_an_edit_on_a_stale_digest_is_changed_then_the_edited_call_is_appr
     view = await engine.get_run(run_id)
     # Approved later by a new token, without arguments: it still ran edited, and says so.
     assert results(view.messages)[-1]["edited_by_user"] == {"arguments": {"item": "c"}}
-    assert [item for _, _, item in kit.effects()] == ["c"]
+    assert [item for _, _, item in downstream.effects()] == ["c"]
 
 
 async def test_invalid_input_changes_nothing_and_the_token_still_works(
@@ -194,7 +196,7 @@ async def test_twenty_mixed_decisions_on_one_token_have_one_winner_every_loser_i
     db_url: str,
 ) -> None:
     notifier = MemoryNotifier()
-    engines = [kit.engine(db_url, script_name="send", notifier=notifier) for _ in range(2)]
+    engines = [inprocess.engine(db_url, script_name="send", notifier=notifier) for _ in range(2)]
     try:
         run_id, token = await suspended(engines[0], notifier)
         shown = await engines[0].preview_approval(token, "dana", {"item": "e"})
@@ -227,13 +229,13 @@ async def test_twenty_mixed_decisions_on_one_token_have_one_winner_every_loser_i
         assert all(a.details["decision"] == winner for a in lost)
         assert winner["decision"] == won[0].decision.value
         if winner["decision"] == "decline":
-            assert winner["reason"].startswith("no (") and kit.effects() == []
+            assert winner["reason"].startswith("no (") and downstream.effects() == []
         elif winner["arguments"] is not None:
             assert winner["reason"].startswith("edit (") and winner["by"] == "boss"
-            assert [item for _, _, item in kit.effects()] == ["e"]
+            assert [item for _, _, item in downstream.effects()] == ["e"]
         else:
             assert winner["reason"] is None
-            assert [item for _, _, item in kit.effects()] == ["b"]
+            assert [item for _, _, item in downstream.effects()] == ["b"]
         decided = [e for e in await engines[0].events(run_id) if e.kind in ("approved", "declined")]
         assert len(decided) == 1
     finally:
@@ -259,14 +261,14 @@ def _pay_preview(args: Any, scope: Scope) -> dict[str, Any]:
 @tool(effect="write", dedupes=True, needs_confirmation=_large, preview=_pay_preview)
 def pay(ctx: ToolContext, amount: int) -> dict[str, Any]:
     """Pay an amount; a human confirms large ones."""
-    return kit.write_effect(ctx, "pay", str(amount))
+    return downstream.write_effect(ctx, "pay", str(amount))
 
 
 def pay_engine(url: str, amounts: list[int], notifier: MemoryNotifier) -> Engine:
     turns: list[dict[str, Any]] = [
-        {"tool_calls": [kit.call("pay", amount=amount)]} for amount in amounts
+        {"tool_calls": [agents.call("pay", amount=amount)]} for amount in amounts
     ]
-    agent = Agent(name="payer", system_prompt="Pay.", tools=(pay,), resolve_scope=kit.resolve)
+    agent = Agent(name="payer", system_prompt="Pay.", tools=(pay,), resolve_scope=agents.resolve)
     return Engine(
         agent=agent,
         model=ScriptedModel([*turns, {"content": "paid"}]),
@@ -282,7 +284,7 @@ async def test_a_confirmation_may_depend_on_the_call_and_is_asked_each_time(db_u
         outcome = await engine.ask("dana", "pay")
         # The small payment ran at once; the large one waits for a human.
         assert outcome.kind is StopKind.SUSPENDED
-        assert [item for _, tool_name, item in kit.effects() if tool_name == "pay"] == ["10"]
+        assert [item for _, tool_name, item in downstream.effects() if tool_name == "pay"] == ["10"]
         notice = notifier.last(outcome.run_id)
         assert notice.arguments == {"amount": 5000}
         # Edited down below the threshold, on the digest of the edit's preview: it runs.
@@ -291,16 +293,6 @@ async def test_a_confirmation_may_depend_on_the_call_and_is_asked_each_time(db_u
             notice.token, "approve", "dana", arguments={"amount": 900}, digest=shown.digest
         )
         assert (await engine.run_until_stop(outcome.run_id)).kind is StopKind.ANSWERED
-        assert [item for _, _, item in kit.effects()] == ["10", "900"]
+        assert [item for _, _, item in downstream.effects()] == ["10", "900"]
     finally:
         engine.close()
-
-
-def test_a_confirmation_that_is_not_a_bool_or_a_function_is_refused_when_declared() -> None:
-    from tether.tools.tool import UnsafeTool
-
-    with pytest.raises(UnsafeTool):
-
-        @tool(effect="write", dedupes=True, needs_confirmation="yes")  # type: ignore[call-overload, misc]
-        def odd(ctx: ToolContext, amount: int) -> dict[str, Any]:
-            return {}

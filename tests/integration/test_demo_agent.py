@@ -4,17 +4,16 @@ its guard and permission re-checks, the manager's approval, and reconciliation b
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import kit
 import pytest
+from demo_procs import ORDER, PREVIEW_KEYS, closed_url, crm_context
 
 from tether import Engine, MemoryNotifier, Scope, ScriptedModel, Settings, StopKind, ToolContext
-from tether.agent import Agent, load_agent
+from tether.agent import Agent
 from tether.demo.agent import (
     DEMO_TURNS,
     build_agent,
@@ -24,14 +23,11 @@ from tether.demo.agent import (
     scope_resolver,
 )
 from tether.demo.crm import Crm
-from tether.demo.lifespan import sandbox_db_for
 from tether.errors import NoLongerPermitted, UnknownOrExpired
 from tether.sandbox import RunningSandbox
-from tether.tools.tool import OutcomeUnknown, ReconcileKind, ToolFailed
+from tether.tools.tool import ReconcileKind, ToolFailed
 
-_ORDER = {"account_id": "4471", "sku": "SKU-4411", "quantity": 200}
 QUESTION = "Draft and send a quote for Henderson: 200 of SKU-4411."
-PREVIEW_KEYS = kit.PREVIEW_KEYS
 
 
 @pytest.fixture
@@ -196,7 +192,7 @@ async def test_a_write_the_crm_refuses_reaches_the_model_as_a_tool_error(
     db_url: str, agent: Agent, crm: httpx.Client
 ) -> None:
     turns: list[dict[str, Any]] = [
-        {"tool_calls": [{"name": "draft_quote", "arguments": {**_ORDER, "account_id": "5100"}}]},
+        {"tool_calls": [{"name": "draft_quote", "arguments": {**ORDER, "account_id": "5100"}}]},
         {"content": "sorry"},
     ]
     engine = Engine(agent=agent, model=ScriptedModel(turns), settings=Settings(database_url=db_url))
@@ -211,33 +207,6 @@ async def test_a_write_the_crm_refuses_reaches_the_model_as_a_tool_error(
     assert refusal["error"] == "tool_error"
     assert "forbidden" in refusal["message"]
     assert crm.get("/admin/quotes").json()["drafted"] == 0
-
-
-def _context(key: str, url: str) -> ToolContext:
-    return ToolContext(
-        run_id="r",
-        user_id="dana",
-        tool_call_id="c",
-        idempotency_key=key,
-        scope=Scope(user_id="dana"),
-        deps=Crm(base_url=url),
-    )
-
-
-def closed_port() -> str:
-    """A loopback URL where nothing listens."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-
-async def test_an_unreachable_crm_is_unknown_for_a_write_and_a_failure_for_a_read() -> None:
-    ctx = _context("r:c", closed_port())
-    with pytest.raises(OutcomeUnknown):
-        await draft_quote.call(draft_quote.validate(_ORDER), ctx)
-    with pytest.raises(ToolFailed):
-        await find_account.call(find_account.validate({"query": "Henderson"}), ctx)
-    assert (await reconcile_draft("r:c", ctx)).kind is ReconcileKind.UNREACHABLE
 
 
 async def test_the_scope_comes_from_the_crm_with_the_manager_as_approver(
@@ -263,8 +232,8 @@ async def test_the_scope_comes_from_the_crm_with_the_manager_as_approver(
 async def test_the_tools_find_the_crm_in_their_deps_not_in_the_environment(
     sandbox_server: RunningSandbox, crm: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TETHER_SANDBOX_URL", closed_port())
-    ctx = _context("r:c", sandbox_server.url)
+    monkeypatch.setenv("TETHER_SANDBOX_URL", closed_url())
+    ctx = crm_context("r:c", sandbox_server.url)
 
     found = await find_account.call(find_account.validate({"query": "Henderson"}), ctx)
 
@@ -291,7 +260,7 @@ async def test_a_tool_without_its_crm_fails_before_calling_anything(crm: httpx.C
     )
 
     with pytest.raises(ToolFailed, match="deps"):
-        await draft_quote.call(draft_quote.validate(_ORDER), ctx)
+        await draft_quote.call(draft_quote.validate(ORDER), ctx)
     assert (await reconcile_draft("r:c", ctx)).kind is ReconcileKind.UNKNOWN
     assert counts(crm) == (0, 0)
 
@@ -325,27 +294,3 @@ async def test_a_configured_sandbox_url_is_served_as_it_is(
     async with agent.running() as served:
         assert served is agent
     assert agent.deps == Crm(base_url=sandbox_server.url)
-
-
-@pytest.mark.parametrize(
-    ("database_url", "expected"),
-    [
-        ("sqlite:////srv/tether/tether.db", Path("/srv/tether/sandbox.db")),
-        ("sqlite:///./runs.db", Path("sandbox.db")),
-        ("sqlite://", Path("sandbox.db")),
-        ("postgresql://tether@db/tether", Path("sandbox.db")),
-    ],
-)
-def test_an_in_process_sandbox_keeps_its_data_beside_a_sqlite_database(
-    database_url: str, expected: Path
-) -> None:
-    assert sandbox_db_for(database_url) == expected
-
-
-def test_the_cli_gives_the_agent_factory_its_settings_and_the_agent_names_its_users() -> None:
-    demo = load_agent("tether.demo.agent:build_agent", Settings(sandbox_url="http://crm:1"))
-    plain = load_agent("kit:agent", Settings(sandbox_url="http://crm:1"))
-
-    assert demo.deps == Crm(base_url="http://crm:1")
-    assert dict(demo.users) == {"dana": "tether-demo-dana", "miguel": "tether-demo-miguel"}
-    assert plain.name == "kit" and dict(plain.users) == {}

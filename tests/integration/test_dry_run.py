@@ -7,14 +7,15 @@ is skipped, never reconciled."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import Any
 
-import kit
+import agents
+import downstream
+import inprocess
 import pytest
 import sqlalchemy as sa
+from waiting import until
 
 from tether import (
     Agent,
@@ -62,11 +63,7 @@ def would(tool_name: str, **arguments: Any) -> dict[str, Any]:
 
 async def recovered(engine: Engine) -> list[Outcome]:
     """Reaper passes until one recovers something (the orphan's heartbeat must go stale)."""
-    deadline = time.monotonic() + 30
-    while not (outcomes := await engine._runner.recover_orphans()):
-        assert time.monotonic() < deadline, "no orphan was recovered"
-        await asyncio.sleep(0.05)
-    return outcomes
+    return await until(engine._runner.recover_orphans, interval=0.05, what="an orphan recovered")
 
 
 async def dry_run_of(engine: Engine, question: str = "go", **limits: Any) -> str:
@@ -78,10 +75,10 @@ async def dry_run_of(engine: Engine, question: str = "go", **limits: Any) -> str
 async def test_a_dry_runs_writes_are_skipped_its_reads_run_and_the_model_sees_the_would_call(
     db_url: str,
 ) -> None:
-    model = Recording(kit.SCRIPTS["standard"])
+    model = Recording(agents.SCRIPTS["standard"])
     notifier = MemoryNotifier()
     engine = Engine(
-        agent=kit.agent(),
+        agent=agents.agent(),
         model=model,
         settings=Settings(database_url=db_url),
         notifier=notifier,
@@ -99,7 +96,7 @@ async def test_a_dry_runs_writes_are_skipped_its_reads_run_and_the_model_sees_th
             {"query": "y", "answer": "about y", "pad": ""},
             would("send", item="b"),
         ]
-        assert kit.effects() == []
+        assert downstream.effects() == []
         assert notifier.notices == []
         kinds = [e.kind for e in await engine.events(run_id)]
         assert "suspended" not in kinds and "reconciled" not in kinds
@@ -125,18 +122,18 @@ def _large(args: Any, scope: Any) -> bool:
 @tool(effect="write", dedupes=True, needs_confirmation=_large)
 def pay(ctx: ToolContext, amount: int) -> dict[str, Any]:
     """Pay an amount; a human confirms large ones."""
-    return kit.write_effect(ctx, "pay", str(amount))
+    return downstream.write_effect(ctx, "pay", str(amount))
 
 
 async def test_a_conditionally_confirmed_write_is_skipped_either_way_without_suspending(
     db_url: str,
 ) -> None:
     turns: list[dict[str, Any]] = [
-        {"tool_calls": [kit.call("pay", amount=10)]},
-        {"tool_calls": [kit.call("pay", amount=5000)]},
+        {"tool_calls": [agents.call("pay", amount=10)]},
+        {"tool_calls": [agents.call("pay", amount=5000)]},
         {"content": "paid"},
     ]
-    agent = Agent(name="payer", system_prompt="Pay.", tools=(pay,), resolve_scope=kit.resolve)
+    agent = Agent(name="payer", system_prompt="Pay.", tools=(pay,), resolve_scope=agents.resolve)
     notifier = MemoryNotifier()
     engine = Engine(
         agent=agent,
@@ -150,7 +147,7 @@ async def test_a_conditionally_confirmed_write_is_skipped_either_way_without_sus
         view = await engine.get_run(run_id)
         assert results(view.messages) == [would("pay", amount=10), would("pay", amount=5000)]
         assert [e.status for e in await engine.ledger(run_id)] == [CallStatus.SKIPPED] * 2
-        assert kit.effects() == [] and notifier.notices == []
+        assert downstream.effects() == [] and notifier.notices == []
     finally:
         engine.close()
 
@@ -158,7 +155,7 @@ async def test_a_conditionally_confirmed_write_is_skipped_either_way_without_sus
 async def test_skipped_writes_spend_the_tool_call_budget_and_a_continued_dry_run_stays_dry(
     db_url: str,
 ) -> None:
-    engine = kit.engine(db_url, script_name="standard")
+    engine = inprocess.engine(db_url, script_name="standard")
     try:
         run_id = await dry_run_of(engine, max_tool_calls=2)
         outcome = await engine.run_until_stop(run_id)
@@ -174,7 +171,7 @@ async def test_skipped_writes_spend_the_tool_call_budget_and_a_continued_dry_run
         assert view.run.dry_run is True
         assert results(view.messages)[-1] == would("send", item="b")
         assert view.run.budget.tool_calls == 4
-        assert kit.effects() == []
+        assert downstream.effects() == []
     finally:
         engine.close()
 
@@ -182,7 +179,7 @@ async def test_skipped_writes_spend_the_tool_call_budget_and_a_continued_dry_run
 async def test_a_dry_write_left_at_after_intent_is_skipped_by_the_reaper_never_reconciled(
     db_url: str,
 ) -> None:
-    crasher = kit.engine(db_url, script_name="write_once")
+    crasher = inprocess.engine(db_url, script_name="write_once")
     try:
         run_id = await dry_run_of(crasher)
         set_failpoint("after_intent", "error", tool="write_once")
@@ -191,7 +188,7 @@ async def test_a_dry_write_left_at_after_intent_is_skipped_by_the_reaper_never_r
     finally:
         clear_failpoints()
         crasher.close()
-    reaper = kit.engine(db_url, script_name="write_once", heartbeat_timeout_s=0.2)
+    reaper = inprocess.engine(db_url, script_name="write_once", heartbeat_timeout_s=0.2)
     try:
         (entry,) = await reaper.ledger(run_id)
         assert entry.status is CallStatus.INTENT
@@ -204,30 +201,6 @@ async def test_a_dry_write_left_at_after_intent_is_skipped_by_the_reaper_never_r
         view = await reaper.get_run(run_id)
         assert results(view.messages) == [would("write_once", item="w")]
         assert view.run.state is RunState.ANSWERED
-        assert kit.effects() == []
+        assert downstream.effects() == []
     finally:
         reaper.close()
-
-
-async def test_a_dry_run_fork_replays_nothing_and_skips_the_writes_of_its_continuation(
-    db_url: str,
-) -> None:
-    engine = kit.engine(db_url, script_name="work")
-    try:
-        parent = (await engine.ask("dana", "go")).run_id  # a read, a write, an answer
-        assert len(kit.effects()) == 1
-        fork = await engine.fork_run(parent, "dana", at_step=1, dry_run=True)
-        assert fork.dry_run is True and fork.state is RunState.HALTED
-        continued = await engine.continue_run(fork.id, "dana")
-        assert continued.dry_run is True
-        assert (await engine.run_until_stop(fork.id)).kind is StopKind.ANSWERED
-        view = await engine.get_run(fork.id)
-        assert results(view.messages)[-1] == would("record", item="a")
-        assert [(e.tool, e.status) for e in await engine.ledger(fork.id)][-1] == (
-            "record",
-            CallStatus.SKIPPED,
-        )
-        assert view.run.budget.tool_calls == 1  # the fork's own skipped write only
-        assert len(kit.effects()) == 1  # the parent's write, never the fork's
-    finally:
-        engine.close()

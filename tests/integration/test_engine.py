@@ -6,9 +6,11 @@ import base64
 import json
 from typing import Any
 
-import kit
+import downstream
+import inprocess
 import pytest
 import sqlalchemy as sa
+from waiting import until
 
 from tether import MemoryNotifier, StopKind
 from tether._runtime.loop import drive
@@ -22,7 +24,7 @@ from tether.tokens import hash_token
 
 
 async def test_scripted_run_answers_and_messages_read_back_identical(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="standard")
+    engine = inprocess.engine(db_url, script_name="standard")
     outcome = await engine.ask("dana", "do the thing")
     assert outcome.kind is StopKind.SUSPENDED
     token = engine._services.notifier.last().token  # type: ignore[attr-defined]
@@ -32,7 +34,7 @@ async def test_scripted_run_answers_and_messages_read_back_identical(db_url: str
     before = (await engine.get_run(outcome.run_id)).messages
     engine.close()
 
-    reopened = kit.engine(db_url)
+    reopened = inprocess.engine(db_url)
     after = await reopened.get_run(outcome.run_id)
     reopened.close()
     assert after.messages == before
@@ -64,15 +66,15 @@ async def test_scripted_run_answers_and_messages_read_back_identical(db_url: str
 async def test_each_budget_bound_halts_with_its_reason_and_survives_reopen(
     db_url: str, limits: dict[str, float], reason: str
 ) -> None:
-    kit.set_world("lookup_ms", "60")
-    engine = kit.engine(db_url)
+    downstream.set_world("lookup_ms", "60")
+    engine = inprocess.engine(db_url)
     outcome = await engine.ask("dana", "go", limits=limits)
     assert outcome.kind is StopKind.HALTED
     assert outcome.reason == reason
     halted = (await engine.get_run(outcome.run_id)).run
     engine.close()
 
-    reopened = kit.engine(db_url)
+    reopened = inprocess.engine(db_url)
     again = (await reopened.get_run(outcome.run_id)).run
     reopened.close()
     assert again.state.value == "halted"
@@ -84,7 +86,7 @@ async def test_each_budget_bound_halts_with_its_reason_and_survives_reopen(
 
 async def test_suspension_stores_only_the_tokens_hash(db_url: str) -> None:
     notifier = MemoryNotifier()
-    engine = kit.engine(db_url, script_name="send", notifier=notifier)
+    engine = inprocess.engine(db_url, script_name="send", notifier=notifier)
     first = await engine.ask("dana", "send it")
     second = await engine.ask("dana", "send it again")
     assert first.kind is second.kind is StopKind.SUSPENDED
@@ -100,12 +102,12 @@ async def test_suspension_stores_only_the_tokens_hash(db_url: str) -> None:
 
 
 async def test_a_driver_whose_lease_was_taken_stops_before_it_executes(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="write_once", heartbeat_timeout_s=0.001)
+    engine = inprocess.engine(db_url, script_name="write_once", heartbeat_timeout_s=0.001)
     run = await engine.start_run("dana", "write")
     stale = engine._store.claim_ready("worker-a", run.id)
     assert stale is not None
-    taker = kit.engine(db_url, script_name="write_once", heartbeat_timeout_s=0.001)
-    kit.poll_until(lambda: engine._store.now() - (stale.heartbeat_at or 0) > 0.01)
+    taker = inprocess.engine(db_url, script_name="write_once", heartbeat_timeout_s=0.001)
+    await until(lambda: engine._store.now() - (stale.heartbeat_at or 0) > 0.01)
     recovered = await taker._runner.recover_orphans()
     assert [o.run_id for o in recovered] == [run.id]
 
@@ -116,13 +118,13 @@ async def test_a_driver_whose_lease_was_taken_stops_before_it_executes(db_url: s
     engine._store.claim_orphans(owner="thief", stale_after_s=-1, max_attempts=9, batch=5)
     outcome = await drive(session)
     assert outcome.kind is StopKind.LEASE_LOST
-    assert kit.effects() == []
+    assert downstream.effects() == []
     engine.close()
     taker.close()
 
 
 async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="write_once")
+    engine = inprocess.engine(db_url, script_name="write_once")
     run = await engine.start_run("dana", "write")
     claimed = engine._store.claim_ready("worker-a", run.id)
     assert claimed is not None
@@ -182,7 +184,7 @@ async def test_invalid_tool_arguments_reach_the_model_as_an_error(db_url: str) -
         {"tool_calls": [{"name": "nope", "arguments": {}}]},
         {"content": "ok"},
     ]
-    engine = kit.engine(db_url, turns=turns)
+    engine = inprocess.engine(db_url, turns=turns)
     outcome = await engine.ask("dana", "go")
     assert outcome.kind is StopKind.ANSWERED
     results = [m for m in (await engine.get_run(outcome.run_id)).messages if m["role"] == "tool"]
@@ -193,9 +195,9 @@ async def test_invalid_tool_arguments_reach_the_model_as_an_error(db_url: str) -
 
 
 async def test_bytes_written_per_step_do_not_grow_with_history(db_url: str) -> None:
-    kit.set_world("pad", "8192")
+    downstream.set_world("pad", "8192")
     turns = [{"tool_calls": [{"name": "lookup", "arguments": {"query": "q"}}]}] * 80
-    engine = kit.engine(db_url, turns=[*turns, {"content": "done"}])
+    engine = inprocess.engine(db_url, turns=[*turns, {"content": "done"}])
     per_step: list[int] = []
     written = [0]
 
@@ -279,7 +281,7 @@ async def test_bad_input_to_start_run_is_refused_and_stores_nothing(
 ) -> None:
     from tether.errors import InvalidInput
 
-    engine = kit.engine(db_url)
+    engine = inprocess.engine(db_url)
     with pytest.raises(InvalidInput):
         await engine.start_run(user, question)  # type: ignore[arg-type]
     assert await engine.list_runs() == []
@@ -289,7 +291,7 @@ async def test_bad_input_to_start_run_is_refused_and_stores_nothing(
 async def test_ids_and_tokens_that_cannot_name_anything_are_refused_cleanly(db_url: str) -> None:
     from tether.errors import NotFound, UnknownOrExpired
 
-    engine = kit.engine(db_url)
+    engine = inprocess.engine(db_url)
     for bad in ("a\x00b", "x" * 65, "../etc", "\ud800"):
         with pytest.raises(NotFound):
             await engine.get_run(bad)

@@ -22,15 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import kit
+import inprocess
+import processes
 import pytest
 import uvicorn
 from httpx_sse import aconnect_sse
+from waiting import until
 
 from tether import Engine, StopKind
 from tether.api.app import create_app
 from tether.errors import InvalidInput, NotFound
-from tether.inputs import after_seq
 from tether.results import LiveEvent
 
 KEYS = {"dana": "key-of-dana", "miguel": "key-of-miguel"}
@@ -56,7 +57,7 @@ def _free_port() -> int:
 @contextlib.asynccontextmanager
 async def serving(url: str, **settings: Any) -> AsyncIterator[Served]:
     """The app on a loopback port, served by uvicorn on this test's event loop."""
-    engine = kit.engine(url, script_name="standard", **settings)
+    engine = inprocess.engine(url, script_name="standard", **settings)
     for user, key in KEYS.items():
         await engine.add_user(user, key)
     port = _free_port()
@@ -66,9 +67,7 @@ async def serving(url: str, **settings: Any) -> AsyncIterator[Served]:
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:
-        async with asyncio.timeout(DEADLINE_S):
-            while not server.started:
-                await asyncio.sleep(0.02)
+        await until(lambda: server.started, timeout=DEADLINE_S, what="uvicorn to start")
         yield Served(engine=engine, base=f"http://127.0.0.1:{port}")
     finally:
         server.should_exit = True
@@ -197,7 +196,7 @@ async def _collect(engine: Engine, run_id: str, after: int = 0) -> list[LiveEven
 
 
 async def test_watch_follows_a_run_to_its_end_and_resumes_after_a_seq(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="standard")
+    engine = inprocess.engine(db_url, script_name="standard")
     run = await engine.start_run("dana", "do the thing")
     watching = asyncio.create_task(_collect(engine, run.id))
     await _drive_to_the_end(engine, run.id)
@@ -210,7 +209,7 @@ async def test_watch_follows_a_run_to_its_end_and_resumes_after_a_seq(db_url: st
 
 
 async def test_watch_refuses_another_users_run_and_a_bad_after(sqlite_url: str) -> None:
-    engine = kit.engine(sqlite_url)
+    engine = inprocess.engine(sqlite_url)
     run = await engine.start_run("dana", "do the thing")
     with pytest.raises(NotFound):
         await anext(engine.watch(run.id, user="miguel"))
@@ -222,13 +221,8 @@ async def test_watch_refuses_another_users_run_and_a_bad_after(sqlite_url: str) 
     engine.close()
 
 
-@pytest.mark.parametrize("value", ["0", "7", " 12 ", 0, 3])
-def test_after_accepts_a_seq(value: Any) -> None:
-    assert after_seq(value) == int(str(value).strip())
-
-
 async def test_notices_wake_watchers_for_steps_approvals_and_cancels(pg_url: str) -> None:
-    engine = kit.engine(pg_url, script_name="standard", watch_poll_s=NO_POLL_S)
+    engine = inprocess.engine(pg_url, script_name="standard", watch_poll_s=NO_POLL_S)
     run = await engine.start_run("dana", "do the thing")
     kinds: list[str] = []
     arrived = asyncio.Event()
@@ -258,7 +252,7 @@ async def test_notices_wake_watchers_for_steps_approvals_and_cancels(pg_url: str
 
 
 def test_the_watch_example_of_the_integrations_page_prints_what_it_says(tmp_path: Path) -> None:
-    page = (kit.ROOT / "docs" / "integrations.md").read_text()
+    page = (processes.ROOT / "docs" / "integrations.md").read_text()
     start = page.index("# watch_example.py")
     (tmp_path / "watch_example.py").write_text(page[start : page.index("```", start)])
     done = subprocess.run(
@@ -279,7 +273,7 @@ async def test_many_watchers_of_several_runs_each_get_their_runs_events_from_the
     """One feed serves every watcher of the engine in shared rounds: watchers of one run
     at different SEQs, watchers of other runs, and one that leaves early, each get exactly
     their run's events after their own SEQ."""
-    engine = kit.engine(db_url, script_name="work")
+    engine = inprocess.engine(db_url, script_name="work")
     runs = [await engine.start_run("dana", f"job {i}") for i in range(3)]
     starts = (0, 1, 2)
     watching = {

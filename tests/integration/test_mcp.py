@@ -14,9 +14,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import kit
+import agents
 import mcp_agent
 import mcp_server
+import processes
 import pytest
 
 from tether import Agent, Engine, Scope, ScriptedModel, StopKind, ToolContext
@@ -280,8 +281,8 @@ async def test_a_run_reads_suspends_on_the_destructive_write_and_runs_it_once_ap
     db_url: str, notes: Path
 ) -> None:
     turns: list[dict[str, Any]] = [
-        {"tool_calls": [kit.call("read_note", title="alpha")]},
-        {"tool_calls": [kit.call("delete_note", title="alpha")]},
+        {"tool_calls": [agents.call("read_note", title="alpha")]},
+        {"tool_calls": [agents.call("delete_note", title="alpha")]},
         {"content": "deleted"},
     ]
     async with engine_for(db_url, mcp_agent.stdio(notes), turns, notes) as engine:
@@ -310,8 +311,8 @@ async def test_a_model_error_and_an_invalid_call_reach_the_model_and_nothing_run
     db_url: str, notes: Path
 ) -> None:
     turns: list[dict[str, Any]] = [
-        {"tool_calls": [kit.call("read_note", title="missing")]},
-        {"tool_calls": [kit.call("add_note", title=7)]},
+        {"tool_calls": [agents.call("read_note", title="missing")]},
+        {"tool_calls": [agents.call("add_note", title=7)]},
         {"content": "gave up"},
     ]
     async with engine_for(db_url, mcp_agent.stdio(notes), turns, notes) as engine:
@@ -344,7 +345,7 @@ async def test_a_run_over_streamable_http_writes_once_with_its_key(
 
 def test_the_docs_example_runs_as_written(tmp_path: Path) -> None:
     """docs/integrations.md's MCP example, saved as its two files and run."""
-    page = (kit.ROOT / "docs" / "integrations.md").read_text()
+    page = (processes.ROOT / "docs" / "integrations.md").read_text()
     section = page.split("## MCP tools", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     files = {block.splitlines()[0].removeprefix("# "): block for block in blocks}

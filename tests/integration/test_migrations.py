@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import kit
+import agents
+import inprocess
 import pytest
 import sqlalchemy as sa
 from alembic import command
@@ -37,7 +38,7 @@ def test_migrations_build_the_models_schema_from_empty(empty_url: str) -> None:
 async def test_the_engine_refuses_an_unmigrated_database_with_a_clear_message(
     empty_url: str,
 ) -> None:
-    engine = kit.engine(empty_url)
+    engine = inprocess.engine(empty_url)
     with pytest.raises(SchemaNotReady, match="tether migrate"):
         await engine.open()
     engine.close()
@@ -48,7 +49,7 @@ async def test_the_engine_refuses_a_newer_schema(db_url: str) -> None:
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = 'ffff_future'"))
     store.close()
-    engine = kit.engine(db_url)
+    engine = inprocess.engine(db_url)
     with pytest.raises(SchemaNotReady, match="newer"):
         await engine.open()
     engine.close()
@@ -60,8 +61,8 @@ async def test_an_engine_may_migrate_an_empty_database_on_start(empty_url: str) 
     from tether.config import Settings
 
     engine = Engine(
-        agent=kit.agent(),
-        model=kit.script("answer"),
+        agent=agents.agent(),
+        model=agents.script("answer"),
         settings=Settings(database_url=empty_url),
         migrate=True,
     )

@@ -3,7 +3,8 @@
 The official SDKs do the HTTP, so these tests prove what actually goes over the wire
 (tool results, system prompt, tool schemas) and how provider failures surface, transient
 or not. The servers are ``tests/support/fakellm.py``; what a run does when its model
-fails is in ``test_model_outage.py``.
+fails is in ``test_model_outage.py``; the translation to Anthropic's messages, which needs no
+server, is tests/unit/test_anthropic_messages.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from fakellm import (
 )
 
 from tether.errors import ConfigError, ModelError
-from tether.models.anthropic import AnthropicModel, to_anthropic_messages
+from tether.models.anthropic import AnthropicModel
 from tether.models.base import Message, ToolSpec, Usage
 from tether.models.openai import OpenAIChatModel
 from tether.models.pricing import spend_usd
@@ -508,9 +509,6 @@ def test_anthropic_without_key_or_base_url_is_a_config_error() -> None:
         AnthropicModel("claude-haiku-4-5")
 
 
-# --- Anthropic translation (pure) -------------------------------------------------------
-
-
 # reference §13: transient = 408, 409, 429, 5xx (529 included); permanent = every other 4xx.
 CLASSIFIED = [
     *((status, True) for status in (408, 409, 429, 500, 502, 503, 529)),
@@ -546,62 +544,3 @@ async def test_anthropic_http_failure_is_transient_exactly_for_the_retryable_sta
     assert caught.value.transient is transient
     assert f"HTTP {status}: provider says {status}" in caught.value.message
     assert len(anthropic_server.requests) == 1
-
-
-def test_parallel_tool_results_and_a_following_user_message_share_one_user_turn() -> None:
-    calls = [
-        {
-            "id": f"toolu_{i}",
-            "type": "function",
-            "function": {"name": "lookup_order", "arguments": json.dumps({"order_id": f"A-{i}"})},
-        }
-        for i in (1, 2)
-    ]
-    system, turns = to_anthropic_messages(
-        [
-            {"role": "system", "content": "Rule one."},
-            {"role": "system", "content": [{"type": "text", "text": "Rule two."}]},
-            {"role": "user", "content": "Compare A-1 and A-2."},
-            {"role": "assistant", "content": None, "tool_calls": calls},
-            {"role": "tool", "tool_call_id": "toolu_1", "content": "shipped"},
-            {"role": "tool", "tool_call_id": "toolu_2", "content": "pending"},
-            {"role": "user", "content": "Be brief."},
-        ]
-    )
-
-    assert system == "Rule one.\n\nRule two."
-    assert [turn["role"] for turn in turns] == ["user", "assistant", "user"]
-    assert [block["id"] for block in turns[1]["content"]] == ["toolu_1", "toolu_2"]
-    assert turns[2]["content"] == [
-        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "shipped"},
-        {"type": "tool_result", "tool_use_id": "toolu_2", "content": "pending"},
-        {"type": "text", "text": "Be brief."},
-    ]
-
-
-def test_empty_assistant_turns_are_dropped_and_neighbours_merge() -> None:
-    _, turns = to_anthropic_messages(
-        [
-            {"role": "user", "content": "one"},
-            {"role": "assistant", "content": ""},
-            {"role": "user", "content": "two"},
-        ]
-    )
-
-    assert turns == [
-        {
-            "role": "user",
-            "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}],
-        }
-    ]
-
-
-def test_tool_call_arguments_that_are_not_an_object_are_a_model_error() -> None:
-    bad_call = {
-        "id": "toolu_9",
-        "type": "function",
-        "function": {"name": "lookup_order", "arguments": "not json"},
-    }
-
-    with pytest.raises(ModelError, match="toolu_9"):
-        to_anthropic_messages([{"role": "assistant", "content": None, "tool_calls": [bad_call]}])

@@ -10,15 +10,13 @@ and every wait polls with a deadline.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any
 
+import agents
 import httpx
-import kit
 import pytest
 import sqlalchemy as sa
 from fakellm import (
@@ -30,6 +28,7 @@ from fakellm import (
     openai_completion,
     running,
 )
+from waiting import until
 
 from tether import Engine, MemoryNotifier, StopKind
 from tether.api.app import create_app
@@ -73,7 +72,7 @@ def answer(provider: str, text: str) -> Reply:
 
 
 def lookup(provider: str, call_id: str) -> Reply:
-    """A turn that calls the kit's ``lookup`` read."""
+    """A turn that calls the test agent's ``lookup`` read."""
     if provider == "openai":
         call = {
             "id": call_id,
@@ -87,7 +86,7 @@ def lookup(provider: str, call_id: str) -> Reply:
 
 def engine_for(url: str, model: Model, **settings: Any) -> Engine:
     return Engine(
-        agent=kit.agent(),
+        agent=agents.agent(),
         model=model,
         settings=Settings(database_url=url, **{**FAST, **settings}),
         notifier=MemoryNotifier(),
@@ -114,13 +113,12 @@ async def start(engines: list[Engine], url: str, spec: str, **settings: Any) -> 
 async def until_stopped(engine: Engine, run_id: str) -> Outcome:
     """Claim and carry the run each time it is claimable again, until it stops for good
     (not handed back); fails after the deadline."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        outcome = await engine.run_until_stop(run_id)
-        if outcome.kind is not StopKind.RELEASED:
-            return outcome
-        assert time.monotonic() < deadline, f"run {run_id} never stopped"
-        await asyncio.sleep(0.01)  # the poll: it is claimable again after its backoff
+
+    async def stopped() -> Outcome | None:
+        outcome = await engine.run_until_stop(run_id)  # claimable again after its backoff
+        return None if outcome.kind is StopKind.RELEASED else outcome
+
+    return await until(stopped, timeout=DEADLINE_S, interval=0.01, what=f"run {run_id} to stop")
 
 
 def stored(engine: Engine, run_id: str) -> Run:

@@ -10,7 +10,8 @@ import json
 from typing import Any
 
 import pytest
-from kit import call, count_calls
+from agents import call
+from inprocess import count_calls
 
 from tether import Agent, Engine, MemoryNotifier, ScriptedModel, Settings, ToolContext, tool
 from tether.results import StopKind

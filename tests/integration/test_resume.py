@@ -9,8 +9,10 @@ import json
 import threading
 from typing import Any
 
-import kit
+import downstream
+import inprocess
 import pytest
+from waiting import until
 
 from tether import ApprovalResult, Engine, MemoryNotifier, Run, StopKind
 from tether.errors import (
@@ -29,7 +31,7 @@ from tether.store import Store
 
 async def _suspended(url: str, script: str = "send", **settings: Any) -> tuple[Engine, str, str]:
     notifier = MemoryNotifier()
-    engine = kit.engine(url, script_name=script, notifier=notifier, **settings)
+    engine = inprocess.engine(url, script_name=script, notifier=notifier, **settings)
     outcome = await engine.ask("dana", "send b")
     assert outcome.kind is StopKind.SUSPENDED
     return engine, outcome.run_id, notifier.last(outcome.run_id).token
@@ -61,7 +63,7 @@ async def test_approval_executes_once_and_the_run_keeps_its_spent_budget(db_url:
     assert after.tool_calls == before.tool_calls + 1
     final = await engine.run_until_stop(run_id)
     assert final.kind is StopKind.ANSWERED
-    assert [e[1] for e in kit.effects()] == ["send"]
+    assert [e[1] for e in downstream.effects()] == ["send"]
     engine.close()
 
 
@@ -72,7 +74,7 @@ async def test_twenty_concurrent_approvals_from_threads_resume_once(db_url: str)
     barrier = threading.Barrier(20)
 
     def approve() -> None:
-        own = kit.engine(db_url, script_name="send")
+        own = inprocess.engine(db_url, script_name="send")
         barrier.wait()
         try:
             results.append(own.sync.resume_after_confirmation(token, "approve", "dana"))
@@ -91,7 +93,7 @@ async def test_twenty_concurrent_approvals_from_threads_resume_once(db_url: str)
     assert len(results) == 20 and len(oks) == 1
     assert {type(r) for r in losers} == {AlreadyResumed}
     assert all(r.details["decision"]["decision"] == "approve" for r in losers)
-    assert len(kit.effects()) == 1
+    assert len(downstream.effects()) == 1
 
 
 async def test_decline_becomes_the_tool_result_and_nothing_is_sent(db_url: str) -> None:
@@ -101,13 +103,13 @@ async def test_decline_becomes_the_tool_result_and_nothing_is_sent(db_url: str) 
     assert (await engine.run_until_stop(run_id)).kind is StopKind.ANSWERED
     results = _tool_results((await engine.get_run(run_id)).messages)
     assert results[-1]["error"] == "declined_by_user"
-    assert kit.effects() == []
+    assert downstream.effects() == []
     engine.close()
 
 
 async def test_revoked_permission_halts_with_no_longer_permitted(db_url: str) -> None:
     engine, run_id, token = await _suspended(db_url)
-    kit.set_world("perm:dana", "0")
+    downstream.set_world("perm:dana", "0")
     with pytest.raises(NoLongerPermitted):
         await engine.resume_after_confirmation(token, "approve", "dana")
     run = (await engine.get_run(run_id)).run
@@ -115,7 +117,7 @@ async def test_revoked_permission_halts_with_no_longer_permitted(db_url: str) ->
     assert _tool_results((await engine.get_run(run_id)).messages)[-1]["error"] == (
         "no_longer_permitted"
     )
-    assert kit.effects() == []
+    assert downstream.effects() == []
     with pytest.raises(AlreadyResumed):  # the token was used by the claim
         await engine.resume_after_confirmation(token, "approve", "dana")
     engine.close()
@@ -125,7 +127,7 @@ async def test_a_changed_preview_is_refused_with_a_diff_and_a_working_new_token(
     db_url: str,
 ) -> None:
     engine, run_id, token = await _suspended(db_url)
-    kit.set_world("price", "90")
+    downstream.set_world("price", "90")
     with pytest.raises(Changed) as changed:
         await engine.resume_after_confirmation(token, "approve", "dana")
     assert changed.value.details["diff"] == [{"path": "price", "before": "100", "after": "90"}]
@@ -134,21 +136,21 @@ async def test_a_changed_preview_is_refused_with_a_diff_and_a_working_new_token(
     run = (await engine.get_run(run_id)).run
     assert run.state.value == "suspended" and run.pending is not None
     assert run.pending.preview == {"item": "b", "price": "90"}
-    assert kit.effects() == []
+    assert downstream.effects() == []
     result = await engine.resume_after_confirmation(new_token, "approve", "dana")
     assert result.ok
-    assert len(kit.effects()) == 1
+    assert len(downstream.effects()) == 1
     engine.close()
 
 
 async def test_a_guard_refusal_becomes_the_tool_result_and_the_run_goes_on(db_url: str) -> None:
     engine, run_id, token = await _suspended(db_url)
-    kit.set_world("hold", "1")
+    downstream.set_world("hold", "1")
     with pytest.raises(GuardFailed, match="on hold"):
         await engine.resume_after_confirmation(token, "approve", "dana")
     assert (await engine.run_until_stop(run_id)).kind is StopKind.ANSWERED
     assert _tool_results((await engine.get_run(run_id)).messages)[-1]["error"] == "guard_failed"
-    assert kit.effects() == []
+    assert downstream.effects() == []
     engine.close()
 
 
@@ -169,7 +171,7 @@ async def test_tokens_are_unknown_to_strangers_and_to_nobody(db_url: str) -> Non
 async def test_an_expired_suspension_halts_and_its_token_stops_working(db_url: str) -> None:
     engine, run_id, token = await _suspended(db_url, suspension_ttl_min=0.002)
     expires_at = _run(engine, run_id).expires_at or 0
-    kit.poll_until(lambda: engine._store.now() > expires_at)
+    await until(lambda: engine._store.now() > expires_at)
     assert engine._store.open_suspensions(10)[0] == []  # past its window, swept or not
     # The claim checks the window itself, even before the sweep ran.
     with pytest.raises(UnknownOrExpired):
@@ -179,7 +181,7 @@ async def test_an_expired_suspension_halts_and_its_token_stops_working(db_url: s
     assert run.state.value == "halted" and run.halt_reason == "suspension_expired"
     with pytest.raises(UnknownOrExpired):
         await engine.resume_after_confirmation(token, "approve", "dana")
-    assert kit.effects() == []
+    assert downstream.effects() == []
     engine.close()
 
 
@@ -188,7 +190,7 @@ async def test_an_approval_racing_the_expiry_sweep_is_decided_once(db_url: str) 
         engine, run_id, token = await _suspended(db_url, suspension_ttl_min=0.003)
         try:
             deadline = (_run(engine, run_id).expires_at or 0) - 0.05
-            kit.poll_until(functools.partial(_past, engine._store, deadline))
+            await until(functools.partial(_past, engine._store, deadline))
             approval, expired = await asyncio.gather(
                 engine.resume_after_confirmation(token, "approve", "dana"),
                 engine._runner.expire_suspended(),
@@ -200,28 +202,28 @@ async def test_an_approval_racing_the_expiry_sweep_is_decided_once(db_url: str) 
                 # The sweep may have looked just before the window closed and the claim
                 # just after: the run then stays suspended until the next sweep halts it.
                 # Either way it never ran.
-                assert run.state.value in {"halted", "suspended"} and kit.effects() == []
+                assert run.state.value in {"halted", "suspended"} and downstream.effects() == []
                 if run.state.value == "suspended":
                     assert expired == []
                     assert await engine._runner.expire_suspended() == [run_id]
                 else:
                     assert expired == [run_id]
                 run = (await engine.get_run(run_id)).run
-                assert run.halt_reason == "suspension_expired" and kit.effects() == []
+                assert run.halt_reason == "suspension_expired" and downstream.effects() == []
             else:
                 assert expired == [] and run.state.value == "running"
-                assert len(kit.effects()) == 1
+                assert len(downstream.effects()) == 1
         finally:
             engine.close()
-            kit.effects_reset()
+            downstream.effects_reset()
 
 
 async def test_continue_is_deliberate_logged_and_never_reruns_a_tool(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="standard")
+    engine = inprocess.engine(db_url, script_name="standard")
     outcome = await engine.ask("dana", "go", limits={"max_steps": 2})
     assert outcome.kind is StopKind.HALTED and outcome.reason == "max_steps"
     before = (await engine.get_run(outcome.run_id)).run
-    effects_before = kit.effects()
+    effects_before = downstream.effects()
     with pytest.raises(NotFound):
         await engine.continue_run(outcome.run_id, "mallory")
     with pytest.raises(NotFound):
@@ -235,7 +237,7 @@ async def test_continue_is_deliberate_logged_and_never_reruns_a_tool(db_url: str
     assert event.data["by"] == "dana" and event.data["previous_halt_reason"] == "max_steps"
     assert event.data["old_limits"]["max_steps"] == 2 and event.data["new_limits"]["max_steps"] == 6
     assert (await engine.run_until_stop(outcome.run_id)).kind is StopKind.SUSPENDED
-    assert kit.effects() == effects_before
+    assert downstream.effects() == effects_before
     ids = [entry.tool_call_id for entry in await engine.ledger(outcome.run_id)]
     assert len(ids) == len(set(ids))
     engine.close()
@@ -253,11 +255,11 @@ async def test_cancel_only_by_the_owner_and_only_once(db_url: str) -> None:
 
 
 async def test_purge_deletes_old_finished_runs_with_their_rows(db_url: str) -> None:
-    engine = kit.engine(db_url, script_name="answer", retention_days=0.00000001)
+    engine = inprocess.engine(db_url, script_name="answer", retention_days=0.00000001)
     outcome = await engine.ask("dana", "hi")
     live, _, _ = await _suspended(db_url)
     updated_at = _run(engine, outcome.run_id).updated_at
-    kit.poll_until(lambda: engine._store.now() - updated_at > 0.01)
+    await until(lambda: engine._store.now() - updated_at > 0.01)
     assert await engine._runner.purge_retained() == 1
     with pytest.raises(NotFound):
         await engine.get_run(outcome.run_id)
@@ -279,12 +281,12 @@ async def test_an_ambiguous_write_is_reconciled_before_the_loop_goes_on(
     db_url: str, script: str, failure: str, expect: tuple[str, int, str | None]
 ) -> None:
     state, effects, error = expect
-    kit.inject_failure({"write_once": "write_once", "blind": "blind_write"}[script], failure)
-    engine = kit.engine(db_url, script_name=script)
+    downstream.inject_failure({"write_once": "write_once", "blind": "blind_write"}[script], failure)
+    engine = inprocess.engine(db_url, script_name=script)
     outcome = await engine.ask("dana", "write")
     run = (await engine.get_run(outcome.run_id)).run
     assert run.state.value == state
-    assert len(kit.effects()) == effects
+    assert len(downstream.effects()) == effects
     if state == "failed":
         assert run.fail_reason == "unreconcilable"
         ledger = await engine.ledger(outcome.run_id)
@@ -319,7 +321,7 @@ async def test_deciding_from_the_inbox_by_run_claims_once_and_checks_the_digest(
     )
     assert sum(1 for r in results if not isinstance(r, BaseException)) == 1
     assert all(isinstance(r, AlreadyResumed) for r in results if isinstance(r, BaseException))
-    assert len(kit.effects()) == 1
+    assert len(downstream.effects()) == 1
     engine.close()
 
 
@@ -330,11 +332,11 @@ async def test_an_inbox_click_on_a_preview_that_changed_does_not_approve_the_new
     run = (await engine.get_run(run_id)).run
     assert run.pending is not None
     call, shown = run.pending.tool_call_id, run.pending.digest
-    kit.set_world("price", "90")
+    downstream.set_world("price", "90")
     with pytest.raises(Changed):
         await engine.resume_after_confirmation(token, "approve", "dana")
     with pytest.raises(AlreadyResumed):  # the old page's click: the approval it carried is used
         await engine.resume_by_run(run_id, "approve", "dana", tool_call_id=call, shown_digest=shown)
     assert (await engine.get_run(run_id)).run.state.value == "suspended"
-    assert kit.effects() == []
+    assert downstream.effects() == []
     engine.close()

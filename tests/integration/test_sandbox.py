@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import kit
 import pytest
+from demo_procs import PREVIEW_KEYS
 
 from tether.sandbox import RunningSandbox, start_in_thread
 
 HENDERSON_ORDER: dict[str, Any] = {"account_id": "4471", "sku": "SKU-4411", "quantity": 200}
 SEND_ROUTE = "POST /quotes/{quote_id}/send"
-PREVIEW_KEYS = kit.PREVIEW_KEYS
 
 
 @pytest.fixture

@@ -29,7 +29,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-import kit
 import psycopg
 import pytest
 import sqlalchemy as sa
@@ -43,6 +42,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from waiting import poll_until
 
 from tether.budget import Budget, Limits
 from tether.errors import LeaseLost
@@ -262,7 +262,7 @@ class RunMachine(RuleBasedStateMachine):
     def _clock_past(self, moment: float) -> None:
         """Wait (at most a tick of the clock) until the database's clock is past
         ``moment``, so that what is judged against it does not depend on timing."""
-        kit.poll_until(lambda: self.store.now() > moment, interval=0.001, what="the DB clock")
+        poll_until(lambda: self.store.now() > moment, interval=0.001, what="the DB clock")
 
     def _let_go(self, lease: Lease) -> None:
         if lease in self.held:

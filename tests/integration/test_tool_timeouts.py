@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kit import call
+from agents import call
+from waiting import until
 
 from tether import (
     Agent,
@@ -168,14 +169,6 @@ def _result(view: RunView) -> Any:
     return json.loads(content)
 
 
-async def _until(predicate: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + 30
-    while not await predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 @pytest.mark.parametrize(("tool_name", "tries"), [("hang_async", 3), ("hang_thread", 2)])
 async def test_a_read_that_hangs_forever_is_retried_then_the_model_sees_tool_timeout(
     db_url: str, down: Downstream, tool_name: str, tries: int
@@ -286,9 +279,7 @@ async def test_a_thread_write_still_running_is_not_taken_for_absent(
     assert [e.status for e in ledger] == [CallStatus.UNKNOWN]
     assert [e.data["found"] for e in events if e.kind == "reconciled"] == ["unreachable"]
     down.gate.set()  # the downstream finally answers: the write lands, once
-    deadline = asyncio.get_running_loop().time() + 10
-    while not down.effects and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.01)
+    await until(lambda: down.effects, timeout=10, what="the write to land")
     assert [len(items) for items in down.effects.values()] == [1]
     assert down.calls["write_thread"] == 1
 
@@ -308,7 +299,7 @@ async def test_the_heartbeat_keeps_the_lease_while_a_tool_outlasts_the_heartbeat
             assert run is not None
             return (run.heartbeat_at or 0) > started + 1.5
 
-        await _until(beaten_well_after_the_call_began, "a heartbeat during the call")
+        await until(beaten_well_after_the_call_began, what="a heartbeat during the call")
         assert await rival._runner.recover_orphans() == []  # its lease is live: nobody takes it
         assert not asking.done()
         down.release.set()

@@ -18,7 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kit
+import agents
+import inprocess
+import processes
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -82,7 +84,7 @@ def attr(span: ReadableSpan, key: str) -> Any:
 async def test_a_run_traces_its_stretch_steps_model_calls_and_tool_calls(
     db_url: str, exporter: InMemorySpanExporter
 ) -> None:
-    engine = kit.engine(db_url, script_name="work")  # lookup; record; answer
+    engine = inprocess.engine(db_url, script_name="work")  # lookup; record; answer
     async with engine:
         outcome = await engine.ask("dana", "work")
         ledger = await engine.ledger(outcome.run_id)
@@ -123,7 +125,7 @@ async def test_a_run_traces_its_stretch_steps_model_calls_and_tool_calls(
 async def test_the_run_trace_is_a_child_of_the_span_that_started_it(
     db_url: str, provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
-    engine = kit.engine(db_url, script_name="answer")
+    engine = inprocess.engine(db_url, script_name="answer")
     async with engine:
         with provider.get_tracer("app").start_as_current_span("handle request") as caller:
             run = await engine.start_run("dana", "hi")
@@ -138,8 +140,8 @@ async def test_an_approval_in_another_engine_continues_the_same_trace(
     db_url: str, exporter: InMemorySpanExporter
 ) -> None:
     notifier = MemoryNotifier()
-    first = kit.engine(db_url, script_name="send", notifier=notifier)
-    second = kit.engine(db_url, script_name="send")
+    first = inprocess.engine(db_url, script_name="send", notifier=notifier)
+    second = inprocess.engine(db_url, script_name="send")
     async with first, second:
         outcome = await first.ask("dana", "send b")
         assert outcome.kind is StopKind.SUSPENDED
@@ -174,7 +176,7 @@ async def test_an_approval_in_another_engine_continues_the_same_trace(
 async def test_an_unknown_token_is_traced_as_a_refused_approval_outside_any_run(
     db_url: str, exporter: InMemorySpanExporter
 ) -> None:
-    async with kit.engine(db_url) as engine:
+    async with inprocess.engine(db_url) as engine:
         with pytest.raises(UnknownOrExpired):
             await engine.resume_after_confirmation("t" * 43, "approve", "dana")
     refused = one(exporter.get_finished_spans(), "approval")
@@ -185,8 +187,8 @@ async def test_an_unknown_token_is_traced_as_a_refused_approval_outside_any_run(
 async def test_a_halted_run_continued_keeps_its_trace(
     db_url: str, exporter: InMemorySpanExporter
 ) -> None:
-    engine = kit.engine(db_url, script_name="work")
-    other = kit.engine(db_url, script_name="work")
+    engine = inprocess.engine(db_url, script_name="work")
+    other = inprocess.engine(db_url, script_name="work")
     async with engine, other:
         outcome = await engine.ask("dana", "work", limits={"max_steps": 1})
         assert outcome.kind is StopKind.HALTED
@@ -218,7 +220,7 @@ class Refusing(Model):
 async def test_a_failed_model_call_is_an_error_span_with_its_error_type(
     db_url: str, exporter: InMemorySpanExporter
 ) -> None:
-    engine = Engine(agent=kit.agent(), model=Refusing(), settings=Settings(database_url=db_url))
+    engine = Engine(agent=agents.agent(), model=Refusing(), settings=Settings(database_url=db_url))
     async with engine:
         outcome = await engine.ask("dana", "hi")
     assert outcome.kind is StopKind.FAILED
@@ -232,8 +234,8 @@ async def test_a_failed_model_call_is_an_error_span_with_its_error_type(
 async def test_a_refused_call_says_why_on_its_span(
     db_url: str, exporter: InMemorySpanExporter
 ) -> None:
-    turns = [{"tool_calls": [kit.call("no_such_tool"), kit.call("lookup", query="q")]}]
-    async with kit.engine(db_url, turns=turns) as engine:
+    turns = [{"tool_calls": [agents.call("no_such_tool"), agents.call("lookup", query="q")]}]
+    async with inprocess.engine(db_url, turns=turns) as engine:
         assert (await engine.ask("dana", "hi")).kind is StopKind.ANSWERED
     spans = exporter.get_finished_spans()
     refused = one(spans, "execute_tool no_such_tool")
@@ -244,7 +246,7 @@ async def test_a_refused_call_says_why_on_its_span(
 
 
 async def test_without_a_tracer_provider_a_run_stores_no_trace_context(db_url: str) -> None:
-    async with kit.engine(db_url, script_name="answer") as engine:
+    async with inprocess.engine(db_url, script_name="answer") as engine:
         run = await engine.start_run("dana", "hi")
         assert (await engine.run_until_stop(run.id)).kind is StopKind.ANSWERED
         stored = (await engine.get_run(run.id)).run
@@ -252,7 +254,7 @@ async def test_without_a_tracer_provider_a_run_stores_no_trace_context(db_url: s
 
 
 def test_the_documented_example_prints_the_span_tree_it_shows(tmp_path: Path) -> None:
-    page = (kit.ROOT / "docs" / "integrations.md").read_text()
+    page = (processes.ROOT / "docs" / "integrations.md").read_text()
     section = page.split("## Tracing with OpenTelemetry", 1)[1].split("\n## ", 1)[0]
     code = re.search(r"```python\n(# trace_example\.py\n.*?)```", section, re.S)
     shown = re.search(r"It prints:\n\n```text\n(.*?)```", section, re.S)

@@ -1,8 +1,9 @@
 """Typed output (reference §11) on both backends: a final answer validated against the agent's
 ``output_type``, shown as ``output`` in the run's JSON (HTTP, CLI, engine) and on
 ``ask()``; an invalid answer sent back to the model with its errors in one write, a step
-like any other; a model that never answers validly halting on its budget; declaration
-errors; the real OpenAI adapter; and the example of docs/integrations.md, run as written.
+like any other; a model that never answers validly halting on its budget; the real OpenAI
+adapter; and the example of docs/integrations.md, run as written. Declaration errors and
+checking an answer without a run are tests/unit/test_output.py.
 """
 
 from __future__ import annotations
@@ -19,48 +20,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import agents
 import httpx
-import kit
+import inprocess
+import processes
 import pytest
 import sqlalchemy as sa
 from fakellm import OPENAI_PATH, Reply, openai_completion, running
-from pydantic import BaseModel, ConfigDict, Field
+from quotes import INVALID, VALID, Quote
 
 from tether import Agent, Engine, MemoryNotifier, ScriptedModel, StopKind
 from tether.api.app import create_app
 from tether.config import Settings
-from tether.errors import ConfigError
 from tether.models.base import Message, Model, ModelResponse, ToolSpec
 from tether.models.openai import OpenAIChatModel
-from tether.output import check
 
 DANA_KEY = "key-of-dana"
 DANA = {"Authorization": f"Bearer {DANA_KEY}"}
 PROMPT = "You price quotes."
 
 
-class Line(BaseModel):
-    sku: str
-    quantity: int = Field(gt=0)
-
-
-class Quote(BaseModel):
-    account_id: str
-    lines: list[Line]
-    total: float
-
-
-VALID = {"account_id": "4471", "lines": [{"sku": "SKU-4411", "quantity": 200}], "total": 950.0}
-# Two errors: a constraint deep in a list, and a missing field.
-INVALID = {"account_id": "4471", "lines": [{"sku": "SKU-4411", "quantity": 0}]}
-
-
 def typed_agent() -> Agent:
     return Agent(
         name="typed",
         system_prompt=PROMPT,
-        tools=(kit.lookup,),
-        resolve_scope=kit.resolve,
+        tools=(agents.lookup,),
+        resolve_scope=agents.resolve,
         output_type=Quote,
     )
 
@@ -123,7 +108,7 @@ async def test_a_valid_answer_is_the_output_over_http_on_the_engine_and_in_the_l
 ) -> None:
     model = Recording(
         [
-            {"tool_calls": [kit.call("lookup", query="Henderson")]},
+            {"tool_calls": [agents.call("lookup", query="Henderson")]},
             {"content": json.dumps(VALID)},
         ]
     )
@@ -174,7 +159,7 @@ async def test_runs_show_prints_the_output(db_url: str) -> None:
         outcome = await engine.ask("dana", "quote")
     finally:
         engine.close()
-    shown = kit.tether("runs", "show", outcome.run_id, env=kit.tether_env(db_url))
+    shown = processes.tether("runs", "show", outcome.run_id, env=processes.tether_env(db_url))
     assert shown.returncode == 0, shown.stderr
     body = json.loads(shown.stdout)
     assert body["state"] == "answered" and body["output"] == VALID
@@ -183,7 +168,7 @@ async def test_runs_show_prints_the_output(db_url: str) -> None:
 async def test_an_agent_without_output_type_keeps_its_prompt_and_stores_null(
     db_url: str,
 ) -> None:
-    engine = kit.engine(db_url, script_name="answer")
+    engine = inprocess.engine(db_url, script_name="answer")
     try:
         outcome = await engine.ask("dana", "what is it?")
         view = await engine.get_run(outcome.run_id)
@@ -204,7 +189,7 @@ async def test_an_invalid_answer_goes_back_with_its_errors_in_one_write_then_val
 ) -> None:
     model = Recording([{"content": json.dumps(INVALID)}, {"content": json.dumps(VALID)}])
     engine = typed_engine(db_url, model)
-    turn_writes = kit.count_calls(engine, "persist_turn")
+    turn_writes = inprocess.count_calls(engine, "persist_turn")
     try:
         outcome = await engine.ask("dana", "quote")
         view = await engine.get_run(outcome.run_id)
@@ -301,75 +286,11 @@ async def test_the_openai_adapter_sends_the_schema_and_the_errors(db_url: str) -
     assert "- total: Field required" in sent[1][-1]["content"]
 
 
-# -- declaration and parsing ---------------------------------------------------------------
-
-
-class Opaque:
-    """A type pydantic can hold but not describe in JSON schema."""
-
-
-class Undescribable(BaseModel):
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    thing: Opaque
-
-
-@pytest.mark.parametrize(
-    ("output_type", "expected"),
-    [
-        (dict, "must be a pydantic BaseModel subclass"),
-        (Quote.model_validate(VALID), "must be a pydantic BaseModel subclass"),
-        ("Quote", "must be a pydantic BaseModel subclass"),
-        (list[Quote], "must be a pydantic BaseModel subclass"),
-        (Undescribable, "has no JSON schema"),
-    ],
-)
-def test_an_output_type_that_is_not_a_describable_model_is_refused_when_declared(
-    output_type: Any, expected: str
-) -> None:
-    with pytest.raises(ConfigError, match=expected) as raised:
-        Agent(name="bad", system_prompt=PROMPT, output_type=output_type)
-    assert raised.value.code == "invalid_config"
-    assert "agent bad: output_type" in raised.value.message
-
-
-@pytest.mark.parametrize(
-    ("content", "locs"),
-    [
-        (json.dumps(VALID), []),
-        (f"```\n{json.dumps(VALID)}\n```", []),
-        (None, ["(answer)"]),
-        ("   ", ["(answer)"]),
-        ("no json here", ["(root)"]),
-        ('{"account_id": 4471, "lines": [], "total": "lots"}', ["account_id", "total"]),
-        (f"```json\n{json.dumps(INVALID)}\n```", ["lines.0.quantity", "total"]),
-    ],
-)
-def test_check_accepts_json_or_a_fenced_block_and_names_each_error(
-    content: str | None, locs: list[str]
-) -> None:
-    verdict = check(Quote, content)
-    assert [e["loc"] for e in verdict.errors] == locs
-    assert (verdict.value is None) == bool(locs)
-    if not locs:
-        assert verdict.stored == VALID
-
-
-def test_feedback_lists_at_most_twenty_errors_and_counts_the_rest() -> None:
-    many = json.dumps({"account_id": "a", "lines": [{"quantity": 0}] * 15, "total": 1})
-    verdict = check(Quote, many)
-    assert len(verdict.errors) == 30  # each line: sku missing, quantity not > 0
-    content = verdict.feedback()["content"]
-    assert content.count("\n- ") == 21  # twenty errors and the count of the rest
-    assert "- ... and 10 more" in content
-    assert verdict.event(4) == {"step": 4, "errors": verdict.errors[:20], "count": 30}
-
-
 # -- the documented example ----------------------------------------------------------------
 
 
 def test_the_integrations_page_example_runs_as_written(tmp_path: Path) -> None:
-    page = (kit.ROOT / "docs" / "integrations.md").read_text()
+    page = (processes.ROOT / "docs" / "integrations.md").read_text()
     section = page.split("## Typed output", 1)[1]
     code = re.search(r"```python\n(.*?\n)```\n", section, re.DOTALL)
     printed = re.search(r"```text\n(.*?\n)```\n", section, re.DOTALL)

@@ -10,17 +10,17 @@ import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+import agents
+import downstream
 import httpx
-import kit
 import pytest
 
 import tether.api.web.inbox
-from tether import Agent, Engine, MemoryNotifier, ScriptedModel, StopKind, tool
+from tether import Agent, Engine, MemoryNotifier, ScriptedModel, StopKind
 from tether.api.app import create_app
 from tether.config import Settings
-from tether.errors import InvalidInput
 from tether.runs import Run, RunState
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -56,8 +56,8 @@ class Web:
 async def _web(db_url: str, model: ScriptedModel | None = None, agent: Any = None) -> Web:
     notifier = MemoryNotifier()
     engine = Engine(
-        agent=agent or kit.agent(),
-        model=model or kit.script("send"),
+        agent=agent or agents.agent(),
+        model=model or agents.script("send"),
         settings=Settings(database_url=db_url),
         notifier=notifier,
     )
@@ -107,7 +107,7 @@ async def test_opening_an_approval_link_changes_nothing(web: Web) -> None:
             assert 'value="approve"' in shown.text and "left" in shown.text
     after = await web.run(run_id)
     assert after.state is RunState.SUSPENDED and after.updated_at == before.updated_at
-    assert await web.decisions(run_id) == [] and kit.effects() == []
+    assert await web.decisions(run_id) == [] and downstream.effects() == []
     result = await web.engine.resume_after_confirmation(token, "approve", "dana")
     assert result.ok  # the token survived every GET
 
@@ -133,7 +133,7 @@ async def test_a_post_without_the_session_csrf_token_changes_nothing(web: Web) -
     assert all("Nothing was done" in r.text for r in (missing, forged, cross_site))
     after = await web.run(run_id)
     assert after.state is RunState.SUSPENDED and after.updated_at == before.updated_at
-    assert await web.decisions(run_id) == [] and kit.effects() == []
+    assert await web.decisions(run_id) == [] and downstream.effects() == []
 
 
 async def test_a_csrf_token_of_another_session_is_refused(web: Web) -> None:
@@ -147,7 +147,7 @@ async def test_a_csrf_token_of_another_session_is_refused(web: Web) -> None:
             f"/approve/{token}", data={"decision": "approve", "csrf": stolen}
         )
     assert refused.status_code == 403
-    assert (await web.run(run_id)).state is RunState.SUSPENDED and kit.effects() == []
+    assert (await web.run(run_id)).state is RunState.SUSPENDED and downstream.effects() == []
 
 
 async def test_a_user_who_may_not_approve_sees_unknown_or_expired_and_changes_nothing(
@@ -170,7 +170,7 @@ async def test_a_user_who_may_not_approve_sees_unknown_or_expired_and_changes_no
     assert run_id not in inbox.text and "Nothing is waiting" in inbox.text
     after = await web.run(run_id)
     assert after.state is RunState.SUSPENDED and after.updated_at == before.updated_at
-    assert await web.decisions(run_id) == [] and kit.effects() == []
+    assert await web.decisions(run_id) == [] and downstream.effects() == []
 
 
 async def test_an_unknown_token_is_unknown_or_expired(web: Web) -> None:
@@ -197,7 +197,7 @@ async def test_approving_acts_once_and_a_second_post_shows_who_decided(web: Web)
     for page in (second, reopened):
         assert '<dd class="decision">approve</dd>' in page.text and "<dd>dana</dd>" in page.text
         assert " UTC</dd>" in page.text
-    assert [e[1] for e in kit.effects()] == ["send"]
+    assert [e[1] for e in downstream.effects()] == ["send"]
     assert [d["decision"] for d in await web.decisions(run_id)] == ["approve"]
 
 
@@ -214,7 +214,7 @@ async def test_an_allowed_approver_sees_the_request_in_the_inbox_and_decides_it(
         after = await client.get("/")
     assert declined.status_code == 200 and "Declined" in declined.text
     assert run_id not in after.text
-    assert kit.effects() == []
+    assert downstream.effects() == []
     assert [(d["decision"], d["by"]) for d in await web.decisions(run_id)] == [("decline", "boss")]
 
 
@@ -251,7 +251,7 @@ async def test_a_changed_preview_shows_the_diff_side_by_side_and_the_new_form_wo
     web: Web,
 ) -> None:
     run_id, token = await web.suspended()
-    kit.set_world("price", "90")
+    downstream.set_world("price", "90")
     async with web.client() as client:
         await sign_in(client, web.keys["dana"])
         csrf = await session_csrf(client)
@@ -265,18 +265,18 @@ async def test_a_changed_preview_shows_the_diff_side_by_side_and_the_new_form_wo
         assert row, changed.text
         actions = FORM_ACTION.findall(changed.text)
         assert len(actions) == 1 and actions[0] != token
-        assert kit.effects() == []
+        assert downstream.effects() == []
         approved = await client.post(
             f"/approve/{actions[0]}", data={"decision": "approve", "csrf": csrf}
         )
     assert approved.status_code == 200 and "Approved" in approved.text
-    assert [e[1] for e in kit.effects()] == ["send"]
+    assert [e[1] for e in downstream.effects()] == ["send"]
     assert [d["decision"] for d in await web.decisions(run_id)] == ["approve", "approve"]
 
 
 async def test_a_guard_failure_shows_its_reason(web: Web) -> None:
     _, token = await web.suspended()
-    kit.set_world("hold", "1")
+    downstream.set_world("hold", "1")
     async with web.client() as client:
         await sign_in(client, web.keys["dana"])
         refused = await client.post(
@@ -284,19 +284,19 @@ async def test_a_guard_failure_shows_its_reason(web: Web) -> None:
         )
     assert refused.status_code == 409
     assert '<strong class="reason">the account is on hold</strong>' in refused.text
-    assert kit.effects() == []
+    assert downstream.effects() == []
 
 
 async def test_lost_permission_shows_no_longer_permitted(web: Web) -> None:
     run_id, token = await web.suspended()
-    kit.set_world("perm:dana", "0")
+    downstream.set_world("perm:dana", "0")
     async with web.client() as client:
         await sign_in(client, web.keys["dana"])
         refused = await client.post(
             f"/approve/{token}", data={"decision": "approve", "csrf": await session_csrf(client)}
         )
     assert refused.status_code == 403 and "No longer permitted" in refused.text
-    assert (await web.run(run_id)).state is RunState.HALTED and kit.effects() == []
+    assert (await web.run(run_id)).state is RunState.HALTED and downstream.effects() == []
 
 
 async def test_stored_markup_is_escaped_on_every_page(db_url: str) -> None:
@@ -407,7 +407,7 @@ async def test_sign_out_needs_the_csrf_token_and_ends_the_session(web: Web) -> N
 async def test_one_click_sign_in_is_offered_only_for_the_agents_published_users(
     db_url: str,
 ) -> None:
-    plain = await _web(db_url)  # kit's agent publishes no users
+    plain = await _web(db_url)  # the test agent publishes no users
     try:
         async with plain.client() as client:
             form = await client.get("/login")
@@ -419,7 +419,7 @@ async def test_one_click_sign_in_is_offered_only_for_the_agents_published_users(
     finally:
         plain.engine.close()
     published = {"dana": "published-key-of-dana", "miguel": "published-key-of-miguel"}
-    agent = dataclasses.replace(kit.agent(), name="any-agent", users=published)
+    agent = dataclasses.replace(agents.agent(), name="any-agent", users=published)
     demo = await _web(db_url, agent=agent)
     try:
         await demo.engine.ensure_agent_users()
@@ -443,7 +443,7 @@ async def test_one_click_sign_in_is_offered_only_for_the_agents_published_users(
 
 
 async def test_a_published_user_whose_key_is_not_stored_cannot_sign_in(db_url: str) -> None:
-    agent = dataclasses.replace(kit.agent(), users={"dana": "a-key-never-stored"})
+    agent = dataclasses.replace(agents.agent(), users={"dana": "a-key-never-stored"})
     web = await _web(db_url, agent=agent)  # dana exists, with another key
     try:
         async with web.client() as client:
@@ -456,32 +456,6 @@ async def test_a_published_user_whose_key_is_not_stored_cannot_sign_in(db_url: s
             assert (await client.get("/")).status_code == 303  # still signed out
     finally:
         web.engine.close()
-
-
-def test_a_preview_with_lines_renders_them_as_a_nested_table() -> None:
-    from tether.api.web import templates
-
-    preview = {
-        "quote_id": "Q-1",
-        "lines": [
-            {"sku": "SKU-4411", "quantity": 200, "unit_price": 12.5},
-            {"sku": "<b>x</b>", "quantity": 1},
-        ],
-        "discount_pct": 5,
-        "total": None,
-    }
-    rendered = templates.env.from_string(
-        '{% from "macros.html" import value %}{{ value(p) }}'
-    ).render(p=preview)
-    compact = re.sub(r">\s+<", "><", rendered)
-    assert '<th scope="row">lines</th><td><table class="rows">' in compact
-    assert (
-        '<thead><tr><th scope="col">sku</th><th scope="col">quantity</th>'
-        '<th scope="col">unit_price</th></tr></thead>'
-    ) in compact
-    assert "<td>SKU-4411</td><td>200</td><td>12.5</td>" in compact
-    assert "<td>&lt;b&gt;x&lt;/b&gt;</td><td>1</td><td>—</td>" in compact
-    assert '<th scope="row">total</th><td>—</td>' in compact
 
 
 INBOX_FORM = re.compile(
@@ -502,13 +476,13 @@ async def test_deciding_in_the_inbox_acts_once_and_needs_the_csrf_token(web: Web
         forged = await client.post(
             f"/runs/{run_id}/decision", data={**fields, "decision": "approve", "csrf": "x"}
         )
-        assert forged.status_code == 403 and kit.effects() == []
+        assert forged.status_code == 403 and downstream.effects() == []
         form = {**fields, "decision": "approve", "csrf": csrf_of(inbox.text)}
         first = await client.post(f"/runs/{run_id}/decision", data=form)
         second = await client.post(f"/runs/{run_id}/decision", data=form)
     assert first.status_code == 200
     assert second.status_code == 409 and "already" in second.text.lower()
-    assert [e[1] for e in kit.effects()] == ["send"]
+    assert [e[1] for e in downstream.effects()] == ["send"]
     assert [d["decision"] for d in await web.decisions(run_id)] == ["approve"]
 
 
@@ -531,27 +505,10 @@ async def test_an_inbox_decision_by_a_stranger_changes_nothing(web: Web) -> None
         )
     assert refused.status_code == 404
     assert (await web.run(run_id)).state is RunState.SUSPENDED
-    assert kit.effects() == []
+    assert downstream.effects() == []
 
 
 # -- decisions with a reason, and edits (reference §9) -------------------------------------------
-
-
-def _ship_preview(args: Any, scope: Any) -> dict[str, Any]:
-    return {"sku": args.sku, "quantity": args.quantity, "cost": args.quantity * args.weight}
-
-
-@tool(effect="write", needs_confirmation=True, dedupes=True, preview=_ship_preview)
-def ship(
-    sku: str,
-    quantity: int,
-    rush: bool = False,
-    speed: Literal["ground", "air"] = "ground",
-    weight: float = 1.5,
-    labels: list[str] | None = None,
-) -> dict[str, Any]:
-    """Ship an order (a write a human confirms); its downstream deduplicates by key."""
-    return {"shipped": sku, "quantity": quantity, "rush": rush, "speed": speed}
 
 
 SHIP_ORDER = {"sku": "A-1", "quantity": 3, "rush": False, "speed": "ground"}
@@ -561,7 +518,9 @@ SHIP_ORDER = {"sku": "A-1", "quantity": 3, "rush": False, "speed": "ground"}
 async def shipping(db_url: str) -> AsyncIterator[Web]:
     """The inbox of an agent whose one tool has string, integer, number, boolean, enum and
     list arguments."""
-    agent = Agent(name="shipping", system_prompt="Ship.", tools=(ship,), resolve_scope=kit.resolve)
+    agent = Agent(
+        name="shipping", system_prompt="Ship.", tools=(agents.ship,), resolve_scope=agents.resolve
+    )
     model = ScriptedModel(
         [{"tool_calls": [{"name": "ship", "arguments": SHIP_ORDER}]}, {"content": "shipped"}]
     )
@@ -753,7 +712,7 @@ async def test_the_preview_routes_need_a_session_its_csrf_token_and_the_right_us
         assert "dana" not in response.text
     after = await web.run(run_id)
     assert after.state is RunState.SUSPENDED and after.updated_at == run.updated_at
-    assert await web.decisions(run_id) == [] and kit.effects() == []
+    assert await web.decisions(run_id) == [] and downstream.effects() == []
 
 
 async def test_an_inbox_edit_executes_only_the_arguments_whose_preview_was_shown(
@@ -783,7 +742,7 @@ async def test_an_inbox_edit_executes_only_the_arguments_whose_preview_was_shown
             f"/runs/{run_id}/decision", data={**decision, "arguments": '{"item": "d"}'}
         )
         assert swapped.status_code == 409 and "The details changed" in swapped.text
-        assert kit.effects() == []
+        assert downstream.effects() == []
         again = INBOX_FORM.search((await client.get("/")).text)
         assert again and again.group(2) == found.group(2)  # the same call, suspended again
         shown = await client.post(
@@ -803,7 +762,7 @@ async def test_an_inbox_edit_executes_only_the_arguments_whose_preview_was_shown
             },
         )
     assert approved.status_code == 200 and "Approved" in approved.text
-    assert [e[1:] for e in kit.effects()] == [("send", "c")]
+    assert [e[1:] for e in downstream.effects()] == [("send", "c")]
     assert (await _tool_result(web, run_id))["edited_by_user"] == {"arguments": {"item": "c"}}
 
 
@@ -838,31 +797,4 @@ async def test_a_decline_reason_reaches_the_model_and_every_later_answer(web: We
     result = await _tool_result(web, run_id)
     assert result["error"] == "declined_by_user" and result["reason"] == stored
     assert [(d["by"], d["reason"]) for d in await web.decisions(run_id)] == [("boss", stored)]
-    assert kit.effects() == []
-
-
-def test_edit_fields_read_back_as_json_values_and_leave_bad_text_to_validation() -> None:
-    from tether.api.web.forms import edit_fields, read_edits
-
-    parameters = ship.spec().parameters
-    fields = {f.name: f for f in edit_fields(parameters, {"sku": "A", "labels": ["x"]})}
-    assert {name: f.kind for name, f in fields.items()} == {
-        "sku": "text",
-        "quantity": "number",
-        "rush": "checkbox",
-        "speed": "select",
-        "weight": "number",
-        "labels": "json",
-    }
-    assert fields["speed"].value == "ground" and fields["weight"].value == "1.5"  # defaults
-    assert json.loads(fields["labels"].value) == ["x"] and fields["labels"].nullable
-    assert fields["quantity"].required and not fields["rush"].required
-    read = read_edits(
-        parameters,
-        {"arg.sku": "B", "arg.quantity": "7", "arg.speed": "air", "arg.labels": ""},
-    )
-    assert read == {"sku": "B", "quantity": 7, "rush": False, "speed": "air", "labels": None}
-    loose = read_edits(parameters, {"arg.quantity": "seven", "arg.weight": "NaN"})
-    assert loose["quantity"] == "seven" and loose["weight"] == "NaN"  # validation refuses
-    with pytest.raises(InvalidInput, match="not valid JSON"):
-        read_edits(parameters, {"arg.labels": "[NaN]"})
+    assert downstream.effects() == []

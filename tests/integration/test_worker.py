@@ -10,13 +10,13 @@ import gc
 import logging
 import socket
 import threading
-import time
-from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-import kit
+import downstream
+import inprocess
 import pytest
+from waiting import until
 
 from tether import Agent, Engine, MemoryNotifier, Outcome, Run, Scope, ScriptedModel, StopKind
 from tether import worker as worker_module
@@ -29,20 +29,6 @@ from tether.webhook import WebhookNotifier
 from tether.worker import Worker
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-async def until(
-    predicate: Callable[[], Awaitable[Any]], *, timeout: float = 30.0, what: str = ""
-) -> Any:
-    """Poll an async ``predicate`` without blocking the event loop; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.05)
 
 
 async def states(engine: Engine, ids: list[str]) -> list[str]:
@@ -120,11 +106,13 @@ class Silent:
 
 
 async def test_a_webhook_that_never_answers_does_not_delay_claiming(db_url: str) -> None:
-    setup = kit.engine(db_url, script_name="send", notifier=Refusing())
+    setup = inprocess.engine(db_url, script_name="send", notifier=Refusing())
     silent = Silent()
     # A notifier whose every try waits far longer than this test polls.
     notifier = Watched(WebhookNotifier(silent.url, attempts=4, timeout_s=120))
-    engine = kit.engine(db_url, script_name="answer", notifier=notifier, heartbeat_timeout_s=0.5)
+    engine = inprocess.engine(
+        db_url, script_name="answer", notifier=notifier, heartbeat_timeout_s=0.5
+    )
     worker = Worker(engine, concurrency=4)
     running: asyncio.Task[None] | None = None
     try:
@@ -133,7 +121,7 @@ async def test_a_webhook_that_never_answers_does_not_delay_claiming(db_url: str)
         # Due for re-issue once their suspension is older than the heartbeat timeout.
         await until(lambda: _older_than(engine, suspended, 0.6), what="notices due")
         running = asyncio.create_task(worker.run())
-        await until(_async(lambda: silent.accepted), what="the webhook to hang")
+        await until(lambda: silent.accepted, what="the webhook to hang")
         plain = [(await engine.start_run("dana", f"plain {i}")).id for i in range(5)]
         await until(lambda: all_in(engine, plain, "answered"), what="plain runs answered")
         # The re-issued notices went to a webhook that hangs; the plain runs answered anyway.
@@ -153,13 +141,6 @@ async def test_a_webhook_that_never_answers_does_not_delay_claiming(db_url: str)
         silent.close()
         setup.close()
         engine.close()
-
-
-def _async(fn: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
-    async def call() -> Any:
-        return fn()
-
-    return call
 
 
 async def _older_than(engine: Engine, ids: list[str], seconds: float) -> bool:
@@ -197,7 +178,7 @@ async def test_a_reaper_that_raises_is_logged_and_restarted(
     worker = Worker(engine, concurrency=2)
     running = asyncio.create_task(worker.run())
     try:
-        await until(_async(lambda: calls >= 3), what="the reaper to run again after it broke")
+        await until(lambda: calls >= 3, what="the reaper to run again after it broke")
         run = await engine.start_run("dana", "still claiming?")
         await until(lambda: all_in(engine, [run.id], "answered"), what="a run answered")
         assert worker.restarts == {"reaper": 1}
@@ -226,7 +207,7 @@ async def test_a_listener_that_cannot_connect_is_restarted_and_claiming_goes_on(
     worker = Worker(engine, concurrency=2, poll_s=0.1)
     running = asyncio.create_task(worker.run(reap=False))
     try:
-        await until(_async(lambda: worker.restarts["listener"] >= 2), what="listener restarts")
+        await until(lambda: worker.restarts["listener"] >= 2, what="listener restarts")
         run = await engine.start_run("dana", "polled")
         await until(lambda: all_in(engine, [run.id], "answered"), what="a run answered")
         tasks = {getattr(r, "task", None) for r in caplog.records}
@@ -259,7 +240,7 @@ async def test_postgresql_wakes_an_idle_worker_by_notify(pg_url: str) -> None:
 async def leave_orphans(url: str, count: int) -> list[str]:
     """Runs left running by an owner that stopped after a write committed (a failpoint
     raising in this process stands for a crash): orphans once their heartbeat is stale."""
-    crasher = kit.engine(url, script_name="work")
+    crasher = inprocess.engine(url, script_name="work")
     try:
         ids = [(await crasher.start_run("dana", f"orphan {i}")).id for i in range(count)]
         set_failpoint("after_tool_commit", "error", tool="record")
@@ -276,7 +257,9 @@ async def test_orphans_are_claimed_into_free_slots_and_recovered_by_the_worker(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids = await leave_orphans(db_url, 3)
-    engine = kit.engine(db_url, script_name="work", heartbeat_timeout_s=0.3, reaper_interval_s=0.05)
+    engine = inprocess.engine(
+        db_url, script_name="work", heartbeat_timeout_s=0.3, reaper_interval_s=0.05
+    )
     limits: list[int] = []
     claim = engine._runner.claim_orphans
 
@@ -299,14 +282,16 @@ async def test_orphans_are_claimed_into_free_slots_and_recovered_by_the_worker(
         worker.stop()
         await asyncio.wait_for(running, timeout=30)
         engine.close()
-    records = [key for key, tool, _ in kit.effects() if tool == "record"]
+    records = [key for key, tool, _ in downstream.effects() if tool == "record"]
     assert len(records) == len(set(records)) == 3  # each write applied once
 
 
 async def test_a_busy_worker_takes_orphans_before_new_runs(db_url: str) -> None:
     (orphan,) = await leave_orphans(db_url, 1)
     # One pass only (at start): the reaper waits up to an interval for a slot.
-    engine = kit.engine(db_url, script_name="work", heartbeat_timeout_s=0.3, reaper_interval_s=30)
+    engine = inprocess.engine(
+        db_url, script_name="work", heartbeat_timeout_s=0.3, reaper_interval_s=30
+    )
     worker = Worker(engine, concurrency=1)
     running: asyncio.Task[None] | None = None
     try:
@@ -394,7 +379,7 @@ async def test_memory_stays_bounded_over_thousands_of_runs(db_url: str) -> None:
                 await engine.start_run("dana", f"tiny {total + i}")
             total += batch
             await until(partial(_answered, worker, total), timeout=300, what="runs")
-            await until(_async(lambda: not worker._tasks), what="no task left")
+            await until(lambda: not worker._tasks, what="no task left")
             counted.append((_retained(Outcome), _retained(Run)))
     finally:
         worker.stop()

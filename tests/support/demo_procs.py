@@ -1,7 +1,9 @@
 """The demo agent in real processes, for acceptance tests that drive it over HTTP:
 ``tether serve`` and ``tether sandbox serve`` as subprocesses that are ready when their
 URL answers, the CLI with JSON output, and the readings those tests take (a run once it
-stopped, the sandbox's Henderson quote counters)."""
+stopped, the sandbox's Henderson quote counters); and the demo's send preview as the
+reference writes it, Henderson's order and a demo tool's context, for the in-process tests
+of the demo agent and its sandbox too."""
 
 from __future__ import annotations
 
@@ -16,17 +18,50 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import kit
+from waiting import poll_until
+
+from tether import Scope, ToolContext
+from tether.demo.crm import Crm
 
 DANA = {"Authorization": "Bearer tether-demo-dana"}
 QUESTION = "Draft and send a quote for Henderson, 200 of SKU-4411"
 STOP_S = 30
+# reference §8's send preview, written out (not imported from the agent) so that a change to
+# the agent cannot hide in the tests.
+PREVIEW_KEYS = {
+    "quote_id",
+    "account_id",
+    "account_name",
+    "lines",
+    "discount_tier",
+    "discount_pct",
+    "total",
+}
+# Henderson's order of the demo's question, as ``draft_quote``'s arguments.
+ORDER = {"account_id": "4471", "sku": "SKU-4411", "quantity": 200}
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def closed_url() -> str:
+    """A loopback URL where nothing listens."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def crm_context(key: str, url: str) -> ToolContext:
+    """A demo tool's context for dana's call under ``key``, its CRM at ``url``."""
+    return ToolContext(
+        run_id="r",
+        user_id="dana",
+        tool_call_id="c",
+        idempotency_key=key,
+        scope=Scope(user_id="dana"),
+        deps=Crm(base_url=url),
+    )
 
 
 def demo_env(**extra: str) -> dict[str, str]:
@@ -57,7 +92,7 @@ def process(args: list[str], env: dict[str, str], log: Path, ready_url: str) -> 
             stderr=subprocess.STDOUT,
         )
     try:
-        kit.poll_until(lambda: _up(proc, ready_url, log), timeout=60, what=" ".join(args))
+        poll_until(lambda: _up(proc, ready_url, log), timeout=60, what=" ".join(args))
         yield
     finally:
         proc.terminate()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +23,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from waiting import poll_until
 
 READY_DEADLINE_S = 10.0
 
@@ -129,16 +129,17 @@ class FakeLLMServer:
 
     def start(self) -> None:
         self._thread.start()
-        deadline = time.monotonic() + READY_DEADLINE_S
         with httpx.Client(timeout=1.0) as client:
-            while True:
+
+            def ready() -> bool:
+                if not self._thread.is_alive():
+                    raise RuntimeError("fake LLM server stopped before it was ready")
                 try:
-                    if client.get(f"{self.url}/healthz").status_code == 200:
-                        return
+                    return client.get(f"{self.url}/healthz").status_code == 200
                 except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or not self._thread.is_alive():
-                    raise RuntimeError("fake LLM server did not become ready")
+                    return False
+
+            poll_until(ready, timeout=READY_DEADLINE_S, interval=0.02, what="the fake LLM server")
 
     def stop(self) -> None:
         self._unhang.set()

@@ -14,8 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import agents
 import httpx
-import kit
+from waiting import poll_until
 
 from tether import Agent, ScriptedModel
 from tether.mcp import HttpServer, Override, StdioServer, serving
@@ -57,7 +58,7 @@ def http_server(db: Path | str, log: Path) -> Iterator[tuple[str, subprocess.Pop
         )
     url = f"http://127.0.0.1:{port}/mcp"
     try:
-        kit.poll_until(lambda: proc.poll() is not None or _answers(url), what="the MCP server")
+        poll_until(lambda: proc.poll() is not None or _answers(url), what="the MCP server")
         assert proc.poll() is None, log.read_text()[-3000:]
         yield url, proc
     finally:
@@ -88,14 +89,14 @@ SAFE: dict[str, Override] = {"plain_write": {"accept_unreconcilable": True}}
 SCRIPTS: dict[str, list[dict[str, Any]]] = {
     # a read, then the idempotent write, then the answer: nothing to confirm.
     "add": [
-        {"tool_calls": [kit.call("read_note", title="alpha")]},
-        {"tool_calls": [kit.call("add_note", title="beta", body="second")]},
+        {"tool_calls": [agents.call("read_note", title="alpha")]},
+        {"tool_calls": [agents.call("add_note", title="beta", body="second")]},
         {"content": "added"},
     ],
     # a read, then the destructive write a human confirms, then the answer.
     "delete": [
-        {"tool_calls": [kit.call("read_note", title="alpha")]},
-        {"tool_calls": [kit.call("delete_note", title="alpha")]},
+        {"tool_calls": [agents.call("read_note", title="alpha")]},
+        {"tool_calls": [agents.call("delete_note", title="alpha")]},
         {"content": "deleted"},
     ],
 }

@@ -7,7 +7,7 @@ an HTTP server that takes ``POST /v1/traces`` as the SDK's OTLP/HTTP exporter se
 ``ExportTraceServiceResponse``. ``GET /spans`` lists what it received as JSON, so a test
 subprocess can wait for its own spans to have arrived.
 
-``agent`` (``--agent otlp:agent``) is the kit's agent with one more read,
+``agent`` (``--agent otlp:agent``) is the test agent with one more read,
 ``await_export``, that returns once this process's first spans reached the receiver:
 what the crash test needs before killing the process, since a hard crash loses the spans
 its batch processor had not exported yet.
@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import kit
+import agents
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from waiting import poll_until
 
 from tether import Agent, ScriptedModel, tool
 
@@ -158,23 +159,23 @@ def _own_spans_arrived() -> bool:
 @tool
 def await_export() -> dict[str, Any]:
     """A read that returns once this process's first spans reached the receiver."""
-    kit.poll_until(_own_spans_arrived, timeout=30, what="this process's spans at the receiver")
+    poll_until(_own_spans_arrived, timeout=30, what="this process's spans at the receiver")
     return {"exported": True}
 
 
 SCRIPT: list[dict[str, Any]] = [
-    {"tool_calls": [kit.call("await_export")]},
-    {"tool_calls": [kit.call("record", item="a")]},
+    {"tool_calls": [agents.call("await_export")]},
+    {"tool_calls": [agents.call("record", item="a")]},
     {"content": "done"},
 ]
 
 
 def agent() -> Agent:
-    """The kit's agent with ``await_export``, playing ``SCRIPT``."""
+    """The test agent with ``await_export``, playing ``SCRIPT``."""
     return Agent(
         name="otlp",
         system_prompt="You are a test agent.",
-        tools=(kit.lookup, kit.record, await_export),
-        resolve_scope=kit.resolve,
+        tools=(agents.lookup, agents.record, await_export),
+        resolve_scope=agents.resolve,
         default_model=lambda: ScriptedModel(SCRIPT),
     )

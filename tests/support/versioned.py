@@ -1,4 +1,4 @@
-"""Agents of several versions for the reference §12 tests: the kit's tools plus ``whoami``, a
+"""Agents of several versions for the reference §12 tests: the test agent's tools plus ``whoami``, a
 read that answers with the version of the code running it, so a run's messages show which
 version carried each of its steps. Workers load them as ``--agent versioned:v1`` etc."""
 
@@ -8,18 +8,18 @@ import dataclasses
 import json
 from typing import Any
 
-import kit
+import agents
 
 from tether import Agent, Engine, ScriptedModel, ToolContext, tool
 from tether.config import Settings
 from tether.notify import MemoryNotifier, Notifier
 
 # Each step of a run asks whoami, so every step shows who carried it; the lookup between
-# them is the slow read that keeps a run in hand (``kit.set_world("lookup_ms", ...)``).
+# them is the slow read that keeps a run in hand (``downstream.set_world("lookup_ms", ...)``).
 TURNS: list[dict[str, Any]] = [
-    {"tool_calls": [kit.call("whoami")]},
-    {"tool_calls": [kit.call("lookup", query="x")]},
-    {"tool_calls": [kit.call("whoami")]},
+    {"tool_calls": [agents.call("whoami")]},
+    {"tool_calls": [agents.call("lookup", query="x")]},
+    {"tool_calls": [agents.call("whoami")]},
     {"content": "done"},
 ]
 
@@ -31,7 +31,7 @@ def whoami(ctx: ToolContext) -> dict[str, Any]:
 
 
 def _agent(version: str, *, with_send: bool = True) -> Agent:
-    base = kit.agent()
+    base = agents.agent()
     tools = (*(t for t in base.tools if with_send or t.name != "send"), whoami)
     return dataclasses.replace(
         base,

@@ -48,6 +48,14 @@ def test_a_write_declared_safely_is_accepted(declaration: dict[str, Any]) -> Non
     assert tool(effect="write", **declaration)(_noop).effect.value == "write"
 
 
+def test_a_confirmation_that_is_not_a_bool_or_a_function_is_refused_when_declared() -> None:
+    with pytest.raises(UnsafeTool):
+
+        @tool(effect="write", dedupes=True, needs_confirmation="yes")  # type: ignore[call-overload, misc]
+        def odd(ctx: ToolContext, amount: int) -> dict[str, Any]:
+            return {}
+
+
 def test_a_preview_on_a_tool_that_needs_no_confirmation_is_refused() -> None:
     with pytest.raises(UnsafeTool, match="needs_confirmation=True"):
         tool(preview=lambda args, scope: {"x": 1})(_noop)

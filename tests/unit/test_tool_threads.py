@@ -7,6 +7,8 @@ import asyncio
 import threading
 from pathlib import Path
 
+from waiting import until
+
 from tether import Agent, Engine, ScriptedModel, Settings, StopKind, tool
 
 
@@ -22,8 +24,7 @@ async def test_a_plain_function_tool_does_not_block_the_event_loop(tmp_path: Pat
 
     async def answer_from_the_loop() -> None:
         # If the tool held the event loop, this could only run after the tool gave up.
-        while not started.is_set():
-            await asyncio.sleep(0.01)
+        await until(started.is_set, timeout=20, what="the tool to start")
         release.set()
 
     model = ScriptedModel(

@@ -378,7 +378,7 @@ class RunSession:
         )
 
     async def add_event(self, kind: str, data: dict[str, Any]) -> None:
-        await hop(self.services.store.add_event, self.run.id, kind, data)
+        await hop(self.services.store.add_event, self.lease, kind, data)
 
     async def lease_held(self) -> bool:
         return await hop(self.services.store.lease_held, self.lease)

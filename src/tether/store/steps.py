@@ -29,7 +29,6 @@ from tether.store.statements import (
     RECORD_OUTCOME,
     REFRESH_SCOPE,
     RELEASE,
-    RUN_ROW,
     SUSPEND,
     add_event,
     lease_params,
@@ -200,12 +199,15 @@ class Steps(StoreBase):
             if result.rowcount != 1:
                 raise _lost(lease)
 
-    def add_event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
-        """Append one entry to the run's trace (under the run's row lock, like every other
-        event, so a concurrent writer of the run's events commits before or after it)."""
+    def add_event(self, lease: Lease, kind: str, data: dict[str, Any]) -> None:
+        """Append one entry to the trace of a run ``lease`` holds (under the run's row lock,
+        like every other event, so a concurrent writer of the run's events commits before
+        or after it). Fenced like every write of an owner: one that lost the run writes
+        nothing into the new owner's trace (``LeaseLost``)."""
         with self.begin() as conn:
-            conn.execute(self.dialect.lock(RUN_ROW), {"b_id": run_id})
-            add_event(conn, run_id, kind, data)
+            if conn.execute(self.dialect.lock(LEASE_HELD), lease_params(lease)).first() is None:
+                raise _lost(lease)
+            add_event(conn, lease.run_id, kind, data)
 
     # -- transitions out of running (fenced) -----------------------------------------------
 

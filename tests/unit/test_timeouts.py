@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from waiting import until
 
 from tether import Reconciled, Scope, ToolContext, ToolUnavailable, tool
 from tether.errors import ConfigError
@@ -107,10 +108,7 @@ async def test_a_thread_past_its_timeout_is_abandoned_and_known_to_still_run(
         await within(blocked, (), {"n": 1}, timeout_s=0.05, key="k-thread")
     assert still_running("k-thread")
     gate.set()
-    deadline = asyncio.get_running_loop().time() + 10
-    while still_running("k-thread") and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.01)
-    assert not still_running("k-thread")
+    await until(lambda: not still_running("k-thread"), timeout=10, what="the thread to end")
     # Answers in time come back as they are, errors too.
     assert await within(blocked, (), {"n": 2}, timeout_s=5) == 2
 
@@ -137,9 +135,7 @@ async def test_absent_is_not_believed_while_an_overrun_write_still_runs(
     assert found.kind is ReconcileKind.UNREACHABLE
     assert "still runs" in str(found.result)
     gate.set()
-    deadline = asyncio.get_running_loop().time() + 10
-    while still_running("k-absent") and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.01)
+    await until(lambda: not still_running("k-absent"), timeout=10, what="the write to end")
     assert (await slow_write.find_outcome("k-absent", ctx)).kind is ReconcileKind.ABSENT
 
 

@@ -8,6 +8,7 @@ import asyncio
 import threading
 
 import pytest
+from waiting import run_sync, until
 
 from tether._runtime.single_flight import InFlight
 
@@ -30,8 +31,7 @@ class Calls:
 
 
 async def _started(flight: InFlight, key: str, followers: int) -> None:
-    while flight.sharing(key) < followers:
-        await asyncio.sleep(0)
+    await until(lambda: flight.sharing(key) >= followers, interval=0, what=f"{followers} followers")
 
 
 async def test_concurrent_callers_of_one_key_share_one_call() -> None:
@@ -84,8 +84,7 @@ def test_a_result_crosses_event_loops() -> None:
         await asyncio.to_thread(started.wait, 30)  # the leader's call is in flight
 
         async def release_once_shared() -> None:
-            while flight.sharing("k") < 1:
-                await asyncio.sleep(0.001)
+            await until(lambda: flight.sharing("k") >= 1, interval=0.001, what="a follower")
             release.set()
 
         releasing = asyncio.create_task(release_once_shared())
@@ -94,8 +93,8 @@ def test_a_result_crosses_event_loops() -> None:
         return result
 
     followed: list[tuple[str, bool]] = []
-    thread = threading.Thread(target=lambda: followed.append(asyncio.run(follow())))
+    thread = threading.Thread(target=lambda: followed.append(run_sync(follow())))
     thread.start()
-    led = asyncio.run(flight.run("k", call))
+    led = run_sync(flight.run("k", call))
     thread.join(timeout=30)
     assert (led, followed, made) == (("r", True), [("r", False)], 1)

@@ -1,0 +1,65 @@
+"""The ``tether`` CLI in processes of its own, with a test agent (``agents.py``) on a test's
+database: their environment, a long-running one started, a short one run to its end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
+PYTHON = sys.executable
+AGENT = "agents:agent"
+
+
+def tether_env(url: str, **extra: str) -> dict[str, str]:
+    """This process's environment without its ``TETHER_*``, on ``url``, with the test
+    support on the path and short heartbeat and notice timeouts; then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+    env.update(
+        {
+            "TETHER_DATABASE_URL": url,
+            "PYTHONPATH": str(ROOT / "tests" / "support"),
+            "TETHER_HEARTBEAT_TIMEOUT_S": "0.3",
+            # A lost notice is re-issued once both this and the heartbeat timeout passed.
+            "TETHER_NOTICE_TIMEOUT_S": "0.3",
+            "TETHER_REAPER_INTERVAL_S": "3600",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def spawn_agent(*args: str, agent: str, env: dict[str, str], log: Path) -> subprocess.Popen[str]:
+    """Start the ``tether`` CLI with ``agent`` (``module:factory``) in a new process; its
+    output goes to ``log`` (a file, so a chatty long-running process never blocks on a
+    full pipe)."""
+    with log.open("a") as sink:
+        return subprocess.Popen(
+            [PYTHON, "-m", "tether", *args, "--agent", agent],
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+        )
+
+
+def spawn(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen[str]:
+    """``spawn_agent`` with the test agent."""
+    return spawn_agent(*args, agent=AGENT, env=env, log=log)
+
+
+def tether(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run the ``tether`` CLI in a new process with the test agent."""
+    return subprocess.run(
+        [PYTHON, "-m", "tether", *args, "--agent", AGENT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
