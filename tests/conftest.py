@@ -1,8 +1,9 @@
 """Fixtures: a fresh migrated database per test on SQLite and on PostgreSQL.
 
-Each backend's schema is built once per session by the real migrations (a SQLite
-template file, a PostgreSQL template database) and cloned per test. The suite fails,
-rather than skips, when PostgreSQL cannot be reached.
+Each backend's schema is built once per session (per xdist worker) by the real migrations:
+a SQLite template file, copied per test, and a PostgreSQL template database, whose clones
+a pool reuses between the tests of the session, emptied and renamed (tests/support/
+pgpool.py). The suite fails, rather than skips, when PostgreSQL cannot be reached.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from hypothesis import settings
+from pgpool import PgPool
 
 from tether.sandbox import RunningSandbox, start_in_thread
 from tether.store import Store, upgrade
@@ -68,38 +70,47 @@ def templates(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
     _admin(f"DROP DATABASE IF EXISTS {pg_name} WITH (FORCE)")
 
 
-def _fresh(backend: str, templates: dict[str, str], tmp_path: Path) -> Iterator[str]:
+@pytest.fixture(scope="session")
+def pg_pool(templates: dict[str, str]) -> Iterator[PgPool]:
+    """The session's reused PostgreSQL test databases, dropped at its end."""
+    pool = PgPool(PG_ADMIN_URL, templates["postgresql"])
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def _fresh(backend: str, templates: dict[str, str], pool: PgPool, tmp_path: Path) -> Iterator[str]:
     if backend == "sqlite":
         path = tmp_path / "tether.db"
         shutil.copyfile(templates["sqlite"], path)
         yield f"sqlite:///{path}"
         return
-    name = f"tether_t_{uuid.uuid4().hex[:12]}"
-    _admin(f"CREATE DATABASE {name} TEMPLATE {templates['postgresql']}")
+    url = pool.take()
     try:
-        yield _pg_url(name)
+        yield url
     finally:
-        _admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        pool.give_back(url)
 
 
 @pytest.fixture(params=BACKENDS)
 def db_url(
-    request: pytest.FixtureRequest, templates: dict[str, str], tmp_path: Path
+    request: pytest.FixtureRequest, templates: dict[str, str], pg_pool: PgPool, tmp_path: Path
 ) -> Iterator[str]:
     """A fresh migrated database, once on SQLite and once on PostgreSQL."""
-    yield from _fresh(request.param, templates, tmp_path)
+    yield from _fresh(request.param, templates, pg_pool, tmp_path)
 
 
 @pytest.fixture
-def pg_url(templates: dict[str, str], tmp_path: Path) -> Iterator[str]:
+def pg_url(templates: dict[str, str], pg_pool: PgPool, tmp_path: Path) -> Iterator[str]:
     """A fresh migrated PostgreSQL database."""
-    yield from _fresh("postgresql", templates, tmp_path)
+    yield from _fresh("postgresql", templates, pg_pool, tmp_path)
 
 
 @pytest.fixture
-def sqlite_url(templates: dict[str, str], tmp_path: Path) -> Iterator[str]:
+def sqlite_url(templates: dict[str, str], pg_pool: PgPool, tmp_path: Path) -> Iterator[str]:
     """A fresh migrated SQLite database."""
-    yield from _fresh("sqlite", templates, tmp_path)
+    yield from _fresh("sqlite", templates, pg_pool, tmp_path)
 
 
 @pytest.fixture

@@ -1,43 +1,29 @@
 """The ``tether`` command line (reference §6). It uses nothing but the ``Engine``; the demo is
-only named, as the default ``--agent``."""
+only named, as the default ``--agent`` and by the commands that run it.
+
+Start-up imports Typer, Rich and nothing of the engine: each command imports what it uses
+(the engine, the worker, the HTTP layer) when it runs, so ``tether --help`` and a command
+that reads one run do not pay for the rest (tests/unit/test_lazy_imports.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import json
-import logging
-import signal
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
-from tether.agent import load_agent
 from tether.cli.runs import runs_app
-from tether.cli.wiring import (
-    DEFAULT_AGENT,
-    DEMO_SANDBOX,
-    DEMO_STORY,
-    AgentOpt,
-    demo_entry,
-    emit,
-    engine_for,
-    on_engine,
-    out,
-    pick_model,
-)
-from tether.config import Settings
-from tether.engine import Engine
+from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, err, named, out
 from tether.errors import InvalidInput, TetherError, UnknownOrExpired
-from tether.runs import run_to_json
 from tether.telemetry.logs import configure
 
-T = TypeVar("T")
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from tether.engine import Engine
+
+# The demo's entry points, named like the default ``--agent``.
+DEMO_STORY = "tether.demo.story:main"
+SANDBOX_SERVE = "tether.demo.sandbox.server:serve"
 
 app = typer.Typer(help="tether: agent runs that survive interruption.", no_args_is_help=True)
 sandbox_app = typer.Typer(help="The demo business system.", no_args_is_help=True)
@@ -45,8 +31,6 @@ users_app = typer.Typer(help="Users and their API keys.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(users_app, name="users")
-
-err = Console(stderr=True)
 
 
 def main() -> None:
@@ -56,9 +40,6 @@ def main() -> None:
     except TetherError as exc:
         err.print(f"[red]error[/red] {exc.code}: {exc.message}")
         sys.exit(1)
-
-
-# -- building the one engine of a process --------------------------------------------------
 
 
 # -- carrying runs -------------------------------------------------------------------------
@@ -77,18 +58,9 @@ def worker(
     agent and no TETHER_SANDBOX_URL it starts its own sandbox on the shared sandbox data
     (see the log)."""
     configure("INFO")
-    from tether.worker import Worker
+    from tether.cli.serving import run_worker
 
-    async def go() -> None:
-        async with engine_for(
-            agent, serve_agent=True, carries_runs=True, migrate_empty=True
-        ) as engine:
-            runner = Worker(engine, concurrency=concurrency)
-            _started()
-            with _signals(runner.stop):
-                await runner.run(exit_when_idle=exit_when_idle, reap=reap)
-
-    asyncio.run(go())
+    run_worker(agent, concurrency, exit_when_idle=exit_when_idle, reap=reap)
 
 
 @app.command()
@@ -115,86 +87,10 @@ def serve(
     in-process (see the log). SIGTERM or SIGINT stops accepting requests and claiming
     runs; once the runs in hand are finished or handed back, the process exits 0."""
     configure("INFO")
+    from tether.cli.serving import serve_api
+
     base = (public_url or f"http://{_url_host(host)}:{port}").rstrip("/")
-    asyncio.run(_serve(agent, host, port, base, workers * concurrency))
-
-
-def _started() -> None:
-    """Start-up is over: what it built (modules, the agent, the engine, the app) lives as
-    long as the process, so it leaves the garbage collector's generations. A full
-    collection then walks only what runs and requests allocate: it took 50-126 ms with
-    them, the whole tail of 50 concurrent approvals' latency (benchmarks/README.md)."""
-    gc.freeze()
-
-
-async def _serve(agent_spec: str, host: str, port: int, base: str, slots: int) -> None:
-    """Uvicorn and the worker in one event loop on one engine; the worker carries
-    ``slots`` runs at once (``--workers`` times ``--concurrency``) and stops with the server."""
-    import uvicorn
-
-    from tether.api.app import create_app
-    from tether.worker import Worker
-
-    async with engine_for(
-        agent_spec, serve_agent=True, carries_runs=slots > 0, migrate_empty=True, public_url=base
-    ) as engine:
-        await engine.ensure_agent_users()
-        app = create_app(engine, public_url=base)
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
-        runner = Worker(engine, concurrency=slots) if slots else None
-        task = asyncio.create_task(runner.run()) if runner else None
-        died: list[str] = []
-
-        def on_signal() -> None:
-            # Uvicorn installs its own handlers while it serves and raises the signal again
-            # once it has stopped; this runs either way (and must stay idempotent), so a
-            # signal never kills the process before the worker has stopped.
-            server.should_exit = True
-            if runner is not None:
-                runner.stop()
-
-        def on_worker_end(done: asyncio.Task[None]) -> None:
-            # The worker outlives database outages; if it ends anyway while serving, the
-            # process must not look healthy: unready at once, then exit non-zero.
-            if runner is None or runner.stopping.is_set():
-                return
-            error = done.exception() if not done.cancelled() else None
-            reason = f"{type(error).__name__}: {error}" if error else "it returned"
-            died.append(reason)
-            app.state.unready = f"the worker stopped ({reason})"
-            log.critical(
-                "the worker stopped; shutting down",
-                exc_info=error,
-                extra={"action": "serve", "error": reason[:500]},
-            )
-            server.should_exit = True
-
-        if task is not None:
-            task.add_done_callback(on_worker_end)
-        _started()
-        log.info("serving", extra={"action": "serve", "url": base, "worker_slots": slots})
-        with _signals(on_signal):
-            try:
-                await server.serve()
-            finally:
-                on_signal()
-                if task is not None:
-                    await asyncio.gather(task, return_exceptions=True)
-        if died:
-            raise typer.Exit(1)
-
-
-@contextmanager
-def _signals(handler: Callable[[], None]) -> Iterator[None]:
-    """SIGTERM and SIGINT call ``handler`` while inside; the defaults come back after."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, handler)
-    try:
-        yield
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+    serve_api(agent, host, port, base, workers * concurrency)
 
 
 def _url_host(host: str) -> str:
@@ -206,6 +102,8 @@ def reap(agent: AgentOpt = DEFAULT_AGENT) -> None:
     """One reaper pass: recover orphans (reconcile, hand back to the workers), expire
     suspensions, purge past retention."""
     configure("WARNING")
+    from tether.cli.wiring import on_engine
+
     report = on_engine(agent, lambda engine: engine.reap(), serve_agent=True)
     emit(report.to_json())
 
@@ -231,6 +129,8 @@ def approve(
 ) -> None:
     """Decide a pending request. Exit 0 when the decision took effect, 1 when refused."""
     configure("WARNING")
+    from tether.cli.wiring import on_engine
+
     decision = "decline" if decline else "approve"
 
     async def decide(engine: Engine) -> dict[str, Any] | TetherError:
@@ -272,6 +172,8 @@ def continue_(
 ) -> None:
     """Continue a halted run with the default grant; a worker carries it on."""
     configure("WARNING")
+    from tether.cli.wiring import on_engine
+    from tether.runs import run_to_json
 
     async def go(engine: Engine) -> dict[str, Any]:
         user = as_user or (await engine.get_run(run_id)).run.user_id
@@ -289,6 +191,8 @@ def cancel(
 ) -> None:
     """Cancel a run that is not terminal."""
     configure("WARNING")
+    from tether.cli.wiring import on_engine
+    from tether.runs import run_to_json
 
     async def go(engine: Engine) -> dict[str, Any]:
         user = as_user or (await engine.get_run(run_id)).run.user_id
@@ -305,6 +209,12 @@ def migrate(agent: AgentOpt = DEFAULT_AGENT) -> None:
     """Apply the database migrations (TETHER_DATABASE_URL) and make sure the agent's
     published users (the demo's dana and miguel) exist with their keys."""
     configure("WARNING")
+    import asyncio
+
+    from tether.agent import load_agent
+    from tether.cli.wiring import pick_model
+    from tether.config import Settings
+    from tether.engine import Engine
 
     async def go() -> None:
         settings = Settings.from_env()
@@ -324,6 +234,8 @@ def migrate(agent: AgentOpt = DEFAULT_AGENT) -> None:
 def users_add(name: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
     """Create a user (if new) and print a new API key for it; the key is shown once."""
     configure("WARNING")
+    from tether.cli.wiring import on_engine
+
     typer.echo(on_engine(agent, lambda engine: engine.add_user(name)))
 
 
@@ -338,11 +250,11 @@ def sandbox_serve(
 ) -> None:
     """Serve the sandbox business system the demo's tools call."""
     configure("INFO")
-    demo_entry(DEMO_SANDBOX)(host=host, port=port, db_path=db)
+    named(SANDBOX_SERVE)(host=host, port=port, db_path=db)
 
 
 @app.command()
 def demo() -> None:
     """Tell the whole story with real runs: suspension and approval, a crash, a budget
     halt, and the stale approval refused. Exits non-zero if any scene differs."""
-    raise typer.Exit(demo_entry(DEMO_STORY)())
+    raise typer.Exit(named(DEMO_STORY)())

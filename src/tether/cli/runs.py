@@ -1,20 +1,21 @@
 """``tether runs``: reading runs, watching them, and (reference §12) forking and migrating
-them. Like the rest of the CLI it uses nothing but the ``Engine``."""
+them. Like the rest of the CLI it uses nothing but the ``Engine``, imported by each command
+when it runs (``tether.cli.wiring``)."""
 
 from __future__ import annotations
 
 import getpass
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
-from tether.cli.wiring import DEFAULT_AGENT, AgentOpt, emit, on_engine, out
-from tether.engine import Engine
+from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, out
 from tether.errors import InvalidInput
-from tether.runs import iso, run_to_json
 from tether.telemetry.logs import configure
+
+if TYPE_CHECKING:
+    from tether.engine import Engine
 
 runs_app = typer.Typer(help="Read, watch, fork and migrate runs.", no_args_is_help=True)
 
@@ -35,6 +36,11 @@ def runs_list(
     """List runs, newest first; with ``--stranded``, the runs no live worker can carry
     (reference §12), longest waiting first."""
     configure("WARNING")
+    from rich.table import Table
+
+    from tether.cli.wiring import on_engine
+    from tether.runs import iso, run_to_json
+
     if stranded:
         if user is not None:
             raise InvalidInput("--stranded lists every user's runs; leave out --user")
@@ -73,6 +79,9 @@ def runs_migrate(
     """Move a waiting run to another agent version (reference §12): ``--agent`` must load that
     version, so the run's pending tool can be checked. Recorded as a ``migrated`` event."""
     configure("WARNING")
+    from tether.cli.wiring import on_engine
+    from tether.runs import run_to_json
+
     who = by or getpass.getuser()
     run = on_engine(agent, lambda engine: engine.move_run(run_id, to_version, user=who, why=reason))
     emit(run_to_json(run))
@@ -82,6 +91,9 @@ def runs_migrate(
 def runs_show(run_id: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
     """Show a run with its budget, pending request and messages."""
     configure("WARNING")
+    from tether.cli.wiring import on_engine
+    from tether.runs import run_to_json
+
     view = on_engine(agent, lambda engine: engine.get_run(run_id))
     emit({**run_to_json(view.run), "messages": view.messages})
 
@@ -95,6 +107,7 @@ def runs_watch(
     """Print a run's events as they are stored, one JSON line each, until the run ends
     (answered, failed or cancelled); Ctrl-C stops watching a run that waits."""
     configure("WARNING")
+    from tether.cli.wiring import on_engine
 
     async def go(engine: Engine) -> None:
         async for event in engine.watch(run_id, after=after):
@@ -118,6 +131,8 @@ def runs_fork(
     """Fork a run that is not running through step K into a new halted run (reference §12);
     ``tether continue`` the new run to carry it on."""
     configure("WARNING")
+    from tether.cli.wiring import on_engine
+    from tether.runs import run_to_json
 
     async def go(engine: Engine) -> dict[str, Any]:
         user = as_user or (await engine.get_run(run_id)).run.user_id

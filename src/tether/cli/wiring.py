@@ -1,17 +1,13 @@
 """The engine a ``tether`` command works on: configured from the environment, with the
-agent it names, its model and its notifier."""
+agent it names, its model and its notifier. Imported inside the commands that use an
+engine (it imports the engine, the store and the agent's module), never at start-up."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, nullcontext
-from typing import Annotated, Any, TypeVar
-
-import typer
-from rich.console import Console
+from typing import TypeVar
 
 from tether.agent import Agent, load_agent
 from tether.config import Settings
@@ -22,29 +18,6 @@ from tether.notify import LogNotifier, Notifier
 from tether.telemetry import tracing
 
 T = TypeVar("T")
-
-DEFAULT_AGENT = "tether.demo.agent:build_agent"
-# The demo's entry points, named like the default agent (tether never imports its demo).
-DEMO_STORY = "tether.demo.story:main"
-DEMO_SANDBOX = "tether.demo.sandbox.server:serve"
-
-
-def demo_entry(spec: str) -> Callable[..., Any]:
-    """The demo's function ``MODULE:ATTR`` (``DEMO_STORY``, ``DEMO_SANDBOX``)."""
-    module_name, _, attr = spec.partition(":")
-    entry: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)
-    return entry
-
-
-AgentOpt = Annotated[
-    str, typer.Option("--agent", help="MODULE:ATTR of the agent (default: the demo agent)")
-]
-out = Console()
-
-
-def emit(data: Any) -> None:
-    """Print ``data`` as JSON on standard output."""
-    out.print_json(json.dumps(data, default=str))
 
 
 class NoModel(Model):

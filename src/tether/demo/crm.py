@@ -4,27 +4,35 @@
 Errors are mapped for crash safety (reference invariant 3): a 4xx means the CRM refused and
 nothing happened (``ToolFailed``); a timeout, a dropped connection or a 5xx on a write may
 have committed (``OutcomeUnknown``), so tether reconciles it by key before going on.
+
+HTTPX and the TLS context are made on the first call, not on import: a command that loads
+the demo agent but calls no tool (``tether runs list``) does not pay for them.
 """
 
 from __future__ import annotations
 
+import functools
 import ssl
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
-
-import httpx
 
 from tether import OutcomeUnknown, Reconciled, ToolContext, ToolFailed
 from tether.errors import TetherError
+
+if TYPE_CHECKING:
+    import httpx
 
 # Where ``tether sandbox serve`` listens by default.
 DEFAULT_SANDBOX_URL = "http://127.0.0.1:8100"
 USER_HEADER = "X-Sandbox-User"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
-# One TLS context for every client (httpx builds a new one per client otherwise).
-TLS = ssl.create_default_context()
+
+@functools.cache
+def tls() -> ssl.SSLContext:
+    """One TLS context for every client (httpx builds a new one per client otherwise)."""
+    return ssl.create_default_context()
 
 
 class SandboxUnavailable(TetherError):
@@ -51,7 +59,9 @@ class Crm:
         # A client per call: the engine calls tools from more than one event loop (a
         # thread's ``asyncio.run``), and a pooled client belongs to the loop it started on.
         # The TLS context is shared: building one costs tens of milliseconds of CPU.
-        return httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s, verify=TLS)
+        import httpx
+
+        return httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s, verify=tls())
 
     async def call(
         self,
@@ -65,6 +75,8 @@ class Crm:
     ) -> dict[str, Any]:
         """One request to the CRM as ``user``. With ``key`` it is a write: an ambiguous
         failure raises ``OutcomeUnknown``; every other failure raises ``ToolFailed``."""
+        import httpx
+
         headers = {USER_HEADER: user}
         if key is not None:
             headers[IDEMPOTENCY_HEADER] = key
@@ -88,6 +100,8 @@ class Crm:
     async def write_by_key(self, key: str, user: str) -> Reconciled | dict[str, Any]:
         """The CRM's record of the write made with idempotency ``key`` (what reconcile
         asks), or ``Reconciled`` when it is absent or cannot be told."""
+        import httpx
+
         try:
             async with self._client() as client:
                 response = await client.get(
@@ -106,6 +120,8 @@ class Crm:
 
     async def permissions(self, user_id: str) -> dict[str, Any] | None:
         """The user's permissions in the CRM now, or None for a user it does not know."""
+        import httpx
+
         path = f"/users/{quote(user_id, safe='')}/permissions"
         try:
             async with self._client() as client:

@@ -15,7 +15,6 @@ from sqlalchemy.exc import ArgumentError
 
 from tether import Agent
 from tether.demo.crm import Crm
-from tether.demo.sandbox import start_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +48,8 @@ def sandbox_lifespan(db_path: Path, rewire: Callable[[Agent, Crm], Agent]) -> Li
         if configured.base_url is not None:
             yield agent
             return
+        from tether.demo.sandbox import start_in_thread  # FastAPI and uvicorn: only here
+
         where = db_path.resolve()
         running = await asyncio.to_thread(start_in_thread, str(where))
         log.info(

@@ -1,10 +1,12 @@
 """OpenTelemetry spans for a run (reference §11): every OpenTelemetry touch of tether is here.
 
 The rest of the code calls the small functions and context managers below. They cost
-nothing but a check when the ``otel`` extra is not installed (the API is imported on first
-use, never by ``import tether``) or no tracer provider is configured: no span object is
-made. The library uses the global tracer provider the application configured;
-``use_provider`` hands it another one (tests, or an application that keeps its own).
+nothing but a check when the ``otel`` extra is not installed or no tracer provider is
+configured: no span object is made. Nor is OpenTelemetry imported unless tracing is in use:
+``use_provider`` was given a provider, the application imported ``opentelemetry.trace``
+(which setting a global provider takes), or ``exporting`` configured an exporter. The
+library uses the global tracer provider the application configured; ``use_provider``
+hands it another one (tests, or an application that keeps its own).
 
 The spans of one run, all in one trace whatever the process:
 
@@ -40,6 +42,7 @@ import contextlib
 import contextvars
 import logging
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import ModuleType, TracebackType
@@ -69,7 +72,17 @@ _tool: contextvars.ContextVar[Traced | None] = contextvars.ContextVar("tether_to
 
 
 def _otel() -> ModuleType | None:
-    """``opentelemetry.trace``, imported on first use; None without the extra."""
+    """``opentelemetry.trace`` when tracing may be in use: a provider was handed to
+    ``use_provider``, or the process imported the API already (a global provider is set
+    through it); None otherwise, and without the extra. Importing the API costs tens of
+    milliseconds a process that traces nothing need not pay."""
+    if _api is None and _provider is None and "opentelemetry.trace" not in sys.modules:
+        return None
+    return _load()
+
+
+def _load() -> ModuleType | None:
+    """``opentelemetry.trace``, imported on first call; None without the extra."""
     global _api, _missing
     if _api is None and not _missing:
         try:
@@ -380,7 +393,7 @@ def exporting() -> Iterator[None]:
     read by the exporter with the other ``OTEL_*`` variables), export spans over OTLP/HTTP
     through a ``BatchSpanProcessor``, and flush them on the way out (for at most
     ``FLUSH_MS``). A hard crash loses the spans not yet exported. Otherwise nothing."""
-    if not any(os.environ.get(var) for var in ENDPOINT_VARS) or _otel() is None:
+    if not any(os.environ.get(var) for var in ENDPOINT_VARS) or _load() is None:
         yield
         return
     try:

@@ -1,0 +1,115 @@
+"""The long-running commands, ``tether worker`` and ``tether serve``: one engine, its worker
+(and the HTTP layer), stopped by SIGTERM or SIGINT. Imported by those commands only."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import typer
+
+from tether.cli.wiring import engine_for
+from tether.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+def run_worker(agent: str, concurrency: int, *, exit_when_idle: bool, reap: bool) -> None:
+    """``tether worker``: carry runs of ``agent`` until stopped (or idle)."""
+
+    async def go() -> None:
+        async with engine_for(
+            agent, serve_agent=True, carries_runs=True, migrate_empty=True
+        ) as engine:
+            runner = Worker(engine, concurrency=concurrency)
+            _started()
+            with _signals(runner.stop):
+                await runner.run(exit_when_idle=exit_when_idle, reap=reap)
+
+    asyncio.run(go())
+
+
+def serve_api(agent: str, host: str, port: int, base: str, slots: int) -> None:
+    """``tether serve``: the HTTP API and ``slots`` worker slots on one engine."""
+    asyncio.run(_serve(agent, host, port, base, slots))
+
+
+def _started() -> None:
+    """Start-up is over: what it built (modules, the agent, the engine, the app) lives as
+    long as the process, so it leaves the garbage collector's generations. A full
+    collection then walks only what runs and requests allocate: it took 50-126 ms with
+    them, the whole tail of 50 concurrent approvals' latency (benchmarks/README.md)."""
+    gc.freeze()
+
+
+async def _serve(agent_spec: str, host: str, port: int, base: str, slots: int) -> None:
+    """Uvicorn and the worker in one event loop on one engine; the worker carries
+    ``slots`` runs at once (``--workers`` times ``--concurrency``) and stops with the server."""
+    import uvicorn
+
+    from tether.api.app import create_app
+
+    async with engine_for(
+        agent_spec, serve_agent=True, carries_runs=slots > 0, migrate_empty=True, public_url=base
+    ) as engine:
+        await engine.ensure_agent_users()
+        app = create_app(engine, public_url=base)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
+        runner = Worker(engine, concurrency=slots) if slots else None
+        task = asyncio.create_task(runner.run()) if runner else None
+        died: list[str] = []
+
+        def on_signal() -> None:
+            # Uvicorn installs its own handlers while it serves and raises the signal again
+            # once it has stopped; this runs either way (and must stay idempotent), so a
+            # signal never kills the process before the worker has stopped.
+            server.should_exit = True
+            if runner is not None:
+                runner.stop()
+
+        def on_worker_end(done: asyncio.Task[None]) -> None:
+            # The worker outlives database outages; if it ends anyway while serving, the
+            # process must not look healthy: unready at once, then exit non-zero.
+            if runner is None or runner.stopping.is_set():
+                return
+            error = done.exception() if not done.cancelled() else None
+            reason = f"{type(error).__name__}: {error}" if error else "it returned"
+            died.append(reason)
+            app.state.unready = f"the worker stopped ({reason})"
+            log.critical(
+                "the worker stopped; shutting down",
+                exc_info=error,
+                extra={"action": "serve", "error": reason[:500]},
+            )
+            server.should_exit = True
+
+        if task is not None:
+            task.add_done_callback(on_worker_end)
+        _started()
+        log.info("serving", extra={"action": "serve", "url": base, "worker_slots": slots})
+        with _signals(on_signal):
+            try:
+                await server.serve()
+            finally:
+                on_signal()
+                if task is not None:
+                    await asyncio.gather(task, return_exceptions=True)
+        if died:
+            raise typer.Exit(1)
+
+
+@contextmanager
+def _signals(handler: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM and SIGINT call ``handler`` while inside; the defaults come back after."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, handler)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
