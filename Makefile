@@ -33,10 +33,13 @@ $(CHROMIUM):
 browser: $(CHROMIUM)
 
 # Bytecode is compiled once up front: the tests start hundreds of `tether` processes, and
-# where PYTHONDONTWRITEBYTECODE is set each would compile every module again.
+# where PYTHONDONTWRITEBYTECODE is set each would compile every module again. The tiers run
+# in parallel (pytest-xdist): the tests mostly wait on processes and PostgreSQL, so more
+# workers than cores pay; each worker has its own temporary folders and databases.
+TEST_WORKERS ?= 4
 test: lint browser
 	$(PY) -m compileall -q src tests/support
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/step_overhead.py

@@ -30,6 +30,10 @@ from tether.runs import Run
 from tether.store import Store
 
 STANDARD = {"record": 1, "send": 1}
+# How long a process waits for the webhook to take a notice before it counts it lost (and
+# the reaper re-issues it, once a suspension is older than this): long enough that a
+# loaded machine (the tiers run in parallel) delivers every notice of a live process.
+NOTICE_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -63,7 +67,10 @@ def drive(
             _observe(store, run, seen)
             if run.state.value in ("answered", "failed", "cancelled", "halted"):
                 break
-            extra = {"TETHER_WEBHOOK_URL": receiver.url}
+            extra = {
+                "TETHER_WEBHOOK_URL": receiver.url,
+                "TETHER_NOTICE_TIMEOUT_S": str(NOTICE_TIMEOUT_S),
+            }
             if armed:
                 extra["TETHER_FAILPOINTS"] = armed[0]
             env = processes.tether_env(url, **extra)
@@ -75,7 +82,9 @@ def drive(
                 # The notice was lost (the process died before sending it): the reaper
                 # re-issues it with a fresh token once the suspension is stale.
                 poll_until(
-                    functools.partial(_older_than, store, run.suspended_at or 0, 0.35),
+                    functools.partial(
+                        _older_than, store, run.suspended_at or 0, NOTICE_TIMEOUT_S + 0.05
+                    ),
                     what="an old unnotified suspension",
                 )
                 args = ["reap"]
