@@ -19,6 +19,7 @@ import mcp_agent
 import mcp_server
 import processes
 import pytest
+from waiting import until
 
 from tether import Agent, Engine, Scope, ScriptedModel, StopKind, ToolContext
 from tether.config import Settings
@@ -270,7 +271,17 @@ async def test_a_stdio_server_that_died_is_started_again(notes: Path) -> None:
         t = by_name(tools)
         with pytest.raises(OutcomeUnknown):
             await t["plain_write"].call(t["plain_write"].validate({"text": "die"}), context())
-        answer = await t["read_note"].call(t["read_note"].validate({"title": "alpha"}), context())
+        read = t["read_note"]
+
+        async def answered() -> Any:
+            # A read waits only a moment for the server: while a loaded machine is still
+            # starting it again, the read is refused as unavailable, which is no answer.
+            try:
+                return await read.call(read.validate({"title": "alpha"}), context())
+            except ToolUnavailable:
+                return None
+
+        answer = await until(answered, timeout=60, what="a read from the restarted server")
     assert answer == {"title": "alpha", "body": "first note"}
 
 
