@@ -27,6 +27,9 @@ from tether.worker import Worker
 
 DEAD = "dead-host:1:0"  # the owner that crashed
 HEARTBEAT_S = 0.3
+# Two workers in one event loop, each beating for three runs: a loaded machine can hold that
+# loop past 0.3 s, and the other worker would then rightly take a live run for an orphan.
+TWO_WORKERS_HEARTBEAT_S = 2.0
 HOUR = 3600.0
 WAIT_S = 60.0  # for what a two-core machine under load does slowly
 
@@ -68,7 +71,7 @@ async def orphans(
     heartbeat = last.heartbeat_at
 
     async def stale() -> bool:
-        return await engine.now() - heartbeat > HEARTBEAT_S * 1.5
+        return await engine.now() - heartbeat > engine.settings.heartbeat_timeout_s * 1.5
 
     await until(stale, timeout=WAIT_S)
     return ids
@@ -133,7 +136,10 @@ async def test_one_reaper_pass_recovers_every_orphan_through_the_slots(
 async def test_two_workers_recover_each_orphan_once(db_url: str) -> None:
     engines = [
         inprocess.engine(
-            db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S, reaper_interval_s=HOUR
+            db_url,
+            script_name="work",
+            heartbeat_timeout_s=TWO_WORKERS_HEARTBEAT_S,
+            reaper_interval_s=HOUR,
         )
         for _ in range(2)
     ]
