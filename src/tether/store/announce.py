@@ -86,7 +86,7 @@ class Announcer:
                     self._stop.wait(BATCH_S)  # gather the marks of a burst
                     self._wake.clear()
                     conn = self._flush(dsn, conn)
-            self._flush(dsn, conn)  # what was queued when stopped
+            conn = self._flush(dsn, conn)  # what was queued when stopped (then closed below)
         finally:
             if conn is not None:
                 conn.close()
