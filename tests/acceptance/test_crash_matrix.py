@@ -292,7 +292,7 @@ def test_a_paused_worker_cannot_write_after_the_reaper_took_its_run(db_url: str)
         try:
             working = Path(os.environ["KIT_EFFECTS_DB"] + ".working")
             poll_until(working.exists, what="the first tool at work")
-            worker.send_signal(signal.SIGSTOP)
+            processes.pause_outside_a_write(worker, db_url)
             poll_until(lambda: _stale(store, run), what="a stale heartbeat")
             epoch_before = store.get_run(run.id).lease_epoch  # type: ignore[union-attr]
             reap = processes.tether("reap", env=env)

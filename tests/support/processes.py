@@ -4,9 +4,13 @@ database: their environment, a long-running one started, a short one run to its 
 from __future__ import annotations
 
 import os
+import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+from waiting import poll_until
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 PYTHON = sys.executable
@@ -63,3 +67,35 @@ def tether(
         timeout=timeout,
         cwd=ROOT,
     )
+
+
+def pause_outside_a_write(proc: subprocess.Popen[str], url: str) -> None:
+    """SIGSTOP ``proc`` (a worker on ``url``) at a moment it holds no SQLite write lock.
+
+    A process paused inside a SQLite write transaction blocks every other process on the
+    file (every transaction of the store begins IMMEDIATE), which is SQLite's nature, not
+    the pause a test means (a worker frozen while its tool works). On SQLite the process is
+    stopped, the file is tried for a write without waiting, and the process is let go and
+    stopped again until the file is free; on PostgreSQL it is just stopped."""
+
+    def stopped() -> bool:
+        with open(f"/proc/{proc.pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+    def paused_unlocked() -> bool:
+        proc.send_signal(signal.SIGSTOP)
+        poll_until(stopped, what="the process stopped")
+        if not url.startswith("sqlite"):
+            return True
+        probe = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=0)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.rollback()
+            return True
+        except sqlite3.OperationalError:  # the write lock is held: let it finish the write
+            proc.send_signal(signal.SIGCONT)
+            return False
+        finally:
+            probe.close()
+
+    poll_until(paused_unlocked, what="a pause outside a write")
