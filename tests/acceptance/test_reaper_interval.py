@@ -109,6 +109,7 @@ def test_a_one_second_reaper_interval_is_honoured(db_url: str, tmp_path: Path) -
             KIT_SCRIPT="work",
             TETHER_REAPER_INTERVAL_S="1",
             TETHER_HEARTBEAT_TIMEOUT_S="0.5",
+            TETHER_NOTICE_TIMEOUT_S="0.5",  # the refused notice is due again at each pass
             TETHER_WEBHOOK_URL=hook.url,
         )
         log = tmp_path / "reaper.log"
