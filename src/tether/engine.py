@@ -9,22 +9,21 @@ on first use, or by ``async with Engine(...)``.
 
 from __future__ import annotations
 
-import functools
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from tether import inputs
 from tether._runtime import control, forks, versions
 from tether._runtime.feed import Feed
 from tether._runtime.heartbeat import Heartbeat
 from tether._runtime.hop import hop, hop_once
+from tether._runtime.opening import opens
 from tether._runtime.runner import Runner, new_worker_id
 from tether._runtime.services import Services
 from tether.agent import Agent
-from tether.approvals import inbox, preview, resume
-from tether.approvals.request import asked
+from tether.approvals.methods import DecisionMethods
 from tether.budget import Limits, parse_limits
 from tether.config import Settings
 from tether.errors import InvalidInput, NotFound, NotReady
@@ -32,15 +31,11 @@ from tether.inputs import after_seq
 from tether.models.base import Message, Model
 from tether.notify import LogNotifier, Notifier, Outbox
 from tether.results import (
-    ApprovalPreview,
-    ApprovalResult,
-    Inbox,
     LiveEvent,
     Outcome,
     ReapReport,
     RunView,
     StopKind,
-    TokenLookup,
 )
 from tether.runs import Run
 from tether.store import Event, LedgerEntry, Store, upgrade
@@ -54,24 +49,8 @@ MAX_QUESTION_CHARS = 100_000
 # How long closing an engine waits for queued notices to go out.
 NOTICE_DRAIN_S = 5.0
 
-P = ParamSpec("P")
-T = TypeVar("T")
 
-
-def _opens(
-    method: Callable[Concatenate[Engine, P], Coroutine[Any, Any, T]],
-) -> Callable[Concatenate[Engine, P], Coroutine[Any, Any, T]]:
-    """The method checks the schema first (once per engine: ``Engine.open``)."""
-
-    async def opened(engine: Engine, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        await engine.open()
-        return await method(engine, *args, **kwargs)
-
-    functools.update_wrapper(opened, method)
-    return opened
-
-
-class Engine:
+class Engine(DecisionMethods):
     """Runs an agent durably on a store; one engine carries many runs concurrently.
 
     ``migrate=True`` builds the schema in an empty database; otherwise an empty, older or
@@ -235,98 +214,9 @@ class Engine:
         notices, purge past retention (what a worker's reaper does on its interval)."""
         return await self._runner.reap()
 
-    # -- decisions ---------------------------------------------------------------------------
-
-    @_opens
-    async def resume_after_confirmation(
-        self,
-        token: str,
-        decision: str,
-        approver: str,
-        *,
-        reason: str | None = None,
-        arguments: dict[str, Any] | None = None,
-        digest: str | None = None,
-    ) -> ApprovalResult:
-        """Carry out a human decision on a suspended run (reference §4, §9): with a reason, and
-        for an approval the approver's edited ``arguments`` and the ``digest`` of the
-        preview of that edit they saw."""
-        ask = asked(decision, approver, reason=reason, arguments=arguments, digest=digest)
-        return await resume.by_token(self._services, self.worker_id, token, ask)
-
-    @_opens
-    async def resume_by_run(
-        self,
-        run_id: str,
-        decision: str,
-        approver: str,
-        *,
-        tool_call_id: str,
-        shown_digest: str | None,
-        reason: str | None = None,
-        arguments: dict[str, Any] | None = None,
-        digest: str | None = None,
-    ) -> ApprovalResult:
-        """The same decision from an inbox, by run and pending call instead of the token:
-        ``shown_digest`` is the digest of the pending preview the approver was shown (a
-        request re-suspended on another preview since is not decided by that click);
-        ``digest``, as for a token, the digest of the preview of their edit."""
-        ask = asked(decision, approver, reason=reason, arguments=arguments, digest=digest)
-        return await resume.by_run(
-            self._services, self.worker_id, run_id, tool_call_id, shown_digest, ask
-        )
-
-    @_opens
-    async def preview_approval(
-        self, token: str, approver: str, arguments: dict[str, Any] | None = None
-    ) -> ApprovalPreview:
-        """The pending call's preview with ``arguments`` (default: as pending), and its
-        digest; never claims, never changes anything (reference §9)."""
-        return await preview.by_token(self._services, token, approver, arguments)
-
-    @_opens
-    async def preview_by_run(
-        self,
-        run_id: str,
-        approver: str,
-        *,
-        tool_call_id: str,
-        arguments: dict[str, Any] | None = None,
-    ) -> ApprovalPreview:
-        """``preview_approval`` for the inbox, by run and pending call."""
-        return await preview.by_run(
-            self._services, run_id, approver, tool_call_id=tool_call_id, arguments=arguments
-        )
-
-    async def may_decide(self, owner: str, approver: str) -> bool:
-        """Whether ``approver`` may decide ``owner``'s pending calls, by the scope now."""
-        return await inbox.may_decide(self._services, owner, approver)
-
-    @_opens
-    async def pending_approvals(self, approver: str, *, limit: int = 100) -> Inbox:
-        """Suspended runs inside their window that ``approver`` owns or may decide,
-        soonest expiry first."""
-        return await inbox.pending_approvals(self._services, approver, limit=limit)
-
-    @_opens
-    async def approval_request(self, token: str, approver: str) -> TokenLookup:
-        """What an approval token names now, as ``approver`` may see it (a request they may
-        not decide shows as nothing). Never changes anything."""
-        return await inbox.approval_request(self._services, token, approver)
-
-    @_opens
-    async def request_of_run(self, run_id: str, tool_call_id: str, approver: str) -> Run | None:
-        """The run when it is suspended on ``tool_call_id`` and ``approver`` may decide it."""
-        return await inbox.request_of_run(self._services, run_id, tool_call_id, approver)
-
-    @_opens
-    async def token_owner(self, token: str) -> str | None:
-        """The user whose run a token belongs to (pending or used), for the operator CLI."""
-        return await inbox.token_owner(self._services, token)
-
     # -- acting on a run ---------------------------------------------------------------------
 
-    @_opens
+    @opens
     async def continue_run(
         self,
         run_id: str,
@@ -338,22 +228,22 @@ class Engine:
         """Continue a halted run with a deliberate, logged grant; it waits for a worker."""
         return await control.continue_run(self._services, run_id, user, limits=limits, why=why)
 
-    @_opens
+    @opens
     async def cancel_run(self, run_id: str, user: str) -> Run:
         """Cancel a run that is not terminal."""
         return await control.cancel_run(self._services, run_id, user)
 
-    @_opens
+    @opens
     async def fork_run(self, run_id: str, user: str, *, at_step: int, dry_run: bool = False) -> Run:
         """A new halted run of ``user``'s run through step ``at_step`` (reference §12)."""
         return await forks.fork_run(self._services, run_id, user, at_step=at_step, dry_run=dry_run)
 
-    @_opens
+    @opens
     async def forks_of(self, run_id: str) -> list[Run]:
         """The runs forked from ``run_id``, oldest first."""
         return await forks.forks_of(self._services, run_id)
 
-    @_opens
+    @opens
     async def move_run(
         self, run_id: str, to_version: str, *, user: str, why: str | None = None
     ) -> Run:
@@ -361,19 +251,19 @@ class Engine:
         (see ``versions.move_run``)."""
         return await versions.move_run(self._services, run_id, to_version, by=user, why=why)
 
-    @_opens
+    @opens
     async def stranded_runs(self, limit: int = 100) -> list[Run]:
         """Runs waiting on an agent version no live worker serves (reference §12)."""
         return await versions.stranded(self._services, limit)
 
-    @_opens
+    @opens
     async def count_stranded(self) -> int:
         """How many runs are stranded (the ``tether_runs_stranded`` gauge)."""
         return await versions.count_stranded(self._services)
 
     # -- reading ---------------------------------------------------------------------------
 
-    @_opens
+    @opens
     async def get_run(self, run_id: str, *, user: str | None = None) -> RunView:
         """A run with its messages; ``not_found`` if missing or not ``user``'s."""
         snapshot = await hop(self._store.snapshot, inputs.run_id(run_id))
@@ -388,12 +278,12 @@ class Engine:
         await self.open()
         return list(await hop(self._store.list_runs, user, limit))
 
-    @_opens
+    @opens
     async def events(self, run_id: str) -> list[Event]:
         """The run's trace, oldest first."""
         return list(await hop(self._store.events, inputs.run_id(run_id)))
 
-    @_opens
+    @opens
     async def ledger(self, run_id: str) -> list[LedgerEntry]:
         """The run's tool-call ledger, in call order."""
         return list(await hop(self._store.ledger, inputs.run_id(run_id)))
@@ -413,7 +303,7 @@ class Engine:
         """The database's clock, in epoch seconds (invariant 11)."""
         return await hop(self._store.now)
 
-    @_opens
+    @opens
     async def counts_by_state(self) -> dict[str, int]:
         """How many runs are in each state, fleet-wide (every state present)."""
         return await hop(self._store.count_by_state)
