@@ -38,7 +38,7 @@ from tether.results import (
     StopKind,
 )
 from tether.runs import Run
-from tether.store import Event, LedgerEntry, Store, upgrade
+from tether.store import LedgerEntry, Store, upgrade
 from tether.store.users import new_key
 from tether.telemetry import tracing
 
@@ -279,9 +279,10 @@ class Engine(DecisionMethods):
         return list(await hop(self._store.list_runs, user, limit))
 
     @opens
-    async def events(self, run_id: str) -> list[Event]:
-        """The run's trace, oldest first."""
-        return list(await hop(self._store.events, inputs.run_id(run_id)))
+    async def events(self, run_id: str) -> list[LiveEvent]:
+        """The run's trace, oldest first, each event as ``watch`` gives it (with its SEQ)."""
+        found = await hop(self._store.events, inputs.run_id(run_id))
+        return [LiveEvent.of(event, seq) for seq, event in enumerate(found, start=1)]
 
     @opens
     async def ledger(self, run_id: str) -> list[LedgerEntry]:
