@@ -146,4 +146,5 @@ async def test_a_reconcile_that_never_answers_could_not_ask_and_the_run_fails_un
         assert [e.data["found"] for e in bench.events(session.run.id, "reconciled")] == [
             "unreachable"
         ]
-        assert [e.status for e in bench.ledger(session.run.id)] == [CallStatus.UNKNOWN]
+        (entry,) = bench.ledger(session.run.id)
+        assert entry.status is CallStatus.UNKNOWN and entry.result["error"] == "unreconcilable"

@@ -67,7 +67,7 @@ class Result:
 
     @property
     def summary(self) -> Any:
-        """What the ledger records of a result that is not ``ok`` (its error code)."""
+        """The error code of a result that is not ``ok``, for its trace event and span."""
         if isinstance(self.content, dict) and self.status is not CallStatus.OK:
             return self.content.get("error")
         return None
@@ -249,7 +249,7 @@ class RunSession:
             tool_call_id=call.id,
             message=message,
             status=status,
-            summary=result.summary,
+            result=content,
             elapsed_ms=self._elapsed(),
             counted=counted,
             event=result.event(),
@@ -405,7 +405,7 @@ class RunSession:
             arguments=arguments if isinstance(arguments, dict) else {"_raw": str(arguments)},
             effect=tool.effect.value if tool is not None else "read",
             status=CallStatus.INTENT if result is None else result.status,
-            result=None if result is None else result.summary,
+            result=None if result is None else result.content,
         )
 
     def _normalized(self, message: Message) -> Message:
