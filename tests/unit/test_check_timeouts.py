@@ -18,11 +18,13 @@ from agents import call
 from sessions import Bench
 
 from tether import GuardResult, Reconciled, Scope, ToolContext, tool
-from tether._runtime import tool_call
+from tether._runtime import loop, tool_call
+from tether._runtime.session import RunSession
 from tether.errors import ConfigError
 from tether.results import StopKind
 from tether.runs import RunState
 from tether.store import CallStatus
+from tether.tokens import hash_token
 from tether.tools.tool import DEFAULT_CHECK_TIMEOUT_S, OutcomeUnknown, Tool
 
 SHORT = 0.05  # the checks' limit in these tests: they never answer, so any limit is passed
@@ -101,6 +103,46 @@ async def test_a_check_that_never_answers_refuses_the_call_and_nothing_runs(
         assert f"the {role} of put did not answer within" in result["message"]
         assert [e.status for e in bench.ledger(session.run.id)] == [CallStatus.ERROR]
         assert bench.stored(session.run.id).state is RunState.RUNNING  # the model is told
+
+
+async def test_a_guard_that_never_answers_on_a_decision_refuses_the_approved_call(
+    sqlite_url: str,
+) -> None:
+    asked: list[str] = []
+
+    async def guard(args: Any, scope: Scope, ctx: ToolContext) -> GuardResult:
+        asked.append("guard")
+        if ctx.confirmed:  # the re-check after the approval hangs
+            await asyncio.Event().wait()
+        return GuardResult.allow()
+
+    def preview(args: Any, scope: Scope) -> dict[str, Any]:
+        return {"item": args.item}
+
+    ran: list[str] = []
+    put = _put(ran, needs_confirmation=True, preview=preview, guard=guard)
+    with Bench(sqlite_url, put, turns=[_put_a()]) as bench:
+        session = await bench.session()
+        (called,) = await bench.turn(session)
+        suspended = await tool_call.first_call(session, called)
+        assert suspended is not None and suspended.notice is not None
+        session.close()
+        claim = bench.store.claim_decision(
+            run_id=session.run.id,
+            token_hash=hash_token(suspended.notice.token),
+            owner="approver-process",
+            decision="approve",
+            approver="dana",
+        )
+        assert claim.run is not None
+        decided = await RunSession.start(bench.services, claim.run)
+
+        assert await loop.process(decided, called) is None  # the run goes on, told why
+
+        assert ran == [] and asked == ["guard", "guard"]
+        (result,) = [json.loads(m["content"]) for m in bench.results(session.run.id)]
+        assert result["error"] == "guard_failed"
+        assert "the guard of put did not answer within" in result["message"]
 
 
 async def test_a_conditional_confirmation_that_never_answers_asks_a_human(
