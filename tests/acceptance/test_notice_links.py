@@ -79,3 +79,29 @@ def test_a_bad_public_url_is_refused_at_start(sqlite_url: str) -> None:
         "serve", "--public-url", "/relative", env=processes.tether_env(sqlite_url)
     )
     assert served.returncode == 1 and "--public-url" in served.stderr
+
+
+def test_with_no_webhook_a_worker_logs_the_run_and_tool_and_no_link_unless_asked(
+    sqlite_url: str,
+) -> None:
+    def suspend(**env: str) -> tuple[str, list[dict[str, Any]]]:
+        engine = inprocess.engine(sqlite_url, script_name="send")
+        try:
+            run_id = run_sync(engine.start_run("dana", "send it")).id
+        finally:
+            engine.close()
+        env = {"KIT_SCRIPT": "send", "TETHER_PUBLIC_URL": PUBLIC, **env}
+        done = processes.tether(
+            "worker", "--exit-when-idle", "--no-reap", env=processes.tether_env(sqlite_url, **env)
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+        return run_id, [line for line in lines if line.get("action") == "suspension_notice"]
+
+    run_id, [logged] = suspend()
+    assert logged["run_id"] == run_id and logged["tool"] == "send"
+    assert "approvals list" in logged["msg"]
+    assert "approve_url" not in logged and "/approve/" not in json.dumps(logged)
+    run_id, [logged] = suspend(TETHER_LOG_APPROVAL_LINKS="1")
+    assert logged["run_id"] == run_id
+    assert logged["approve_url"].startswith(f"{PUBLIC}/approve/")
