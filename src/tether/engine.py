@@ -55,7 +55,8 @@ class Engine(DecisionMethods):
 
     ``migrate=True`` builds the schema in an empty database; otherwise an empty, older or
     newer schema is refused with a message that says to run ``tether migrate``.
-    ``public_url`` is the base of the approval links in notices (``/approve/{token}``).
+    ``public_url`` is the base of the approval links in notices (``/approve/{token}``);
+    by default ``TETHER_PUBLIC_URL`` (``settings.public_url``), else links are relative.
     Callers are named ``user`` (whose runs) and ``approver`` (who decides).
     """
 
@@ -69,7 +70,7 @@ class Engine(DecisionMethods):
         notifier: Notifier | None = None,
         worker_id: str | None = None,
         migrate: bool = False,
-        public_url: str = "",
+        public_url: str | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
         self._store = Store(
@@ -80,8 +81,9 @@ class Engine(DecisionMethods):
         self._migrate_empty = migrate
         self._opened = False
         self._feed = Feed(self._store, poll_s=self.settings.watch_poll_s)
-        base = public_url.rstrip("/")
-        notifier = notifier or LogNotifier()
+        base = ((self.settings.public_url if public_url is None else public_url) or "").rstrip("/")
+        self.public_url = base  # where links in notices start ("": relative links)
+        notifier = notifier or LogNotifier(links=self.settings.log_approval_links)
         self._services = Services(
             store=self._store,
             agent=agent,
