@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tether.budget import Limits
-from tether.errors import ConfigError
+from tether.budget import DEFAULT_MAX_LIMITS, Limits, parse_limits
+from tether.errors import ConfigError, InvalidInput
 from tether.models.pricing import Price, parse_prices
 
 DEFAULT_DATABASE_URL = "sqlite:///./tether.db"
@@ -26,13 +27,10 @@ class Settings:
     suspension_ttl_min: float = 30.0
     retention_days: float = 30.0
     max_recovery_attempts: int = 2
+    # The limits of a new run that names none; each lowered to ``max_limits`` where higher.
     default_limits: Limits = field(default_factory=Limits)
-    # The most a continuation may grant in one go (reference §6: "within a configured cap").
-    grant_cap: Limits = field(
-        default_factory=lambda: Limits(
-            max_steps=200, max_spend_usd=50.0, max_tool_calls=400, max_elapsed_ms=86_400_000
-        )
-    )
+    # The most any run may have (TETHER_MAX_LIMITS): at a start, a continuation, a fork.
+    max_limits: Limits = DEFAULT_MAX_LIMITS
     # How long a store call that met a transient database error (a dropped connection, a
     # restart, a locked SQLite file) is retried before ``database_unavailable``.
     db_retry_s: float = 30.0
@@ -68,6 +66,7 @@ class Settings:
     session_secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "default_limits", self.default_limits.at_most(self.max_limits))
         if self.max_model_attempts < 1:
             raise ConfigError(
                 f"max_model_attempts must be at least 1, got {self.max_model_attempts}"
@@ -112,9 +111,27 @@ class Settings:
             max_model_attempts=int(_positive(env, "TETHER_MAX_MODEL_ATTEMPTS", 5, whole=True)),
             model_retry_first_s=_positive(env, "TETHER_MODEL_RETRY_FIRST_S", 1.0),
             prices=parse_prices(env.get("TETHER_PRICES", "")),
+            max_limits=_max_limits(env.get("TETHER_MAX_LIMITS", "")),
             accept_versions=_versions(env.get("TETHER_ACCEPT_VERSIONS", "")),
             session_secret=env.get("TETHER_SESSION_SECRET") or None,
         )
+
+
+def _max_limits(raw: str) -> Limits:
+    """``TETHER_MAX_LIMITS``: a JSON object like a run's limits; a limit it does not name
+    keeps its default cap."""
+    if not raw.strip():
+        return DEFAULT_MAX_LIMITS
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(
+            f'TETHER_MAX_LIMITS must be a JSON object such as {{"max_spend_usd": 50}}: {exc}'
+        ) from exc
+    try:
+        return parse_limits(data, DEFAULT_MAX_LIMITS)
+    except InvalidInput as exc:
+        raise ConfigError(f"TETHER_MAX_LIMITS: {exc.message}") from exc
 
 
 def _versions(raw: str) -> tuple[str, ...]:
