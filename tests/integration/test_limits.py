@@ -25,7 +25,7 @@ from tether.errors import InvalidInput
 DANA = {"Authorization": "Bearer key-of-dana"}
 # Tighter than the default cap, and above the default limits of a new run but for steps.
 CAP = Limits(max_steps=6, max_spend_usd=2.0, max_tool_calls=50, max_elapsed_ms=900_000)
-DEFAULT_CAP = {
+DEFAULT_CAP: dict[str, Any] = {
     "max_steps": 200,
     "max_spend_usd": 50.0,
     "max_tool_calls": 400,
