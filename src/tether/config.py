@@ -7,8 +7,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tether.budget import DEFAULT_MAX_LIMITS, Limits, parse_limits
-from tether.errors import ConfigError, InvalidInput
+from pydantic import ValidationError
+
+from tether.budget import DEFAULT_MAX_LIMITS, Limits, LimitsInput
+from tether.errors import ConfigError
 from tether.models.pricing import Price, parse_prices
 
 DEFAULT_DATABASE_URL = "sqlite:///./tether.db"
@@ -122,16 +124,21 @@ def _max_limits(raw: str) -> Limits:
     keeps its default cap."""
     if not raw.strip():
         return DEFAULT_MAX_LIMITS
+    shape = 'TETHER_MAX_LIMITS must be a JSON object such as {"max_spend_usd": 50}'
     try:
         data = json.loads(raw)
     except ValueError as exc:
-        raise ConfigError(
-            f'TETHER_MAX_LIMITS must be a JSON object such as {{"max_spend_usd": 50}}: {exc}'
-        ) from exc
+        raise ConfigError(f"{shape}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{shape}, not {raw.strip()[:40]}")
     try:
-        return parse_limits(data, DEFAULT_MAX_LIMITS)
-    except InvalidInput as exc:
-        raise ConfigError(f"TETHER_MAX_LIMITS: {exc.message}") from exc
+        return LimitsInput.model_validate(data).over(DEFAULT_MAX_LIMITS)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+            for err in exc.errors(include_url=False)
+        )
+        raise ConfigError(f"TETHER_MAX_LIMITS: {problems}") from exc
 
 
 def _versions(raw: str) -> tuple[str, ...]:

@@ -41,7 +41,7 @@ class Effect(str, enum.Enum):
 
 
 class Approvers(str, enum.Enum):
-    """Who may decide a call of a tool that needs confirmation; the stored string."""
+    """Who may decide a call of a tool that needs confirmation (``@tool(approvers=...)``)."""
 
     ANY = "any"  # the run's owner, or an approver the owner's scope names
     OTHERS = "others"  # four eyes: an approver the owner's scope names, never the owner
