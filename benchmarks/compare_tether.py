@@ -39,7 +39,7 @@ from compare_common import (
 from tether import Agent, Engine, Limits, MemoryNotifier, ScriptedModel, Settings, StopKind, tool
 
 USER = "bench"
-# Continuations of the resumption are granted within this cap (the default caps at 200).
+# Starts and continuations of the resumption are within this cap (the default caps at 200).
 CAP = Limits(max_steps=100_000, max_spend_usd=1e6, max_tool_calls=1_000_000, max_elapsed_ms=10**9)
 
 
@@ -73,7 +73,7 @@ def new_engine(db: Database, steps: int) -> Engine:
     return Engine(
         agent=agent,
         model=ScriptedModel(script(steps)),
-        settings=Settings(database_url=db.url, grant_cap=CAP),
+        settings=Settings(database_url=db.url, max_limits=CAP),
         notifier=MemoryNotifier(),
         migrate=True,
     )

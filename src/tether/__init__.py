@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from tether.scope import Scope
     from tether.sync import SyncEngine
     from tether.tools.tool import (
+        Approvers,
         Effect,
         GuardResult,
         OutcomeUnknown,
@@ -52,6 +53,7 @@ _HOMES = {
     "Agent": "tether.agent",
     "ApprovalPreview": "tether.results",
     "ApprovalResult": "tether.results",
+    "Approvers": "tether.tools.tool",
     "Budget": "tether.budget",
     "CallVerdict": "tether.results",
     "Choice": "tether.results",
@@ -92,6 +94,7 @@ __all__ = [
     "Agent",
     "ApprovalPreview",
     "ApprovalResult",
+    "Approvers",
     "Budget",
     "CallVerdict",
     "Choice",

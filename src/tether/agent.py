@@ -99,6 +99,14 @@ class Agent:
                 return candidate
         return None
 
+    def may_decide_call(self, tool: str, owner: str, approver: str) -> bool:
+        """Whether the rule of the tool called ``tool`` (``@tool(approvers=...)``) lets
+        ``approver`` decide its call in ``owner``'s run; the owner's scope is checked
+        apart. A tool this agent lacks rules nothing (the decision halts the run
+        ``tool_unavailable``)."""
+        found = self.tool(tool)
+        return found is None or found.may_be_decided_by(approver, owner)
+
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Agent]:
         """Enter the agent's ``lifespan`` (if any) and yield the agent to serve. It keeps

@@ -38,6 +38,21 @@ class Limits:
             max_elapsed_ms=math.ceil(self.max_elapsed_ms * 1.5),
         )
 
+    def at_most(self, cap: Limits) -> Limits:
+        """These limits, each lowered to ``cap``'s where that is lower."""
+        return Limits(
+            max_steps=min(self.max_steps, cap.max_steps),
+            max_spend_usd=min(self.max_spend_usd, cap.max_spend_usd),
+            max_tool_calls=min(self.max_tool_calls, cap.max_tool_calls),
+            max_elapsed_ms=min(self.max_elapsed_ms, cap.max_elapsed_ms),
+        )
+
+
+# The most a run may have (``TETHER_MAX_LIMITS``, reference §5) unless configured otherwise.
+DEFAULT_MAX_LIMITS = Limits(
+    max_steps=200, max_spend_usd=50.0, max_tool_calls=400, max_elapsed_ms=86_400_000
+)
+
 
 class LimitsInput(BaseModel):
     """Limits as a caller may pass them; every field optional, all positive. Strict:
@@ -65,6 +80,26 @@ def parse_limits(data: Any, base: Limits | None = None) -> Limits:
         return LimitsInput.model_validate(data).over(base)
     except ValidationError as exc:
         raise InvalidInput(f"invalid limits: {exc.errors(include_url=False)}") from exc
+
+
+def within_cap(limits: Limits, cap: Limits, what: str) -> Limits:
+    """``limits`` when each is at most ``cap``'s, else ``invalid_input`` naming the first
+    limit over it (``limit``) and the cap (``cap``). The one check of every way a run gets
+    its limits: a start, a continuation (its default grant or named limits), a fork."""
+    most = cap.to_json()
+    for name, value in limits.to_json().items():
+        if value > most[name]:
+            raise InvalidInput(
+                f"{what} exceed the configured cap: {name} {_number(value)} is over "
+                f"{_number(most[name])} (TETHER_MAX_LIMITS)",
+                limit=name,
+                cap=most,
+            )
+    return limits
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(value)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from tether.budget import Limits
+from pydantic import ValidationError
+
+from tether.budget import DEFAULT_MAX_LIMITS, Limits, LimitsInput
 from tether.errors import ConfigError
 from tether.models.pricing import Price, parse_prices
 
@@ -27,13 +30,10 @@ class Settings:
     suspension_ttl_min: float = 30.0
     retention_days: float = 30.0
     max_recovery_attempts: int = 2
+    # The limits of a new run that names none; each lowered to ``max_limits`` where higher.
     default_limits: Limits = field(default_factory=Limits)
-    # The most a continuation may grant in one go (reference §6: "within a configured cap").
-    grant_cap: Limits = field(
-        default_factory=lambda: Limits(
-            max_steps=200, max_spend_usd=50.0, max_tool_calls=400, max_elapsed_ms=86_400_000
-        )
-    )
+    # The most any run may have (TETHER_MAX_LIMITS): at a start, a continuation, a fork.
+    max_limits: Limits = DEFAULT_MAX_LIMITS
     # How long a store call that met a transient database error (a dropped connection, a
     # restart, a locked SQLite file) is retried before ``database_unavailable``.
     db_retry_s: float = 30.0
@@ -76,6 +76,7 @@ class Settings:
     log_approval_links: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "default_limits", self.default_limits.at_most(self.max_limits))
         if self.max_model_attempts < 1:
             raise ConfigError(
                 f"max_model_attempts must be at least 1, got {self.max_model_attempts}"
@@ -120,6 +121,7 @@ class Settings:
             max_model_attempts=int(_positive(env, "TETHER_MAX_MODEL_ATTEMPTS", 5, whole=True)),
             model_retry_first_s=_positive(env, "TETHER_MODEL_RETRY_FIRST_S", 1.0),
             prices=parse_prices(env.get("TETHER_PRICES", "")),
+            max_limits=_max_limits(env.get("TETHER_MAX_LIMITS", "")),
             accept_versions=_versions(env.get("TETHER_ACCEPT_VERSIONS", "")),
             session_secret=env.get("TETHER_SESSION_SECRET") or None,
             public_url=check_public_url(env.get("TETHER_PUBLIC_URL") or None, "TETHER_PUBLIC_URL"),
@@ -154,6 +156,28 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     if raw in ("1", "true", "yes"):
         return True
     raise ConfigError(f"{name} must be 1 or 0, got {raw[:40]!r}")
+
+
+def _max_limits(raw: str) -> Limits:
+    """``TETHER_MAX_LIMITS``: a JSON object like a run's limits; a limit it does not name
+    keeps its default cap."""
+    if not raw.strip():
+        return DEFAULT_MAX_LIMITS
+    shape = 'TETHER_MAX_LIMITS must be a JSON object such as {"max_spend_usd": 50}'
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{shape}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{shape}, not {raw.strip()[:40]}")
+    try:
+        return LimitsInput.model_validate(data).over(DEFAULT_MAX_LIMITS)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+            for err in exc.errors(include_url=False)
+        )
+        raise ConfigError(f"TETHER_MAX_LIMITS: {problems}") from exc
 
 
 def _versions(raw: str) -> tuple[str, ...]:

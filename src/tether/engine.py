@@ -24,7 +24,7 @@ from tether._runtime.runner import Runner, new_worker_id
 from tether._runtime.services import Services
 from tether.agent import Agent
 from tether.approvals.methods import DecisionMethods
-from tether.budget import Limits, parse_limits
+from tether.budget import Limits, parse_limits, within_cap
 from tether.config import Settings
 from tether.errors import InvalidInput, NotFound, NotReady
 from tether.inputs import after_seq
@@ -168,6 +168,7 @@ class Engine(DecisionMethods):
         inputs.user_id(user)
         inputs.text(question, "question", MAX_QUESTION_CHARS)
         run_limits = parse_limits(limits, self.settings.default_limits)
+        within_cap(run_limits, self.settings.max_limits, "the requested limits")
         await self.open()
         scope = await self.agent.resolve_scope(user)
         messages: list[Message] = [

@@ -140,6 +140,13 @@ class NoLongerPermitted(TetherError):
     code = "no_longer_permitted"
 
 
+class FourEyes(TetherError):
+    """The pending call's tool wants someone other than the run's owner to decide it
+    (``@tool(approvers="others")``), and the owner tried; nothing changed."""
+
+    code = "four_eyes"
+
+
 class Changed(TetherError):
     """The re-rendered preview differs from the approved one; a new token is issued."""
 

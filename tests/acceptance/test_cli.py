@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+import agents
 import downstream
 import inprocess
 import processes
@@ -12,6 +13,8 @@ import pytest
 from alembic import command
 from waiting import run_sync
 
+from tether import Engine
+from tether.config import Settings
 from tether.notify import MemoryNotifier
 from tether.store import SchemaStatus, Store, schema_status
 from tether.store.migrate import alembic_config
@@ -176,3 +179,31 @@ async def test_migrate_creates_the_agents_published_users_and_users_add_prints_a
             for k in ("tether-demo-dana", "tether-demo-miguel", key, "tether-demo-nobody")
         ]
     assert owners == ["dana", "miguel", "erin", None]
+
+
+def test_approve_as_the_owner_of_a_four_eyes_call_is_refused_and_says_to_name_another(
+    db_url: str,
+) -> None:
+    notifier = MemoryNotifier()
+    engine = Engine(
+        agent=agents.four_eyes_agent(),
+        model=agents.four_eyes_script("transfer"),
+        settings=Settings(database_url=db_url),
+        notifier=notifier,
+    )
+    run_id = engine.sync.ask("dana", "transfer b").run_id
+    token = notifier.last(run_id).token
+    engine.close()
+    env = processes.tether_env(db_url)
+    four_eyes = "agents:four_eyes_agent"
+
+    by_default = processes.tether("approve", token, env=env, agent=four_eyes)
+    assert by_default.returncode == 1 and "four_eyes" in by_default.stderr
+    assert "--as" in by_default.stderr and _json(by_default.stdout)["error"] == "four_eyes"
+    as_owner = processes.tether("approve", token, "--as", "dana", env=env, agent=four_eyes)
+    assert as_owner.returncode == 1 and "four_eyes" in as_owner.stderr
+    assert downstream.effects() == []
+    done = processes.tether("approve", token, "--as", "boss", env=env, agent=four_eyes)
+    assert done.returncode == 0, done.stderr
+    assert _json(done.stdout)["outcome"] == "executed"
+    assert [e[1] for e in downstream.effects()] == ["transfer"]

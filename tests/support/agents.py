@@ -8,7 +8,9 @@ built of them. Imported by tests and by the ``tether`` subprocesses they start
   a human confirms, with a preview, a guard and a permission), playing ``KIT_SCRIPT``;
 - ``fault_agent()``: the same and a slow read (``nap``) and a slow re-check
   (``careful_send``), each run playing the script its question names;
-- ``ship``: a write a human confirms whose arguments are of every kind an edit form shows.
+- ``ship``: a write a human confirms whose arguments are of every kind an edit form shows;
+- ``four_eyes_agent()``: ``send`` and ``transfer``, a write that someone other than the
+  run's owner must decide (``approvers="others"``), playing ``KIT_SCRIPT`` (``transfer``).
 """
 
 from __future__ import annotations
@@ -246,4 +248,42 @@ def fault_agent() -> Agent:
         tools=(lookup, record, write_once, blind_write, send, nap, careful_send),
         resolve_scope=resolve,
         default_model=ByQuestion,
+    )
+
+
+# -- four eyes (tests/integration/test_four_eyes.py) -----------------------------------------
+
+
+@tool(
+    effect="write",
+    needs_confirmation=True,
+    dedupes=True,
+    reconcile=downstream.find,
+    preview=_preview,
+    approvers="others",
+)
+def transfer(ctx: ToolContext, item: str) -> dict[str, Any]:
+    """A write someone other than the run's owner must decide (four eyes)."""
+    return downstream.apply(ctx, "transfer", item, dedupe=True)
+
+
+FOUR_EYES_SCRIPTS: dict[str, list[dict[str, Any]]] = {
+    **SCRIPTS,
+    "transfer": [{"tool_calls": [call("transfer", item="b")]}, {"content": "done"}],
+}
+
+
+def four_eyes_script(name: str | None = None) -> ScriptedModel:
+    return ScriptedModel(FOUR_EYES_SCRIPTS[name or os.environ.get("KIT_SCRIPT", "transfer")])
+
+
+def four_eyes_agent() -> Agent:
+    """The test agent's ``send`` and the four-eyes ``transfer``; its scope's approver is
+    ``boss``."""
+    return Agent(
+        name="kit-four-eyes",
+        system_prompt="You are a test agent.",
+        tools=(lookup, send, transfer),
+        resolve_scope=resolve,
+        default_model=four_eyes_script,
     )

@@ -60,11 +60,11 @@ def spawn(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen[str]:
 
 
 def tether(
-    *args: str, env: dict[str, str], timeout: float = 60
+    *args: str, env: dict[str, str], timeout: float = 60, agent: str = AGENT
 ) -> subprocess.CompletedProcess[str]:
-    """Run the ``tether`` CLI in a new process with the test agent."""
+    """Run the ``tether`` CLI in a new process with the test agent (or ``agent``)."""
     return subprocess.run(
-        [PYTHON, "-m", "tether", *args, "--agent", AGENT],
+        [PYTHON, "-m", "tether", *args, "--agent", agent],
         env=env,
         capture_output=True,
         text=True,

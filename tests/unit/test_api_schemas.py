@@ -11,6 +11,7 @@ from tether.api.schemas import DEFAULT_STATUS, STATUS, status_for
 # The statuses reference §6 clients rely on; a change here is a breaking change of the API.
 PUBLISHED = {
     "wrong_version": 409,
+    "four_eyes": 403,
     "tool_unavailable": 409,
     "database_unavailable": 503,
     "invalid_input": 422,

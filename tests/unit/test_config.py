@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tether.budget import Limits
 from tether.config import Settings
 from tether.errors import ConfigError
 from tether.models.base import Usage
@@ -78,3 +79,37 @@ def test_logging_approval_links_is_off_unless_asked_for(raw: str, value: bool) -
     assert Settings.from_env({"TETHER_LOG_APPROVAL_LINKS": raw}).log_approval_links is value
     with pytest.raises(ConfigError, match="TETHER_LOG_APPROVAL_LINKS"):
         Settings.from_env({"TETHER_LOG_APPROVAL_LINKS": "sometimes"})
+
+
+def test_tether_max_limits_is_the_cap_of_every_run_and_defaults_to_the_continuation_cap() -> None:
+    assert Settings.from_env({}).max_limits == Limits(
+        max_steps=200, max_spend_usd=50.0, max_tool_calls=400, max_elapsed_ms=86_400_000
+    )
+    settings = Settings.from_env(
+        {"TETHER_MAX_LIMITS": '{"max_steps": 10, "max_spend_usd": 0.5, "max_elapsed_ms": 3600000}'}
+    )
+    # A limit it does not name keeps its default cap.
+    assert settings.max_limits == Limits(
+        max_steps=10, max_spend_usd=0.5, max_tool_calls=400, max_elapsed_ms=3_600_000
+    )
+    # The default limits of a new run are lowered to the cap where it is lower.
+    assert settings.default_limits == Limits(max_steps=10, max_spend_usd=0.5)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "not json",
+        "[200]",
+        '{"max_step": 200}',
+        '{"max_steps": 0}',
+        '{"max_steps": "200"}',
+        '{"max_steps": true}',
+        '{"max_spend_usd": -1}',
+        '{"max_spend_usd": NaN}',
+        '{"max_steps": 2.5}',
+    ],
+)
+def test_a_malformed_tether_max_limits_fails_settings_at_start_up(raw: str) -> None:
+    with pytest.raises(ConfigError, match="TETHER_MAX_LIMITS"):
+        Settings.from_env({"TETHER_MAX_LIMITS": raw})

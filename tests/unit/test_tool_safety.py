@@ -104,3 +104,20 @@ async def test_a_guard_that_answers_none_keeps_the_tool_from_running(tmp_path: P
     assert ran == []
     results = [m for m in view.messages if m["role"] == "tool"]
     assert len(results) == 1 and '"error":"guard_failed"' in results[0]["content"]
+
+
+def test_approvers_is_any_by_default_others_for_four_eyes_and_nothing_else() -> None:
+    from tether import Approvers
+    from tether.errors import ConfigError
+
+    assert tool(_noop).approvers is Approvers.ANY
+    four_eyes = tool(needs_confirmation=True, approvers="others")(_noop)
+    assert four_eyes.approvers is Approvers.OTHERS
+    assert not four_eyes.may_be_decided_by("dana", "dana")
+    assert four_eyes.may_be_decided_by("boss", "dana")
+    assert tool(needs_confirmation=True)(_noop).may_be_decided_by("dana", "dana")
+    for wrong in ("nobody", "", True, None):
+        with pytest.raises(ConfigError, match=r"approvers must be 'any'.*or 'others'"):
+            tool(needs_confirmation=True, approvers=wrong)(_noop)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="needs none"):  # nothing to decide without it
+        tool(approvers="others")(_noop)

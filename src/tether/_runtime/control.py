@@ -12,10 +12,9 @@ from typing import Any
 from tether import inputs
 from tether._runtime.hop import hop
 from tether._runtime.services import Services
-from tether.budget import Limits, parse_limits
+from tether.budget import Limits, parse_limits, within_cap
 from tether.errors import (
     AlreadyFinished,
-    InvalidInput,
     NotFound,
     NotHalted,
 )
@@ -46,14 +45,7 @@ async def continue_run(
     if run.state is not RunState.HALTED:
         raise NotHalted(f"the run is {run.state.value}, not halted")
     granted = run.limits.extended() if limits is None else parse_limits(limits, run.limits)
-    cap = services.settings.grant_cap
-    if (
-        granted.max_steps > cap.max_steps
-        or granted.max_spend_usd > cap.max_spend_usd
-        or granted.max_tool_calls > cap.max_tool_calls
-        or granted.max_elapsed_ms > cap.max_elapsed_ms
-    ):
-        raise InvalidInput("the requested limits exceed the configured cap", cap=cap.to_json())
+    within_cap(granted, services.settings.max_limits, "the granted limits")
     grant = {"tether.continue.by": user, "tether.continue.halt_reason": run.halt_reason}
     with tracing.action("continue_run", run.id, run.trace_context, grant):
         continued = await hop(

@@ -32,8 +32,9 @@ async def fork_run(
     """Fork ``user``'s run ``run_id`` through step ``at_step`` into a new halted run.
 
     ``not_found`` if the run is missing or not ``user``'s; ``invalid_input`` for a running
-    run or a step that is not a boundary. Each call makes a new fork (forks are cheap and
-    nothing runs until one is continued), so a repeated request is a second fork.
+    run, a step that is not a boundary, or a run whose limits (the fork's) are over the
+    configured cap. Each call makes a new fork (forks are cheap and nothing runs until one
+    is continued), so a repeated request is a second fork.
     """
     if not isinstance(dry_run, bool):
         raise InvalidInput("dry_run must be true or false")
@@ -49,6 +50,7 @@ async def fork_run(
             dry_run=dry_run,
             by=user,
             boundary=step_boundary,
+            cap=services.settings.max_limits,
             trace_context=span.carrier(),
         )
     log.info(

@@ -21,6 +21,7 @@ STATUS: dict[str, int] = {
     "not_found": 404,
     "unknown_or_expired": 404,
     "no_longer_permitted": 403,
+    "four_eyes": 403,
     "not_halted": 409,
     "already_finished": 409,
     "already_resumed": 409,

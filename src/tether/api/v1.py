@@ -68,8 +68,13 @@ def _responses(*pairs: tuple[int, str], model: type[ErrorOut] = ErrorOut) -> dic
     tags=["runs"],
     summary="Start a run",
     description="Creates a run for the caller; it waits for a worker, which carries it to "
-    "its next stop. Poll `GET /v1/runs/{id}`.",
-    responses=_responses((401, _AUTH), (413, _TOO_LARGE), (422, _INVALID)),
+    "its next stop. Poll `GET /v1/runs/{id}`. Each limit is at most the configured cap "
+    "(`TETHER_MAX_LIMITS`).",
+    responses=_responses(
+        (401, _AUTH),
+        (413, _TOO_LARGE),
+        (422, _INVALID + "; or a limit is over the cap (`limit` and `cap` say which)"),
+    ),
 )
 async def start_run(
     body: StartRunIn, user: Caller, engine: EngineDep, response: Response
@@ -171,7 +176,7 @@ async def run_event_stream(
         (404, _NOT_FOUND),
         (409, "`not_halted`: only a halted run can be continued"),
         (413, _TOO_LARGE),
-        (422, _INVALID + "; or the limits exceed the cap (`cap` says it)"),
+        (422, _INVALID + "; or a limit is over the cap (`limit` and `cap` say which)"),
     ),
 )
 async def continue_run(
@@ -220,7 +225,8 @@ async def cancel_run(run_id: str, user: Caller, engine: EngineDep) -> dict[str, 
         (
             422,
             _INVALID + "; or the run is running, or `at_step` is past its steps or inside "
-            "a step whose calls have no result yet",
+            "a step whose calls have no result yet, or the run's limits are over the cap "
+            "(`limit` and `cap` say which)",
         ),
     ),
 )

@@ -17,9 +17,16 @@ from tether.tokens import hash_token
 log = logging.getLogger(__name__)
 
 
-async def may_decide(services: Services, owner: str, viewer: str) -> bool:
-    """Whether ``viewer`` may decide ``owner``'s pending calls, by the owner's scope now. A
-    scope that cannot be resolved allows nobody but the owner."""
+async def may_decide(
+    services: Services, owner: str, viewer: str, *, tool: str | None = None
+) -> bool:
+    """Whether ``viewer`` may decide ``owner``'s pending calls, by the owner's scope now; with
+    ``tool``, a call of that tool, whose rule may want someone other than the owner (four
+    eyes; ``request.check_decider`` is the same check). A scope that cannot be resolved
+    allows nobody but the owner. Without ``tool`` it says who may see the requests (the
+    owner sees their four-eyes requests waiting on someone else)."""
+    if tool is not None and not services.agent.may_decide_call(tool, owner, viewer):
+        return False
     if owner == viewer:
         return True
     try:

@@ -89,9 +89,10 @@ class DecisionMethods:
             self._services, run_id, approver, tool_call_id=tool_call_id, arguments=arguments
         )
 
-    async def may_decide(self, owner: str, approver: str) -> bool:
-        """Whether ``approver`` may decide ``owner``'s pending calls, by the scope now."""
-        return await inbox.may_decide(self._services, owner, approver)
+    async def may_decide(self, owner: str, approver: str, *, tool: str | None = None) -> bool:
+        """Whether ``approver`` may decide ``owner``'s pending calls, by the scope now; with
+        ``tool``, a call of that tool (whose rule may want someone other than the owner)."""
+        return await inbox.may_decide(self._services, owner, approver, tool=tool)
 
     @opens
     async def pending_approvals(self, approver: str, *, limit: int = 100) -> Inbox:

@@ -9,6 +9,7 @@ from typing import Any
 from tether import inputs
 from tether._runtime.services import Services
 from tether.approvals.request import (
+    check_decider,
     checked_arguments,
     find_suspended,
     suspended_on,
@@ -27,7 +28,7 @@ async def by_token(
     """The preview the pending call of a token's run would have with ``arguments``
     (default: its pending arguments), rendered now with the owner's scope resolved now.
     Never claims and never writes: safe to call any number of times. The same
-    authorisation as deciding (``unknown_or_expired`` otherwise)."""
+    authorisation as deciding (``unknown_or_expired`` or ``four_eyes`` otherwise)."""
     inputs.user_id(approver, "approver")
     if arguments is not None:
         checked_arguments(arguments)
@@ -61,8 +62,7 @@ async def _preview(
     pending = run.pending
     assert pending is not None
     scope = await services.agent.resolve_scope(run.user_id)
-    if not scope.may_approve(approver):
-        raise unknown_or_expired()
+    check_decider(services, scope, pending, approver)
     args = tool_arguments(services, pending, pending.arguments if arguments is None else arguments)
     tool = services.agent.tool(pending.tool)
     assert tool is not None  # tool_arguments found it

@@ -24,6 +24,7 @@ from tether._runtime.services import Services
 from tether._runtime.session import RunSession
 from tether.approvals.request import (
     Asked,
+    check_decider,
     decision_json,
     find_suspended,
     suspended_on,
@@ -217,8 +218,8 @@ async def _claim_then_decide(
     services: Services, owner: str, run: Run, token_hash: str, ask: Asked
 ) -> ApprovalResult:
     scope = await services.agent.resolve_scope(run.user_id)
-    if not scope.may_approve(ask.approver):
-        raise unknown_or_expired()
+    assert run.pending is not None  # a suspended run has its pending call
+    check_decider(services, scope, run.pending, ask.approver)
     versions.check_served(services, run)  # wrong_version: nothing is claimed (reference §12)
     claimed = await _claim(services, owner, run, token_hash, ask)
     log.info("claimed", extra={"run_id": run.id, "action": "claim", "state": ask.choice.value})

@@ -15,7 +15,7 @@ import typer
 
 from tether.cli.runs import runs_app
 from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, err, named, out
-from tether.errors import InvalidInput, TetherError, UnknownOrExpired
+from tether.errors import FourEyes, InvalidInput, TetherError, UnknownOrExpired
 from tether.telemetry.logs import configure
 
 if TYPE_CHECKING:
@@ -149,6 +149,10 @@ def approve(
             result = await engine.resume_after_confirmation(
                 token, decision, approver, reason=reason, arguments=edited, digest=digest
             )
+        except FourEyes as exc:
+            if as_user is None:  # acting as the owner by default
+                exc.message += "; name one of them with --as USER"
+            return exc
         except TetherError as exc:
             return exc
         return result.to_json()

@@ -14,6 +14,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from tether.budget import Limits, within_cap
 from tether.errors import InvalidInput, NotFound
 from tether.models.base import Message
 from tether.reasons import HaltReason
@@ -66,13 +67,14 @@ class Forks(StoreBase):
         dry_run: bool,
         by: str,
         boundary: Boundary,
+        cap: Limits,
         trace_context: dict[str, str] | None = None,
     ) -> Run:
         """Insert ``new_id``: ``user_id``'s run ``run_id`` through step ``at_step``
         (``boundary`` cuts its messages), halted (``forked``), with the parent's limits
         and nothing consumed, its ``agent_version``, and the lineage. ``NotFound`` if the
-        run is missing or not the user's; ``InvalidInput`` if it is running or
-        ``at_step`` is not a boundary (nothing is written)."""
+        run is missing or not the user's; ``InvalidInput`` if it is running, ``at_step`` is
+        not a boundary, or its limits are over ``cap`` (nothing is written)."""
         with self.begin() as conn:
             parent = conn.execute(
                 self.dialect.lock(_PARENT), {"b_id": run_id, "b_user": user_id}
@@ -83,6 +85,7 @@ class Forks(StoreBase):
                 raise InvalidInput(
                     "a running run cannot be forked; fork it once it has stopped", state="running"
                 )
+            within_cap(Run.from_row(parent._mapping).limits, cap, "the run's limits (a fork's)")
             messages = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
             cut = boundary(messages, at_step)
             row = conn.execute(

@@ -44,6 +44,13 @@ class Effect(str, enum.Enum):
     WRITE = "write"  # an external effect: at most once per tool call id (invariant 2)
 
 
+class Approvers(str, enum.Enum):
+    """Who may decide a call of a tool that needs confirmation (``@tool(approvers=...)``)."""
+
+    ANY = "any"  # the run's owner, or an approver the owner's scope names
+    OTHERS = "others"  # four eyes: an approver the owner's scope names, never the owner
+
+
 @dataclass(frozen=True, kw_only=True)
 class ToolContext:
     """What a tool learns about the call it serves."""
@@ -182,12 +189,15 @@ class Tool:
     # Seconds each of its checks may take: past them one refuses the call (fails closed)
     # and a reconcile counts as unreachable.
     check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S
+    # Who may decide a call that needs confirmation ("others": never the run's owner).
+    approvers: Approvers = Approvers.ANY
 
     def __post_init__(self) -> None:
         check_safe(self)
         check_timing(self)
         for role in CALLED_WITH:
             check_signature(self.name, role, getattr(self, role))
+        check_approvers(self)
 
     def spec(self) -> ToolSpec:
         """The tool as the model sees it."""
@@ -254,6 +264,11 @@ class Tool:
             log.exception("confirmation check failed", extra={"tool": self.name})
             return True
 
+    def may_be_decided_by(self, approver: str, owner: str) -> bool:
+        """This tool's own rule on who decides its calls in ``owner``'s runs: anyone the
+        owner's scope allows (checked apart), but never the owner with four eyes."""
+        return self.approvers is Approvers.ANY or approver != owner
+
     async def is_permitted(self, args: BaseModel, scope: Scope) -> bool:
         """Whether ``scope`` still allows this call; tools without a check allow it."""
         if self.permitted is None:
@@ -311,6 +326,22 @@ def check_safe(t: Tool) -> None:
         )
 
 
+def check_approvers(t: Tool) -> None:
+    """``approvers`` is "any" or "others" (stored as ``Approvers``), and "others" goes with
+    a confirmation (there is nothing to decide otherwise)."""
+    if isinstance(t.approvers, bool) or t.approvers not in tuple(Approvers):
+        raise ConfigError(
+            f"tool {t.name}: approvers must be 'any' (the run's owner or an approver of the "
+            f"owner's scope) or 'others' (never the owner), not {t.approvers!r:.100}"
+        )
+    object.__setattr__(t, "approvers", Approvers(t.approvers))
+    if t.approvers is Approvers.OTHERS and not t.may_confirm:
+        raise ConfigError(
+            f"tool {t.name}: approvers='others' rules who decides a confirmation, and this "
+            "tool needs none. Declare needs_confirmation, or drop approvers."
+        )
+
+
 def check_timing(t: Tool) -> None:
     """Refuse a timeout or retry count that cannot work, and retries on a write: a write
     is never run again blindly (a timed-out one is reconciled by its key instead)."""
@@ -362,6 +393,7 @@ def tool(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     retries: int = 0,
     check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
+    approvers: Approvers | str = Approvers.ANY,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -382,6 +414,7 @@ def tool(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     retries: int = 0,
     check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
+    approvers: Approvers | str = Approvers.ANY,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a typed function. A first parameter annotated ``ToolContext``
     receives the call's context; every other parameter is an argument the model gives."""
@@ -408,6 +441,7 @@ def tool(
             timeout_s=timeout_s,
             retries=retries,
             check_timeout_s=check_timeout_s,
+            approvers=cast(Approvers, approvers),  # checked and converted by the Tool
         )
 
     return build(fn) if fn is not None else build

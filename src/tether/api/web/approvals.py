@@ -30,6 +30,7 @@ from tether.engine import Engine
 from tether.errors import (
     AlreadyResumed,
     Changed,
+    FourEyes,
     GuardFailed,
     InvalidInput,
     NoLongerPermitted,
@@ -199,6 +200,8 @@ async def _carry_out(
         return outcome(request, session, 409, "guard_failed", reason=reason)
     except NoLongerPermitted as exc:
         return outcome(request, session, 403, "no_longer_permitted", reason=exc.message)
+    except FourEyes as exc:
+        return outcome(request, session, 403, "four_eyes", reason=exc.message)
     except (WrongVersion, PendingToolUnavailable) as exc:
         return outcome(request, session, 409, exc.code, reason=exc.message)
     except UnknownOrExpired:

@@ -29,7 +29,7 @@ from tether.api.web.pages import (
     unknown_or_expired,
 )
 from tether.api.web.sessions import Session, acts, field, login_url, posted, session_of
-from tether.errors import InvalidInput, TetherError, UnknownOrExpired
+from tether.errors import FourEyes, InvalidInput, TetherError, UnknownOrExpired
 
 router = APIRouter(include_in_schema=False)
 
@@ -109,6 +109,9 @@ async def _edited(
         return page(request, "approve.html", context, session=session, status=422)
     except UnknownOrExpired:
         return unknown_or_expired(request, session)
+    except FourEyes as exc:
+        text = f"Nothing was previewed or decided: {exc.message}."
+        return message(request, session, 403, "Someone else decides this", text, kind="refused")
     except TetherError as exc:
         text = f"The edited action could not be previewed: {exc.message}. Nothing was decided."
         return message(request, session, 409, "No preview", text, kind="refused")

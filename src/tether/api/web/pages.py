@@ -155,6 +155,9 @@ class PendingView:
     left: str
     target: Target
     fields: tuple[EditField, ...] = ()
+    # False when the viewer is the owner and the call's tool wants someone else to decide
+    # it (four eyes): the request is shown waiting, with no form.
+    decides: bool = True
 
 
 def pending_view(
@@ -180,6 +183,7 @@ def pending_view(
         left=time_left(run.expires_at - now),
         target=target,
         fields=fields,
+        decides=agent.may_decide_call(pending.tool, run.user_id, viewer),
     )
 
 
