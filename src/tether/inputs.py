@@ -12,6 +12,7 @@ from tether.errors import (
     NotFound,
     UnknownOrExpired,
 )
+from tether.runs import RunState
 
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 TOKEN = re.compile(r"[A-Za-z0-9_-]{1,200}")
@@ -30,6 +31,15 @@ def token(value: Any) -> str:
     if not isinstance(value, str) or not TOKEN.fullmatch(value):
         raise UnknownOrExpired("this approval link is unknown or has expired")
     return value
+
+
+def run_state(value: Any) -> RunState:
+    """One of the states of a run, by its stored name; anything else is ``invalid_input``."""
+    try:
+        return RunState(value)
+    except ValueError:
+        names = ", ".join(state.value for state in RunState)
+        raise InvalidInput(f"state must be one of {names}, got {value!r:.40}") from None
 
 
 def user_id(value: Any, what: str = "user_id") -> str:
