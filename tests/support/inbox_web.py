@@ -12,7 +12,7 @@ from typing import Any
 import agents
 import httpx
 
-from tether import Agent, Engine, MemoryNotifier, ScriptedModel, StopKind
+from tether import Agent, Engine, MemoryNotifier, Model, StopKind
 from tether.api.app import create_app
 from tether.config import Settings
 from tether.runs import Run
@@ -49,7 +49,7 @@ class Web:
         self.engine.close()
 
 
-async def web(db_url: str, model: ScriptedModel | None = None, agent: Agent | None = None) -> Web:
+async def web(db_url: str, model: Model | None = None, agent: Agent | None = None) -> Web:
     notifier = MemoryNotifier()
     engine = Engine(
         agent=agent or agents.agent(),
