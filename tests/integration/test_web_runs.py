@@ -44,7 +44,7 @@ def listed(page: str) -> list[str]:
 
 
 async def test_the_runs_page_lists_the_viewers_own_runs_newest_first_by_state(app: Web) -> None:
-    answered = (await app.engine.ask("dana", "script:answer hi")).run_id
+    answered = (await app.engine.ask("dana", "script:answer <b>hi</b>")).run_id
     suspended, _ = await app.suspended("script:send b")
     stopped = await halted(app)
     others = (await app.engine.ask("boss", "script:answer hi")).run_id
@@ -59,6 +59,7 @@ async def test_the_runs_page_lists_the_viewers_own_runs_newest_first_by_state(ap
     assert 'href="/runs"' in inbox.text  # the inbox's navigation links it
     assert every.status_code == 200 and listed(every.text) == newest_first
     assert others not in every.text and "more" not in every.text
+    assert "&lt;b&gt;hi&lt;/b&gt;" in every.text and "<b>hi" not in every.text  # escaped
     assert listed(only_halted.text) == [stopped] and "max_steps" in only_halted.text
     assert '<option value="halted" selected>' in only_halted.text
     assert listed(none_failed.text) == [] and "No runs failed" in none_failed.text
