@@ -34,6 +34,7 @@ from tether.results import (
     LiveEvent,
     Outcome,
     ReapReport,
+    RunPage,
     RunView,
     StopKind,
 )
@@ -311,6 +312,26 @@ class Engine(DecisionMethods):
     async def counts_by_state(self) -> dict[str, int]:
         """How many runs are in each state, fleet-wide (every state present)."""
         return await hop(self._store.count_by_state)
+
+    @opens
+    async def runs_page(
+        self, user: str, *, state: str | None = None, after: str | None = None, limit: int = 50
+    ) -> RunPage:
+        """One page of ``user``'s runs, newest first (in ``state`` if given), after the run
+        ``after`` (``RunPage.after`` of the page before), and how many more follow it.
+        ``invalid_input`` for an unknown state or a cursor that names none of their runs."""
+        if not 1 <= limit <= 1000:
+            raise InvalidInput("limit must be between 1 and 1000")
+        found = await hop(
+            self._store.runs_page,
+            user,
+            state=inputs.run_state(state) if state is not None else None,
+            after=inputs.run_id(after) if after is not None else None,
+            limit=limit,
+        )
+        if found is None:
+            raise InvalidInput("after must name one of the user's runs (a page's last run)")
+        return RunPage(runs=found[0], more=found[1])
 
     # -- users -----------------------------------------------------------------------------
 

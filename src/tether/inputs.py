@@ -3,6 +3,7 @@ never reaches the database (a NUL byte or a lone surrogate would be a driver err
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -11,6 +12,7 @@ from tether.errors import (
     NotFound,
     UnknownOrExpired,
 )
+from tether.runs import RunState
 
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 TOKEN = re.compile(r"[A-Za-z0-9_-]{1,200}")
@@ -29,6 +31,15 @@ def token(value: Any) -> str:
     if not isinstance(value, str) or not TOKEN.fullmatch(value):
         raise UnknownOrExpired("this approval link is unknown or has expired")
     return value
+
+
+def run_state(value: Any) -> RunState:
+    """One of the states of a run, by its stored name; anything else is ``invalid_input``."""
+    try:
+        return RunState(value)
+    except ValueError:
+        names = ", ".join(state.value for state in RunState)
+        raise InvalidInput(f"state must be one of {names}, got {value!r:.40}") from None
 
 
 def user_id(value: Any, what: str = "user_id") -> str:
@@ -67,3 +78,53 @@ MAX_REASON_CHARS = 2000
 
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+# Bounds of every JSON text tether parses from a caller (a request body, a form's JSON
+# field): nesting deeper than this is refused before it can exhaust Python's recursion
+# limit, which the standard parser meets at about a thousand levels (as a 500).
+MAX_JSON_DEPTH = 100
+MAX_JSON_CHARS = 256 * 1024
+
+
+def json_value(text: str | bytes, what: str, *, max_chars: int = MAX_JSON_CHARS) -> Any:
+    """``text`` read as one JSON value, bounded in size and depth: ``invalid_input`` for
+    text that is not JSON (``NaN`` and ``Infinity`` are not), too long, or nested deeper
+    than ``MAX_JSON_DEPTH``."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"{what} is not UTF-8 text") from exc
+    if len(text) > max_chars:
+        raise InvalidInput(f"{what} is longer than {max_chars} characters")
+    if _depth(text) > MAX_JSON_DEPTH:
+        raise InvalidInput(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:
+        raise InvalidInput(f"{what} is not valid JSON ({exc})") from exc
+    except RecursionError as exc:  # malformed text the depth count did not see as deep
+        raise InvalidInput(f"{what} is nested too deeply") from exc
+
+
+_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON text, counted without recursion
+    (brackets inside strings do not count); malformed text is left to the parser."""
+    depth = deepest = 0
+    for match in _STRING_OR_BRACKET.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in ("]", "}"):
+            depth -= 1
+    return deepest
+
+
+def _no_constant(name: str) -> Any:
+    """JSON has no NaN or Infinity, though Python's reader takes them."""
+    raise ValueError(f"{name} is not a JSON value")

@@ -150,6 +150,19 @@ class Inbox:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunPage:
+    """One page of a user's runs, newest first, and how many more runs follow it."""
+
+    runs: list[Run]
+    more: int
+
+    @property
+    def after(self) -> str | None:
+        """The cursor of the next page (the id of this page's last run); None at the end."""
+        return self.runs[-1].id if self.more and self.runs else None
+
+
+@dataclass(frozen=True, kw_only=True)
 class TokenLookup:
     """What an approval token names: the run suspended on it, or the decision that used it
     (with that decision's run), judged at the database's ``now``."""

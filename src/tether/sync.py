@@ -52,3 +52,4 @@ class SyncEngine:
     reap = _Blocking(Engine.reap)
     get_run = _Blocking(Engine.get_run)
     list_runs = _Blocking(Engine.list_runs)
+    runs_page = _Blocking(Engine.runs_page)

@@ -207,7 +207,7 @@ async def test_an_allowed_approver_sees_the_request_in_the_inbox_and_decides_it(
         await sign_in(client, web.keys["boss"])
         inbox = await client.get("/")
         assert f'id="run-{run_id}"' in inbox.text and ">100<" in inbox.text
-        assert f'href="/runs/{run_id}"' not in inbox.text  # the run page is the owner's
+        assert f'href="/runs/{run_id}"' in inbox.text  # the run behind the request, read-only
         declined = await client.post(
             f"/approve/{token}", data={"decision": "decline", "csrf": csrf_of(inbox.text)}
         )

@@ -16,6 +16,7 @@ from fastapi.security import HTTPBearer
 from sse_starlette import EventSourceResponse
 
 from tether import inputs
+from tether.api.bodies import BoundedJsonRoute
 from tether.api.deps import api_user, engine_of
 from tether.api.schemas import (
     AcceptedOut,
@@ -42,7 +43,7 @@ _bearer = HTTPBearer(
     auto_error=False, description="An API key of the caller: `Authorization: Bearer API_KEY`."
 )
 
-router = APIRouter(dependencies=[Security(_bearer)])
+router = APIRouter(dependencies=[Security(_bearer)], route_class=BoundedJsonRoute)
 
 Caller = Annotated[str, Depends(api_user)]
 EngineDep = Annotated[Engine, Depends(engine_of)]

@@ -39,6 +39,30 @@ _OPEN_SUSPENSIONS = (
     .limit(sa.bindparam("b_limit", type_=sa.Integer))
 )
 
+_RUN_OF_USER = sa.select(runs.c.started_at).where(
+    runs.c.id == sa.bindparam("b_id"), runs.c.user_id == sa.bindparam("b_user")
+)
+
+
+def _page_where(
+    user_id: str, state: RunState | None, after: tuple[float, str] | None
+) -> list[sa.ColumnElement[bool]]:
+    """The runs of a page of ``runs_page``: the user's, in ``state``, after ``after``
+    (``started_at``, ``id``) in the page order (newest first, then by id)."""
+    where = [runs.c.user_id == user_id]
+    if state is not None:
+        where.append(runs.c.state == state.value)
+    if after is not None:
+        started, run_id = after
+        where.append(
+            sa.or_(
+                runs.c.started_at < started,
+                sa.and_(runs.c.started_at == started, runs.c.id > run_id),
+            )
+        )
+    return where
+
+
 _SUSPENDED_ON = sa.select(runs).where(
     runs.c.pending_token_hash == sa.bindparam("b_hash"), state_in([RunState.SUSPENDED])
 )
@@ -143,6 +167,30 @@ class Reads(StoreBase):
             query = query.where(runs.c.user_id == user_id)
         with self.engine.connect() as conn:
             return [Run.from_row(r._mapping) for r in conn.execute(query)]
+
+    def runs_page(
+        self, user_id: str, *, state: RunState | None, after: str | None, limit: int
+    ) -> tuple[list[Run], int] | None:
+        """One page of a user's runs, newest first (only those in ``state`` if given),
+        after the run ``after`` (the last of the page before: a keyset cursor, so runs
+        started meanwhile never shift a page); and how many more follow it. None when
+        ``after`` is none of the user's runs (never theirs, or purged). One transaction."""
+        with self.engine.begin() as conn:
+            anchor = None
+            if after is not None:
+                found = conn.execute(_RUN_OF_USER, {"b_id": after, "b_user": user_id}).first()
+                if found is None:
+                    return None
+                anchor = (float(found.started_at), after)
+            query = sa.select(runs).where(*_page_where(user_id, state, anchor))
+            ordered = query.order_by(runs.c.started_at.desc(), runs.c.id).limit(limit)
+            page = [Run.from_row(r._mapping) for r in conn.execute(ordered)]
+            more = 0
+            if len(page) == limit:
+                last = (page[-1].started_at, page[-1].id)
+                rest = sa.select(sa.func.count()).where(*_page_where(user_id, state, last))
+                more = int(conn.execute(rest).scalar_one())
+            return page, more
 
     def open_suspensions(self, limit: int) -> tuple[list[Run], float]:
         """Suspended runs still inside their approval window, soonest expiry first, and the

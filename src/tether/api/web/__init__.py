@@ -1,5 +1,6 @@
 """The approvals inbox: server-rendered pages to sign in, list pending requests, review, edit
-and decide an approval link, and read a run. No JavaScript: every action is a plain form.
+and decide an approval link, list one's runs, and read, continue, cancel or fork a run. No
+JavaScript: every action is a plain form.
 
 A session is a signed cookie; every POST that acts carries a CSRF token bound to the
 session; a GET never changes anything; every stored string goes through Jinja's
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from tether.api.web import approvals, edits, inbox, sessions
+from tether.api.web import approvals, edits, inbox, runs, sessions
 from tether.api.web.pages import templates
 
 router = APIRouter(include_in_schema=False)
 router.include_router(sessions.router)
 router.include_router(inbox.router)
+router.include_router(runs.router)
 router.include_router(approvals.router)
 router.include_router(edits.router)
 

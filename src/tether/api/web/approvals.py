@@ -4,7 +4,6 @@ session's CSRF token, from the link's page or from the inbox."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Mapping
 from typing import Any
@@ -151,10 +150,7 @@ def _reason_and_arguments(form: Mapping[str, Any]) -> tuple[str | None, dict[str
     text = field(form, "arguments")
     if not text:
         return reason, None
-    try:
-        arguments = json.loads(text)
-    except ValueError as exc:
-        raise InvalidInput("the edited arguments are not JSON") from exc
+    arguments = inputs.json_value(text, "the edited arguments")
     if not isinstance(arguments, dict):
         raise InvalidInput("the edited arguments must be a JSON object")
     return reason, arguments

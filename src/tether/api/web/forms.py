@@ -2,7 +2,7 @@
 posted fields read back into arguments. Plain HTML controls, no scripts: a string is a text
 input, an integer or number a number input, a boolean a checkbox, an enum a select, and
 anything else a JSON textarea. The engine validates what comes back; this module only
-turns form text into JSON values."""
+turns form text into JSON values, with the one bounded JSON reader of ``tether.inputs``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tether import inputs
 from tether.errors import InvalidInput
 
 # Posted edit fields are named ``arg.NAME``, apart from the form's own fields.
@@ -150,16 +151,11 @@ def _read(field: EditField, text: str) -> Any:
     if field.kind == "select":
         return next((c for c in field.choices if _as_text(c) == text), text)
     try:
-        value = json.loads(text, parse_constant=_no_constant)
-    except ValueError as exc:
+        value = inputs.json_value(text, field.label)
+    except InvalidInput:
         if field.kind == "json":
-            raise InvalidInput(f"{field.label}: not valid JSON ({exc})") from exc
+            raise  # not JSON, or too long or too deep: said with the field's name
         return text
     if field.kind == "number" and (isinstance(value, bool) or not isinstance(value, int | float)):
         return text
     return value
-
-
-def _no_constant(name: str) -> Any:
-    """JSON has no NaN or Infinity, though Python's reader takes them."""
-    raise ValueError(f"{name} is not a JSON value")

@@ -1,7 +1,8 @@
 """The inbox and a run's page: the pending requests a signed-in user owns or may approve,
-and one of their runs with its budget, lineage, timeline and messages, and the form that
-forks it. Pages render the pending request from the stored tool call and preview, never
-from the model's prose."""
+and one of their runs with its budget, lineage, timeline and messages, and the forms that
+continue, cancel and fork it; or, for an approver, the run behind a request they may
+decide, read-only. Pages render the pending request from the stored tool call and
+preview, never from the model's prose."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from tether.api.deps import engine_of
 from tether.api.web import lineage
+from tether.api.web.actions import actions_for
 from tether.api.web.pages import message, not_from_this_session, page, pending_view, show
 from tether.api.web.sessions import Session, acts, login_url, posted, session_of
 from tether.errors import InvalidInput, NotFound
@@ -41,12 +43,13 @@ async def inbox(request: Request) -> Response:
 
 @router.get("/runs/{run_id}")
 async def run_page(request: Request, run_id: str) -> Response:
-    """A run for its owner: state, version and lineage, budget, pending request, the form
-    that forks it, timeline and messages."""
+    """A run for its owner: state, version and lineage, budget, pending request, the forms
+    that continue, cancel and fork it, timeline and messages; for an approver of its
+    pending request, that request with the run's question and conversation."""
     session = session_of(request)
     if session is None:
         return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)
-    return await _run_response(request, session, run_id)
+    return await run_response(request, session, run_id)
 
 
 @router.post("/runs/{run_id}/fork")
@@ -65,13 +68,13 @@ async def fork(request: Request, run_id: str) -> Response:
         at_step, dry_run = lineage.read_fork(form)
         forked = await engine.fork_run(run_id, session.user, at_step=at_step, dry_run=dry_run)
     except NotFound:
-        return _no_such_run(request, session)
+        return no_such_run(request, session)
     except InvalidInput as exc:
-        return await _run_response(request, session, run_id, status=422, submitted=form, error=exc)
+        return await run_response(request, session, run_id, status=422, submitted=form, error=exc)
     return RedirectResponse(f"/runs/{forked.id}", status_code=303)
 
 
-async def _run_response(
+async def run_response(
     request: Request,
     session: Session,
     run_id: str,
@@ -79,12 +82,17 @@ async def _run_response(
     status: int = 200,
     submitted: Mapping[str, Any] | None = None,
     error: InvalidInput | None = None,
+    refused: str | None = None,
+    reason: str = "",
 ) -> Response:
+    """A run's page: its owner's whole page (with the fork form refused with ``error``, or
+    the Continue and Cancel forms with why the last was ``refused``); for an approver, the
+    read-only page of the request they may decide; for anyone else, not found."""
     engine = engine_of(request)
     try:
         view = await engine.get_run(run_id, user=session.user)
     except NotFound:
-        return _no_such_run(request, session)
+        return await _as_approver(request, session, run_id)
     events = await engine.events(run_id)
     run = view.run
     pending = None
@@ -95,8 +103,10 @@ async def _run_response(
         fork_form = lineage.refused(run, submitted or {}, error.message)
     context: dict[str, Any] = {
         "run": run,
+        "owner": True,
         "pending": pending,
         "budget": _budget_rows(run),
+        "actions": actions_for(run, error=refused, reason=reason),
         "events": [{"at": e.at, "kind": e.kind, "data": _summary(e.data)} for e in events],
         "messages": [_message_view(m) for m in view.messages],
         "fork": fork_form,
@@ -105,7 +115,32 @@ async def _run_response(
     return page(request, "run.html", context, session=session, status=status)
 
 
-def _no_such_run(request: Request, session: Session) -> Response:
+async def _as_approver(request: Request, session: Session, run_id: str) -> Response:
+    """The run behind a request the viewer may decide (not their own run): its question,
+    conversation and pending call, and nothing they could act on but the decision. Shown
+    exactly while they may decide it; otherwise the page of a missing run."""
+    engine = engine_of(request)
+    try:
+        view = await engine.get_run(run_id)
+    except NotFound:
+        return no_such_run(request, session)
+    asked = view.run.pending
+    run = None
+    if view.run.state is RunState.SUSPENDED and asked is not None:
+        run = await engine.request_of_run(run_id, asked.tool_call_id, session.user)
+    pending = pending_view(run, session.user, await engine.now(), agent=engine.agent)
+    if run is None or pending is None:
+        return no_such_run(request, session)
+    context: dict[str, Any] = {
+        "run": run,
+        "owner": False,
+        "pending": pending,
+        "messages": [_message_view(m) for m in view.messages],
+    }
+    return page(request, "run.html", context, session=session)
+
+
+def no_such_run(request: Request, session: Session) -> Response:
     return message(request, session, 404, "Not found", "There is no such run.", kind="refused")
 
 
