@@ -63,6 +63,13 @@ class Settings:
     accept_versions: tuple[str, ...] = ()
     # Price overrides (TETHER_PRICES) over the built-in table of tether.models.pricing.
     prices: Mapping[str, Price] = field(default_factory=dict)
+    # Slow clients (``tether serve``): a request's headers must arrive within
+    # ``http_header_timeout_s`` of its first byte (or of the connection), its body within
+    # ``http_body_timeout_s`` of the app's first read (else ``408 request_timeout``), and a
+    # graceful shutdown waits at most ``shutdown_timeout_s`` for requests in flight.
+    http_header_timeout_s: float = 10.0
+    http_body_timeout_s: float = 30.0
+    shutdown_timeout_s: int = 30
     # Signs the inbox's session cookies; None: a random secret per process (a restart
     # signs everyone out). Kept out of repr so it never reaches a log line.
     session_secret: str | None = field(default=None, repr=False)
@@ -114,6 +121,9 @@ class Settings:
             prices=parse_prices(env.get("TETHER_PRICES", "")),
             accept_versions=_versions(env.get("TETHER_ACCEPT_VERSIONS", "")),
             session_secret=env.get("TETHER_SESSION_SECRET") or None,
+            http_header_timeout_s=_positive(env, "TETHER_HTTP_HEADER_TIMEOUT_S", 10.0),
+            http_body_timeout_s=_positive(env, "TETHER_HTTP_BODY_TIMEOUT_S", 30.0),
+            shutdown_timeout_s=int(_positive(env, "TETHER_SHUTDOWN_TIMEOUT_S", 30, whole=True)),
         )
 
 

@@ -30,6 +30,7 @@ STATUS: dict[str, int] = {
     "lease_lost": 409,
     "wrong_version": 409,
     "tool_unavailable": 409,
+    "request_timeout": 408,
     "payload_too_large": 413,
     "failpoint": 500,
     "internal_error": 500,

@@ -52,13 +52,14 @@ async def _serve(agent_spec: str, host: str, port: int, base: str, slots: int) -
     import uvicorn
 
     from tether.api.app import create_app
+    from tether.api.server import server_config
 
     async with engine_for(
         agent_spec, serve_agent=True, carries_runs=slots > 0, migrate_empty=True, public_url=base
     ) as engine:
         await engine.ensure_agent_users()
         app = create_app(engine, public_url=base)
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
+        server = uvicorn.Server(server_config(app, host, port, engine.settings))
         runner = Worker(engine, concurrency=slots) if slots else None
         task = asyncio.create_task(runner.run()) if runner else None
         died: list[str] = []
