@@ -377,6 +377,22 @@ async def test_sign_in_refuses_bad_keys_forged_forms_and_foreign_redirects(web: 
         assert (await client.get("/")).status_code == 200
 
 
+async def test_failed_sign_ins_past_the_limit_are_refused_429_before_any_key_is_checked(
+    web: Web,
+) -> None:
+    limit = web.engine.settings.auth_max_failures
+    async with web.client() as client:
+        for n in range(limit):
+            assert (await sign_in(client, f"tth_guess-{n}")).status_code == 401
+        locked = await sign_in(client, web.keys["dana"])  # even the right key, from here
+        assert locked.status_code == 429 and "try again in" in locked.text
+        assert int(locked.headers["retry-after"]) >= 1
+        assert "tether_session" not in locked.headers.get("set-cookie", "")
+    other = httpx.ASGITransport(app=web.app, client=("10.9.9.9", 4321))
+    async with httpx.AsyncClient(transport=other, base_url="http://testserver") as client:
+        assert (await sign_in(client, web.keys["dana"])).status_code == 303
+
+
 async def test_a_session_cookie_rewritten_to_another_user_is_signed_out(web: Web) -> None:
     async with web.client() as client:
         await sign_in(client, web.keys["eve"])

@@ -12,9 +12,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tether.api.attempts import AuthAttempts
 from tether.api.schemas import error_body, status_for
 from tether.engine import Engine
-from tether.errors import NotReady, TetherError
+from tether.errors import NotReady, TetherError, TooManyAttempts
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +108,17 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
     # Set by the process that serves the app when a part it depends on stopped (serve's
     # worker): /readyz then answers 503 while the process shuts down.
     app.state.unready = None
+    app.state.auth_attempts = AuthAttempts(
+        engine.settings.auth_max_failures, engine.settings.auth_window_s
+    )
     app.add_middleware(BodyLimit, timeout_s=engine.settings.http_body_timeout_s)
 
     @app.exception_handler(TetherError)
     async def tether_error(_: Request, exc: TetherError) -> JSONResponse:
         status = status_for(exc.code)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if isinstance(exc, TooManyAttempts):
+            headers = {"Retry-After": str(exc.details["retry_after_s"])}
         return JSONResponse(exc.to_dict(), status_code=status, headers=headers)
 
     @app.exception_handler(Exception)

@@ -32,6 +32,7 @@ STATUS: dict[str, int] = {
     "tool_unavailable": 409,
     "request_timeout": 408,
     "payload_too_large": 413,
+    "too_many_attempts": 429,
     "failpoint": 500,
     "internal_error": 500,
     "model_error": 502,

@@ -23,9 +23,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from starlette.requests import ClientDisconnect
 
-from tether.api.deps import engine_of
+from tether.api.deps import address_of, attempts_of, engine_of
 from tether.api.web.pages import ASSETS, message, page
 from tether.engine import Engine
+from tether.errors import TooManyAttempts
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +196,18 @@ async def login(request: Request) -> Response:
         return await _login_page(
             request, target, error="The form expired; please try again.", status=403
         )
-    opened = await _authenticate(engine_of(request), field(form, "key"), field(form, "dev_user"))
+    key, dev_user = field(form, "key"), field(form, "dev_user")
+    attempts, address = attempts_of(request), address_of(request)
+    credential = f"published:{dev_user}" if dev_user else key.strip()
+    try:
+        attempts.check(address, credential)
+    except TooManyAttempts as exc:
+        refused = await _login_page(request, target, error=exc.message, status=429)
+        refused.headers["Retry-After"] = str(exc.details["retry_after_s"])
+        return refused
+    opened = await _authenticate(engine_of(request), key, dev_user)
     if opened is None:
+        attempts.failed(address, credential)
         return await _login_page(request, target, error="That key is not valid.", status=401)
     user, sid = opened
     response = RedirectResponse(target, status_code=303)
