@@ -64,6 +64,17 @@ class Settings:
     accept_versions: tuple[str, ...] = ()
     # Price overrides (TETHER_PRICES) over the built-in table of tether.models.pricing.
     prices: Mapping[str, Price] = field(default_factory=dict)
+    # Slow clients (``tether serve``): a request's headers must arrive within
+    # ``http_header_timeout_s`` of its first byte (or of the connection), its body within
+    # ``http_body_timeout_s`` of the app's first read (else ``408 request_timeout``), and a
+    # graceful shutdown waits at most ``shutdown_timeout_s`` for requests in flight.
+    # Failed authentications (sign-in form and bearer keys) allowed per client address and
+    # per credential within ``auth_window_s``; past them, ``429 too_many_attempts``.
+    auth_max_failures: int = 10
+    auth_window_s: float = 60.0
+    http_header_timeout_s: float = 10.0
+    http_body_timeout_s: float = 30.0
+    shutdown_timeout_s: int = 30
     # Signs the inbox's session cookies; None: a random secret per process (a restart
     # signs everyone out). Kept out of repr so it never reaches a log line.
     session_secret: str | None = field(default=None, repr=False)
@@ -126,6 +137,11 @@ class Settings:
             session_secret=env.get("TETHER_SESSION_SECRET") or None,
             public_url=check_public_url(env.get("TETHER_PUBLIC_URL") or None, "TETHER_PUBLIC_URL"),
             log_approval_links=_flag(env, "TETHER_LOG_APPROVAL_LINKS"),
+            auth_max_failures=int(_positive(env, "TETHER_AUTH_MAX_FAILURES", 10, whole=True)),
+            auth_window_s=_positive(env, "TETHER_AUTH_WINDOW_S", 60.0),
+            http_header_timeout_s=_positive(env, "TETHER_HTTP_HEADER_TIMEOUT_S", 10.0),
+            http_body_timeout_s=_positive(env, "TETHER_HTTP_BODY_TIMEOUT_S", 30.0),
+            shutdown_timeout_s=int(_positive(env, "TETHER_SHUTDOWN_TIMEOUT_S", 30, whole=True)),
         )
 
 

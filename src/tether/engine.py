@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tether import inputs
 from tether._runtime import control, forks, versions
+from tether._runtime.accounts import AccountMethods
 from tether._runtime.feed import Feed
 from tether._runtime.heartbeat import Heartbeat
 from tether._runtime.hop import hop, hop_once
@@ -51,7 +52,7 @@ MAX_QUESTION_CHARS = 100_000
 NOTICE_DRAIN_S = 5.0
 
 
-class Engine(DecisionMethods):
+class Engine(DecisionMethods, AccountMethods):
     """Runs an agent durably on a store; one engine carries many runs concurrently.
 
     ``migrate=True`` builds the schema in an empty database; otherwise an empty, older or

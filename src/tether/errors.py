@@ -39,6 +39,13 @@ class Unauthenticated(TetherError):
     code = "unauthenticated"
 
 
+class TooManyAttempts(TetherError):
+    """Too many failed authentications from this address or with this credential;
+    ``retry_after_s`` says when to try again."""
+
+    code = "too_many_attempts"
+
+
 class ConfigError(TetherError):
     """The environment or a setting is malformed."""
 

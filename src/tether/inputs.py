@@ -17,6 +17,9 @@ from tether.runs import RunState
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 TOKEN = re.compile(r"[A-Za-z0-9_-]{1,200}")
 USER_ID = re.compile(r"[A-Za-z0-9_.@-]{1,128}")
+# ASCII digits only: ``str.isdigit`` also accepts ``²`` and ``①`` (which ``int`` refuses) and
+# other scripts' digits (which ``int`` reads, so ``٣`` would mean 3).
+SEQ = re.compile(r"[0-9]{1,18}")
 
 
 def run_id(value: Any) -> str:
@@ -67,8 +70,8 @@ def text(value: Any, what: str, max_chars: int) -> str:
 def after_seq(value: Any) -> int:
     """A SEQ to start after: an integer ≥ 0 (or its decimal string, as HTTP sends it);
     anything else is ``invalid_input``."""
-    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 18:
-        return int(value.strip())
+    if isinstance(value, str) and SEQ.fullmatch(value.strip(" \t")):
+        return int(value.strip(" \t"))
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     raise InvalidInput(f"after must be a non-negative integer (an event's SEQ), got {value!r:.40}")

@@ -207,3 +207,28 @@ def test_approve_as_the_owner_of_a_four_eyes_call_is_refused_and_says_to_name_an
     assert done.returncode == 0, done.stderr
     assert _json(done.stdout)["outcome"] == "executed"
     assert [e[1] for e in downstream.effects()] == ["transfer"]
+
+
+async def test_users_list_remove_and_rotate_key_revoke_keys_at_once(db_url: str) -> None:
+    env = processes.tether_env(db_url)
+    keys = {}
+    for name in ("erin", "finn"):
+        added = processes.tether("users", "add", name, env=env)
+        assert added.returncode == 0, added.stderr
+        keys[name] = added.stdout.strip()
+    listed = processes.tether("users", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    items = _json(listed.stdout)["items"]
+    assert isinstance(items, list)
+    assert [(u["name"], u["keys"]) for u in items] == [("erin", 1), ("finn", 1)]
+    assert keys["erin"] not in listed.stdout  # never a key
+    rotated = processes.tether("users", "rotate-key", "erin", env=env)
+    assert rotated.returncode == 0, rotated.stderr
+    new_key = rotated.stdout.strip()
+    removed = processes.tether("users", "remove", "finn", env=env)
+    assert removed.returncode == 0, removed.stderr
+    missing = processes.tether("users", "remove", "finn", env=env)
+    assert missing.returncode == 1 and "not_found" in missing.stderr
+    async with inprocess.engine(db_url) as engine:
+        owners = [await engine.user_for_key(k) for k in (keys["erin"], new_key, keys["finn"])]
+    assert owners == [None, "erin", None]

@@ -163,6 +163,34 @@ async def test_every_endpoint_refuses_a_missing_or_unknown_key_with_401(db_url: 
         assert (await api.decide(token)).status_code == 200  # the token was never used
 
 
+async def test_unknown_keys_past_the_limit_are_429_with_retry_after_and_good_ones_are_not(
+    db_url: str,
+) -> None:
+    engine = await build_engine(db_url, "send", MemoryNotifier())
+    app = create_app(engine)
+    limit = engine.settings.auth_max_failures
+
+    def client(address: str) -> httpx.AsyncClient:
+        transport = httpx.ASGITransport(app=app, client=(address, 4321))
+        return httpx.AsyncClient(transport=transport, base_url=BASE)
+
+    try:
+        async with client("10.0.0.1") as guesser, client("10.0.0.2") as dana:
+            for _ in range(3 * limit):  # successes are never counted
+                assert (await dana.get("/v1/runs", headers=DANA)).status_code == 200
+            for n in range(limit):
+                bad = {"Authorization": f"Bearer guess-{n}"}
+                refused(await guesser.get("/v1/runs", headers=bad), 401, "unauthenticated")
+            for headers in ({"Authorization": "Bearer guess-x"}, DANA):  # even a good key
+                locked = await guesser.get("/v1/runs", headers=headers)
+                body = refused(locked, 429, "too_many_attempts", ("retry_after_s",))
+                assert locked.headers["retry-after"] == str(body["retry_after_s"])
+                assert 1 <= body["retry_after_s"] <= engine.settings.auth_window_s
+            assert (await dana.get("/v1/runs", headers=DANA)).status_code == 200
+    finally:
+        engine.close()
+
+
 # -- the lifecycle -------------------------------------------------------------------------
 
 

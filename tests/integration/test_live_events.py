@@ -159,6 +159,9 @@ async def test_the_stream_refuses_bad_input_and_other_users_runs(sqlite_url: str
             (f"{base}/{run.id}/events/stream?after=-1", DANA, 422, "invalid_input"),
             (f"{base}/{run.id}/events/stream?after=x", DANA, 422, "invalid_input"),
             (f"{base}/{run.id}/events/stream", {**DANA, "Last-Event-ID": "1.5"}, 422, None),
+            # Digits that str.isdigit accepts but are not ASCII: a superscript, another script's.
+            (f"{base}/{run.id}/events/stream?after=%C2%B2", DANA, 422, "invalid_input"),
+            (f"{base}/{run.id}/events/stream?after=%D9%A3", DANA, 422, "invalid_input"),
             (f"{base}/{run.id}/events/stream", miguel, 404, "not_found"),
             (f"{base}/nope/events/stream", DANA, 404, "not_found"),
             (f"{base}/{run.id}/events/stream", {}, 401, "unauthenticated"),
@@ -168,6 +171,10 @@ async def test_the_stream_refuses_bad_input_and_other_users_runs(sqlite_url: str
             assert response.status_code == status, (url, response.text)
             body = response.json()
             assert body["ok"] is False and body["error"] == (code or "invalid_input"), body
+        superscript = [(k.encode(), v.encode()) for k, v in DANA.items()]
+        superscript.append((b"last-event-id", "\u00b2".encode("latin-1")))
+        response = await client.get(f"{base}/{run.id}/events/stream", headers=superscript)
+        assert (response.status_code, response.json()["error"]) == (422, "invalid_input")
 
 
 async def test_a_stream_that_starts_after_the_end_of_a_finished_run_closes_at_once(

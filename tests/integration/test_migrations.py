@@ -100,6 +100,25 @@ VALUES ('r1', 'dana', 'q', '{}', 'running', 0, 5, 1.0, 5, 1000, 0, 0, 0, 0, '{}'
 """
 
 
+@pytest.mark.parametrize("empty_url", ["sqlite", "postgresql"], indirect=True)
+def test_migration_0008_keeps_users_and_keys_and_adds_revocable_sessions(empty_url: str) -> None:
+    from tether.store.users import hash_key
+
+    store = Store(empty_url)
+    cfg = alembic_config(store.engine)
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0006")
+    store.add_user("dana", "tth_kept-key")
+    upgrade(store.engine)
+    assert store.user_for_key("tth_kept-key") == "dana"
+    assert store.open_session("tth_kept-key", hash_key("sid"), 3600) == "dana"
+    assert store.session_user(hash_key("sid")) == "dana"
+    assert store.rotate_key("dana", "tth_new-key")
+    assert store.session_user(hash_key("sid")) is None
+    store.close()
+
+
 def test_the_schema_checks_revision_list_is_alembics_chain(sqlite_url: str) -> None:
     from alembic.script import ScriptDirectory
 

@@ -38,3 +38,44 @@ def test_fixed_keys_are_kept_twice_and_bad_names_or_taken_keys_are_refused(db_ur
         add_user(store, "eve", key="fixed-dana")
     assert store.user_for_key("fixed-dana") == "dana"
     store.close()
+
+
+def test_removing_a_user_deletes_its_keys_and_sessions_and_keeps_others(db_url: str) -> None:
+    store = Store(db_url)
+    dana, eve = add_user(store, "dana"), add_user(store, "eve")
+    add_user(store, "dana")  # a second key
+    assert store.open_session(dana, hash_key("s-dana"), 3600) == "dana"
+    assert store.open_session(eve, hash_key("s-eve"), 3600) == "eve"
+    assert store.open_session("tth_no_such_key", hash_key("s-x"), 3600) is None
+    assert [(name, keys) for name, _, keys in store.list_users()] == [("dana", 2), ("eve", 1)]
+    assert store.remove_user("dana") is True
+    assert store.remove_user("dana") is False  # safe twice
+    assert store.user_for_key(dana) is None and store.session_user(hash_key("s-dana")) is None
+    assert store.session_user(hash_key("s-eve")) == "eve"
+    assert [name for name, _, _ in store.list_users()] == ["eve"]
+    store.close()
+
+
+def test_rotating_a_key_revokes_every_old_key_and_its_sessions(db_url: str) -> None:
+    store = Store(db_url)
+    old = add_user(store, "eve")
+    store.open_session(old, hash_key("s-eve"), 3600)
+    assert store.rotate_key("eve", "tth_fresh-key") is True
+    assert store.user_for_key(old) is None and store.user_for_key("tth_fresh-key") == "eve"
+    assert store.session_user(hash_key("s-eve")) is None
+    assert store.rotate_key("nobody", "tth_other") is False
+    assert store.user_for_key("tth_other") is None
+    store.close()
+
+
+def test_a_session_ends_by_signing_out_or_expiring_on_the_databases_clock(db_url: str) -> None:
+    store = Store(db_url)
+    key = add_user(store, "dana")
+    store.open_session(key, hash_key("s-1"), 3600)
+    store.open_session(key, hash_key("s-2"), 3600)
+    store.open_session(key, hash_key("s-old"), -1)  # already past its expiry
+    store.end_session(hash_key("s-1"))
+    store.end_session(hash_key("s-1"))  # safe twice
+    alive = [store.session_user(hash_key(s)) for s in ("s-1", "s-2", "s-old")]
+    assert alive == [None, "dana", None]
+    store.close()

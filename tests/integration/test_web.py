@@ -377,6 +377,22 @@ async def test_sign_in_refuses_bad_keys_forged_forms_and_foreign_redirects(web: 
         assert (await client.get("/")).status_code == 200
 
 
+async def test_failed_sign_ins_past_the_limit_are_refused_429_before_any_key_is_checked(
+    web: Web,
+) -> None:
+    limit = web.engine.settings.auth_max_failures
+    async with web.client() as client:
+        for n in range(limit):
+            assert (await sign_in(client, f"tth_guess-{n}")).status_code == 401
+        locked = await sign_in(client, web.keys["dana"])  # even the right key, from here
+        assert locked.status_code == 429 and "try again in" in locked.text
+        assert int(locked.headers["retry-after"]) >= 1
+        assert "tether_session" not in locked.headers.get("set-cookie", "")
+    other = httpx.ASGITransport(app=web.app, client=("10.9.9.9", 4321))
+    async with httpx.AsyncClient(transport=other, base_url="http://testserver") as client:
+        assert (await sign_in(client, web.keys["dana"])).status_code == 303
+
+
 async def test_a_session_cookie_rewritten_to_another_user_is_signed_out(web: Web) -> None:
     async with web.client() as client:
         await sign_in(client, web.keys["eve"])
@@ -402,6 +418,38 @@ async def test_sign_out_needs_the_csrf_token_and_ends_the_session(web: Web) -> N
         done = await client.post("/logout", data={"csrf": csrf})
         assert done.status_code == 303 and done.headers["location"] == "/login"
         assert (await client.get("/")).status_code == 303
+
+
+async def test_a_cookie_kept_from_before_sign_out_no_longer_works(web: Web) -> None:
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        kept = client.cookies["tether_session"]
+        await client.post("/logout", data={"csrf": await session_csrf(client)})
+    async with web.client() as client:
+        client.cookies.set("tether_session", kept)
+        assert (await client.get("/")).status_code == 303
+
+
+async def test_removing_a_user_or_rotating_its_key_ends_the_sessions_its_keys_opened(
+    web: Web,
+) -> None:
+    cookies: dict[str, str] = {}
+    for user in ("dana", "eve", "boss"):
+        async with web.client() as client:
+            await sign_in(client, web.keys[user])
+            cookies[user] = client.cookies["tether_session"]
+    await web.engine.remove_user("dana")
+    new_key = await web.engine.rotate_key("eve")
+    for user, status in (("dana", 303), ("eve", 303), ("boss", 200)):
+        async with web.client() as client:
+            client.cookies.set("tether_session", cookies[user])
+            assert (await client.get("/")).status_code == status, user
+    assert await web.engine.user_for_key(web.keys["dana"]) is None
+    assert await web.engine.user_for_key(web.keys["eve"]) is None
+    assert await web.engine.user_for_key(new_key) == "eve"
+    async with web.client() as client:
+        assert (await sign_in(client, new_key)).status_code == 303
+        assert (await client.get("/")).status_code == 200
 
 
 async def test_one_click_sign_in_is_offered_only_for_the_agents_published_users(

@@ -34,6 +34,8 @@ PUBLISHED = {
     "sandbox_unavailable": 503,
     "tool_error": 400,
     "payload_too_large": 413,
+    "request_timeout": 408,
+    "too_many_attempts": 429,
     "internal_error": 500,
     "tether_error": 400,
 }

@@ -3,6 +3,7 @@ metrics. Every 4xx body is ``{"ok": false, "error": CODE, "message": TEXT}`` (re
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from fastapi import FastAPI, Request
@@ -11,23 +12,30 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tether.api.attempts import AuthAttempts
 from tether.api.schemas import error_body, status_for
 from tether.engine import Engine
-from tether.errors import NotReady, TetherError
+from tether.errors import NotReady, TetherError, TooManyAttempts
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 256 * 1024
+BODY_TIMEOUT_S = 30.0
 
 
 class BodyLimit:
     """Refuses request bodies larger than ``limit`` bytes with a 413, whether the size is
-    declared (Content-Length) or only discovered while reading a chunked body; the handler
-    never sees an oversized body."""
+    declared (Content-Length) or only discovered while reading a chunked body, and bodies
+    still incomplete ``timeout_s`` after the app began reading them with a 408 (a client
+    sending a byte a second would otherwise hold its request, and a graceful shutdown,
+    for as long as it likes); the handler never sees such a body."""
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S
+    ) -> None:
         self.app = app
         self.limit = limit
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -39,11 +47,24 @@ class BodyLimit:
             return
         seen = 0
         refused = False
+        deadline: float | None = None  # set by the app's first read
+        body_done = False
 
         async def limited() -> Message:
-            nonlocal seen, refused
-            message = await receive()
+            nonlocal seen, refused, deadline, body_done
+            if body_done:  # once the body is in, receive() waits for a disconnect: unbounded
+                return await receive()
+            loop = asyncio.get_running_loop()
+            deadline = deadline or loop.time() + self.timeout_s
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))
+            except TimeoutError:
+                if not refused:
+                    refused = True
+                    await _too_slow(self.timeout_s)(scope, receive, send)
+                return {"type": "http.disconnect"}
             if message["type"] == "http.request":
+                body_done = not message.get("more_body", False)
                 seen += len(message.get("body", b""))
                 if seen > self.limit and not refused:
                     refused = True
@@ -69,6 +90,14 @@ def _too_large(limit: int) -> JSONResponse:
     )
 
 
+def _too_slow(timeout_s: float) -> JSONResponse:
+    return JSONResponse(
+        error_body("request_timeout", f"the request body did not arrive within {timeout_s:g}s"),
+        status_code=status_for("request_timeout"),
+        headers={"connection": "close"},
+    )
+
+
 def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
     """The app for ``engine``. ``public_url`` prefixes approval links in notices."""
     from tether.api import metrics, v1, web
@@ -79,12 +108,17 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
     # Set by the process that serves the app when a part it depends on stopped (serve's
     # worker): /readyz then answers 503 while the process shuts down.
     app.state.unready = None
-    app.add_middleware(BodyLimit)
+    app.state.auth_attempts = AuthAttempts(
+        engine.settings.auth_max_failures, engine.settings.auth_window_s
+    )
+    app.add_middleware(BodyLimit, timeout_s=engine.settings.http_body_timeout_s)
 
     @app.exception_handler(TetherError)
     async def tether_error(_: Request, exc: TetherError) -> JSONResponse:
         status = status_for(exc.code)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if isinstance(exc, TooManyAttempts):
+            headers = {"Retry-After": str(exc.details["retry_after_s"])}
         return JSONResponse(exc.to_dict(), status_code=status, headers=headers)
 
     @app.exception_handler(Exception)

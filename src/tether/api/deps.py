@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
+from tether.api.attempts import AuthAttempts
 from tether.engine import Engine
 from tether.errors import Unauthenticated
 
@@ -14,13 +15,29 @@ def engine_of(request: Request) -> Engine:
     return engine
 
 
+def attempts_of(request: Request) -> AuthAttempts:
+    """The app's counts of failed authentications (``tether.api.attempts``)."""
+    attempts: AuthAttempts = request.app.state.auth_attempts
+    return attempts
+
+
+def address_of(request: Request) -> str:
+    """The client's address (the proxy's client, where uvicorn trusts the proxy)."""
+    return request.client.host if request.client else "unknown"
+
+
 async def api_user(request: Request) -> str:
-    """The user of ``Authorization: Bearer API_KEY``; 401 ``unauthenticated`` otherwise."""
+    """The user of ``Authorization: Bearer API_KEY``; 401 ``unauthenticated`` otherwise,
+    and 429 ``too_many_attempts`` after too many unknown keys from the address or of the
+    key (checked before the key is looked up)."""
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthenticated("send Authorization: Bearer API_KEY")
+    attempts, address = attempts_of(request), address_of(request)
+    attempts.check(address, key.strip())
     user = await engine_of(request).user_for_key(key.strip())
     if user is None:
+        attempts.failed(address, key.strip())
         raise Unauthenticated("unknown API key")
     return user

@@ -15,6 +15,7 @@ import typer
 
 from tether.cli.runs import runs_app
 from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, err, named, out
+from tether.cli.users import users_app
 from tether.errors import FourEyes, InvalidInput, TetherError, UnknownOrExpired
 from tether.telemetry.logs import configure
 
@@ -27,7 +28,6 @@ SANDBOX_SERVE = "tether.demo.sandbox.server:serve"
 
 app = typer.Typer(help="tether: agent runs that survive interruption.", no_args_is_help=True)
 sandbox_app = typer.Typer(help="The demo business system.", no_args_is_help=True)
-users_app = typer.Typer(help="Users and their API keys.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(users_app, name="users")

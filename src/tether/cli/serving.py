@@ -73,6 +73,7 @@ async def _serve(
     import uvicorn
 
     from tether.api.app import create_app
+    from tether.api.server import server_config
 
     async with engine_for(
         agent_spec,
@@ -85,7 +86,7 @@ async def _serve(
         base = engine.public_url
         await engine.ensure_agent_users()
         app = create_app(engine, public_url=base)
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
+        server = uvicorn.Server(server_config(app, host, port, engine.settings))
         runner = Worker(engine, concurrency=slots) if slots else None
         task = asyncio.create_task(runner.run()) if runner else None
         died: list[str] = []

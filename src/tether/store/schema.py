@@ -195,6 +195,28 @@ api_keys = sa.Table(
 )
 sa.Index("api_keys_user", api_keys.c.user_id)
 
+# Inbox sessions (migration 0008), one row per signed-in browser, so signing out, removing
+# a user or rotating a key ends sessions at once. ``sid_hash`` is the SHA-256 of the
+# cookie's random session id (the cookie is the credential, never stored); a session dies
+# with the key that opened it.
+web_sessions = sa.Table(
+    "web_sessions",
+    metadata,
+    sa.Column("sid_hash", sa.String(64), primary_key=True),
+    sa.Column(
+        "key_hash",
+        sa.String(64),
+        sa.ForeignKey("api_keys.key_hash", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("user_id", sa.String(128), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+)
+sa.Index("web_sessions_key", web_sessions.c.key_hash)
+sa.Index("web_sessions_user", web_sessions.c.user_id)
+sa.Index("web_sessions_expiry", web_sessions.c.expires_at)
+
 # The worker registry (reference §12, migrations 0006 and 0007): one row per worker and
 # version it serves, with its tools and its heartbeat on the database's clock. A version
 # is served while a row of it has a fresh heartbeat; a run waiting on a version none

@@ -15,11 +15,23 @@ from tether import inputs
 from tether.errors import InvalidInput
 from tether.store.base import StoreBase
 from tether.store.clock import db_now
-from tether.store.schema import api_keys, users
+from tether.store.schema import api_keys, users, web_sessions
 
 MAX_KEY_CHARS = 512
 
 _OWNER_OF_KEY = sa.select(api_keys.c.user_id).where(api_keys.c.key_hash == sa.bindparam("b_hash"))
+_USER_EXISTS = sa.select(users.c.id).where(users.c.id == sa.bindparam("b_user"))
+_LIST_USERS = (
+    sa.select(users.c.id, users.c.created_at, sa.func.count(api_keys.c.key_hash))
+    .select_from(users.outerjoin(api_keys, api_keys.c.user_id == users.c.id))
+    .group_by(users.c.id, users.c.created_at)
+    .order_by(users.c.id)
+)
+# Sessions are deleted explicitly before their keys: the foreign key's cascade would do it
+# too, but a revocation must not depend on SQLite's foreign_keys pragma being on.
+_END_USER_SESSIONS = web_sessions.delete().where(web_sessions.c.user_id == sa.bindparam("b_user"))
+_DELETE_USER_KEYS = api_keys.delete().where(api_keys.c.user_id == sa.bindparam("b_user"))
+_DELETE_USER = users.delete().where(users.c.id == sa.bindparam("b_user"))
 
 
 def hash_key(key: str) -> str:
@@ -32,7 +44,7 @@ def new_key() -> str:
     return "tth_" + secrets.token_urlsafe(32)
 
 
-def _hash_if_valid(key: object) -> str | None:
+def hash_if_valid(key: object) -> str | None:
     """The key's hash, or None if it cannot be a key (empty, too long, not text)."""
     if not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS:
         return None
@@ -50,7 +62,7 @@ class Users(StoreBase):
         an existing user keeps its other keys, an existing key of this user is kept; a key
         of another user is refused (``InvalidInput``) and nothing is written."""
         inputs.user_id(user_id, "a user name")
-        key_hash = _hash_if_valid(key)
+        key_hash = hash_if_valid(key)
         if key_hash is None:
             raise InvalidInput(f"an API key must be 1-{MAX_KEY_CHARS} characters of text")
         new_user = self.dialect.insert_new(users).values(id=user_id, created_at=db_now())
@@ -66,12 +78,44 @@ class Users(StoreBase):
 
     def user_for_key(self, key: str) -> str | None:
         """The user an API key belongs to, or None (for anything that is not a key)."""
-        key_hash = _hash_if_valid(key)
+        key_hash = hash_if_valid(key)
         if key_hash is None:
             return None
         with self.engine.connect() as conn:
             owner = conn.execute(_OWNER_OF_KEY, {"b_hash": key_hash}).scalar()
         return None if owner is None else str(owner)
+
+    def list_users(self) -> list[tuple[str, float, int]]:
+        """Every user, by name: (name, created_at, how many keys)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(_LIST_USERS).all()
+        return [(str(name), float(created), int(keys)) for name, created, keys in rows]
+
+    def remove_user(self, user_id: str) -> bool:
+        """Delete ``user_id``, its keys and every session they opened, in one transaction;
+        False if there was no such user. Its runs stay (they are the record)."""
+        params = {"b_user": user_id}
+        with self.engine.begin() as conn:
+            conn.execute(_END_USER_SESSIONS, params)
+            conn.execute(_DELETE_USER_KEYS, params)
+            return conn.execute(_DELETE_USER, params).rowcount > 0
+
+    def rotate_key(self, user_id: str, key: str) -> bool:
+        """Replace every key of ``user_id`` with ``key`` and end the sessions the old keys
+        opened, in one transaction; False (nothing written) if there is no such user."""
+        key_hash = hash_if_valid(key)
+        if key_hash is None:
+            raise InvalidInput(f"an API key must be 1-{MAX_KEY_CHARS} characters of text")
+        params = {"b_user": user_id}
+        with self.engine.begin() as conn:
+            if conn.execute(_USER_EXISTS, params).scalar() is None:
+                return False
+            conn.execute(_END_USER_SESSIONS, params)
+            conn.execute(_DELETE_USER_KEYS, params)
+            conn.execute(
+                api_keys.insert().values(key_hash=key_hash, user_id=user_id, created_at=db_now())
+            )
+        return True
 
 
 def add_user(store: Users, user_id: str, key: str | None = None) -> str:

@@ -49,7 +49,7 @@ router = APIRouter(include_in_schema=False)
 @router.get("/approve/{token}")
 async def approval_page(request: Request, token: str) -> Response:
     """Shows the request behind an approval link. Never changes anything."""
-    session = session_of(request)
+    session = await session_of(request)
     if session is None:
         return message(
             request,
@@ -88,7 +88,7 @@ async def approval_page(request: Request, token: str) -> Response:
 async def decide(request: Request, token: str) -> Response:
     """Acts on an approval link: only a signed-in user's POST with the session's CSRF token.
     The engine claims first, so a double submission resumes once."""
-    session = session_of(request)
+    session = await session_of(request)
     form = await posted(request)
     if session is None:
         return sign_in_first(request, login_url(f"/approve/{token}"), "decided")
@@ -116,7 +116,7 @@ async def decide(request: Request, token: str) -> Response:
 async def decide_from_inbox(request: Request, run_id: str) -> Response:
     """Acts from the inbox, which has no token: the form names the call and the preview
     digest the user was shown; same CSRF rule, same claim, same outcomes."""
-    session = session_of(request)
+    session = await session_of(request)
     form = await posted(request)
     if session is None:
         return RedirectResponse(login_url("/"), status_code=303)

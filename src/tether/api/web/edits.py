@@ -40,7 +40,7 @@ Previewing = Callable[[dict[str, Any]], Awaitable[ApprovalPreview]]
 async def preview_from_link(request: Request, token: str) -> Response:
     """The request behind an approval link with the posted edits, re-rendered; the same
     session, CSRF and authorisation rules as deciding, and nothing changes."""
-    session = session_of(request)
+    session = await session_of(request)
     form = await posted(request)
     if session is None:
         return sign_in_first(request, login_url(f"/approve/{token}"), "changed")
@@ -67,7 +67,7 @@ async def preview_from_link(request: Request, token: str) -> Response:
 async def preview_from_inbox(request: Request, run_id: str) -> Response:
     """The same from the inbox or the run's page, which name the call and the digest of the
     preview they showed (carried on into the approval form)."""
-    session = session_of(request)
+    session = await session_of(request)
     form = await posted(request)
     if session is None:
         return RedirectResponse(login_url("/"), status_code=303)

@@ -31,7 +31,7 @@ router = APIRouter(include_in_schema=False)
 @router.get("/")
 async def inbox(request: Request) -> Response:
     """The requests waiting on the signed-in user, soonest expiry first."""
-    session = session_of(request)
+    session = await session_of(request)
     if session is None:
         return RedirectResponse(login_url("/"), status_code=303)
     engine = engine_of(request)
@@ -46,7 +46,7 @@ async def run_page(request: Request, run_id: str) -> Response:
     """A run for its owner: state, version and lineage, budget, pending request, the forms
     that continue, cancel and fork it, timeline and messages; for an approver of its
     pending request, that request with the run's question and conversation."""
-    session = session_of(request)
+    session = await session_of(request)
     if session is None:
         return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)
     return await run_response(request, session, run_id)
@@ -57,7 +57,7 @@ async def fork(request: Request, run_id: str) -> Response:
     """Fork the signed-in owner's run from the posted step (reference §12), with the session's
     CSRF token like every form that acts, and show the new run (303). A refused step shows
     the run's page again with why (422)."""
-    session = session_of(request)
+    session = await session_of(request)
     form = await posted(request)
     if session is None:
         return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)

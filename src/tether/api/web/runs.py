@@ -31,7 +31,7 @@ router = APIRouter(include_in_schema=False)
 async def runs(request: Request, state: str = "", after: str = "") -> Response:
     """The viewer's runs, newest first: all, or those in ``state``; ``after`` is the last
     run of the page before (the "next page" link carries it)."""
-    session = session_of(request)
+    session = await session_of(request)
     if session is None:
         query = f"?{request.url.query}" if request.url.query else ""
         return RedirectResponse(login_url(f"/runs{query}"), status_code=303)
@@ -60,7 +60,7 @@ async def continue_run(request: Request, run_id: str) -> Response:
     """Continue the owner's halted run with the default grant (the one its page showed)
     and the optional reason as its ``why``; show the run again (303). A run that is no
     longer halted, or a refused grant, shows its page with why (409, 422)."""
-    session = session_of(request)
+    session = await session_of(request)
     form = await posted(request)
     if session is None:
         return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)
@@ -87,7 +87,7 @@ async def continue_run(request: Request, run_id: str) -> Response:
 async def cancel_run(request: Request, run_id: str) -> Response:
     """Cancel the owner's run that is not terminal; show it again (303). A run that has
     finished meanwhile shows its page with why (409)."""
-    session = session_of(request)
+    session = await session_of(request)
     form = await posted(request)
     if session is None:
         return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)

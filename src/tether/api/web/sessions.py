@@ -1,6 +1,8 @@
-"""Signing in and out of the inbox: a session is a signed cookie (HMAC-SHA256), and every
-POST that acts carries a CSRF token bound to the session. The sign-in form has its own
-nonce, so another site cannot sign a browser into its account (login CSRF)."""
+"""Signing in and out of the inbox: a session is a signed cookie (HMAC-SHA256) naming a
+server-side session (``Engine.open_session``), checked on every use, so signing out or
+removing the key that opened it ends it at once. Every POST that acts carries a CSRF token
+bound to the session. The sign-in form has its own nonce, so another site cannot sign a
+browser into its account (login CSRF)."""
 
 from __future__ import annotations
 
@@ -21,9 +23,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from starlette.requests import ClientDisconnect
 
-from tether.api.deps import engine_of
+from tether.api.deps import address_of, attempts_of, engine_of
 from tether.api.web.pages import ASSETS, message, page
 from tether.engine import Engine
+from tether.errors import TooManyAttempts
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +75,15 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def _session_cookie(secret: bytes, user: str) -> str:
-    body = json.dumps({"u": user, "s": secrets.token_urlsafe(18), "t": int(time.time())})
+def _session_cookie(secret: bytes, user: str, sid: str) -> str:
+    body = json.dumps({"u": user, "s": sid, "t": int(time.time())})
     payload = _b64(body.encode())
     return f"{payload}.{_mac(secret, 'session', payload)}"
 
 
-def session_of(request: Request) -> Session | None:
-    """The session the request's cookie proves, or None (missing, forged or too old)."""
+async def session_of(request: Request) -> Session | None:
+    """The session the request's cookie proves, or None (missing, forged, too old, signed
+    out, or its key removed)."""
     cookie = request.cookies.get(SESSION_COOKIE, "")
     payload, _, mac = cookie.partition(".")
     if not payload or len(cookie) > 1024:
@@ -93,6 +97,8 @@ def session_of(request: Request) -> Session | None:
     except (ValueError, KeyError, TypeError, binascii.Error):
         return None
     if not 0 <= time.time() - issued < SESSION_MAX_AGE_S:
+        return None
+    if await engine_of(request).session_user(sid) != user:
         return None
     return Session(user=user, sid=sid, csrf=_mac(secret, "csrf", sid))
 
@@ -156,7 +162,7 @@ def login_url(target: str) -> str:
 # -- sign in and out ---------------------------------------------------------------------
 
 
-def _login_page(
+async def _login_page(
     request: Request, target: str, *, error: str | None = None, status: int = 200
 ) -> Response:
     """The sign-in form, with a fresh login nonce: its cookie and the form's token must
@@ -168,14 +174,16 @@ def _login_page(
         "error": error,
         "dev_users": sorted(engine_of(request).agent.users),
     }
-    response = page(request, "login.html", context, session=session_of(request), status=status)
+    response = page(
+        request, "login.html", context, session=await session_of(request), status=status
+    )
     _set_cookie(request, response, LOGIN_COOKIE, nonce, max_age=LOGIN_MAX_AGE_S, path="/login")
     return response
 
 
 @router.get("/login")
 async def login_form(request: Request, next: str = "/") -> Response:
-    return _login_page(request, next)
+    return await _login_page(request, next)
 
 
 @router.post("/login")
@@ -185,16 +193,29 @@ async def login(request: Request) -> Response:
     nonce = request.cookies.get(LOGIN_COOKIE, "")
     expected = _mac(_secret(request), "login", nonce)
     if not nonce or not hmac.compare_digest(field(form, "csrf"), expected):
-        return _login_page(request, target, error="The form expired; please try again.", status=403)
-    user = await _authenticate(engine_of(request), field(form, "key"), field(form, "dev_user"))
-    if user is None:
-        return _login_page(request, target, error="That key is not valid.", status=401)
+        return await _login_page(
+            request, target, error="The form expired; please try again.", status=403
+        )
+    key, dev_user = field(form, "key"), field(form, "dev_user")
+    attempts, address = attempts_of(request), address_of(request)
+    credential = f"published:{dev_user}" if dev_user else key.strip()
+    try:
+        attempts.check(address, credential)
+    except TooManyAttempts as exc:
+        refused = await _login_page(request, target, error=exc.message, status=429)
+        refused.headers["Retry-After"] = str(exc.details["retry_after_s"])
+        return refused
+    opened = await _authenticate(engine_of(request), key, dev_user)
+    if opened is None:
+        attempts.failed(address, credential)
+        return await _login_page(request, target, error="That key is not valid.", status=401)
+    user, sid = opened
     response = RedirectResponse(target, status_code=303)
     _set_cookie(
         request,
         response,
         SESSION_COOKIE,
-        _session_cookie(_secret(request), user),
+        _session_cookie(_secret(request), user, sid),
         max_age=SESSION_MAX_AGE_S,
         path="/",
     )
@@ -203,26 +224,30 @@ async def login(request: Request) -> Response:
     return response
 
 
-async def _authenticate(engine: Engine, key: str, dev_user: str) -> str | None:
-    """The user of an API key; or one of the agent's published users, exactly as if their
-    published key had been typed (so the button grants nothing the key does not)."""
+async def _authenticate(engine: Engine, key: str, dev_user: str) -> tuple[str, str] | None:
+    """A new session (user, session id) of an API key; or of one of the agent's published
+    users, exactly as if their published key had been typed (so the button grants nothing
+    the key does not)."""
     if dev_user:
         published = engine.agent.users.get(dev_user)
         if published is None:
             return None
         key = published
-    user = await engine.user_for_key(key.strip())
-    if dev_user and user != dev_user:
+    opened = await engine.open_session(key.strip(), SESSION_MAX_AGE_S)
+    if opened is not None and dev_user and opened[0] != dev_user:
+        await engine.end_session(opened[1])
         return None
-    return user
+    return opened
 
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    session = session_of(request)
+    session = await session_of(request)
     form = await posted(request)
     if not acts(request, session, form):
         return message(request, session, 403, "Refused", "Sign out from the page's own button.")
+    if session is not None:  # always, once acts() agreed
+        await engine_of(request).end_session(session.sid)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response

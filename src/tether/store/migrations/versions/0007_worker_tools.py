@@ -5,7 +5,7 @@ when it registers, so ``tether runs migrate`` checks a run's pending tool agains
 workers that serve the target version, without loading that version's code. Rows written
 before this migration have none (NULL: unknown) until their worker registers again.
 
-Revision ID: 0007_worker_tools
+Revision ID: 0007
 Revises: 0006
 Create Date: 2026-12-02
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007_worker_tools"
+revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None

@@ -1,0 +1,91 @@
+"""How ``tether serve`` runs uvicorn so that slow clients cannot hold it: a request's
+headers must arrive in time (uvicorn has no such timeout: a protocol of ours adds it),
+idle keep-alive connections close, and a graceful shutdown waits for requests in flight
+only so long. The body's timeout is the app's (``tether.api.app.BodyLimit``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from tether.config import Settings
+
+KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this (uvicorn's default)
+
+
+class HeaderTimeoutProtocol(H11Protocol):
+    """Uvicorn's h11 protocol, closing a connection whose request headers have not all
+    arrived ``header_timeout_s`` after the connection opened or the request's first
+    byte, with a ``408 request_timeout`` in the JSON error shape."""
+
+    header_timeout_s: float = 10.0
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if not self._awaiting_headers():
+            self._disarm()
+        elif self._header_timer is None:
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _awaiting_headers(self) -> bool:
+        # No request yet on this connection, or the last one is answered and bytes of the
+        # next have come (an idle connection is keep-alive's to close).
+        return self.cycle is None or self.cycle.response_complete
+
+    def _arm(self) -> None:
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._timed_out)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _timed_out(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or not self._awaiting_headers():
+            return
+        # No request was parsed, so h11 cannot frame a response: it is written as is.
+        body = json.dumps(
+            {
+                "ok": False,
+                "error": "request_timeout",
+                "message": "the request headers came too slowly",
+            }
+        ).encode()
+        head = (
+            "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
+        self.transport.write(head.encode() + body)
+        self.transport.close()
+
+
+def server_config(app: Any, host: str, port: int, settings: Settings) -> uvicorn.Config:
+    """Uvicorn's configuration for ``app`` with the slow-client bounds of ``settings``."""
+    protocol = type(
+        "TetherHTTPProtocol",
+        (HeaderTimeoutProtocol,),
+        {"header_timeout_s": settings.http_header_timeout_s},
+    )
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        http=protocol,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_graceful_shutdown=settings.shutdown_timeout_s,
+    )
