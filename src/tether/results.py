@@ -4,6 +4,7 @@ the outcome and preview of a decision, the inbox, live events and a reaper pass.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,10 +144,26 @@ class CallVerdict(str, enum.Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class Inbox:
-    """Pending requests a viewer may decide, and the database clock they were judged by."""
+    """A page of the pending requests a viewer may decide (soonest expiry first), the
+    database clock they were judged by, where the page starts (``offset``) and how many
+    more follow it (``more``: ask again with ``offset + len(inbox)``). It reads like the
+    list of its runs: iterable and sized."""
 
     runs: list[Run]
     now: float
+    offset: int = 0
+    more: int = 0
+
+    def __iter__(self) -> Iterator[Run]:
+        return iter(self.runs)
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    @property
+    def next_offset(self) -> int | None:
+        """Where the next page starts, or None when this is the last."""
+        return self.offset + len(self.runs) if self.more else None
 
 
 @dataclass(frozen=True, kw_only=True)

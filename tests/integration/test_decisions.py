@@ -296,3 +296,29 @@ async def test_a_confirmation_may_depend_on_the_call_and_is_asked_each_time(db_u
         assert [item for _, _, item in downstream.effects()] == ["10", "900"]
     finally:
         engine.close()
+
+
+# -- finding and deciding requests by run (reference §6, §15) ---------------------------------
+
+
+async def test_one_users_many_requests_never_hide_anothers_and_the_inbox_says_how_many_more(
+    sending: tuple[Engine, MemoryNotifier],
+) -> None:
+    engine, _ = sending
+    danas = [(await engine.ask("dana", "send b")).run_id for _ in range(3)]
+    mine = (await engine.ask("miguel", "send b")).run_id  # expires last of all
+    page = await engine.pending_approvals("miguel", limit=2)
+    assert [run.id for run in page] == [mine] and len(page) == 1 and page.more == 0
+    first = await engine.pending_approvals("dana", limit=2)
+    assert [run.id for run in first] == danas[:2] and first.more == 1
+    assert first.next_offset == 2
+    rest = await engine.pending_approvals("dana", limit=2, offset=first.next_offset)
+    assert [run.id for run in rest] == danas[2:] and rest.more == 0 and rest.next_offset is None
+    everything = await engine.pending_approvals("boss", limit=3)  # boss approves for all
+    assert [run.id for run in everything] == [*danas, mine][:3] and everything.more == 1
+    operator = await engine.open_approvals(limit=10)
+    assert [run.id for run in operator] == [*danas, mine] and operator.more == 0
+    with pytest.raises(InvalidInput):
+        await engine.pending_approvals("dana", limit=0)
+    with pytest.raises(InvalidInput):
+        await engine.pending_approvals("dana", offset=-1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tether import inputs
 from tether._runtime.opening import opens
 from tether.approvals import inbox, preview, resume
 from tether.approvals.request import asked
@@ -58,10 +59,11 @@ class DecisionMethods:
         arguments: dict[str, Any] | None = None,
         digest: str | None = None,
     ) -> ApprovalResult:
-        """The same decision from an inbox, by run and pending call instead of the token:
-        ``shown_digest`` is the digest of the pending preview the approver was shown (a
-        request re-suspended on another preview since is not decided by that click);
-        ``digest``, as for a token, the digest of the preview of their edit."""
+        """The same decision by run and pending call instead of the token (the token is
+        never stored, so an inbox cannot have it): ``shown_digest`` is the digest of the
+        pending preview the approver was shown (a request re-suspended on another preview
+        since is not decided by that click); ``digest``, as for a token, the digest of the
+        preview of their edit."""
         ask = asked(decision, approver, reason=reason, arguments=arguments, digest=digest)
         return await resume.by_run(
             self._services, self.worker_id, run_id, tool_call_id, shown_digest, ask
@@ -94,10 +96,19 @@ class DecisionMethods:
         return await inbox.may_decide(self._services, owner, approver)
 
     @opens
-    async def pending_approvals(self, approver: str, *, limit: int = 100) -> Inbox:
-        """Suspended runs inside their window that ``approver`` owns or may decide,
-        soonest expiry first."""
-        return await inbox.pending_approvals(self._services, approver, limit=limit)
+    async def pending_approvals(self, approver: str, *, limit: int = 100, offset: int = 0) -> Inbox:
+        """A page of the suspended runs inside their window that ``approver`` owns or may
+        decide, soonest expiry first, after the first ``offset``; ``more`` says how many
+        follow (iterate it like a list)."""
+        return await inbox.pending_approvals(
+            self._services, inputs.user_id(approver, "approver"), limit=limit, offset=offset
+        )
+
+    @opens
+    async def open_approvals(self, *, limit: int = 100, offset: int = 0) -> Inbox:
+        """Every open request, whoever may decide it: the operator's view (``tether
+        approvals list``), paged like ``pending_approvals``."""
+        return await inbox.pending_approvals(self._services, None, limit=limit, offset=offset)
 
     @opens
     async def approval_request(self, token: str, approver: str) -> TokenLookup:
