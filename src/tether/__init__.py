@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from tether.results import (
         ApprovalPreview,
         ApprovalResult,
+        CallDecision,
         CallVerdict,
         Choice,
         Inbox,
@@ -53,6 +54,7 @@ _HOMES = {
     "ApprovalPreview": "tether.results",
     "ApprovalResult": "tether.results",
     "Budget": "tether.budget",
+    "CallDecision": "tether.results",
     "CallVerdict": "tether.results",
     "Choice": "tether.results",
     "Effect": "tether.tools.tool",
@@ -93,6 +95,7 @@ __all__ = [
     "ApprovalPreview",
     "ApprovalResult",
     "Budget",
+    "CallDecision",
     "CallVerdict",
     "Choice",
     "Effect",

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tether.errors import TetherError
 from tether.models.base import Message
 from tether.notify import Notice
 from tether.runs import Run, RunState, iso
@@ -93,6 +94,25 @@ class ApprovalResult:
             "state": self.state.value,
             "outcome": self.outcome.value,
         }
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallDecision:
+    """What became of one call's decision taken by run and tool call id: the decision that
+    took effect (``result``), or the refusal its token would have met (``refused``)."""
+
+    tool_call_id: str
+    result: ApprovalResult | None = None
+    refused: TetherError | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The call's answer as its token's endpoint gives it, with the call's id; a
+        refusal's ``outcome`` is its error code."""
+        if self.result is not None:
+            return {"tool_call_id": self.tool_call_id, **self.result.to_json()}
+        assert self.refused is not None
+        refusal = self.refused.to_dict()
+        return {"tool_call_id": self.tool_call_id, "outcome": refusal["error"], **refusal}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -232,6 +232,7 @@ def run_to_json(run: Run) -> dict[str, Any]:
     pending = None
     if run.pending is not None and run.state is RunState.SUSPENDED:
         pending = {
+            "tool_call_id": run.pending.tool_call_id,
             "tool": run.pending.tool,
             "arguments": run.pending.arguments,
             "preview": run.pending.preview,

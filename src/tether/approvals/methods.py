@@ -4,13 +4,14 @@ or by run and pending call, previewing an edit, and what an approver may see and
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tether import inputs
 from tether._runtime.opening import opens
-from tether.approvals import inbox, preview, resume
+from tether.approvals import batch, inbox, preview, resume
 from tether.approvals.request import asked
-from tether.results import ApprovalPreview, ApprovalResult, Inbox, TokenLookup
+from tether.results import ApprovalPreview, ApprovalResult, CallDecision, Inbox, TokenLookup
 
 if TYPE_CHECKING:
     from tether._runtime.services import Services
@@ -63,7 +64,8 @@ class DecisionMethods:
         never stored, so an inbox cannot have it): ``shown_digest`` is the digest of the
         pending preview the approver was shown (a request re-suspended on another preview
         since is not decided by that click); ``digest``, as for a token, the digest of the
-        preview of their edit."""
+        preview of their edit. This is the one decision by run: ``decide_calls`` (several
+        calls, ``POST /v1/runs/{id}/decisions``) makes each of its decisions through it."""
         ask = asked(decision, approver, reason=reason, arguments=arguments, digest=digest)
         return await resume.by_run(
             self._services, self.worker_id, run_id, tool_call_id, shown_digest, ask
@@ -94,6 +96,17 @@ class DecisionMethods:
     async def may_decide(self, owner: str, approver: str) -> bool:
         """Whether ``approver`` may decide ``owner``'s pending calls, by the scope now."""
         return await inbox.may_decide(self._services, owner, approver)
+
+    @opens
+    async def decide_calls(
+        self, run_id: str, approver: str, decisions: Sequence[Mapping[str, Any]]
+    ) -> list[CallDecision]:
+        """Decide pending calls of one run by their tool call ids (reference §6, §15): each
+        entry ``{"tool_call_id", "decision", "reason"?, "arguments"?, "digest"?}`` as a
+        token's decision. All are checked before any is recorded (``invalid_input``);
+        ``not_found`` when ``approver`` may neither own nor approve the run. Each call's
+        answer is its own: the decision carried out, or its refusal (reference §4)."""
+        return await batch.decide_calls(self._services, self.worker_id, run_id, approver, decisions)
 
     @opens
     async def pending_approvals(self, approver: str, *, limit: int = 100, offset: int = 0) -> Inbox:
