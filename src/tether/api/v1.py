@@ -38,7 +38,7 @@ from tether.api.schemas import (
 )
 from tether.api.stream import event_stream
 from tether.engine import Engine
-from tether.runs import Run, iso, run_to_json
+from tether.runs import iso, request_to_json, run_to_json
 
 # Documents the scheme in the OpenAPI document; `api_user` does the checking.
 _bearer = HTTPBearer(
@@ -264,7 +264,7 @@ async def list_approvals(
     base = request.app.state.public_url
     nxt = found.next_offset
     return {
-        "items": [_pending_json(run, base) for run in found if run.pending is not None],
+        "items": [request_to_json(run, base) for run in found if run.pending is not None],
         "more": found.more,
         "offset": found.offset,
         "limit": limit,
@@ -368,23 +368,6 @@ async def preview(
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def _pending_json(run: Run, base: str) -> dict[str, Any]:
-    """A request of the approvals list, from the stored tool call and its preview."""
-    assert run.pending is not None
-    return {
-        "run_id": run.id,
-        "user_id": run.user_id,
-        "question": run.question,
-        "tool": run.pending.tool,
-        "tool_call_id": run.pending.tool_call_id,
-        "arguments": run.pending.arguments,
-        "preview": run.pending.preview,
-        "digest": run.pending.digest,
-        "expires_at": iso(run.expires_at),
-        "decide_url": f"{base}/v1/runs/{run.id}/decisions",
-    }
 
 
 async def _owned(engine: Engine, run_id: str, user: str) -> None:
