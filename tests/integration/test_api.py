@@ -336,6 +336,7 @@ async def test_decisions_by_run_refuse_bad_entries_and_strangers_and_change_noth
         ok = {"tool_call_id": call_id, "decision": "approve"}
         before = await fingerprint(api.engine)
         path = f"/v1/runs/{run_id}/decisions"
+        bad: dict[str, Any]
         for bad in (
             {"decisions": [ok, ok]},
             {"decisions": [{"tool_call_id": "call_other", "decision": "approve"}]},
