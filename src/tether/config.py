@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from tether.budget import Limits
 from tether.errors import ConfigError
@@ -66,6 +67,13 @@ class Settings:
     # Signs the inbox's session cookies; None: a random secret per process (a restart
     # signs everyone out). Kept out of repr so it never reaches a log line.
     session_secret: str | None = field(default=None, repr=False)
+    # The base URL people reach ``serve`` at (TETHER_PUBLIC_URL): every link in a notice,
+    # from any process, starts with it. None: ``serve``'s own address, or (a worker, a
+    # command) links relative to wherever the inbox is served.
+    public_url: str | None = None
+    # Whether the log notifier (no webhook) writes each notice's approval link, with its
+    # token (TETHER_LOG_APPROVAL_LINKS). Off: the log names the run and the tool only.
+    log_approval_links: bool = False
 
     def __post_init__(self) -> None:
         if self.max_model_attempts < 1:
@@ -114,7 +122,38 @@ class Settings:
             prices=parse_prices(env.get("TETHER_PRICES", "")),
             accept_versions=_versions(env.get("TETHER_ACCEPT_VERSIONS", "")),
             session_secret=env.get("TETHER_SESSION_SECRET") or None,
+            public_url=check_public_url(env.get("TETHER_PUBLIC_URL") or None, "TETHER_PUBLIC_URL"),
+            log_approval_links=_flag(env, "TETHER_LOG_APPROVAL_LINKS"),
         )
+
+
+def check_public_url(raw: str | None, source: str) -> str | None:
+    """A public URL (``TETHER_PUBLIC_URL`` or ``--public-url``, named by ``source``) without
+    its trailing slash: an http(s) URL with a host, else a ``ConfigError`` at start-up."""
+    if raw is None:
+        return None
+    parts = urlsplit(raw.strip())
+    try:
+        parts.port  # noqa: B018 (a malformed port raises here)
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"{source} must be an http(s) URL with a host (e.g. https://tether.example.com), "
+            f"got {raw[:200]!r}"
+        )
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{source} must not have a query or a fragment, got {raw[:200]!r}")
+    return raw.strip().rstrip("/")
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise ConfigError(f"{name} must be 1 or 0, got {raw[:40]!r}")
 
 
 def _versions(raw: str) -> tuple[str, ...]:

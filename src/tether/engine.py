@@ -38,7 +38,7 @@ from tether.results import (
     StopKind,
 )
 from tether.runs import Run
-from tether.store import Event, LedgerEntry, Store, upgrade
+from tether.store import LedgerEntry, Store, upgrade
 from tether.store.users import new_key
 from tether.telemetry import tracing
 
@@ -55,7 +55,8 @@ class Engine(DecisionMethods):
 
     ``migrate=True`` builds the schema in an empty database; otherwise an empty, older or
     newer schema is refused with a message that says to run ``tether migrate``.
-    ``public_url`` is the base of the approval links in notices (``/approve/{token}``).
+    ``public_url`` is the base of the approval links in notices (``/approve/{token}``);
+    by default ``TETHER_PUBLIC_URL`` (``settings.public_url``), else links are relative.
     Callers are named ``user`` (whose runs) and ``approver`` (who decides).
     """
 
@@ -69,7 +70,7 @@ class Engine(DecisionMethods):
         notifier: Notifier | None = None,
         worker_id: str | None = None,
         migrate: bool = False,
-        public_url: str = "",
+        public_url: str | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
         self._store = Store(
@@ -80,8 +81,9 @@ class Engine(DecisionMethods):
         self._migrate_empty = migrate
         self._opened = False
         self._feed = Feed(self._store, poll_s=self.settings.watch_poll_s)
-        base = public_url.rstrip("/")
-        notifier = notifier or LogNotifier()
+        base = ((self.settings.public_url if public_url is None else public_url) or "").rstrip("/")
+        self.public_url = base  # where links in notices start ("": relative links)
+        notifier = notifier or LogNotifier(links=self.settings.log_approval_links)
         self._services = Services(
             store=self._store,
             agent=agent,
@@ -279,9 +281,10 @@ class Engine(DecisionMethods):
         return list(await hop(self._store.list_runs, user, limit))
 
     @opens
-    async def events(self, run_id: str) -> list[Event]:
-        """The run's trace, oldest first."""
-        return list(await hop(self._store.events, inputs.run_id(run_id)))
+    async def events(self, run_id: str) -> list[LiveEvent]:
+        """The run's trace, oldest first, each event as ``watch`` gives it (with its SEQ)."""
+        found = await hop(self._store.events, inputs.run_id(run_id))
+        return [LiveEvent.of(event, seq) for seq, event in enumerate(found, start=1)]
 
     @opens
     async def ledger(self, run_id: str) -> list[LedgerEntry]:

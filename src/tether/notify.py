@@ -56,20 +56,29 @@ class Notifier(Protocol):
 
 
 class LogNotifier:
-    """Writes notices to the log (the default when no webhook is configured)."""
+    """Writes notices to the log (the default when no webhook is configured). A log is read
+    by more people than may decide, so it names the run and the tool, not the token: the
+    request is found with ``tether approvals list`` or ``GET /v1/approvals``. With
+    ``links`` (``TETHER_LOG_APPROVAL_LINKS=1``) it writes the approval link too."""
 
     immediate = True
 
+    def __init__(self, *, links: bool = False) -> None:
+        self.links = links
+
     async def send(self, notice: Notice) -> None:
+        extra: dict[str, Any] = {
+            "action": "suspension_notice",
+            "run_id": notice.run_id,
+            "user_id": notice.user_id,
+            "tool": notice.tool,
+            "expires_at": notice.expires_at,
+        }
+        if self.links:
+            extra["approve_url"] = notice.approve_url
         log.info(
-            "approval requested",
-            extra={
-                "action": "suspension_notice",
-                "run_id": notice.run_id,
-                "tool": notice.tool,
-                "approve_url": notice.approve_url,
-                "expires_at": notice.expires_at,
-            },
+            "approval requested: find it with `tether approvals list` or GET /v1/approvals",
+            extra=extra,
         )
 
 

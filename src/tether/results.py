@@ -14,7 +14,7 @@ from tether.errors import TetherError
 from tether.models.base import Message
 from tether.notify import Notice
 from tether.runs import Run, RunState, iso
-from tether.store import Decision
+from tether.store import Decision, Event
 
 
 class StopKind(str, enum.Enum):
@@ -199,13 +199,23 @@ class TokenLookup:
 
 @dataclass(frozen=True, kw_only=True)
 class LiveEvent:
-    """One stored event of a run, with its SEQ (its ordinal in the run, from 1)."""
+    """One stored event of a run as every caller gets it (``Engine.events``,
+    ``Engine.watch``, the HTTP API): its SEQ is its ordinal in the run, from 1 (reference
+    §11); its ``id`` orders events across runs."""
 
+    id: int
     seq: int
     run_id: str
     at: float
     kind: str
     data: dict[str, Any]
+
+    @classmethod
+    def of(cls, event: Event, seq: int) -> LiveEvent:
+        """The stored ``event``, the ``seq``-th of its run."""
+        return cls(
+            id=event.id, seq=seq, run_id=event.run_id, at=event.at, kind=event.kind, data=event.data
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "at": iso(self.at), "kind": self.kind, "data": self.data}

@@ -26,7 +26,7 @@ from waiting import poll_until
 
 from tether.demo import scenes, story
 from tether.demo.stage import SceneResult, Stage, open_stage
-from tether.store import Event
+from tether.results import LiveEvent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,7 @@ def quotes_of(stage: Stage, run_id: str) -> list[dict[str, Any]]:
     return [q for q in henderson(stage)["quotes"] if q["created_key"].startswith(f"{run_id}:")]
 
 
-async def events(stage: Stage, run_id: str, kind: str) -> list[Event]:
+async def events(stage: Stage, run_id: str, kind: str) -> list[LiveEvent]:
     return [e for e in await stage.engine.events(run_id) if e.kind == kind]
 
 

@@ -29,7 +29,7 @@ from waiting import poll_until, run_sync
 
 from tether import Engine, StopKind
 from tether.notify import Notice
-from tether.store import Event
+from tether.results import LiveEvent
 
 FLOOR_S = 5.0  # the interval a broken worker would fall back to
 ORPHANS = 4
@@ -71,7 +71,7 @@ class RefusingHook:
         self.thread.join(timeout=10)
 
 
-def _events(engine: Engine, run_id: str, kind: str) -> list[Event]:
+def _events(engine: Engine, run_id: str, kind: str) -> list[LiveEvent]:
     return [e for e in run_sync(engine.events(run_id)) if e.kind == kind]
 
 

@@ -130,9 +130,12 @@ def test_a_rolling_deploy_strands_old_runs_until_they_are_migrated(
         assert run_sync(new.count_stranded()) == 2
 
         for run_id in ids:
-            moved = _cli(
-                "v2", env, "runs", "migrate", run_id, "--to-version", "kit@v2",
-                "--reason", "deploy 43", "--by", "ops",
+            # No --agent: the live v2 worker registered what v2 has (the default agent,
+            # the demo's, is loaded and not used).
+            moved = subprocess.run(
+                [processes.PYTHON, "-m", "tether", "runs", "migrate", run_id,
+                 "--to-version", "kit@v2", "--reason", "deploy 43", "--by", "ops"],
+                env=env, capture_output=True, text=True, timeout=60, cwd=processes.ROOT,
             )  # fmt: skip
             assert moved.returncode == 0, moved.stderr
             assert json.loads(moved.stdout)["agent_version"] == "kit@v2"

@@ -14,7 +14,7 @@ import processes
 from waiting import poll_until, run_sync
 
 from tether import Engine, Run
-from tether.store import Event
+from tether.results import LiveEvent
 
 
 def _states(engine: Engine) -> dict[str, int]:
@@ -25,7 +25,7 @@ def _run(engine: Engine, run_id: str) -> Run | None:
     return run_sync(engine.get_run(run_id)).run
 
 
-def _events(engine: Engine, run_id: str) -> list[Event]:
+def _events(engine: Engine, run_id: str) -> list[LiveEvent]:
     return run_sync(engine.events(run_id))
 
 

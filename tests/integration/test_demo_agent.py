@@ -4,6 +4,7 @@ its guard and permission re-checks, the manager's approval, and reconciliation b
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -294,3 +295,36 @@ async def test_a_configured_sandbox_url_is_served_as_it_is(
     async with agent.running() as served:
         assert served is agent
     assert agent.deps == Crm(base_url=sandbox_server.url)
+
+
+async def test_an_unreachable_crm_is_a_503_that_keeps_its_address_in_the_log(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """API callers learn that the business system is unreachable; where it lives (an
+    internal address) is for the operator's log only."""
+    from tether.api.app import create_app
+
+    crm_url = closed_url()
+    address = crm_url.removeprefix("http://")
+    agent = build_agent(Settings(sandbox_url=crm_url))
+    engine = Engine(
+        agent=agent, model=ScriptedModel(DEMO_TURNS), settings=Settings(database_url=db_url)
+    )
+    caplog.set_level(logging.WARNING, logger="tether.demo.crm")
+    try:
+        await engine.add_user("dana", "key-dana")
+        transport = httpx.ASGITransport(app=create_app(engine))
+        async with httpx.AsyncClient(transport=transport, base_url="http://tether.test") as api:
+            answer = await api.post(
+                "/v1/runs",
+                json={"question": QUESTION},
+                headers={"Authorization": "Bearer key-dana"},
+            )
+        body = answer.json()
+        assert answer.status_code == 503 and body["error"] == "sandbox_unavailable"
+        assert "unreachable" in body["message"]
+        assert address not in answer.text and "127.0.0.1" not in answer.text
+        assert any(address in r.getMessage() + str(r.__dict__) for r in caplog.records)
+        assert await engine.list_runs("dana") == []  # nothing was created
+    finally:
+        engine.close()

@@ -154,7 +154,7 @@ async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) ->
             tool_call_id="c1",
             message=tool_result("c1", {"late": True}),
             status=CallStatus.ERROR,
-            summary="late",
+            result="late",
             elapsed_ms=7,
             counted=True,
             event={"late": True},
@@ -191,6 +191,31 @@ async def test_invalid_tool_arguments_reach_the_model_as_an_error(db_url: str) -
     errors = [json.loads(m["content"])["error"] for m in results]
     assert errors == ["invalid_arguments", "invalid_arguments", "unknown_tool"]
     assert "query" in json.loads(results[0]["content"])["message"]
+    engine.close()
+
+
+async def test_each_ledger_entry_holds_the_result_the_model_saw_whatever_its_outcome(
+    db_url: str,
+) -> None:
+    turns: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "lookup", "arguments": {"query": "x"}}]},  # a read step
+        {"tool_calls": [{"name": "record", "arguments": {"item": "a"}}]},  # a write
+        {"tool_calls": [{"name": "nope", "arguments": {}}]},  # refused
+        {"content": "ok"},
+    ]
+    engine = inprocess.engine(db_url, turns=turns)
+    outcome = await engine.ask("dana", "go")
+    assert outcome.kind is StopKind.ANSWERED
+    messages = (await engine.get_run(outcome.run_id)).messages
+    seen = {m["tool_call_id"]: json.loads(m["content"]) for m in messages if m["role"] == "tool"}
+    ledger = await engine.ledger(outcome.run_id)
+    assert [(e.tool, e.status) for e in ledger] == [
+        ("lookup", CallStatus.OK),
+        ("record", CallStatus.OK),
+        ("nope", CallStatus.ERROR),
+    ]
+    assert {e.tool_call_id: e.result for e in ledger} == seen
+    assert ledger[0].result is not None and ledger[2].result["error"] == "unknown_tool"
     engine.close()
 
 

@@ -250,6 +250,22 @@ async def test_a_continued_fork_goes_on_from_the_copied_messages_on_its_own_budg
     engine.close()
 
 
+async def test_a_continued_fork_numbers_its_steps_from_k_plus_1_as_the_run_does(
+    db_url: str,
+) -> None:
+    engine = inprocess.engine(db_url, script_name="work")  # lookup, then record, answer
+    parent = await engine.ask("dana", "work")
+    fork = await engine.fork_run(parent.run_id, "dana", at_step=1)
+    await engine.continue_run(fork.id, "dana")
+    assert (await engine.run_until_stop(fork.id)).kind is StopKind.ANSWERED
+
+    turns = [e for e in await engine.events(fork.id) if e.kind in ("model_turn", "answered")]
+    assert [(e.kind, e.data["step"]) for e in turns] == [("model_turn", 2), ("answered", 3)]
+    run = (await engine.get_run(fork.id)).run
+    assert run.step == 3 and run.budget.steps == 2  # its own turns are what it consumed
+    engine.close()
+
+
 async def test_a_fork_before_a_write_makes_it_anew_under_its_own_key(db_url: str) -> None:
     engine = inprocess.engine(db_url, script_name="work")
     parent = await engine.ask("dana", "work")

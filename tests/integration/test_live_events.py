@@ -88,7 +88,7 @@ async def _drive_to_the_end(engine: Engine, run_id: str) -> None:
 
 
 async def _stored(engine: Engine, run_id: str) -> list[tuple[int, str]]:
-    return [(seq, e.kind) for seq, e in enumerate(await engine.events(run_id), start=1)]
+    return [(e.seq, e.kind) for e in await engine.events(run_id)]
 
 
 # -- HTTP ----------------------------------------------------------------------------------
@@ -205,6 +205,17 @@ async def test_watch_follows_a_run_to_its_end_and_resumes_after_a_seq(db_url: st
     assert [(e.seq, e.kind) for e in events] == stored
     later = await _collect(engine, run.id, after=3)
     assert [(e.seq, e.kind) for e in later] == stored[3:]
+    engine.close()
+
+
+async def test_events_and_watch_give_each_event_in_one_shape_with_its_seq(db_url: str) -> None:
+    engine = inprocess.engine(db_url, script_name="standard")
+    run = await engine.start_run("dana", "do the thing")
+    await _drive_to_the_end(engine, run.id)
+    listed = await engine.events(run.id)
+    assert [e.seq for e in listed] == list(range(1, len(listed) + 1))
+    assert await _collect(engine, run.id) == listed  # the same records, field for field
+    assert await _collect(engine, run.id, after=2) == listed[2:]
     engine.close()
 
 

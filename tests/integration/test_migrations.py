@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import agents
 import inprocess
 import pytest
@@ -131,4 +133,52 @@ def test_each_older_revision_is_behind_and_an_unknown_one_is_ahead(empty_url: st
             conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
         assert schema_status(store.engine) is SchemaStatus.AHEAD
     finally:
+        store.close()
+
+
+@pytest.mark.parametrize("empty_url", ["sqlite", "postgresql"], indirect=True)
+async def test_migration_0007_keeps_registered_workers_with_their_tools_unknown(
+    empty_url: str,
+) -> None:
+    """A worker registered before 0007 serves its version still, but its tools are
+    unknown: a suspended run is not moved onto it until it registers again."""
+    import versioned
+
+    from tether import StopKind
+    from tether.errors import InvalidInput
+
+    store = Store(empty_url)
+    cfg = alembic_config(store.engine)
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0006")
+    now = store.now()
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO workers (worker_id, version, started_at, heartbeat_at) "
+                "VALUES ('w-old', 'kit@v2', :now, :now)"
+            ),
+            {"now": now},
+        )
+    upgrade(store.engine)
+    with store.engine.connect() as conn:
+        tools = conn.execute(sa.text("SELECT tools FROM workers")).scalars().all()
+    assert tools == [None]
+    assert store.live_versions(stale_after_s=600) == ["kit@v2"]
+    send: list[dict[str, Any]] = [
+        {"tool_calls": [agents.call("send", item="b")]},
+        {"content": "sent"},
+    ]
+    engine = versioned.engine(empty_url, versioned.v1(), turns=send, heartbeat_timeout_s=600)
+    try:
+        outcome = await engine.ask("dana", "send it")
+        assert outcome.kind is StopKind.SUSPENDED
+        with pytest.raises(InvalidInput, match="registered no tools"):
+            await engine.move_run(outcome.run_id, "kit@v2", user="ops")
+        store.register_worker("w-old", ["kit@v2"], ["send"])
+        moved = await engine.move_run(outcome.run_id, "kit@v2", user="ops")
+        assert moved.agent_version == "kit@v2"
+    finally:
+        engine.close()
         store.close()

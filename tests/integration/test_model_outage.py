@@ -37,9 +37,8 @@ from tether.models import from_spec
 from tether.models.anthropic import AnthropicModel
 from tether.models.base import Model
 from tether.models.openai import OpenAIChatModel
-from tether.results import Outcome
+from tether.results import LiveEvent, Outcome
 from tether.runs import Run
-from tether.store.records import Event
 from tether.store.schema import runs
 
 DEADLINE_S = 30.0
@@ -133,7 +132,7 @@ def ready_at(engine: Engine, run_id: str) -> float | None:
     return None if value is None else float(value)
 
 
-async def of_kind(engine: Engine, run_id: str, kind: str) -> list[Event]:
+async def of_kind(engine: Engine, run_id: str, kind: str) -> list[LiveEvent]:
     return [e for e in await engine.events(run_id) if e.kind == kind]
 
 

@@ -44,3 +44,34 @@ async def test_an_undelivered_notice_is_reissued_with_a_fresh_token(db_url: str)
     finally:
         engine.close()
         hook.close()
+
+
+async def test_every_notice_link_starts_with_the_public_url_of_the_settings(db_url: str) -> None:
+    """The first notice and the reaper's re-issue alike: the link is built in one place,
+    from ``TETHER_PUBLIC_URL``, whichever process sends the notice."""
+    hook = Flaky(failures=1)
+    engine = inprocess.engine(
+        db_url,
+        script_name="send",
+        notifier=WebhookNotifier(hook.url, attempts=1),
+        heartbeat_timeout_s=0.05,
+        public_url="https://tether.example.com/ops",
+    )
+    try:
+        outcome = await engine.ask("dana", "send")
+        assert outcome.notice is not None
+        first = outcome.notice
+        assert first.approve_url == f"https://tether.example.com/ops/approve/{first.token}"
+        await engine._services.outbox.drain(10)  # refused: the reaper re-issues it
+        run = engine._store.get_run(outcome.run_id)
+        assert run is not None
+        await until(lambda: engine._store.now() - (run.suspended_at or 0) > 0.1)
+        assert (await engine.reap()).notices_reissued == [outcome.run_id]
+        await engine._services.outbox.drain(10)
+        [reissued] = hook.received
+        assert reissued["approve_url"] == (
+            f"https://tether.example.com/ops/approve/{reissued['token']}"
+        )
+    finally:
+        engine.close()
+        hook.close()

@@ -382,7 +382,7 @@ class RunMachine(RuleBasedStateMachine):
                 tool_call_id=call,
                 message=message,
                 status=status,
-                summary={"status": status.value},
+                result={"status": status.value},
                 elapsed_ms=ms,
                 counted=counted,
                 event={"call": call},

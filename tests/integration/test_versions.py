@@ -116,14 +116,14 @@ async def test_stranded_runs_are_those_no_live_worker_serves(db_url: str) -> Non
         suspended = (await _suspended(db_url)).run_id
         assert await _stranded_ids(old) == {queued.id, suspended}  # no worker at all
         assert await old.count_stranded() == 2
-        old._store.register_worker("w-old", ["kit@v1", "kit@v0"])
+        old._store.register_worker("w-old", ["kit@v1", "kit@v0"], ["send"])
         assert await _stranded_ids(old) == set()
         assert await old.count_stranded() == 0
         assert old._store.beat_worker("w-old") is True
         old._store.leave("w-old")
         assert old._store.beat_worker("w-old") is False
         assert await _stranded_ids(old) == {queued.id, suspended}
-        old._store.register_worker("w-new", ["kit@v2"])
+        old._store.register_worker("w-new", ["kit@v2"], ["send"])
         assert old._store.live_versions(stale_after_s=600) == ["kit@v2"]
         assert await old.count_stranded() == 2
         with pytest.raises(InvalidInput):
@@ -173,6 +173,7 @@ async def test_migrate_moves_a_waiting_run_with_a_recorded_event(db_url: str) ->
     new = versioned.engine(db_url, versioned.v2())
     try:
         run = await old.start_run("dana", "hello")
+        await new._runner.registration().join()  # a live worker of v2
         moved = await new.move_run(run.id, "kit@v2", user="ops", why="deploy 42")
         assert moved.agent_version == "kit@v2"
         migrated = [e for e in await new.events(run.id) if e.kind == "migrated"]
@@ -192,7 +193,8 @@ async def test_migrate_refuses_what_it_cannot_do_and_changes_nothing(db_url: str
     new = versioned.engine(db_url, versioned.v2())
     try:
         run = await old.start_run("dana", "hello")
-        with pytest.raises(InvalidInput, match="serves kit@v2"):
+        await new._runner.registration().join()
+        with pytest.raises(InvalidInput, match="no live worker serves agent version 'kit@v9'"):
             await new.move_run(run.id, "kit@v9", user="ops")
         with pytest.raises(InvalidInput, match="already on"):
             await old.move_run(run.id, "kit@v1", user="ops")
@@ -218,6 +220,7 @@ async def test_migrate_refuses_a_version_without_the_pending_tool(db_url: str) -
     suspended = await _suspended(db_url)
     no_send = versioned.engine(db_url, versioned.v3())
     try:
+        await no_send._runner.registration().join()
         with pytest.raises(PendingToolUnavailable) as refused:
             await no_send.move_run(suspended.run_id, "kit@v3", user="ops")
         assert refused.value.code == "tool_unavailable"
@@ -227,6 +230,54 @@ async def test_migrate_refuses_a_version_without_the_pending_tool(db_url: str) -
         assert run.state is RunState.SUSPENDED
     finally:
         no_send.close()
+
+
+async def test_migrate_needs_only_a_live_worker_of_the_version_not_its_code(db_url: str) -> None:
+    """The operator's process loads no code of the target version (reference §12): the
+    version's live workers registered their tools, and the pending tool is checked
+    against those."""
+    suspended = await _suspended(db_url)
+    operator = versioned.engine(db_url, versioned.v1())  # serves v1 only
+    v2_worker = versioned.engine(db_url, versioned.v2())
+    v3_worker = versioned.engine(db_url, versioned.v3())  # has no ``send``
+    try:
+        with pytest.raises(InvalidInput, match="no live worker serves"):
+            await operator.move_run(suspended.run_id, "kit@v2", user="ops")
+        await v3_worker._runner.registration().join()
+        with pytest.raises(PendingToolUnavailable) as refused:
+            await operator.move_run(suspended.run_id, "kit@v3", user="ops")
+        assert refused.value.details["tool"] == "send"
+        await v2_worker._runner.registration().join()
+        moved = await operator.move_run(suspended.run_id, "kit@v2", user="ops", why="deploy")
+        assert moved.agent_version == "kit@v2" and moved.state is RunState.SUSPENDED
+        result = await v2_worker.resume_after_confirmation(suspended.answer, "approve", "dana")
+        assert result.outcome.value == "executed"
+        await v2_worker._runner.registration().leave()
+        other = await _suspended(db_url)
+        with pytest.raises(InvalidInput, match="no live worker serves"):  # it stopped
+            await operator.move_run(other.run_id, "kit@v2", user="ops")
+    finally:
+        operator.close()
+        v2_worker.close()
+        v3_worker.close()
+
+
+async def test_a_version_is_refused_when_one_of_its_live_workers_lacks_the_pending_tool(
+    db_url: str,
+) -> None:
+    """A decision may land on any live worker of the version: each must have the tool."""
+    suspended = await _suspended(db_url)
+    operator = versioned.engine(db_url, versioned.v1())
+    try:
+        operator._store.register_worker("w-a", ["kit@v2"], ["send", "lookup"])
+        operator._store.register_worker("w-b", ["kit@v2"], ["lookup"])
+        with pytest.raises(PendingToolUnavailable):
+            await operator.move_run(suspended.run_id, "kit@v2", user="ops")
+        operator._store.leave("w-b")
+        moved = await operator.move_run(suspended.run_id, "kit@v2", user="ops")
+        assert moved.agent_version == "kit@v2"
+    finally:
+        operator.close()
 
 
 async def test_a_decision_whose_tool_is_gone_halts_the_run_tool_unavailable(

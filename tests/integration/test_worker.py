@@ -24,7 +24,7 @@ from tether.config import Settings
 from tether.errors import FailpointError
 from tether.failpoints import clear_failpoints, set_failpoint
 from tether.notify import Notice
-from tether.store import Event
+from tether.results import LiveEvent
 from tether.webhook import WebhookNotifier
 from tether.worker import Worker
 
@@ -149,7 +149,7 @@ async def _older_than(engine: Engine, ids: list[str], seconds: float) -> bool:
     return all(r is not None and now - (r.suspended_at or now) > seconds for r in runs)
 
 
-async def _event(engine: Engine, run_id: str, kind: str) -> Event:
+async def _event(engine: Engine, run_id: str, kind: str) -> LiveEvent:
     return next(e for e in await engine.events(run_id) if e.kind == kind)
 
 

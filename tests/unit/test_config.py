@@ -49,3 +49,32 @@ def test_the_session_secret_comes_from_settings_and_stays_out_of_repr() -> None:
     assert settings.session_secret == "s3cret-value"
     assert "s3cret-value" not in repr(settings)
     assert Settings.from_env({"TETHER_SESSION_SECRET": ""}).session_secret is None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "localhost:8000",
+        "ftp://tether.example.com",
+        "https://",
+        "http:///approve",
+        "tether.example",
+        "http://tether.example:port",
+    ],
+)
+def test_a_public_url_without_http_and_a_host_fails_settings_at_start_up(raw: str) -> None:
+    with pytest.raises(ConfigError, match="TETHER_PUBLIC_URL"):
+        Settings.from_env({"TETHER_PUBLIC_URL": raw})
+
+
+def test_the_public_url_is_read_without_its_trailing_slash() -> None:
+    settings = Settings.from_env({"TETHER_PUBLIC_URL": "https://tether.example.com/ops/"})
+    assert settings.public_url == "https://tether.example.com/ops"
+    assert Settings.from_env({}).public_url is None
+
+
+@pytest.mark.parametrize(("raw", "value"), [("1", True), ("true", True), ("0", False), ("", False)])
+def test_logging_approval_links_is_off_unless_asked_for(raw: str, value: bool) -> None:
+    assert Settings.from_env({"TETHER_LOG_APPROVAL_LINKS": raw}).log_approval_links is value
+    with pytest.raises(ConfigError, match="TETHER_LOG_APPROVAL_LINKS"):
+        Settings.from_env({"TETHER_LOG_APPROVAL_LINKS": "sometimes"})

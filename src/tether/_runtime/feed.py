@@ -61,7 +61,7 @@ class _Watcher:
             if event.id > self.last_id:
                 self.seq += 1
                 self.last_id = event.id
-                self.read.append(_live(self.seq, event))
+                self.read.append(LiveEvent.of(event, self.seq))
         self.ended = state is None or (state.terminal and complete)
         self.due = self.due or not complete
         self.woken.set()
@@ -208,7 +208,3 @@ class Feed:
             watcher.due = True
         if woken:
             self._wake.set()
-
-
-def _live(seq: int, event: Event) -> LiveEvent:
-    return LiveEvent(seq=seq, run_id=event.run_id, at=event.at, kind=event.kind, data=event.data)

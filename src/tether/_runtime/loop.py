@@ -83,7 +83,7 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
     step_started: float | None = None
     failures = session.run.model_failures  # consecutive failed model calls, as stored
     if session.pending_calls():  # the rest of a step begun before this stretch
-        steps.open(session.budget.steps, resumed=True)
+        steps.open(session.step, resumed=True)
     while True:
         for batch in batches(session, session.pending_calls()):
             if session.stopping:
@@ -105,11 +105,11 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
         fail("before_model_call")
         session.check_held()
         step_started = time.monotonic()
-        steps.open(session.budget.steps + 1)
+        steps.open(session.step + 1)
         try:
             with (
                 MODEL_SECONDS.time(),
-                tracing.model_call(session.services.model.name, session.budget.steps + 1) as chat,
+                tracing.model_call(session.services.model.name, session.step + 1) as chat,
             ):
                 response = await session.services.model.request(
                     list(session.messages), list(session.services.agent.tool_specs)

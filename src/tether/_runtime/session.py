@@ -67,7 +67,7 @@ class Result:
 
     @property
     def summary(self) -> Any:
-        """What the ledger records of a result that is not ``ok`` (its error code)."""
+        """The error code of a result that is not ``ok``, for its trace event and span."""
         if isinstance(self.content, dict) and self.status is not CallStatus.OK:
             return self.content.get("error")
         return None
@@ -102,6 +102,9 @@ class RunSession:
         self.lease: Lease = run.lease()
         self.messages = messages
         self.budget: Budget = run.budget
+        # The model turns its messages hold (the run's ``step``): a fork starts at the step
+        # it was forked at, so its turns go on from there while its budget starts at zero.
+        self.step = run.step
         self.scope = scope
         # The decision recorded with the run's current suspension token, until carried out.
         self._decision = decision
@@ -190,7 +193,7 @@ class RunSession:
         calls = tool_calls_of(message)
         spend = spend_usd(response.model, response.usage, self.services.settings.prices)
         event = {
-            "step": self.budget.steps + 1,
+            "step": self.step + 1,
             "tool_calls": [c.name for c in calls],
             "spend_usd": spend,
             "input_tokens": response.usage.input_tokens,
@@ -214,7 +217,7 @@ class RunSession:
         events: list[tuple[str, dict[str, Any]]] = []
         if verdict is not None and rejected:  # the model gets it back with its errors
             stored.append(verdict.feedback())
-            events.append(("output_invalid", verdict.event(self.budget.steps + 1)))
+            events.append(("output_invalid", verdict.event(self.step + 1)))
         await hop(
             self.services.store.persist_turn,
             self.lease,
@@ -234,6 +237,7 @@ class RunSession:
         self.messages.append(turn.message)
         self.messages.extend(stored)
         self.budget = self.budget.after_turn(turn.spend).after_tool_calls(counted)
+        self.step += 1
         self._recovering = False
 
     async def append_result(
@@ -249,7 +253,7 @@ class RunSession:
             tool_call_id=call.id,
             message=message,
             status=status,
-            summary=result.summary,
+            result=content,
             elapsed_ms=self._elapsed(),
             counted=counted,
             event=result.event(),
@@ -405,7 +409,7 @@ class RunSession:
             arguments=arguments if isinstance(arguments, dict) else {"_raw": str(arguments)},
             effect=tool.effect.value if tool is not None else "read",
             status=CallStatus.INTENT if result is None else result.status,
-            result=None if result is None else result.summary,
+            result=None if result is None else result.content,
         )
 
     def _normalized(self, message: Message) -> Message:
@@ -418,9 +422,9 @@ class RunSession:
             return out
         fixed = []
         for i, raw in enumerate(raw_calls):
-            call_id = str(raw.get("id") or f"call_{self.budget.steps}_{i}")[:100]
+            call_id = str(raw.get("id") or f"call_{self.step}_{i}")[:100]
             while call_id in self._call_ids:
-                call_id = f"{call_id}~{self.budget.steps}"
+                call_id = f"{call_id}~{self.step}"
             self._call_ids.add(call_id)
             fixed.append({**raw, "id": call_id, "type": raw.get("type", "function")})
         out["tool_calls"] = fixed

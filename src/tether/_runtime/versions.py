@@ -60,27 +60,22 @@ async def count_stranded(services: Services) -> int:
 async def move_run(
     services: Services, run_id: str, to_version: str, *, by: str, why: str | None = None
 ) -> Run:
-    """Move a run to ``to_version``, one this process serves (so its tools are known
-    here), recording who, why and both versions as a ``migrated`` event. Refused
-    (nothing changes): ``not_found``; ``already_finished``; ``invalid_input`` when the
-    version is not served here, is already the run's, or a live worker is carrying the run
-    now (it hands it back at its next step boundary on SIGTERM); ``tool_unavailable`` when
-    the run is suspended on a tool ``to_version`` does not have."""
+    """Move a run to ``to_version``, recording who, why and both versions as a ``migrated``
+    event. The version's code need not be loaded here: its live workers registered the
+    tools they have (``Registration``). Refused (nothing changes): ``not_found``;
+    ``already_finished``; ``invalid_input`` when no live worker serves the version, it is
+    already the run's, or a live worker is carrying the run now (it hands it back at its
+    next step boundary on SIGTERM); ``tool_unavailable`` when the run is suspended on a
+    tool a live worker of ``to_version`` does not have."""
     inputs.user_id(by, "by")
     if not isinstance(to_version, str) or not 0 < len(to_version) <= MAX_VERSION_CHARS:
         raise InvalidInput(f"the version must be 1 to {MAX_VERSION_CHARS} characters")
     if why is not None:
         why = inputs.text(why, "reason", MAX_WHY_CHARS)
-    if to_version not in services.versions:
-        raise InvalidInput(
-            f"this process serves {', '.join(services.versions)}, not {to_version!r}: run the "
-            "migration with the agent of that version (--agent), so its tools can be checked"
-        )
     moved = await hop(
         services.store.move_run,
         run_id=inputs.run_id(run_id),
         to_version=to_version,
-        tools=[tool.name for tool in services.agent.tools],
         by=by,
         why=why,
         stale_after_s=services.settings.heartbeat_timeout_s,
@@ -97,6 +92,16 @@ def _refusal(code: str | None, run: Run | None, to_version: str) -> TetherError:
         return AlreadyFinished(f"the run is {run.state.value}; only a waiting run moves")
     if code == "same_version":
         return InvalidInput(f"the run is already on agent version {to_version!r}")
+    if code == "not_served":
+        return InvalidInput(
+            f"no live worker serves agent version {to_version!r}: start a worker of that "
+            "version (it registers the tools it has), then migrate"
+        )
+    if code == "tools_unknown":
+        return InvalidInput(
+            f"the live workers of agent version {to_version!r} registered no tools (they "
+            "predate this check): restart them, then migrate"
+        )
     if code == "tool_unavailable":
         tool = run.pending.tool if run.pending is not None else "?"
         return PendingToolUnavailable(
@@ -123,7 +128,11 @@ class Registration:
         return self.services.settings.heartbeat_timeout_s / 3
 
     async def join(self) -> None:
-        await hop(self.services.store.register_worker, self.worker_id, self.services.versions)
+        """Register the versions served and the tool names this process has for them."""
+        tools = [tool.name for tool in self.services.agent.tools]
+        await hop(
+            self.services.store.register_worker, self.worker_id, self.services.versions, tools
+        )
 
     async def beat(self) -> None:
         """Refresh the heartbeat; register again if the rows were forgotten."""

@@ -127,8 +127,8 @@ async def run_events(run_id: str, user: Caller, engine: EngineDep) -> dict[str, 
     found = await engine.events(run_id)
     return {
         "items": [
-            {"id": e.id, "seq": seq, "at": iso(e.at), "kind": e.kind, "data": e.data}
-            for seq, e in enumerate(found, start=1)
+            {"id": e.id, "seq": e.seq, "at": iso(e.at), "kind": e.kind, "data": e.data}
+            for e in found
         ]
     }
 

@@ -55,6 +55,10 @@ def worker(
         bool, typer.Option(help="exit once no run waits and none is in hand")
     ] = False,
     reap: Annotated[bool, typer.Option(help="run the reaper on its interval")] = True,
+    public_url: Annotated[
+        str | None,
+        typer.Option(help="base URL of approval links in notices (default TETHER_PUBLIC_URL)"),
+    ] = None,
 ) -> None:
     """Claim runs that wait for a worker and carry them to their next stop. With the demo
     agent and no TETHER_SANDBOX_URL it starts its own sandbox on the shared sandbox data
@@ -62,7 +66,7 @@ def worker(
     configure("INFO")
     from tether.cli.serving import run_worker
 
-    run_worker(agent, concurrency, exit_when_idle=exit_when_idle, reap=reap)
+    run_worker(agent, concurrency, exit_when_idle=exit_when_idle, reap=reap, public_url=public_url)
 
 
 @app.command()
@@ -78,7 +82,10 @@ def serve(
     agent: AgentOpt = DEFAULT_AGENT,
     public_url: Annotated[
         str | None,
-        typer.Option(help="base URL of approval links in notices (default http://HOST:PORT)"),
+        typer.Option(
+            help="base URL of approval links in notices (default TETHER_PUBLIC_URL, "
+            "else http://HOST:PORT)"
+        ),
     ] = None,
     concurrency: Annotated[
         int, typer.Option(min=1, max=1000, help="runs each worker carries at once")
@@ -91,8 +98,8 @@ def serve(
     configure("INFO")
     from tether.cli.serving import serve_api
 
-    base = (public_url or f"http://{_url_host(host)}:{port}").rstrip("/")
-    serve_api(agent, host, port, base, workers * concurrency)
+    own = f"http://{_url_host(host)}:{port}"
+    serve_api(agent, host, port, public_url, workers * concurrency, own_url=own)
 
 
 def _url_host(host: str) -> str:

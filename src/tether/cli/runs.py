@@ -76,8 +76,9 @@ def runs_migrate(
     ] = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Move a waiting run to another agent version (reference §12): ``--agent`` must load that
-    version, so the run's pending tool can be checked. Recorded as a ``migrated`` event."""
+    """Move a waiting run to another agent version (reference §12), one a live worker serves:
+    the run's pending tool is checked against the tools that version's live workers
+    registered, so no ``--agent`` is needed. Recorded as a ``migrated`` event."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
     from tether.runs import run_to_json

@@ -13,18 +13,22 @@ from contextlib import contextmanager
 import typer
 
 from tether.cli.wiring import engine_for
+from tether.engine import Engine
 from tether.worker import Worker
 
 log = logging.getLogger(__name__)
 
 
-def run_worker(agent: str, concurrency: int, *, exit_when_idle: bool, reap: bool) -> None:
+def run_worker(
+    agent: str, concurrency: int, *, exit_when_idle: bool, reap: bool, public_url: str | None
+) -> None:
     """``tether worker``: carry runs of ``agent`` until stopped (or idle)."""
 
     async def go() -> None:
         async with engine_for(
-            agent, serve_agent=True, carries_runs=True, migrate_empty=True
+            agent, serve_agent=True, carries_runs=True, migrate_empty=True, public_url=public_url
         ) as engine:
+            _warn_of_relative_links(engine)
             runner = Worker(engine, concurrency=concurrency)
             _started()
             with _signals(runner.stop):
@@ -33,9 +37,24 @@ def run_worker(agent: str, concurrency: int, *, exit_when_idle: bool, reap: bool
     asyncio.run(go())
 
 
-def serve_api(agent: str, host: str, port: int, base: str, slots: int) -> None:
-    """``tether serve``: the HTTP API and ``slots`` worker slots on one engine."""
-    asyncio.run(_serve(agent, host, port, base, slots))
+def _warn_of_relative_links(engine: Engine) -> None:
+    """A worker has no address of its own: without a public URL, the links in the notices
+    it posts to a webhook have no host. Said once, at start."""
+    if engine.settings.webhook_url and not engine.public_url:
+        log.warning(
+            "notices go to TETHER_WEBHOOK_URL with approval links that have no host "
+            "(/approve/...): set TETHER_PUBLIC_URL or --public-url to the URL people reach "
+            "`tether serve` at",
+            extra={"action": "worker"},
+        )
+
+
+def serve_api(
+    agent: str, host: str, port: int, public_url: str | None, slots: int, *, own_url: str
+) -> None:
+    """``tether serve``: the HTTP API and ``slots`` worker slots on one engine; links in
+    notices start with ``public_url`` (the flag), else TETHER_PUBLIC_URL, else ``own_url``."""
+    asyncio.run(_serve(agent, host, port, public_url, slots, own_url))
 
 
 def _started() -> None:
@@ -46,7 +65,9 @@ def _started() -> None:
     gc.freeze()
 
 
-async def _serve(agent_spec: str, host: str, port: int, base: str, slots: int) -> None:
+async def _serve(
+    agent_spec: str, host: str, port: int, flag: str | None, slots: int, own_url: str
+) -> None:
     """Uvicorn and the worker in one event loop on one engine; the worker carries
     ``slots`` runs at once (``--workers`` times ``--concurrency``) and stops with the server."""
     import uvicorn
@@ -54,8 +75,14 @@ async def _serve(agent_spec: str, host: str, port: int, base: str, slots: int) -
     from tether.api.app import create_app
 
     async with engine_for(
-        agent_spec, serve_agent=True, carries_runs=slots > 0, migrate_empty=True, public_url=base
+        agent_spec,
+        serve_agent=True,
+        carries_runs=slots > 0,
+        migrate_empty=True,
+        public_url=flag,
+        own_url=own_url,
     ) as engine:
+        base = engine.public_url
         await engine.ensure_agent_users()
         app = create_app(engine, public_url=base)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager, nullcontext
 from typing import TypeVar
 
 from tether.agent import Agent, load_agent
-from tether.config import Settings
+from tether.config import Settings, check_public_url
 from tether.engine import Engine
 from tether.errors import ConfigError
 from tether.models.base import Message, Model, ModelResponse, ToolSpec
@@ -50,7 +50,7 @@ def pick_notifier(settings: Settings) -> Notifier:
         from tether.webhook import WebhookNotifier
 
         return WebhookNotifier(settings.webhook_url)
-    return LogNotifier()
+    return LogNotifier(links=settings.log_approval_links)
 
 
 @asynccontextmanager
@@ -60,22 +60,34 @@ async def engine_for(
     serve_agent: bool = False,
     carries_runs: bool = False,
     migrate_empty: bool = False,
-    public_url: str = "",
+    public_url: str | None = None,
+    own_url: str = "",
 ) -> AsyncIterator[Engine]:
     """The process's one engine for ``agent_spec``, configured from the environment and
     opened. ``serve_agent`` enters the agent's lifespan first (what it needs running
     beside it, e.g. the demo's sandbox), for commands that call its tools or scope. Spans
-    are exported over OTLP when the environment names an endpoint (``tracing.exporting``)."""
+    are exported over OTLP when the environment names an endpoint (``tracing.exporting``).
+    Links in notices start with ``public_url`` (``--public-url``), else TETHER_PUBLIC_URL,
+    else ``own_url`` (``serve``'s own address; none for other commands)."""
     with tracing.exporting():
-        async with _engine(agent_spec, serve_agent, carries_runs, migrate_empty, public_url) as e:
+        base = check_public_url(public_url, "--public-url")
+        async with _engine(
+            agent_spec, serve_agent, carries_runs, migrate_empty, base, own_url
+        ) as e:
             yield e
 
 
 @asynccontextmanager
 async def _engine(
-    agent_spec: str, serve_agent: bool, carries_runs: bool, migrate_empty: bool, public_url: str
+    agent_spec: str,
+    serve_agent: bool,
+    carries_runs: bool,
+    migrate_empty: bool,
+    public_url: str | None,
+    own_url: str,
 ) -> AsyncIterator[Engine]:
     settings = Settings.from_env()
+    public_url = public_url or settings.public_url or own_url
     loaded = load_agent(agent_spec, settings)
     model = pick_model(loaded, settings, required=carries_runs)
     async with loaded.running() if serve_agent else nullcontext(loaded) as agent:

@@ -12,6 +12,7 @@ the demo agent but calls no tool (``tether runs list``) does not pay for them.
 from __future__ import annotations
 
 import functools
+import logging
 import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,8 @@ from tether.errors import TetherError
 
 if TYPE_CHECKING:
     import httpx
+
+log = logging.getLogger(__name__)
 
 # Where ``tether sandbox serve`` listens by default.
 DEFAULT_SANDBOX_URL = "http://127.0.0.1:8100"
@@ -36,9 +39,13 @@ def tls() -> ssl.SSLContext:
 
 
 class SandboxUnavailable(TetherError):
-    """The sandbox CRM could not be reached to resolve a user's scope."""
+    """The sandbox CRM could not be reached to resolve a user's scope. Its message reaches
+    API callers, so it says only that; the CRM's address and error go to the log."""
 
     code = "sandbox_unavailable"
+
+
+UNREACHABLE = "the business system (the CRM) is unreachable; try again later"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,11 +134,23 @@ class Crm:
             async with self._client() as client:
                 response = await client.get(path)
         except httpx.HTTPError as exc:
-            raise SandboxUnavailable(f"cannot reach the CRM at {self.url}: {exc!r}") from exc
+            log.warning(
+                "cannot reach the CRM to resolve a scope",
+                extra={"action": "scope", "url": f"{self.url}{path}", "error": repr(exc)[:500]},
+            )
+            raise SandboxUnavailable(UNREACHABLE) from exc
         if response.status_code == 404:
             return None
         if response.is_error:
-            raise SandboxUnavailable(f"GET {path}: {error_message(response)}")
+            log.warning(
+                "the CRM refused a scope lookup",
+                extra={
+                    "action": "scope",
+                    "url": f"{self.url}{path}",
+                    "error": error_message(response),
+                },
+            )
+            raise SandboxUnavailable(UNREACHABLE)
         found: dict[str, Any] = response.json()
         return found
 

@@ -16,7 +16,7 @@ from tether.engine import Engine
 from tether.errors import TetherError
 from tether.models.base import Message
 from tether.notify import Notice
-from tether.store import Event
+from tether.results import LiveEvent
 
 
 def _short(value: Any, width: int = 60) -> str:
@@ -91,7 +91,7 @@ def notice_panel(notice: Notice) -> Panel:
     return Panel(table, title=f"approval requested from {notice.user_id}", expand=False)
 
 
-def grant_panel(grant: Event) -> Panel:
+def grant_panel(grant: LiveEvent) -> Panel:
     """The ``continued`` event: who granted what, why, after which halt."""
     data = grant.data
     table = Table("limit", "old", "new", box=None)

@@ -72,6 +72,7 @@ class Override(TypedDict, total=False):
     version: str
     timeout_s: float
     retries: int
+    check_timeout_s: float
     description: str
 
 

@@ -23,7 +23,7 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 # The revisions of migrations/versions, oldest first; the last is this code's head.
 # tests/integration/test_migrations.py checks this against Alembic's own chain.
-REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007_worker_tools")
 _VERSION = sa.text("SELECT version_num FROM alembic_version")
 
 

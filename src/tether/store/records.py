@@ -36,6 +36,9 @@ class LedgerEntry:
     arguments: dict[str, Any]
     effect: str
     status: CallStatus
+    # The result the model saw for the call (what its tool result message holds), for
+    # every outcome: a tool's answer, an error's ``{"error", "message"}``, a dry run's
+    # ``would_call``; None while it is an intent; for ``unknown``, why it is unknown.
     result: Any
     intent_at: float
     outcome_at: float | None

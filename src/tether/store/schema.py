@@ -195,9 +195,10 @@ api_keys = sa.Table(
 )
 sa.Index("api_keys_user", api_keys.c.user_id)
 
-# The worker registry (reference §12, migration 0006): one row per worker and version it
-# serves, with the worker's heartbeat on the database's clock. A version is served while
-# a row of it has a fresh heartbeat; a run waiting on a version none serves is stranded.
+# The worker registry (reference §12, migrations 0006 and 0007): one row per worker and
+# version it serves, with its tools and its heartbeat on the database's clock. A version
+# is served while a row of it has a fresh heartbeat; a run waiting on a version none
+# serves is stranded.
 workers = sa.Table(
     "workers",
     metadata,
@@ -205,5 +206,8 @@ workers = sa.Table(
     sa.Column("version", sa.String(128), primary_key=True),
     sa.Column("started_at", sa.Float, nullable=False),
     sa.Column("heartbeat_at", sa.Float, nullable=False),
+    # The tool names of the agent the worker runs (migration 0007): what a run moved to
+    # this version may wait on. NULL for a row registered before it (unknown).
+    sa.Column("tools", sa.JSON, nullable=True),
 )
 sa.Index("workers_version", workers.c.version, workers.c.heartbeat_at)

@@ -49,6 +49,14 @@ class Intent:
     result: Any = None
 
 
+# The ledger's result of a call whose outcome could not be learnt (no result reached the
+# model): shaped as the error results the model sees.
+UNRECONCILABLE = {
+    "error": FailReason.UNRECONCILABLE.value,
+    "message": "whether this call took effect could not be learnt; a person must look",
+}
+
+
 def idempotency_key(run_id: str, tool_call_id: str) -> str:
     """The key of a tool call, in the ledger and towards the tool's downstream (reference §3)."""
     return f"{run_id}:{tool_call_id}"
@@ -133,12 +141,13 @@ class Steps(StoreBase):
         tool_call_id: str,
         message: Message,
         status: CallStatus,
-        summary: Any,
+        result: Any,
         elapsed_ms: int,
         counted: bool,
         event: dict[str, Any],
     ) -> None:
-        """A tool's result message, its ledger outcome and the counters, in one
+        """A tool's result message, its ledger outcome (``status``, and ``result``: the
+        result the model sees, which the message holds) and the counters, in one
         transaction. Only a result that is not ``ok`` gets a trace event: a routine result
         is in the messages already. Idempotent by ``seq``, as ``persist_turn``."""
         params = {
@@ -149,7 +158,7 @@ class Steps(StoreBase):
             "b_fresh": self.heartbeat_refresh_s,
             "b_key": idempotency_key(lease.run_id, tool_call_id),
             "b_status": status.value,
-            "b_result": summary,
+            "b_result": result,
         }
         traced = status is not CallStatus.OK
         try:
@@ -239,7 +248,7 @@ class Steps(StoreBase):
                 outcome = {
                     "b_key": idempotency_key(lease.run_id, unknown_call),
                     "b_status": CallStatus.UNKNOWN.value,
-                    "b_result": FailReason.UNRECONCILABLE.value,
+                    "b_result": UNRECONCILABLE,
                 }
                 conn.execute(RECORD_OUTCOME, outcome)
             add_event(conn, lease.run_id, "failed", {"reason": stored, **event})

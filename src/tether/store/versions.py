@@ -50,13 +50,17 @@ _STRANDED_RUNS = (
 _COUNT_STRANDED = sa.select(sa.func.count()).select_from(runs).where(_STRANDED)
 _LIVE_VERSIONS = sa.select(workers.c.version).where(_LIVE).distinct().order_by(workers.c.version)
 _RUN = sa.select(runs).where(runs.c.id == sa.bindparam("b_id"))
+# The tools each live worker of a version registered (NULL: registered before 0007).
+_LIVE_TOOLS = sa.select(workers.c.tools).where(
+    workers.c.version == sa.bindparam("b_version"), _LIVE
+)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Migration:
     """What ``move_run`` found: the run as moved (``run``), or why it was not moved
     (``refused``: ``not_found``, ``already_finished``, ``busy``, ``same_version``,
-    ``tool_unavailable``) with the run as it stands."""
+    ``not_served``, ``tools_unknown``, ``tool_unavailable``) with the run as it stands."""
 
     run: Run | None
     refused: str | None = None
@@ -65,9 +69,12 @@ class Migration:
 class Versions(StoreBase):
     """The worker registry, stranded runs, and moving a run to another agent version."""
 
-    def register_worker(self, worker_id: str, versions: Sequence[str]) -> None:
-        """Record that ``worker_id`` is alive and serves ``versions`` (replacing what it
-        served before), and forget workers silent for a day."""
+    def register_worker(
+        self, worker_id: str, versions: Sequence[str], tools: Sequence[str]
+    ) -> None:
+        """Record that ``worker_id`` is alive and serves ``versions`` with ``tools`` (the
+        tool names of its agent), replacing what it served before, and forget workers
+        silent for a day."""
         with self.engine.begin() as conn:
             conn.execute(workers.delete().where(_OF_WORKER), {"b_worker": worker_id})
             conn.execute(workers.delete().where(workers.c.heartbeat_at < db_now() - FORGET_AFTER_S))
@@ -75,10 +82,14 @@ class Versions(StoreBase):
                 workers.insert().values(
                     worker_id=worker_id,
                     version=sa.bindparam("b_version"),
+                    tools=sa.bindparam("b_tools", type_=sa.JSON),
                     started_at=db_now(),
                     heartbeat_at=db_now(),
                 ),
-                [{"b_version": version} for version in dict.fromkeys(versions)],
+                [
+                    {"b_version": version, "b_tools": sorted(set(tools))}
+                    for version in dict.fromkeys(versions)
+                ],
             )
 
     def beat_worker(self, worker_id: str) -> bool:
@@ -116,23 +127,23 @@ class Versions(StoreBase):
         *,
         run_id: str,
         to_version: str,
-        tools: Sequence[str],
         by: str,
         why: str | None,
         stale_after_s: float,
     ) -> Migration:
         """Move a run that is not terminal and not carried by a live owner to
-        ``to_version``, whose agent has ``tools``, recording a ``migrated`` event (who,
+        ``to_version``, one some live worker serves, recording a ``migrated`` event (who,
         why, both versions); one transaction, under the run's row lock, so it cannot race
-        a claim. A suspended run is refused when its pending tool is not in ``tools``. A
-        queued run wakes the workers; an orphan stays as it is, so a reaper of the new
-        version reconciles it before it goes on."""
+        a claim. A suspended run is refused when its pending tool is missing from the
+        tools any live worker of ``to_version`` registered. A queued run wakes the
+        workers; an orphan stays as it is, so a reaper of the new version reconciles it
+        before it goes on."""
         with self.begin() as conn:
             row = conn.execute(self.dialect.lock(_RUN), {"b_id": run_id}).first()
             if row is None:
                 return Migration(run=None, refused="not_found")
             run = Run.from_row(row._mapping)
-            refused = _refusal(run, to_version, tools, conn, stale_after_s)
+            refused = _refusal(run, to_version, conn, stale_after_s)
             if refused is not None:
                 return Migration(run=run, refused=refused)
             moved = conn.execute(
@@ -153,19 +164,21 @@ class Versions(StoreBase):
             return Migration(run=Run.from_row(moved._mapping))
 
 
-def _refusal(
-    run: Run, to_version: str, tools: Sequence[str], conn: sa.Connection, stale_after_s: float
-) -> str | None:
+def _refusal(run: Run, to_version: str, conn: sa.Connection, stale_after_s: float) -> str | None:
     if run.state.terminal:
         return "already_finished"
     if run.agent_version == to_version:
         return "same_version"
-    if (
-        run.state is RunState.SUSPENDED
-        and run.pending is not None
-        and run.pending.tool not in tools
-    ):
-        return "tool_unavailable"
+    served = conn.execute(_LIVE_TOOLS, {"b_version": to_version, "b_stale": stale_after_s})
+    tools = [row.tools for row in served]
+    if not tools:
+        return "not_served"
+    if run.state is RunState.SUSPENDED and run.pending is not None:
+        known = [names for names in tools if names is not None]
+        if not known:
+            return "tools_unknown"
+        if any(run.pending.tool not in names for names in known):
+            return "tool_unavailable"
     if run.state is RunState.RUNNING and run.owner is not None:
         fresh = conn.execute(
             sa.select(runs.c.heartbeat_at > db_now() - _STALE_S).where(runs.c.id == run.id),

@@ -1,8 +1,9 @@
-"""A tool call bounded by its timeout (reference §10), and never waited on once it overran.
+"""A tool call bounded by its timeout (reference §10), and never waited on once it overran;
+a tool's checks (guard, preview, ...) are bounded the same way, by ``check_timeout_s``.
 
 An ``async def`` runs as a task, cancelled at the timeout (it stops at its next await). A
 plain function runs in a daemon thread of its own, not in the event loop's executor: the
-heartbeat and the tools' checks share that executor, and a process joins its threads at
+heartbeat and every ``to_thread`` share that executor, and a process joins its threads at
 exit, so a function that never returns would starve the one and hang the other. A thread
 cannot be stopped: once it overran, its result is dropped and nothing waits for it.
 ``still_running`` tells whether an overrun write is still at work, so that reconciling it

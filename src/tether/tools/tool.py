@@ -6,30 +6,34 @@ human approves; its digest is SHA-256 of canonical JSON), a ``guard`` (a busines
 that can refuse) and a ``reconcile`` (finds a write's outcome by its idempotency key).
 
 Safe by default: a definition that could act twice or act unchecked is refused when it is
-declared (``UnsafeTool``), and a guard answer that is not an explicit allow refuses.
+declared (``UnsafeTool``), one that cannot work as written too (``InvalidTool``,
+``tether.tools.declaration``), and a guard answer that is not an explicit allow refuses,
+as does a check that does not answer within the tool's ``check_timeout_s``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import inspect
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast, get_type_hints, overload
+from typing import Any, cast, overload
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ValidationError
 
 from tether.errors import ConfigError, TetherError
 from tether.models.base import ToolSpec
 from tether.scope import Scope
 from tether.tools._timeouts import still_running, within
+from tether.tools.declaration import CALLED_WITH, InvalidTool, arguments_of, check_signature
 
-T = TypeVar("T")
 # How long a tool call may take before it is abandoned (reference §10), unless declared.
 DEFAULT_TIMEOUT_S = 60.0
+# How long each of its checks (permission, preview, guard, conditional confirmation,
+# reconcile) may take before it counts as failed, unless declared.
+DEFAULT_CHECK_TIMEOUT_S = 10.0
 log = logging.getLogger(__name__)
 
 
@@ -175,10 +179,15 @@ class Tool:
     # times), a write's outcome is unknown and it is reconciled (reference §10).
     timeout_s: float = DEFAULT_TIMEOUT_S
     retries: int = 0
+    # Seconds each of its checks may take: past them one refuses the call (fails closed)
+    # and a reconcile counts as unreachable.
+    check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S
 
     def __post_init__(self) -> None:
         check_safe(self)
         check_timing(self)
+        for role in CALLED_WITH:
+            check_signature(self.name, role, getattr(self, role))
 
     def spec(self) -> ToolSpec:
         """The tool as the model sees it."""
@@ -214,14 +223,14 @@ class Tool:
         """The artefact the human approves, or None if the tool has no preview."""
         if self.preview is None:
             return None
-        return cast(dict[str, Any], await _run(self.preview, args, scope))
+        return cast(dict[str, Any], await self._checked("preview", self.preview, args, scope))
 
     async def check_guard(self, args: BaseModel, scope: Scope, ctx: ToolContext) -> GuardResult:
         """Run the guard; a tool without one allows everything. Fails closed: only an
         explicit ``GuardResult.allow()`` allows; any other answer refuses."""
         if self.guard is None:
             return GuardResult.allow()
-        verdict = await _run(self.guard, args, scope, ctx)
+        verdict = await self._checked("guard", self.guard, args, scope, ctx)
         if isinstance(verdict, GuardResult):
             return verdict if verdict.ok or verdict.reason else GuardResult.refuse("refused")
         return GuardResult.refuse(
@@ -240,7 +249,7 @@ class Tool:
         if isinstance(rule, bool):
             return rule
         try:
-            return bool(await _run(rule, args, scope))
+            return bool(await self._checked("conditional confirmation", rule, args, scope))
         except Exception:
             log.exception("confirmation check failed", extra={"tool": self.name})
             return True
@@ -249,7 +258,7 @@ class Tool:
         """Whether ``scope`` still allows this call; tools without a check allow it."""
         if self.permitted is None:
             return True
-        return bool(await _run(self.permitted, args, scope))
+        return bool(await self._checked("permission check", self.permitted, args, scope))
 
     async def find_outcome(self, key: str, ctx: ToolContext) -> Reconciled:
         """Ask the tool whether the write with ``key`` took effect. A reconcile that
@@ -258,7 +267,7 @@ class Tool:
         if self.reconcile is None:
             return Reconciled.unknown(f"{self.name} has no reconcile")
         try:
-            answer = await _run(self.reconcile, key, ctx)
+            answer = await self._checked("reconcile", self.reconcile, key, ctx)
         except Exception as exc:
             return Reconciled.unreachable(f"{type(exc).__name__}: {exc}"[:500])
         if not isinstance(answer, Reconciled):
@@ -267,6 +276,16 @@ class Tool:
             # Absent for now: the call that overran its timeout may yet take effect.
             return Reconciled.unreachable(f"{self.name} overran its timeout and still runs")
         return answer
+
+    async def _checked(self, role: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, one of the tool's checks, bounded by ``check_timeout_s`` as a call
+        is by its timeout (``tether.tools._timeouts``): past it, ``ToolFailed``, which
+        refuses the call (fails closed) or, for a reconcile, means it could not ask."""
+        try:
+            return await within(fn, args, {}, timeout_s=self.check_timeout_s)
+        except TimeoutError as exc:
+            limit = f"{self.check_timeout_s:g} s (check_timeout_s)"
+            raise ToolFailed(f"the {role} of {self.name} did not answer within {limit}") from exc
 
 
 def check_safe(t: Tool) -> None:
@@ -295,11 +314,14 @@ def check_safe(t: Tool) -> None:
 def check_timing(t: Tool) -> None:
     """Refuse a timeout or retry count that cannot work, and retries on a write: a write
     is never run again blindly (a timed-out one is reconciled by its key instead)."""
-    timeout = t.timeout_s
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise ConfigError(f"tool {t.name}: timeout_s must be a number of seconds, not {timeout!r}")
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise ConfigError(f"tool {t.name}: timeout_s must be > 0 and finite, not {timeout!r}")
+    for field in ("timeout_s", "check_timeout_s"):
+        timeout = getattr(t, field)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise ConfigError(
+                f"tool {t.name}: {field} must be a number of seconds, not {timeout!r}"
+            )
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise ConfigError(f"tool {t.name}: {field} must be > 0 and finite, not {timeout!r}")
     if isinstance(t.retries, bool) or not isinstance(t.retries, int) or t.retries < 0:
         raise ConfigError(f"tool {t.name}: retries must be a whole number >= 0, not {t.retries!r}")
     if t.effect is Effect.WRITE and t.retries:
@@ -308,6 +330,15 @@ def check_timing(t: Tool) -> None:
             "again blindly. A write that times out or fails ambiguously is reconciled by its "
             "idempotency key instead (reconcile=, dedupes=). Drop retries (reads only)."
         )
+
+
+def effect_of(tool: str, effect: object) -> Effect:
+    """The declared effect, or ``invalid_tool`` naming the two there are."""
+    try:
+        return Effect(effect)
+    except ValueError:
+        message = f"tool {tool}: effect must be 'read' or 'write', got {effect!r}"
+        raise InvalidTool(message) from None
 
 
 @overload
@@ -330,6 +361,7 @@ def tool(
     version: str = "1",
     timeout_s: float = DEFAULT_TIMEOUT_S,
     retries: int = 0,
+    check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -349,25 +381,14 @@ def tool(
     version: str = "1",
     timeout_s: float = DEFAULT_TIMEOUT_S,
     retries: int = 0,
+    check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a typed function. A first parameter annotated ``ToolContext``
     receives the call's context; every other parameter is an argument the model gives."""
 
     def build(func: Callable[..., Any]) -> Tool:
-        hints = get_type_hints(func, include_extras=True)
-        params = list(inspect.signature(func).parameters.values())
-        takes_context = bool(params) and hints.get(params[0].name) is ToolContext
-        fields: dict[str, Any] = {}
-        for param in params[1:] if takes_context else params:
-            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                raise TypeError(f"tool {func.__name__}: *args/**kwargs are not supported")
-            annotation = hints.get(param.name, Any)
-            default = ... if param.default is param.empty else param.default
-            fields[param.name] = (annotation, default)
         tool_name = name or func.__name__
-        model = create_model(
-            f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
-        )
+        model, takes_context = arguments_of(func, tool_name, ToolContext)
         doc = inspect.getdoc(func) or ""
         return Tool(
             name=tool_name,
@@ -375,7 +396,7 @@ def tool(
             args_model=model,
             fn=func,
             takes_context=takes_context,
-            effect=Effect(effect),
+            effect=effect_of(tool_name, effect),
             needs_confirmation=needs_confirmation,
             dedupes=dedupes,
             preview=preview,
@@ -386,21 +407,7 @@ def tool(
             version=version,
             timeout_s=timeout_s,
             retries=retries,
+            check_timeout_s=check_timeout_s,
         )
 
     return build(fn) if fn is not None else build
-
-
-async def _run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call one of a tool's functions: an ``async def`` on the event loop, a plain
-    function in a thread, so a slow one (a tool, a guard, a preview, a permission check or
-    a reconcile) never blocks the event loop and the heartbeat of every run goes on."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args, **kwargs)
-    return await _maybe_await(await asyncio.to_thread(fn, *args, **kwargs))
-
-
-async def _maybe_await(value: Awaitable[T] | T) -> T:
-    if inspect.isawaitable(value):
-        return await value
-    return value
