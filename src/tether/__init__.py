@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from tether.results import (
         ApprovalPreview,
         ApprovalResult,
+        CallDecision,
         CallVerdict,
         Choice,
         Inbox,
@@ -56,6 +57,7 @@ _HOMES = {
     "ApprovalResult": "tether.results",
     "Approvers": "tether.tools.tool",
     "Budget": "tether.budget",
+    "CallDecision": "tether.results",
     "CallVerdict": "tether.results",
     "Choice": "tether.results",
     "Effect": "tether.tools.tool",
@@ -98,6 +100,7 @@ __all__ = [
     "ApprovalResult",
     "Approvers",
     "Budget",
+    "CallDecision",
     "CallVerdict",
     "Choice",
     "Effect",

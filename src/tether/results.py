@@ -4,11 +4,13 @@ the outcome and preview of a decision, the inbox, live events and a reaper pass.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
+from tether.errors import TetherError
 from tether.models.base import Message
 from tether.notify import Notice
 from tether.runs import Run, RunState, iso
@@ -95,6 +97,25 @@ class ApprovalResult:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CallDecision:
+    """What became of one call's decision taken by run and tool call id: the decision that
+    took effect (``result``), or the refusal its token would have met (``refused``)."""
+
+    tool_call_id: str
+    result: ApprovalResult | None = None
+    refused: TetherError | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The call's answer as its token's endpoint gives it, with the call's id; a
+        refusal's ``outcome`` is its error code."""
+        if self.result is not None:
+            return {"tool_call_id": self.tool_call_id, **self.result.to_json()}
+        assert self.refused is not None
+        refusal = self.refused.to_dict()
+        return {"tool_call_id": self.tool_call_id, "outcome": refusal["error"], **refusal}
+
+
+@dataclass(frozen=True, kw_only=True)
 class ApprovalPreview:
     """The preview a pending call would have with ``arguments`` (validated), and its
     digest: what an approver sees before approving an edit. Nothing was claimed."""
@@ -143,10 +164,26 @@ class CallVerdict(str, enum.Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class Inbox:
-    """Pending requests a viewer may decide, and the database clock they were judged by."""
+    """A page of the pending requests a viewer may decide (soonest expiry first), the
+    database clock they were judged by, where the page starts (``offset``) and how many
+    more follow it (``more``: ask again with ``offset + len(inbox)``). It reads like the
+    list of its runs: iterable and sized."""
 
     runs: list[Run]
     now: float
+    offset: int = 0
+    more: int = 0
+
+    def __iter__(self) -> Iterator[Run]:
+        return iter(self.runs)
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    @property
+    def next_offset(self) -> int | None:
+        """Where the next page starts, or None when this is the last."""
+        return self.offset + len(self.runs) if self.more else None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -232,6 +232,7 @@ def run_to_json(run: Run) -> dict[str, Any]:
     pending = None
     if run.pending is not None and run.state is RunState.SUSPENDED:
         pending = {
+            "tool_call_id": run.pending.tool_call_id,
             "tool": run.pending.tool,
             "arguments": run.pending.arguments,
             "preview": run.pending.preview,
@@ -254,4 +255,23 @@ def run_to_json(run: Run) -> dict[str, Any]:
         "created_at": iso(run.started_at),
         # State changes set updated_at; a running run's progress shows in its heartbeat.
         "updated_at": iso(max(run.updated_at, run.heartbeat_at or 0.0)),
+    }
+
+
+def request_to_json(run: Run, base_url: str = "") -> dict[str, Any]:
+    """A suspended run's pending request as ``GET /v1/approvals`` lists it (reference §6),
+    from the stored tool call and its preview, with where to decide it by run and call id
+    (``base_url``: the public URL those paths start with)."""
+    assert run.pending is not None
+    return {
+        "run_id": run.id,
+        "user_id": run.user_id,
+        "question": run.question,
+        "tool": run.pending.tool,
+        "tool_call_id": run.pending.tool_call_id,
+        "arguments": run.pending.arguments,
+        "preview": run.pending.preview,
+        "digest": run.pending.digest,
+        "expires_at": iso(run.expires_at),
+        "decide_url": f"{base_url}/v1/runs/{run.id}/decisions",
     }

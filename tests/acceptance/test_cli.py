@@ -77,6 +77,52 @@ def test_approve_takes_a_reason_and_edited_arguments_with_the_digest_of_their_pr
     assert decided["reason"] == "not now"
 
 
+def test_approvals_list_finds_requests_and_approve_by_run_decides_one_without_its_token(
+    db_url: str,
+) -> None:
+    notifier = MemoryNotifier()
+    engine = inprocess.engine(db_url, script_name="send", notifier=notifier)
+    danas = engine.sync.ask("dana", "send").run_id
+    miguels = engine.sync.ask("miguel", "send").run_id
+    token = notifier.last(danas).token
+    engine.close()
+    env = processes.tether_env(db_url)
+
+    everything = processes.tether("approvals", "list", "--json", env=env)
+    assert everything.returncode == 0, everything.stderr
+    listed = _json(everything.stdout)
+    items = listed["items"]
+    assert isinstance(items, list) and [i["run_id"] for i in items] == [danas, miguels]
+    assert listed["more"] == 0
+    as_miguel = processes.tether("approvals", "list", "--as", "miguel", "--json", env=env)
+    assert [i["run_id"] for i in json.loads(as_miguel.stdout)["items"]] == [miguels]
+    table = processes.tether("approvals", "list", "--limit", "1", env=env)
+    assert table.returncode == 0 and danas in table.stdout and "1 more: --offset 1" in table.stdout
+
+    shown = processes.tether("approvals", "preview", token, "--arguments", '{"item": "c"}', env=env)
+    assert shown.returncode == 0, shown.stderr
+    preview = _json(shown.stdout)
+    assert preview["preview"] == {"item": "c", "price": "100"} and len(str(preview["digest"])) == 64
+    stranger = processes.tether("approvals", "preview", token, "--as", "mallory", env=env)
+    assert stranger.returncode == 1 and "unknown_or_expired" in stranger.stderr
+
+    both = processes.tether("approve", token, "--run", danas, env=env)
+    assert both.returncode == 1 and "invalid_input" in both.stderr
+    refused = processes.tether("approve", "--run", danas, "--as", "mallory", env=env)
+    assert refused.returncode == 1 and "not_found" in refused.stderr
+    done = processes.tether("approve", "--run", danas, env=env)
+    assert done.returncode == 0, done.stderr
+    assert _json(done.stdout)["outcome"] == "executed"
+    call_id = _json(done.stdout)["tool_call_id"]
+    again = processes.tether(
+        "approve", "--run", danas, "--tool-call-id", str(call_id), "--decline", env=env
+    )
+    assert again.returncode == 1 and "already_resumed" in again.stderr
+    nothing = processes.tether("approve", "--run", danas, env=env)
+    assert nothing.returncode == 1 and "unknown_or_expired" in nothing.stderr
+    assert len(downstream.effects()) == 1
+
+
 def test_continue_cancel_and_runs_show(db_url: str) -> None:
     engine = inprocess.engine(db_url, script_name="standard")
     halted = engine.sync.ask("dana", "go", limits={"max_steps": 1})

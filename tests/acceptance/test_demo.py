@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +227,43 @@ def _state(base: str, run_id: str, log: Path) -> str | None:
     return None if state == "running" else state
 
 
+DANA = {"Authorization": "Bearer tether-demo-dana"}
+MIGUEL = {"Authorization": "Bearer tether-demo-miguel"}
+
+
+def _get(base: str, path: str, headers: dict[str, str]) -> dict[str, Any]:
+    response = httpx.get(f"{base}{path}", headers=headers, timeout=30)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _readme_run(base: str, log: Path) -> str:
+    """The README's run, started as dana and carried to its stop: the send waits."""
+    response = httpx.post(
+        f"{base}/v1/runs", headers=DANA, json={"question": README_QUESTION}, timeout=30
+    )
+    assert response.status_code == 202, response.text
+    run_id: str = response.json()["id"]
+    state = poll_until(lambda: _state(base, run_id, log), timeout=60, what="a stop")
+    assert state == "suspended", log.read_text()[-3000:]
+    return run_id
+
+
+@contextmanager
+def _stream_until_suspended(base: str, run_id: str) -> Iterator[list[str]]:
+    """The run's live events read through ``suspended``, the stream left open inside."""
+    url = f"{base}/v1/runs/{run_id}/events/stream"
+    with httpx.stream("GET", url, headers=DANA, timeout=30) as stream:
+        kinds: list[str] = []
+        for line in stream.iter_lines():
+            if line.startswith("event: "):
+                kinds.append(line.removeprefix("event: "))
+            if kinds[-1:] == ["suspended"]:
+                break
+        yield kinds
+
+
 def _ready(proc: subprocess.Popen[bytes], base: str, log: Path) -> bool:
     if proc.poll() is not None:
         raise AssertionError(f"serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
@@ -241,8 +279,9 @@ def test_the_readmes_service_walkthrough_suspends_the_send_with_no_sandbox_confi
 ) -> None:
     """``tether serve --workers 1`` on an empty database, with no TETHER_SANDBOX_URL: the
     demo users exist, the sandbox starts in-process (and the log says where), the README's
-    run reaches ``suspended`` on the send, its live event stream shows it, and SIGTERM
-    stops everything with exit 0 while that stream is still open."""
+    run reaches ``suspended`` on the send, its live event stream shows it, miguel finds the
+    request in ``GET /v1/approvals`` and decides it by run and call id (no log read), the
+    run answers, and SIGTERM stops everything with exit 0 while a stream is still open."""
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
@@ -258,33 +297,27 @@ def test_the_readmes_service_walkthrough_suspends_the_send_with_no_sandbox_confi
         )
     try:
         poll_until(lambda: _ready(proc, base, log), timeout=60, what="serve to be ready")
-        response = httpx.post(
-            f"{base}/v1/runs",
-            headers={"Authorization": "Bearer tether-demo-dana"},
-            json={"question": README_QUESTION},
+        run_id = _readme_run(base, log)
+        # The README's `curl -N …/events/stream`: the run's events so far, then the stream
+        # stays open while the run waits.
+        with _stream_until_suspended(base, run_id) as kinds:
+            assert kinds[0] == "created", kinds
+        # Then miguel finds the request in `GET /v1/approvals` and decides it by run and
+        # call id, without reading a log; the run goes on to its answer.
+        (request,) = _get(base, "/v1/approvals", MIGUEL)["items"]
+        assert request["run_id"] == run_id and request["tool"] == "send_quote"
+        decided = httpx.post(
+            request["decide_url"],
+            headers=MIGUEL,
+            json={"decisions": [{"tool_call_id": request["tool_call_id"], "decision": "approve"}]},
             timeout=30,
         )
-        assert response.status_code == 202, response.text
-        run_id = response.json()["id"]
-
-        state = poll_until(lambda: _state(base, run_id, log), timeout=60, what="a stop")
-
-        assert state == "suspended", log.read_text()[-3000:]
-        # The README's `curl -N …/events/stream`: the run's events so far, then the stream
-        # stays open (the run waits) until SIGTERM, which still stops everything with 0.
-        with httpx.stream(
-            "GET",
-            f"{base}/v1/runs/{run_id}/events/stream",
-            headers={"Authorization": "Bearer tether-demo-dana"},
-            timeout=30,
-        ) as stream:
-            kinds = []
-            for line in stream.iter_lines():
-                if line.startswith("event: "):
-                    kinds.append(line.removeprefix("event: "))
-                if kinds[-1:] == ["suspended"]:
-                    break
-            assert kinds[0] == "created", kinds
+        assert decided.status_code == 200, decided.text
+        assert decided.json()["results"][0]["outcome"] == "executed", decided.text
+        done = poll_until(lambda: _state(base, run_id, log), timeout=60, what="the answer")
+        assert done == "answered", log.read_text()[-3000:]
+        # SIGTERM while a stream is open (another run waiting) still stops everything with 0.
+        with _stream_until_suspended(base, _readme_run(base, log)):
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=STOP_DEADLINE_S) == 0, log.read_text()[-3000:]
     finally:

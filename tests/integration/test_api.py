@@ -72,11 +72,13 @@ class Api:
         )
 
 
-async def build_engine(url: str, script: str, notifier: MemoryNotifier) -> Engine:
+async def build_engine(
+    url: str, script: str, notifier: MemoryNotifier, *, auth_max_failures: int = 10
+) -> Engine:
     engine = Engine(
         agent=agents.agent(),
         model=agents.script(script),
-        settings=Settings(database_url=url),
+        settings=Settings(database_url=url, auth_max_failures=auth_max_failures),
         notifier=notifier,
     )
     for user, key in KEYS.items():
@@ -85,9 +87,11 @@ async def build_engine(url: str, script: str, notifier: MemoryNotifier) -> Engin
 
 
 @asynccontextmanager
-async def serving(url: str, script: str = "send") -> AsyncIterator[Api]:
+async def serving(
+    url: str, script: str = "send", *, auth_max_failures: int = 10
+) -> AsyncIterator[Api]:
     notifier = MemoryNotifier()
-    engine = await build_engine(url, script, notifier)
+    engine = await build_engine(url, script, notifier, auth_max_failures=auth_max_failures)
     transport = httpx.ASGITransport(app=create_app(engine, public_url="http://tether.test"))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://tether.test") as c:
@@ -141,11 +145,19 @@ ENDPOINTS = [
     ("POST", "/v1/runs/RUN/cancel", None),
     ("POST", "/v1/runs/RUN/fork", {"at_step": 1}),
     ("POST", "/v1/approvals/TOKEN", {"decision": "approve"}),
+    ("GET", "/v1/approvals", None),
+    (
+        "POST",
+        "/v1/runs/RUN/decisions",
+        {"decisions": [{"tool_call_id": "c", "decision": "approve"}]},
+    ),
 ]
 
 
 async def test_every_endpoint_refuses_a_missing_or_unknown_key_with_401(db_url: str) -> None:
-    async with serving(db_url) as api:
+    # Every endpoint meets the same unknown key: past the default limit that is a 429
+    # (test_unknown_keys_past_the_limit_...); this test is about the 401 before it.
+    async with serving(db_url, auth_max_failures=1000) as api:
         run_id, token = await api.suspended()
         before = await fingerprint(api.engine)
         for method, template, body in ENDPOINTS:
@@ -235,7 +247,8 @@ async def test_a_suspended_run_shows_its_pending_request_and_one_approval_execut
         run = await api.run(run_id)
         assert run["state"] == "suspended" and run["step"] == 1
         pending = run["pending"]
-        assert set(pending) == {"tool", "arguments", "preview", "expires_at"}
+        assert set(pending) == {"tool_call_id", "tool", "arguments", "preview", "expires_at"}
+        assert pending["tool_call_id"] == run["messages"][-1]["tool_calls"][0]["id"]
         assert pending["tool"] == "send" and pending["arguments"] == {"item": "b"}
         assert pending["preview"] == {"item": "b", "price": "100"}
         assert parse_iso(pending["expires_at"]) > datetime.now(UTC)
@@ -289,6 +302,111 @@ async def test_an_approver_in_the_owners_scope_may_decide_and_nobody_else(db_url
         assert used["decision"]["by"] == "boss"
         # The approver still cannot read the run: only its owner can.
         refused(await api.client.get(f"/v1/runs/{run_id}", headers=BOSS), 404, "not_found")
+
+
+async def test_a_request_is_found_in_the_approvals_list_and_decided_by_run_without_its_token(
+    db_url: str,
+) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        listed = await api.client.get("/v1/approvals", headers=BOSS)
+        assert listed.status_code == 200, listed.text
+        body = listed.json()
+        assert body["more"] == 0 and body["next"] is None and body["offset"] == 0
+        (item,) = body["items"]
+        call_id = (await api.run(run_id))["pending"]["tool_call_id"]
+        assert item == {
+            "run_id": run_id,
+            "user_id": "dana",
+            "question": "send b",
+            "tool": "send",
+            "tool_call_id": call_id,
+            "arguments": {"item": "b"},
+            "preview": {"item": "b", "price": "100"},
+            "digest": item["digest"],
+            "expires_at": item["expires_at"],
+            "decide_url": f"{BASE}/v1/runs/{run_id}/decisions",
+            "may_decide": True,
+        }
+        assert len(item["digest"]) == 64 and parse_iso(item["expires_at"])
+        assert (await api.client.get("/v1/approvals", headers=DANA)).json()["items"] == [item]
+        assert (await api.client.get("/v1/approvals", headers=MIGUEL)).json()["items"] == []
+
+        entry = {"tool_call_id": call_id, "decision": "approve", "digest": item["digest"]}
+        decided = await api.client.post(
+            item["decide_url"].removeprefix(BASE), json={"decisions": [entry]}, headers=BOSS
+        )
+        assert decided.status_code == 200, decided.text
+        assert decided.json() == {
+            "ok": True,
+            "results": [
+                {
+                    "tool_call_id": call_id,
+                    "ok": True,
+                    "run_id": run_id,
+                    "decision": "approve",
+                    "state": "running",
+                    "outcome": "executed",
+                }
+            ],
+        }
+        again = await api.client.post(
+            f"/v1/runs/{run_id}/decisions", json={"decisions": [entry]}, headers=DANA
+        )
+        assert again.status_code == 200, again.text
+        (result,) = again.json()["results"]
+        assert result["ok"] is False and result["outcome"] == result["error"] == "already_resumed"
+        assert result["decision"]["by"] == "boss"
+        refused(await api.decide(token), 409, "already_resumed", ("decision",))
+        assert [e[1] for e in downstream.effects()] == ["send"]
+        assert (await api.client.get("/v1/approvals", headers=BOSS)).json()["items"] == []
+
+
+async def test_decisions_by_run_refuse_bad_entries_and_strangers_and_change_nothing(
+    db_url: str,
+) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        call_id = (await api.run(run_id))["pending"]["tool_call_id"]
+        ok = {"tool_call_id": call_id, "decision": "approve"}
+        before = await fingerprint(api.engine)
+        path = f"/v1/runs/{run_id}/decisions"
+        bad: dict[str, Any]
+        for bad in (
+            {"decisions": [ok, ok]},
+            {"decisions": [{"tool_call_id": "call_other", "decision": "approve"}]},
+            {"decisions": [{**ok, "arguments": {"item": 3}}]},
+            {"decisions": [{**ok, "decision": "maybe"}]},
+            {"decisions": [{**ok, "extra": True}]},
+            {"decisions": []},
+            {"decisions": ok},
+            {},
+        ):
+            response = await api.client.post(path, json=bad, headers=DANA)
+            refused(response, 422, "invalid_input")
+        refused(
+            await api.client.post(path, json={"decisions": [ok]}, headers=MIGUEL), 404, "not_found"
+        )
+        missing = f"/v1/runs/{'0' * 32}/decisions"
+        refused(
+            await api.client.post(missing, json={"decisions": [ok]}, headers=DANA), 404, "not_found"
+        )
+        assert await fingerprint(api.engine) == before
+        assert downstream.effects() == []
+        assert (await api.decide(token)).status_code == 200  # the token still works
+
+
+async def test_the_approvals_list_pages_and_bad_paging_is_invalid_input(db_url: str) -> None:
+    async with serving(db_url) as api:
+        runs = [(await api.suspended())[0] for _ in range(3)]
+        first = (await api.client.get("/v1/approvals?limit=2", headers=DANA)).json()
+        assert [i["run_id"] for i in first["items"]] == runs[:2] and first["more"] == 1
+        assert first["next"] == "/v1/approvals?offset=2&limit=2"
+        rest = (await api.client.get(first["next"], headers=DANA)).json()
+        assert [i["run_id"] for i in rest["items"]] == runs[2:] and rest["more"] == 0
+        for query in ("limit=0", "limit=1001", "offset=-1", "offset=x"):
+            response = await api.client.get(f"/v1/approvals?{query}", headers=DANA)
+            refused(response, 422, "invalid_input")
 
 
 async def test_events_are_the_runs_trace_oldest_first_with_iso_times(db_url: str) -> None:
@@ -675,7 +793,7 @@ async def test_the_openapi_document_describes_auth_and_every_refusal(db_url: str
         if path.startswith("/v1/")
         for method, op in item.items()
     ]
-    assert len(operations) == 10
+    assert len(operations) == 12
     for path, method, op in operations:
         assert op["security"] == [{"HTTPBearer": []}], (path, method)
         assert "401" in op["responses"], (path, method)

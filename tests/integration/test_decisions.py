@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from tether import Agent, ApprovalResult, Engine, MemoryNotifier, Scope, StopKind, ToolContext, tool
 from tether.config import Settings
-from tether.errors import AlreadyResumed, Changed, InvalidInput, UnknownOrExpired
+from tether.errors import AlreadyResumed, Changed, InvalidInput, NotFound, UnknownOrExpired
 from tether.models import ScriptedModel
 from tether.runs import RunState
 from tether.store import CallStatus
@@ -296,3 +296,107 @@ async def test_a_confirmation_may_depend_on_the_call_and_is_asked_each_time(db_u
         assert [item for _, _, item in downstream.effects()] == ["10", "900"]
     finally:
         engine.close()
+
+
+# -- finding and deciding requests by run (reference §6, §15) ---------------------------------
+
+
+async def test_one_users_many_requests_never_hide_anothers_and_the_inbox_says_how_many_more(
+    sending: tuple[Engine, MemoryNotifier],
+) -> None:
+    engine, _ = sending
+    danas = [(await engine.ask("dana", "send b")).run_id for _ in range(3)]
+    mine = (await engine.ask("miguel", "send b")).run_id  # expires last of all
+    page = await engine.pending_approvals("miguel", limit=2)
+    assert [run.id for run in page] == [mine] and len(page) == 1 and page.more == 0
+    first = await engine.pending_approvals("dana", limit=2)
+    assert [run.id for run in first] == danas[:2] and first.more == 1
+    assert first.next_offset == 2
+    rest = await engine.pending_approvals("dana", limit=2, offset=first.next_offset)
+    assert [run.id for run in rest] == danas[2:] and rest.more == 0 and rest.next_offset is None
+    everything = await engine.pending_approvals("boss", limit=3)  # boss approves for all
+    assert [run.id for run in everything] == [*danas, mine][:3] and everything.more == 1
+    operator = await engine.open_approvals(limit=10)
+    assert [run.id for run in operator] == [*danas, mine] and operator.more == 0
+    with pytest.raises(InvalidInput):
+        await engine.pending_approvals("dana", limit=0)
+    with pytest.raises(InvalidInput):
+        await engine.pending_approvals("dana", offset=-1)
+
+
+async def test_deciding_by_run_and_call_id_executes_once_and_answers_as_its_token_would(
+    sending: tuple[Engine, MemoryNotifier],
+) -> None:
+    engine, notifier = sending
+    run_id, token = await suspended(engine, notifier)
+    pending = (await engine.get_run(run_id)).run.pending
+    assert pending is not None
+    (done,) = await engine.decide_calls(
+        run_id, "boss", [{"tool_call_id": pending.tool_call_id, "decision": "approve"}]
+    )
+    assert done.to_json() == {
+        "tool_call_id": pending.tool_call_id,
+        "ok": True,
+        "run_id": run_id,
+        "decision": "approve",
+        "state": "running",
+        "outcome": "executed",
+    }
+    (again,) = await engine.decide_calls(
+        run_id, "dana", [{"tool_call_id": pending.tool_call_id, "decision": "decline"}]
+    )
+    assert again.to_json()["outcome"] == "already_resumed" and again.refused is not None
+    assert again.refused.details["decision"]["by"] == "boss"
+    with pytest.raises(AlreadyResumed):
+        await engine.resume_after_confirmation(token, "approve", "dana")
+    assert [item for _, _, item in downstream.effects()] == ["b"]
+
+
+async def test_a_bad_entry_among_decisions_by_run_records_none_and_strangers_find_nothing(
+    sending: tuple[Engine, MemoryNotifier],
+) -> None:
+    engine, notifier = sending
+    run_id, token = await suspended(engine, notifier)
+    pending = (await engine.get_run(run_id)).run.pending
+    assert pending is not None
+    call = pending.tool_call_id
+    ok = {"tool_call_id": call, "decision": "approve"}
+    for bad in (
+        [ok, ok],  # repeated
+        [{"tool_call_id": "call_nope", "decision": "approve"}],  # unknown
+        [{"tool_call_id": call, "decision": "maybe"}],
+        [{"tool_call_id": call, "decision": "approve", "arguments": {"item": 7}}],
+        [{"tool_call_id": call, "decision": "decline", "arguments": {"item": "c"}}],
+        [{"tool_call_id": call, "decision": "approve", "digest": "not-hex"}],
+        [{"tool_call_id": call, "decision": "approve", "surprise": 1}],
+        [{"decision": "approve"}],
+        [],
+    ):
+        with pytest.raises(InvalidInput):
+            await engine.decide_calls(run_id, "dana", bad)
+    with pytest.raises(NotFound):
+        await engine.decide_calls(run_id, "miguel", [ok])  # may not approve dana's runs
+    with pytest.raises(NotFound):
+        await engine.decide_calls("run_missing", "dana", [ok])
+    assert (await engine.get_run(run_id)).run.state is RunState.SUSPENDED
+    assert downstream.effects() == []
+    result = await engine.resume_after_confirmation(token, "approve", "dana")  # still works
+    assert result.outcome.value == "executed"
+
+
+async def test_a_stale_digest_by_run_is_changed_with_a_new_token_inside_its_result(
+    sending: tuple[Engine, MemoryNotifier],
+) -> None:
+    engine, notifier = sending
+    run_id, _ = await suspended(engine, notifier)
+    pending = (await engine.get_run(run_id)).run.pending
+    assert pending is not None
+    (answer,) = await engine.decide_calls(
+        run_id,
+        "dana",
+        [{"tool_call_id": pending.tool_call_id, "decision": "approve", "digest": "0" * 64}],
+    )
+    body = answer.to_json()
+    assert body["outcome"] == body["error"] == "changed" and body["ok"] is False
+    assert body["token"] == notifier.last(run_id).token
+    assert downstream.effects() == []

@@ -150,6 +150,11 @@ async def test_over_http_the_owner_gets_four_eyes_403_and_nothing_changes(
         preview = await client.post(f"/v1/approvals/{token}/preview", json={}, headers=dana)
         assert preview.status_code == 403 and preview.json()["error"] == "four_eyes"
         assert await kit.unchanged(run_id) == before
+        # The list names the owner's own four-eyes call as one they may not decide.
+        (mine,) = (await client.get("/v1/approvals", headers=dana)).json()["items"]
+        (theirs,) = (await client.get("/v1/approvals", headers=boss)).json()["items"]
+        assert (mine["run_id"], mine["may_decide"]) == (run_id, False)
+        assert (theirs["run_id"], theirs["may_decide"]) == (run_id, True)
         done = await client.post(
             f"/v1/approvals/{token}", json={"decision": "approve"}, headers=boss
         )

@@ -247,6 +247,33 @@ async def test_the_inbox_finds_a_request_behind_newer_finished_runs(
     assert re.findall(r'href="/runs/([^"]+)"', inbox.text) == [waiting]
 
 
+def cards(page: str) -> list[str]:
+    """The runs whose requests an inbox page shows, in order."""
+    return re.findall(r'<article class="card pending" id="run-([^"]+)"', page)
+
+
+async def test_another_users_many_requests_hide_none_of_mine_and_the_inbox_pages_the_rest(
+    web: Web, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    danas = [(await web.suspended())[0] for _ in range(3)]
+    mine, _ = await web.suspended(user="eve")  # eve may decide only her own
+    monkeypatch.setattr(tether.api.web.inbox, "INBOX_LIMIT", 2)
+    async with web.client() as client:
+        await sign_in(client, web.keys["eve"])
+        eves = await client.get("/")
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        first = await client.get("/")
+        second = await client.get("/?offset=2")
+        bad = await client.get("/?offset=-1")
+    assert cards(eves.text) == [mine] and "more waiting" not in eves.text
+    assert cards(first.text) == danas[:2]
+    assert "1 more waiting" in first.text and 'href="/?offset=2"' in first.text
+    assert cards(second.text) == danas[2:]
+    assert "more waiting" not in second.text
+    assert bad.status_code == 422
+
+
 async def test_a_changed_preview_shows_the_diff_side_by_side_and_the_new_form_works(
     web: Web,
 ) -> None:

@@ -111,6 +111,20 @@ class DecisionIn(BaseModel):
     )
 
 
+class CallDecisionIn(DecisionIn):
+    """A decision on one pending call of a run, named by its tool call id (reference §15)."""
+
+    tool_call_id: str = Field(min_length=1, max_length=128, description="the pending call's id")
+
+
+class DecisionsIn(BaseModel):
+    """Decisions on pending calls of one run, all checked before any is recorded."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decisions: list[CallDecisionIn] = Field(min_length=1, max_length=100)
+
+
 class PreviewIn(BaseModel):
     """Arguments to render the pending call's preview with (absent: as pending)."""
 
@@ -176,6 +190,7 @@ class BudgetOut(BaseModel):
 class PendingOut(BaseModel):
     """The request a suspended run waits on, from the stored tool call."""
 
+    tool_call_id: str = Field(description="the call's id: decide it by run and call id")
     tool: str
     arguments: dict[str, Any]
     preview: dict[str, Any] | None
@@ -291,3 +306,53 @@ class ApprovalRefusedOut(ErrorOut):
     reason: str | None = None
     agent_version: str | None = None
     run_id: str | None = None
+
+
+class PendingApprovalOut(BaseModel):
+    """A request the caller may decide, from the stored tool call and its preview."""
+
+    run_id: str
+    user_id: str = Field(description="the run's owner")
+    question: str
+    tool: str
+    tool_call_id: str
+    arguments: dict[str, Any]
+    preview: dict[str, Any] | None
+    digest: str | None = Field(description="the digest of that preview")
+    expires_at: str | None = Field(description="ISO-8601, UTC")
+    decide_url: str = Field(
+        description="where to POST a decision on it by run and call id "
+        '(`{"decisions": [{"tool_call_id", "decision"}]}`); the token itself is only in '
+        "the notice, never stored"
+    )
+    may_decide: bool = Field(
+        description="false for the caller's own call of a four-eyes tool "
+        '(`@tool(approvers="others")`): listed as waiting for someone else'
+    )
+
+
+class PendingApprovalListOut(BaseModel):
+    """A page of the requests the caller may decide, soonest expiry first."""
+
+    items: list[PendingApprovalOut]
+    more: int = Field(description="how many more follow this page")
+    offset: int
+    limit: int
+    next: str | None = Field(description="the next page's path, or null on the last")
+
+
+class CallDecisionOut(BaseModel):
+    """One call's answer, as its token's endpoint would give it: a decision that took
+    effect (``ok`` true, ``outcome`` executed, declined, ...), or a refusal (``ok`` false,
+    ``outcome`` and ``error`` its code, with that code's fields)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    tool_call_id: str
+    ok: bool
+    outcome: str
+
+
+class DecisionsOut(BaseModel):
+    ok: Literal[True]
+    results: list[CallDecisionOut]

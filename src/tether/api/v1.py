@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Query, Response, Security
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, Security
 from fastapi.security import HTTPBearer
 from sse_starlette import EventSourceResponse
 
@@ -24,9 +24,12 @@ from tether.api.schemas import (
     ApprovalRefusedOut,
     ContinueIn,
     DecisionIn,
+    DecisionsIn,
+    DecisionsOut,
     ErrorOut,
     EventListOut,
     ForkIn,
+    PendingApprovalListOut,
     PreviewIn,
     PreviewOut,
     RunDetailOut,
@@ -36,7 +39,7 @@ from tether.api.schemas import (
 )
 from tether.api.stream import event_stream
 from tether.engine import Engine
-from tether.runs import iso, run_to_json
+from tether.runs import iso, request_to_json, run_to_json
 
 # Documents the scheme in the OpenAPI document; `api_user` does the checking.
 _bearer = HTTPBearer(
@@ -241,6 +244,76 @@ async def fork_run(
 
 
 # -- approvals -----------------------------------------------------------------------------
+
+
+@router.get(
+    "/approvals",
+    response_model=PendingApprovalListOut,
+    tags=["approvals"],
+    summary="The requests the caller may decide",
+    description="Suspended runs inside their window that the caller owns or may approve "
+    "(by the owner's scope now), soonest expiry first, one page at a time: `limit` after "
+    "the first `offset`; `more` says how many follow and `next` is the next page. Each "
+    "is decided by `POST /v1/runs/{id}/decisions` with its `tool_call_id` (the token is "
+    "only ever in the notice).",
+    responses=_responses((401, _AUTH), (422, _INVALID)),
+)
+async def list_approvals(
+    request: Request,
+    user: Caller,
+    engine: EngineDep,
+    limit: Annotated[int, Query(ge=1, le=1000, description="at most this many")] = 100,
+    offset: Annotated[
+        int, Query(ge=0, le=1_000_000_000, description="skip the first this many")
+    ] = 0,
+) -> dict[str, Any]:
+    found = await engine.pending_approvals(user, limit=limit, offset=offset)
+    base = request.app.state.public_url
+    nxt = found.next_offset
+    return {
+        "items": [
+            {
+                **request_to_json(run, base),
+                "may_decide": engine.agent.may_decide_call(run.pending.tool, run.user_id, user),
+            }
+            for run in found
+            if run.pending is not None
+        ],
+        "more": found.more,
+        "offset": found.offset,
+        "limit": limit,
+        "next": None if nxt is None else f"/v1/approvals?offset={nxt}&limit={limit}",
+    }
+
+
+@router.post(
+    "/runs/{run_id}/decisions",
+    response_model=DecisionsOut,
+    tags=["approvals"],
+    summary="Decide pending calls of a run by their ids",
+    description="Decides pending calls of a suspended run, each named by its "
+    "`tool_call_id`, as the caller (the same authorisation as their tokens). Every entry "
+    "is checked before any is recorded. Each call's result is the answer its token would "
+    "have had: the decision carried out (`outcome` executed, declined, ...) or its "
+    "refusal (`ok` false, `outcome` and `error` the code, with that code's fields).",
+    responses=_responses(
+        (401, _AUTH),
+        (404, "`not_found`: no such run, or the caller may neither own nor approve it"),
+        (413, _TOO_LARGE),
+        (
+            422,
+            _INVALID + "; or an entry names a call twice, or a call that is neither "
+            "pending nor decided on this run",
+        ),
+    ),
+)
+async def decide_calls(
+    run_id: str, body: DecisionsIn, user: Caller, engine: EngineDep
+) -> dict[str, Any]:
+    entries = [entry.model_dump(exclude_none=True) for entry in body.decisions]
+    # Shielded: a client that hangs up must not interrupt a claimed decision mid-way.
+    answers = await asyncio.shield(engine.decide_calls(run_id, user, entries))
+    return {"ok": True, "results": [answer.to_json() for answer in answers]}
 
 
 @router.post(

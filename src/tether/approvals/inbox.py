@@ -9,7 +9,7 @@ from tether import inputs
 from tether._runtime.hop import hop
 from tether._runtime.services import Services
 from tether.approvals.request import suspended_on
-from tether.errors import UnknownOrExpired
+from tether.errors import InvalidInput, UnknownOrExpired
 from tether.results import Inbox, TokenLookup
 from tether.runs import Run, RunState
 from tether.tokens import hash_token
@@ -40,18 +40,27 @@ async def may_decide(
     return scope.may_approve(viewer)
 
 
-async def pending_approvals(services: Services, viewer: str, *, limit: int = 100) -> Inbox:
-    """Suspended runs inside their window that ``viewer`` owns or may approve, soonest
-    expiry first."""
-    runs, now = await hop(services.store.open_suspensions, limit)
-    allowed: dict[str, bool] = {}
-    mine = []
-    for run in runs:
-        if run.user_id not in allowed:
-            allowed[run.user_id] = await may_decide(services, run.user_id, viewer)
-        if allowed[run.user_id]:
-            mine.append(run)
-    return Inbox(runs=mine, now=now)
+async def pending_approvals(
+    services: Services, viewer: str | None, *, limit: int = 100, offset: int = 0
+) -> Inbox:
+    """A page of the suspended runs inside their window that ``viewer`` owns or may
+    approve (every one when ``viewer`` is None: the operator's view), soonest expiry
+    first, and how many more there are. Filtered by the viewer in the query, so nobody's
+    many requests hide another's: the owners with open suspensions are read first, the
+    ones the viewer may decide are resolved from each owner's scope now, and only their
+    runs are paged."""
+    if not 1 <= limit <= 1000:
+        raise InvalidInput("limit must be between 1 and 1000")
+    if not isinstance(offset, int) or offset < 0:
+        raise InvalidInput("offset must be an integer >= 0")
+    owners = None
+    if viewer is not None:
+        everyone, _ = await hop(services.store.open_suspension_owners)
+        owners = [owner for owner in everyone if await may_decide(services, owner, viewer)]
+    runs, total, now = await hop(
+        services.store.open_suspensions, limit, owners=owners, offset=offset
+    )
+    return Inbox(runs=runs, now=now, offset=offset, more=max(0, total - offset - len(runs)))
 
 
 async def approval_request(services: Services, token: str, approver: str) -> TokenLookup:

@@ -4,12 +4,14 @@ or by run and pending call, previewing an edit, and what an approver may see and
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tether import inputs
 from tether._runtime.opening import opens
-from tether.approvals import inbox, preview, resume
+from tether.approvals import batch, inbox, preview, resume
 from tether.approvals.request import asked
-from tether.results import ApprovalPreview, ApprovalResult, Inbox, TokenLookup
+from tether.results import ApprovalPreview, ApprovalResult, CallDecision, Inbox, TokenLookup
 
 if TYPE_CHECKING:
     from tether._runtime.services import Services
@@ -58,10 +60,12 @@ class DecisionMethods:
         arguments: dict[str, Any] | None = None,
         digest: str | None = None,
     ) -> ApprovalResult:
-        """The same decision from an inbox, by run and pending call instead of the token:
-        ``shown_digest`` is the digest of the pending preview the approver was shown (a
-        request re-suspended on another preview since is not decided by that click);
-        ``digest``, as for a token, the digest of the preview of their edit."""
+        """The same decision by run and pending call instead of the token (the token is
+        never stored, so an inbox cannot have it): ``shown_digest`` is the digest of the
+        pending preview the approver was shown (a request re-suspended on another preview
+        since is not decided by that click); ``digest``, as for a token, the digest of the
+        preview of their edit. This is the one decision by run: ``decide_calls`` (several
+        calls, ``POST /v1/runs/{id}/decisions``) makes each of its decisions through it."""
         ask = asked(decision, approver, reason=reason, arguments=arguments, digest=digest)
         return await resume.by_run(
             self._services, self.worker_id, run_id, tool_call_id, shown_digest, ask
@@ -95,10 +99,30 @@ class DecisionMethods:
         return await inbox.may_decide(self._services, owner, approver, tool=tool)
 
     @opens
-    async def pending_approvals(self, approver: str, *, limit: int = 100) -> Inbox:
-        """Suspended runs inside their window that ``approver`` owns or may decide,
-        soonest expiry first."""
-        return await inbox.pending_approvals(self._services, approver, limit=limit)
+    async def decide_calls(
+        self, run_id: str, approver: str, decisions: Sequence[Mapping[str, Any]]
+    ) -> list[CallDecision]:
+        """Decide pending calls of one run by their tool call ids (reference §6, §15): each
+        entry ``{"tool_call_id", "decision", "reason"?, "arguments"?, "digest"?}`` as a
+        token's decision. All are checked before any is recorded (``invalid_input``);
+        ``not_found`` when ``approver`` may neither own nor approve the run. Each call's
+        answer is its own: the decision carried out, or its refusal (reference §4)."""
+        return await batch.decide_calls(self._services, self.worker_id, run_id, approver, decisions)
+
+    @opens
+    async def pending_approvals(self, approver: str, *, limit: int = 100, offset: int = 0) -> Inbox:
+        """A page of the suspended runs inside their window that ``approver`` owns or may
+        decide, soonest expiry first, after the first ``offset``; ``more`` says how many
+        follow (iterate it like a list)."""
+        return await inbox.pending_approvals(
+            self._services, inputs.user_id(approver, "approver"), limit=limit, offset=offset
+        )
+
+    @opens
+    async def open_approvals(self, *, limit: int = 100, offset: int = 0) -> Inbox:
+        """Every open request, whoever may decide it: the operator's view (``tether
+        approvals list``), paged like ``pending_approvals``."""
+        return await inbox.pending_approvals(self._services, None, limit=limit, offset=offset)
 
     @opens
     async def approval_request(self, token: str, approver: str) -> TokenLookup:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from tether.cli.approvals import approvals_app
 from tether.cli.runs import runs_app
 from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, err, named, out
 from tether.cli.users import users_app
@@ -28,6 +29,7 @@ SANDBOX_SERVE = "tether.demo.sandbox.server:serve"
 
 app = typer.Typer(help="tether: agent runs that survive interruption.", no_args_is_help=True)
 sandbox_app = typer.Typer(help="The demo business system.", no_args_is_help=True)
+app.add_typer(approvals_app, name="approvals")
 app.add_typer(runs_app, name="runs")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(users_app, name="users")
@@ -120,7 +122,13 @@ def reap(agent: AgentOpt = DEFAULT_AGENT) -> None:
 
 @app.command()
 def approve(
-    token: str,
+    token: Annotated[str | None, typer.Argument(help="the token of the notice")] = None,
+    run: Annotated[
+        str | None, typer.Option("--run", help="instead of TOKEN: the run's pending call")
+    ] = None,
+    tool_call_id: Annotated[
+        str | None, typer.Option(help="with --run: this call (default: the pending one)")
+    ] = None,
     decline: Annotated[bool, typer.Option("--decline", help="decline instead")] = False,
     reason: Annotated[str | None, typer.Option(help="why (the model sees it on a decline)")] = None,
     arguments: Annotated[
@@ -134,11 +142,29 @@ def approve(
     ] = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Decide a pending request. Exit 0 when the decision took effect, 1 when refused."""
+    """Decide a pending request, by TOKEN or by ``--run RUN_ID`` (``tether approvals
+    list`` lists them). Exit 0 when the decision took effect, 1 when refused."""
     configure("WARNING")
+    from tether.cli.approvals import decide_by_run, finish
     from tether.cli.wiring import on_engine
 
     decision = "decline" if decline else "approve"
+    if (token is None) == (run is None) or (tool_call_id is not None and run is None):
+        raise InvalidInput("name a TOKEN or --run RUN_ID (with --tool-call-id), not both")
+    if run is not None:
+        entry = {"decision": decision, "reason": reason, "digest": digest}
+        if arguments is not None:
+            entry["arguments"] = _json_arg(arguments, "--arguments")
+        by_run = run
+        finish(
+            on_engine(
+                agent,
+                lambda e: decide_by_run(e, by_run, tool_call_id, entry, as_user),
+                serve_agent=True,
+            )
+        )
+        return
+    assert token is not None
 
     async def decide(engine: Engine) -> dict[str, Any] | TetherError:
         try:

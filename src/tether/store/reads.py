@@ -32,12 +32,27 @@ _RUN_AND_DECISION = (
     .where(runs.c.id == sa.bindparam("b_id"))
 )
 
-_OPEN_SUSPENSIONS = (
-    sa.select(runs)
-    .where(state_in([RunState.SUSPENDED]), runs.c.expires_at > sa.bindparam("b_now"))
-    .order_by(runs.c.expires_at, runs.c.id)
-    .limit(sa.bindparam("b_limit", type_=sa.Integer))
-)
+# Open suspensions (suspended, inside their window): their owners, a page of them soonest
+# expiry first, and how many there are, each of everyone's or of some owners' only.
+_OPEN = sa.and_(state_in([RunState.SUSPENDED]), runs.c.expires_at > sa.bindparam("b_now"))
+_OF_OWNERS = runs.c.user_id.in_(sa.bindparam("b_owners", expanding=True))
+_OPEN_OWNERS = sa.select(runs.c.user_id).where(_OPEN).distinct()
+
+
+def _open_page(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    return (
+        sa.select(runs)
+        .where(where)
+        .order_by(runs.c.expires_at, runs.c.id)
+        .limit(sa.bindparam("b_limit", type_=sa.Integer))
+        .offset(sa.bindparam("b_offset", type_=sa.Integer))
+    )
+
+
+_OPEN_SUSPENSIONS = _open_page(_OPEN)
+_OPEN_SUSPENSIONS_OF = _open_page(sa.and_(_OPEN, _OF_OWNERS))
+_COUNT_OPEN = sa.select(sa.func.count()).select_from(runs).where(_OPEN)
+_COUNT_OPEN_OF = sa.select(sa.func.count()).select_from(runs).where(_OPEN, _OF_OWNERS)
 
 _RUN_OF_USER = sa.select(runs.c.started_at).where(
     runs.c.id == sa.bindparam("b_id"), runs.c.user_id == sa.bindparam("b_user")
@@ -192,14 +207,37 @@ class Reads(StoreBase):
                 more = int(conn.execute(rest).scalar_one())
             return page, more
 
-    def open_suspensions(self, limit: int) -> tuple[list[Run], float]:
-        """Suspended runs still inside their approval window, soonest expiry first, and the
-        database's clock they were judged by. Served by the partial index on suspended
-        runs' ``expires_at``, so finished runs never weigh on it."""
+    def open_suspension_owners(self) -> tuple[list[str], float]:
+        """The users who own an open suspension (suspended, inside its window), and the
+        database's clock they were judged by."""
         with self.engine.begin() as conn:
             now = float(conn.execute(_NOW).scalar_one())
-            rows = conn.execute(_OPEN_SUSPENSIONS, {"b_now": now, "b_limit": limit})
-            return [Run.from_row(r._mapping) for r in rows], now
+            owners = conn.execute(_OPEN_OWNERS, {"b_now": now}).scalars()
+            return sorted(owners), now
+
+    def open_suspensions(
+        self, limit: int, *, owners: list[str] | None = None, offset: int = 0
+    ) -> tuple[list[Run], int, float]:
+        """A page of the suspended runs still inside their approval window (of ``owners``
+        only, when given), soonest expiry first: at most ``limit`` after the first
+        ``offset``; how many there are in all; and the database's clock they were judged
+        by. Served by the partial index on suspended runs' ``expires_at``, so finished runs
+        never weigh on it."""
+        if owners is not None and not owners:
+            return [], 0, self.now()
+        page, count = (
+            (_OPEN_SUSPENSIONS, _COUNT_OPEN)
+            if owners is None
+            else (_OPEN_SUSPENSIONS_OF, _COUNT_OPEN_OF)
+        )
+        with self.engine.begin() as conn:
+            now = float(conn.execute(_NOW).scalar_one())
+            bound: dict[str, Any] = {"b_now": now}
+            if owners is not None:
+                bound["b_owners"] = owners
+            total = int(conn.execute(count, bound).scalar_one())
+            rows = conn.execute(page, {**bound, "b_limit": limit, "b_offset": offset})
+            return [Run.from_row(r._mapping) for r in rows], total, now
 
     def find_by_token(self, token_hash: str) -> tuple[Run | None, Decision | None]:
         """The run suspended on this token (if any), and the decision that used it (if

@@ -22,8 +22,9 @@ from tether.errors import InvalidInput, NotFound
 from tether.models.base import Message
 from tether.runs import Run, RunState
 
-# How many open suspensions (soonest expiry first) the inbox shows at most.
-INBOX_LIMIT = 1000
+# How many open suspensions (soonest expiry first) one page of the inbox shows; the page
+# says how many more there are and links to the next (``/?offset=N``).
+INBOX_LIMIT = 100
 
 router = APIRouter(include_in_schema=False)
 
@@ -35,10 +36,24 @@ async def inbox(request: Request) -> Response:
     if session is None:
         return RedirectResponse(login_url("/"), status_code=303)
     engine = engine_of(request)
-    found = await engine.pending_approvals(session.user, limit=INBOX_LIMIT)
-    views = (pending_view(run, session.user, found.now, agent=engine.agent) for run in found.runs)
+    try:
+        offset = _offset(request.query_params.get("offset"))
+        found = await engine.pending_approvals(session.user, limit=INBOX_LIMIT, offset=offset)
+    except InvalidInput as exc:
+        return message(request, session, 422, "Not a page", exc.message, kind="refused")
+    views = (pending_view(run, session.user, found.now, agent=engine.agent) for run in found)
     items = [view for view in views if view is not None]
-    return page(request, "inbox.html", {"items": items}, session=session)
+    context = {"items": items, "more": found.more, "next_offset": found.next_offset}
+    return page(request, "inbox.html", context, session=session)
+
+
+def _offset(text: str | None) -> int:
+    """The inbox page's ``offset`` query parameter: absent is 0."""
+    if text is None:
+        return 0
+    if not text.isascii() or not text.isdigit() or len(text) > 9:
+        raise InvalidInput("offset must be an integer >= 0")
+    return int(text)
 
 
 @router.get("/runs/{run_id}")

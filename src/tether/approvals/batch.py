@@ -1,0 +1,121 @@
+"""Deciding a suspended run's pending calls by run and tool call id (reference §6, §15):
+every entry is checked before any is recorded, then each goes through the one decision
+by run (``resume.by_run``), and each call gets the answer its token would have had.
+
+Today a run waits on one pending call; the entries name calls of the run's pending turn,
+so several calls of one turn (reference §15) are decided through the same door.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tether import inputs
+from tether._runtime.hop import hop
+from tether._runtime.services import Services
+from tether.approvals import resume
+from tether.approvals.inbox import may_decide
+from tether.approvals.request import Asked, asked, tool_arguments
+from tether.errors import InvalidInput, NotFound, TetherError
+from tether.results import CallDecision
+from tether.runs import Run, RunState
+
+MAX_DECISIONS = 100
+_FIELDS = frozenset({"tool_call_id", "decision", "reason", "arguments", "digest"})
+# The refusals a decision meets on its own call (reference §4, §12): answered inside that
+# call's result. Anything else (the database is unreachable, ...) answers the request.
+REFUSALS = frozenset(
+    {
+        "unknown_or_expired",
+        "already_resumed",
+        "no_longer_permitted",
+        "changed",
+        "guard_failed",
+        "wrong_version",
+        "tool_unavailable",
+        "invalid_input",
+    }
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Entry:
+    tool_call_id: str
+    ask: Asked
+    shown_digest: str | None
+
+
+async def decide_calls(
+    services: Services,
+    owner: str,
+    run_id: str,
+    approver: str,
+    decisions: Sequence[Mapping[str, Any]],
+) -> list[CallDecision]:
+    """Decide the named calls of ``run_id`` as ``approver``, in the order given.
+
+    ``not_found`` when the run is missing or ``approver`` may not decide it (its owner or
+    an approver by the owner's scope now); ``invalid_input``, with nothing recorded, when
+    any entry is malformed, names a call twice, or names a call that is neither pending
+    nor decided on this run. A decided call answers ``already_resumed`` in its result."""
+    run = await hop(services.store.get_run, inputs.run_id(run_id))
+    if run is None or not await may_decide(services, run.user_id, approver):
+        raise NotFound("no such run")
+    entries = [await _checked(services, run, approver, raw) for raw in _listed(decisions)]
+    if len({e.tool_call_id for e in entries}) != len(entries):
+        raise InvalidInput("each tool_call_id may be decided once per request")
+    results = []
+    for entry in entries:
+        try:
+            result = await resume.by_run(
+                services, owner, run.id, entry.tool_call_id, entry.shown_digest, entry.ask
+            )
+        except TetherError as exc:
+            if exc.code not in REFUSALS:
+                raise
+            results.append(CallDecision(tool_call_id=entry.tool_call_id, refused=exc))
+        else:
+            results.append(CallDecision(tool_call_id=entry.tool_call_id, result=result))
+    return results
+
+
+def _listed(decisions: Any) -> list[Mapping[str, Any]]:
+    if not isinstance(decisions, Sequence) or isinstance(decisions, str | bytes):
+        raise InvalidInput("decisions must be a list of decisions")
+    if not 1 <= len(decisions) <= MAX_DECISIONS:
+        raise InvalidInput(f"decisions must hold 1 to {MAX_DECISIONS} decisions")
+    for raw in decisions:
+        if not isinstance(raw, Mapping):
+            raise InvalidInput("each decision must be an object")
+        extra = set(raw) - _FIELDS
+        if extra:
+            raise InvalidInput(f"unknown field in a decision: {sorted(extra)[0]}")
+    return list(decisions)
+
+
+async def _checked(services: Services, run: Run, approver: str, raw: Mapping[str, Any]) -> _Entry:
+    """One entry, checked as its token's decision would be, and the call it names known
+    on this run: the pending call, or one already decided."""
+    call_id = raw.get("tool_call_id")
+    if not isinstance(call_id, str) or not 0 < len(call_id) <= 128:
+        raise InvalidInput("tool_call_id must be the id of a pending call (1 to 128 characters)")
+    ask = asked(
+        raw.get("decision"),
+        approver,
+        reason=raw.get("reason"),
+        arguments=raw.get("arguments"),
+        digest=raw.get("digest"),
+    )
+    pending = run.pending if run.state is RunState.SUSPENDED else None
+    if pending is not None and pending.tool_call_id == call_id:
+        if ask.arguments is not None:
+            tool_arguments(services, pending, ask.arguments)  # invalid_input, nothing recorded
+        # The request as read here is the one decided (one re-suspended since is not);
+        # ``digest``, as with its token, is compared with the preview re-rendered after
+        # the claim (``changed`` when it differs; absent: the pending preview's).
+        return _Entry(tool_call_id=call_id, ask=ask, shown_digest=pending.digest)
+    if await hop(services.store.decision_for_call, run.id, call_id) is None:
+        raise InvalidInput(f"tool_call_id {call_id!r} is not a pending call of this run")
+    return _Entry(tool_call_id=call_id, ask=ask, shown_digest=None)  # already_resumed

@@ -1,0 +1,148 @@
+"""``tether approvals``: the pending requests, found without reading a log, and a token's
+preview; and ``tether approve --run``, a decision by run and pending call instead of the
+token. Operator commands: like ``tether approve``, they act as the run's owner unless
+``--as`` names another user. Like the rest of the CLI they use nothing but the ``Engine``,
+imported by each command when it runs (``tether.cli.wiring``)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, err, out
+from tether.errors import InvalidInput, TetherError, UnknownOrExpired
+from tether.telemetry.logs import configure
+
+if TYPE_CHECKING:
+    from tether.engine import Engine
+
+approvals_app = typer.Typer(
+    help="Find the pending requests and preview them.", no_args_is_help=True
+)
+
+AsOpt = Annotated[
+    str | None, typer.Option("--as", help="act as this user (default: the run's owner)")
+]
+
+
+@approvals_app.command("list")
+def approvals_list(
+    as_user: Annotated[
+        str | None,
+        typer.Option("--as", help="only the requests this user may decide (own or approvable)"),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="at most this many")] = 100,
+    offset: Annotated[int, typer.Option(min=0, help="skip the first this many")] = 0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help='print {"items": [...], "more": N, "offset": K}')
+    ] = False,
+    agent: AgentOpt = DEFAULT_AGENT,
+) -> None:
+    """Pending requests inside their window, soonest expiry first: every open request
+    (the operator's view), or with ``--as`` those USER may decide. Each is decided with
+    ``tether approve --run RUN_ID``."""
+    configure("WARNING")
+    from rich.table import Table
+
+    from tether.cli.wiring import on_engine
+    from tether.runs import iso, request_to_json
+
+    def listed(engine: Engine) -> Any:
+        if as_user is None:
+            return engine.open_approvals(limit=limit, offset=offset)
+        return engine.pending_approvals(as_user, limit=limit, offset=offset)
+
+    found = on_engine(agent, listed)
+    runs = [run for run in found if run.pending is not None]
+    if as_json:
+        items = [request_to_json(run) for run in runs]
+        emit({"items": items, "more": found.more, "offset": found.offset})
+        return
+    table = Table("user", "tool", "expires")
+    table.add_column("run", no_wrap=True)  # ids are never cut: they are typed back
+    table.add_column("tool call id", no_wrap=True)
+    for run in runs:
+        assert run.pending is not None
+        expires = iso(run.expires_at) or ""
+        table.add_row(run.user_id, run.pending.tool, expires, run.id, run.pending.tool_call_id)
+    if runs:
+        out.print(table)
+    else:
+        out.print("Nothing is waiting for a decision.")
+    if found.more:
+        out.print(f"{found.more} more: --offset {found.next_offset}")
+
+
+@approvals_app.command("preview")
+def approvals_preview(
+    token: str,
+    arguments: Annotated[
+        str | None, typer.Option(help="preview these edited arguments (a JSON object)")
+    ] = None,
+    as_user: AsOpt = None,
+    agent: AgentOpt = DEFAULT_AGENT,
+) -> None:
+    """Print the preview a pending request has (with ``--arguments``: would have) and its
+    digest, to approve with ``tether approve TOKEN --digest HEX``. Changes nothing. Exit 1
+    with the error code when the token is unknown or expired."""
+    configure("WARNING")
+    from tether.cli.wiring import on_engine
+
+    async def shown(engine: Engine) -> dict[str, Any] | TetherError:
+        try:
+            edited = None if arguments is None else json_arg(arguments, "--arguments")
+            viewer = as_user or await engine.token_owner(token)
+            if viewer is None:
+                raise UnknownOrExpired("this token is unknown or expired")
+            return (await engine.preview_approval(token, viewer, edited)).to_json()
+        except TetherError as exc:
+            return exc
+
+    finish(on_engine(agent, shown))
+
+
+async def decide_by_run(
+    engine: Engine,
+    run_id: str,
+    tool_call_id: str | None,
+    entry: dict[str, Any],
+    as_user: str | None,
+) -> dict[str, Any] | TetherError:
+    """``tether approve --run``: the decision ``entry`` on the run's pending call (or on
+    ``tool_call_id``), as its owner unless ``as_user`` names another; the call's answer, or
+    its refusal."""
+    from tether.runs import RunState
+
+    try:
+        run = (await engine.get_run(run_id)).run
+        if tool_call_id is None:
+            if run.pending is None or run.state is not RunState.SUSPENDED:
+                raise UnknownOrExpired("this run waits on no pending request")
+            tool_call_id = run.pending.tool_call_id
+        (answer,) = await engine.decide_calls(
+            run_id, as_user or run.user_id, [{**entry, "tool_call_id": tool_call_id}]
+        )
+    except TetherError as exc:
+        return exc
+    if answer.refused is not None:
+        answer.refused.details.setdefault("tool_call_id", tool_call_id)
+        return answer.refused
+    return answer.to_json()
+
+
+def finish(answer: dict[str, Any] | TetherError) -> None:
+    """Print a decision's or a preview's answer; exit 1 with the code when refused."""
+    if isinstance(answer, TetherError):
+        err.print(f"[red]refused[/red] {answer.code}: {answer.message}")
+        emit(answer.to_dict())
+        raise typer.Exit(1)
+    emit(answer)
+
+
+def json_arg(text: str, option: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{option} must be JSON: {exc}") from exc
