@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tether.cli.runs import runs_app
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, err, named, out
+from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, named, out, say_error
 from tether.errors import InvalidInput, TetherError, UnknownOrExpired
 from tether.telemetry.logs import configure
 
@@ -38,7 +38,7 @@ def main() -> None:
     try:
         app()
     except TetherError as exc:
-        err.print(f"[red]error[/red] {exc.code}: {exc.message}")
+        say_error("error", exc.code, exc.message)
         sys.exit(1)
 
 
@@ -148,7 +148,7 @@ def approve(
 
     answer = on_engine(agent, decide, serve_agent=True)
     if isinstance(answer, TetherError):
-        err.print(f"[red]refused[/red] {answer.code}: {answer.message}")
+        say_error("refused", answer.code, answer.message)
         emit(answer.to_dict())
         raise typer.Exit(1)
     emit(answer)
