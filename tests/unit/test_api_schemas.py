@@ -13,6 +13,7 @@ PUBLISHED = {
     "wrong_version": 409,
     "tool_unavailable": 409,
     "database_unavailable": 503,
+    "database_misconfigured": 503,
     "invalid_input": 422,
     "unauthenticated": 401,
     "invalid_config": 400,
