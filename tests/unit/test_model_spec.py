@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tether import Agent, Engine
 from tether.errors import ConfigError
 from tether.models import ScriptedModel, from_spec
 
@@ -31,3 +32,25 @@ def test_from_spec_is_public_in_tether_models() -> None:
     import tether.models
 
     assert "from_spec" in tether.models.__all__
+
+
+def test_engine_from_env_takes_the_model_tether_model_names_else_the_agents(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    script = tmp_path / "turns.json"
+    script.write_text('{"model": "from-env", "turns": [{"content": "hello"}]}')
+    monkeypatch.setenv("TETHER_DATABASE_URL", f"sqlite:///{tmp_path / 'tether.db'}")
+    monkeypatch.setenv("TETHER_MODEL", f"scripted:{script}")
+    plain = Agent(name="plain", system_prompt="Answer.")
+    engine = Engine.from_env(agent=plain, migrate=True)
+    assert engine.sync.ask("dana", "hi").answer == "hello"
+    engine.close()
+
+    monkeypatch.delenv("TETHER_MODEL")
+    own_turns = [{"content": "its own"}]
+    own = Agent(name="own", system_prompt="Answer.", default_model=lambda: ScriptedModel(own_turns))
+    engine = Engine.from_env(agent=own, migrate=True)
+    assert engine.sync.ask("dana", "hi").answer == "its own"
+    engine.close()
+    with pytest.raises(ConfigError, match="TETHER_MODEL"):
+        Engine.from_env(agent=plain)
