@@ -120,6 +120,15 @@ class Agent:
         async with self.lifespan(self) as agent:
             yield agent if agent is self else replace(agent, version=self.agent_version)
 
+    def model_from(self, settings: Settings) -> Model | None:
+        """The model ``TETHER_MODEL`` (``settings.model``) names, through the one parser
+        ``tether.models.from_spec``; else this agent's ``default_model``; else None."""
+        if settings.model:
+            from tether.models import from_spec
+
+            return from_spec(settings.model)
+        return self.default_model() if self.default_model is not None else None
+
     def versions(self) -> dict[str, Any]:
         """The versions a run records when it starts."""
         return {

@@ -27,7 +27,7 @@ from tether.agent import Agent
 from tether.approvals.methods import DecisionMethods
 from tether.budget import Limits, parse_limits, within_cap
 from tether.config import Settings
-from tether.errors import InvalidInput, NotFound, NotReady
+from tether.errors import ConfigError, InvalidInput, NotFound, NotReady
 from tether.inputs import after_seq
 from tether.models.base import Message, Model
 from tether.notify import LogNotifier, Notifier, Outbox
@@ -97,6 +97,17 @@ class Engine(DecisionMethods, AccountMethods):
             approve_url=lambda token: f"{base}/approve/{token}",
         )
         self._runner = Runner(self._services, worker_id or new_worker_id(), self.open)
+
+    @classmethod
+    def from_env(cls, *, agent: Agent, **options: Any) -> Engine:
+        """An engine configured as the CLI's is: ``Settings.from_env()`` and the model
+        ``TETHER_MODEL`` names, else the agent's default model. ``options`` are the
+        constructor's (``notifier``, ``migrate``, ...)."""
+        settings = Settings.from_env()
+        model = agent.model_from(settings)
+        if model is None:
+            raise ConfigError("set TETHER_MODEL (this agent has no default model)")
+        return cls(agent=agent, model=model, settings=settings, **options)
 
     @property
     def agent(self) -> Agent:

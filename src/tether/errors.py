@@ -73,6 +73,15 @@ class DatabaseUnavailable(TetherError):
     code = "database_unavailable"
 
 
+class DatabaseMisconfigured(DatabaseUnavailable):
+    """The database server refused the connection for a reason trying again cannot cure
+    (the database or role does not exist, the password is wrong, the host is unknown):
+    raised at once, with the server's words and what to change in TETHER_DATABASE_URL.
+    A run that meets it is handed back like one that met ``database_unavailable``."""
+
+    code = "database_misconfigured"
+
+
 class NotFound(TetherError):
     """The run is missing or not the caller's (the two are never told apart)."""
 

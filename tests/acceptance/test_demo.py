@@ -1,11 +1,13 @@
 """The demo story as a test: each scene is played on both stores, and its outcome is checked
 in the sandbox's and the store's own records (quote counts, run states, ledger, events),
-never in the printed text. One test runs ``tether demo`` itself and checks its exit code;
-another follows the README's service walkthrough with real processes."""
+never in the printed text (but for one test: the story says when it resets the CRM). One
+test runs ``tether demo`` itself and checks its exit code; another follows the README's
+service walkthrough with real processes."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import os
@@ -167,6 +169,17 @@ async def test_a_stale_approval_is_refused_and_nothing_is_sent(stage: Stage) -> 
     assert result.ok, result
 
 
+async def test_the_stale_approval_scene_says_it_puts_the_crm_back_before_counting(
+    db_url: str,
+) -> None:
+    printed = io.StringIO()
+    async with open_stage(Console(file=printed, width=200), database_url=db_url) as stage:
+        await scenes.scene_stale_approval(stage)
+    text = printed.getvalue()
+    assert "put back to its seed" in text
+    assert text.index("put back to its seed") < text.index("before 0")
+
+
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
     """``story.main`` configures the root logger; put it back for the tests that follow."""
@@ -298,7 +311,7 @@ def test_the_readmes_service_walkthrough_suspends_the_send_with_no_sandbox_confi
     try:
         poll_until(lambda: _ready(proc, base, log), timeout=60, what="serve to be ready")
         run_id = _readme_run(base, log)
-        # The README's `curl -N …/events/stream`: the run's events so far, then the stream
+        # The README's `curl -sN …/events/stream`: the run's events so far, then the stream
         # stays open while the run waits.
         with _stream_until_suspended(base, run_id) as kinds:
             assert kinds[0] == "created", kinds

@@ -14,6 +14,7 @@ PUBLISHED = {
     "four_eyes": 403,
     "tool_unavailable": 409,
     "database_unavailable": 503,
+    "database_misconfigured": 503,
     "invalid_input": 422,
     "unauthenticated": 401,
     "invalid_config": 400,

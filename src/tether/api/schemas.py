@@ -39,6 +39,7 @@ STATUS: dict[str, int] = {
     "model_error": 502,
     "not_ready": 503,
     "database_unavailable": 503,
+    "database_misconfigured": 503,
     "schema_not_ready": 503,
     "sandbox_unavailable": 503,
     # invalid_config, tool_error, outcome_unknown, invalid_arguments: the default.

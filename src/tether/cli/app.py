@@ -15,7 +15,7 @@ import typer
 
 from tether.cli.approvals import approvals_app
 from tether.cli.runs import runs_app
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, err, named, out
+from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, named, out, say_error
 from tether.cli.users import users_app
 from tether.errors import FourEyes, InvalidInput, TetherError, UnknownOrExpired
 from tether.telemetry.logs import configure
@@ -40,7 +40,7 @@ def main() -> None:
     try:
         app()
     except TetherError as exc:
-        err.print(f"[red]error[/red] {exc.code}: {exc.message}")
+        say_error("error", exc.code, exc.message)
         sys.exit(1)
 
 
@@ -185,7 +185,7 @@ def approve(
 
     answer = on_engine(agent, decide, serve_agent=True)
     if isinstance(answer, TetherError):
-        err.print(f"[red]refused[/red] {answer.code}: {answer.message}")
+        say_error("refused", answer.code, answer.message)
         emit(answer.to_dict())
         raise typer.Exit(1)
     emit(answer)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, err, out
+from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, out, say_error
 from tether.errors import InvalidInput, TetherError, UnknownOrExpired
 from tether.telemetry.logs import configure
 
@@ -135,7 +135,7 @@ async def decide_by_run(
 def finish(answer: dict[str, Any] | TetherError) -> None:
     """Print a decision's or a preview's answer; exit 1 with the code when refused."""
     if isinstance(answer, TetherError):
-        err.print(f"[red]refused[/red] {answer.code}: {answer.message}")
+        say_error("refused", answer.code, answer.message)
         emit(answer.to_dict())
         raise typer.Exit(1)
     emit(answer)

@@ -36,7 +36,7 @@ def runs_list(
     """List runs, newest first; with ``--stranded``, the runs no live worker can carry
     (reference §12), longest waiting first."""
     configure("WARNING")
-    from rich.table import Table
+    from rich.table import Column, Table
 
     from tether.cli.wiring import on_engine
     from tether.runs import iso, run_to_json
@@ -50,7 +50,12 @@ def runs_list(
     if as_json:
         emit({"items": [run_to_json(run) for run in found]})
         return
-    table = Table("id", "user", "state", "step", "reason", "version", "updated")
+    # Whole ids, however narrow the terminal: an id cut short is one ``runs show`` cannot
+    # find. The other columns give way.
+    widest = max((len(run.id) for run in found), default=2)
+    table = Table(Column("id", no_wrap=True, min_width=widest), "user", "state", "step")
+    for name in ("reason", "version", "updated"):
+        table.add_column(name)
     for run in found:
         table.add_row(
             run.id,

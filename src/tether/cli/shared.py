@@ -7,17 +7,45 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import sys
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 DEFAULT_AGENT = "tether.demo.agent:build_agent"
+
+
+def _importable_here(spec: str) -> str:
+    """Make the working folder importable for ``--agent``, as uvicorn does for its app
+    argument: ``--agent shop:build_agent`` finds ``./shop.py``. (``python -m tether`` has it
+    on the path already; the ``tether`` script has only its own folder.)"""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return spec
+
+
 AgentOpt = Annotated[
-    str, typer.Option("--agent", help="MODULE:ATTR of the agent (default: the demo agent)")
+    str,
+    typer.Option(
+        "--agent",
+        help="MODULE:ATTR of the agent, found from the working folder (default: the demo agent)",
+        callback=_importable_here,
+    ),
 ]
 out = Console()
 err = Console(stderr=True)
+
+
+def say_error(label: str, code: str, message: str) -> None:
+    """Print ``LABEL CODE: MESSAGE`` on standard error, the label in red. The message is
+    printed as it is: never read as Rich markup (``[...]`` in it stays), never wrapped."""
+    line = Text(label, style="red")
+    line.append(f" {code}: {message}")
+    err.print(line, soft_wrap=True, highlight=False)
 
 
 def emit(data: Any) -> None:

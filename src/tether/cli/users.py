@@ -29,7 +29,7 @@ def users_remove(name: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
     from tether.cli.wiring import on_engine
 
     on_engine(agent, lambda engine: engine.remove_user(name))
-    out.print(f"[green]removed[/green] {name}: its keys are revoked and its sessions ended")
+    out.print(f"removed {name}: its keys are revoked and its sessions ended", markup=False)
 
 
 @users_app.command("rotate-key")

@@ -33,12 +33,9 @@ class NoModel(Model):
 def pick_model(agent: Agent, settings: Settings, *, required: bool) -> Model:
     """``TETHER_MODEL``, else the agent's default model; ``required`` by commands that
     carry runs, so a missing model is a start-up error there."""
-    if settings.model:
-        from tether.models import from_spec
-
-        return from_spec(settings.model)
-    if agent.default_model is not None:
-        return agent.default_model()
+    model = agent.model_from(settings)
+    if model is not None:
+        return model
     if required:
         raise ConfigError("set TETHER_MODEL (this agent has no default model)")
     return NoModel()

@@ -29,7 +29,7 @@ def sandbox_db_for(database_url: str) -> Path:
     otherwise in the working folder, where ``tether sandbox serve`` keeps it too."""
     try:
         url = make_url(database_url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # the store reports a malformed URL itself
         return Path(SANDBOX_DB)
     database = url.database or ""
     if url.get_backend_name() == "sqlite" and database not in ("", ":memory:"):

@@ -277,6 +277,8 @@ async def scene_stale_approval(stage: Stage) -> SceneResult:
     say = stage.console.print
     engine = stage.engine
     stage.reset_sandbox()
+    # Said, so that its "before 0" below does not contradict the quotes of earlier scenes.
+    say("the CRM is put back to its seed: Henderson at silver, no hold, no quotes yet")
     run = await engine.start_run("dana", QUESTION)
     await engine.run_until_stop(run.id)
     token = stage.notifier.last(run.id).token

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 
 from tether.demo.render import summary_table
@@ -61,7 +62,7 @@ async def _scene(stage: Stage, heading: str, number: int, scene: Scene) -> Scene
     try:
         return await scene(stage)
     except Exception as exc:
-        stage.console.print(f"[red]the scene failed: {exc!r}[/red]")
+        stage.console.print(f"[red]the scene failed: {escape(repr(exc))}[/red]")
         return SceneResult(
             number=number,
             title=heading.split(". ", 1)[1],

@@ -9,16 +9,20 @@ from tether.models.scripted import ScriptedModel
 __all__ = ["Message", "Model", "ModelResponse", "ScriptedModel", "ToolSpec", "Usage", "from_spec"]
 
 
+# What a model spec may be; said by every refusal of one.
+_SPECS = "scripted:PATH.json, openai:MODEL or anthropic:MODEL"
+
+
 def from_spec(spec: str) -> Model:
-    """A model from ``scripted:PATH.json``, ``openai:MODEL`` or ``anthropic:MODEL``. The
-    SDK adapters find their credentials and base URL (``OPENAI_BASE_URL``, ...) themselves,
-    in ``models.sdk.sdk_credentials``."""
-    kind, sep, rest = spec.partition(":")
+    """A model from ``scripted:PATH.json``, ``openai:MODEL`` or ``anthropic:MODEL``: the one
+    parser of ``TETHER_MODEL``, for Python as for the CLI
+    (``Engine(agent=..., model=from_spec("openai:gpt-4.1"))``). The SDK adapters find their
+    credentials and base URL (``OPENAI_BASE_URL``, ...) themselves, in
+    ``models.sdk.sdk_credentials``. A malformed spec is a ``ConfigError`` that says the
+    forms a spec may take."""
+    kind, sep, rest = spec.partition(":") if isinstance(spec, str) else ("", "", "")
     if not sep or not rest:
-        raise ConfigError(
-            "TETHER_MODEL must be scripted:PATH.json, openai:MODEL or anthropic:MODEL, "
-            f"got {spec!r}"
-        )
+        raise ConfigError(f"a model spec (TETHER_MODEL) must be {_SPECS}, got {spec!r}")
     if kind == "scripted":
         return ScriptedModel.from_file(rest)
     if kind == "openai":
@@ -29,4 +33,4 @@ def from_spec(spec: str) -> Model:
         from tether.models.anthropic import AnthropicModel
 
         return AnthropicModel(rest)
-    raise ConfigError(f"unknown model kind {kind!r} in TETHER_MODEL={spec!r}")
+    raise ConfigError(f"unknown model kind {kind!r} in {spec!r}: a model spec must be {_SPECS}")

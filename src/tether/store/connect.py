@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tether.errors import ConfigError
-from tether.store.faults import track_commits
+from tether.store.faults import name_refusals, track_commits
 
 
 def normalize_url(url: str) -> str:
@@ -34,6 +34,10 @@ def normalize_url(url: str) -> str:
 def create_db_engine(url: str) -> Engine:
     """An engine for ``url`` with its backend's connection and transaction set-up."""
     url = normalize_url(url)
+    try:
+        sa.engine.make_url(url)
+    except (ValueError, sa.exc.ArgumentError) as exc:  # never echo the URL: it may hold a password
+        raise ConfigError(f"the database URL cannot be parsed ({exc}): check it") from exc
     if url.startswith("sqlite"):
         engine = _sqlite_engine(url)
     else:
@@ -49,13 +53,27 @@ def create_db_engine(url: str) -> Engine:
             connect_args={"options": "-c synchronous_commit=on", "connect_timeout": 5},
         )
     track_commits(engine)  # a store call is retried only if nothing of it was committed
+    name_refusals(engine)  # a missing database or a wrong password is not retried
     return engine
 
 
+def sqlite_file(engine: Engine) -> Path | None:
+    """The file of a SQLite ``engine`` (None for PostgreSQL or an in-memory database).
+    Connecting creates it; only the commands that migrate may (``store.migrate``)."""
+    database = engine.url.database or ""
+    if engine.url.get_backend_name() != "sqlite" or database in ("", ":memory:"):
+        return None
+    return Path(database).expanduser().resolve()
+
+
+def make_room(engine: Engine) -> None:
+    """Create the folders of a SQLite ``engine``'s file, so that connecting creates it."""
+    path = sqlite_file(engine)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+
 def _sqlite_engine(url: str) -> Engine:
-    path = url[len("sqlite:///") :]
-    if path and path != ":memory:":
-        Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(
         url, connect_args={"timeout": 30.0, "check_same_thread": False}, pool_size=10
     )

@@ -5,6 +5,12 @@ connection, a server shutting down or restarting, a serialization failure or dea
 pool that had no connection free in time, and on SQLite a locked database, a full disk or
 an I/O error. Anything else (a constraint, a programming error) is not transient.
 
+A *refusal* is a connection the server (or the resolver) turned down for a reason the
+next attempt meets again: a database or role that does not exist, a failed password, a
+host name that does not resolve, a malformed connection option. It is never retried:
+the engine raises ``DatabaseMisconfigured`` at once, with the server's words and what to
+change.
+
 A store call may be tried again only if nothing of it was committed. The engine's
 ``commit`` event marks the calling thread just before COMMIT is sent, so a transient
 error met after that mark is *ambiguous*: the COMMIT may have landed. ``attempt`` runs one
@@ -15,6 +21,7 @@ is tried again after an ambiguous error.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import sys
 import threading
@@ -25,11 +32,39 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
+from tether.errors import DatabaseMisconfigured
+
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., object])
 
 # SQLite's transient OperationalErrors, by message (the module has no finer classes).
 _SQLITE_TRANSIENT = ("locked", "busy", "disk", "full", "unable to open", "i/o")
+
+# Connection refusals that trying again cannot cure, by libpq's message (psycopg gives a
+# failed connection no SQLSTATE), each with what to change. "Temporary failure in name
+# resolution" is not here: a resolver that is down may be back at the next attempt.
+_REFUSALS = (
+    (
+        re.compile(r'database "(?P<name>[^"]+)" does not exist'),
+        "create it (`createdb {name}`) or name another in TETHER_DATABASE_URL",
+    ),
+    (
+        re.compile(r'role "(?P<name>[^"]+)" does not exist'),
+        "create it (`createuser {name}`) or name another user in TETHER_DATABASE_URL",
+    ),
+    (
+        re.compile(r"password authentication failed|authentication failed|no pg_hba\.conf entry"),
+        "check the user and password in TETHER_DATABASE_URL",
+    ),
+    (
+        re.compile(r"Name or service not known|nodename nor servname|could not translate host"),
+        "check the host name in TETHER_DATABASE_URL",
+    ),
+    (
+        re.compile(r"invalid connection option|invalid \w+ value|invalid integer value"),
+        "check the options in TETHER_DATABASE_URL",
+    ),
+)
 
 _local = threading.local()
 
@@ -65,6 +100,22 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def refusal(exc: BaseException) -> str | None:
+    """What the server said and what to change, when ``exc`` is a connection refusal that
+    trying again cannot cure (a missing database or role, bad credentials, an unknown
+    host); else None."""
+    cause = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    psycopg = sys.modules.get("psycopg")  # loaded only by a PostgreSQL store
+    if psycopg is None or not isinstance(cause, psycopg.OperationalError):
+        return None
+    said = " ".join(str(cause).split()).removeprefix("connection failed: ")
+    for pattern, hint in _REFUSALS:
+        found = pattern.search(said)
+        if found is not None:
+            return f"{said}: {hint.format(**found.groupdict())}"
+    return None
+
+
 def idempotent(fn: F) -> F:
     """Mark a store call that may be tried again even after its COMMIT was cut off: it
     detects its own earlier landing (a step write compares the message count), so a
@@ -83,6 +134,20 @@ def track_commits(engine: Engine) -> None:
     @sa.event.listens_for(engine, "commit")
     def _on_commit(_conn: sa.Connection) -> None:
         _local.committing = True
+
+
+def name_refusals(engine: Engine) -> None:
+    """Raise a connection refusal of ``engine`` (see ``refusal``) as ``DatabaseMisconfigured``
+    naming the URL (without its password), wherever the connection was asked for."""
+
+    @sa.event.listens_for(engine, "handle_error")
+    def _on_error(context: sa.engine.ExceptionContext) -> None:
+        said = refusal(context.original_exception)
+        if said is not None:
+            url = engine.url.render_as_string(hide_password=True)
+            raise DatabaseMisconfigured(
+                f"cannot connect to the database {url}: {said}"
+            ) from context.original_exception
 
 
 def attempt(call: Callable[[], T]) -> T:

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tether.errors import SchemaNotReady
+from tether.store.connect import make_room, sqlite_file
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -72,6 +73,7 @@ def upgrade(engine: Engine) -> None:
     from alembic import command
 
     cfg = alembic_config(engine)
+    make_room(engine)
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
@@ -79,7 +81,16 @@ def upgrade(engine: Engine) -> None:
 
 def ensure_schema(engine: Engine, *, migrate_empty: bool) -> None:
     """Refuse to run on a schema that does not match this code, with a message that says
-    what to do; migrate an empty database when ``migrate_empty``."""
+    what to do; migrate an empty database when ``migrate_empty``. A SQLite file that does
+    not exist is created only then: reading a database never creates one."""
+    missing = sqlite_file(engine)
+    if missing is not None and not missing.exists():
+        if not migrate_empty:
+            raise SchemaNotReady(
+                f"the database file {missing} does not exist: `tether migrate` creates it "
+                "(or check TETHER_DATABASE_URL)"
+            )
+        make_room(engine)
     status = schema_status(engine)
     if status is SchemaStatus.CURRENT:
         return

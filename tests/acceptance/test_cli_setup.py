@@ -1,0 +1,147 @@
+"""What people meet setting tether up: a wrong database URL, a missing SQLite file, an
+agent in the working folder, and error text printed as it is, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import inprocess
+import processes
+import pytest
+
+from tether.notify import MemoryNotifier
+from tether.store import SchemaStatus, Store, schema_status
+
+# The installed console script, not ``python -m tether``: only the script lacks the
+# working folder on its path.
+TETHER = str(Path(sys.executable).parent / "tether")
+
+
+def _missing_pg_database() -> str:
+    from conftest import PG_ADMIN_URL
+
+    base, _, _ = PG_ADMIN_URL.rpartition("/")
+    return f"{base}/tether_missing_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.mark.parametrize("command", [("runs", "list"), ("serve", "--port", "0")])
+def test_a_postgresql_database_that_does_not_exist_is_refused_at_once_not_retried(
+    command: tuple[str, ...],
+) -> None:
+    url = _missing_pg_database()
+    name = url.rpartition("/")[2]
+    done = processes.tether(*command, env=processes.tether_env(url), timeout=120)
+    assert done.returncode == 1
+    assert "database_misconfigured" in done.stderr
+    assert f'database "{name}" does not exist' in done.stderr
+    assert f"createdb {name}" in done.stderr
+    assert "retrying" not in done.stderr and "database_unavailable" not in done.stderr
+
+
+def test_a_database_url_that_cannot_be_parsed_is_invalid_config() -> None:
+    url = "postgresql://tether:secret@127.0.0.1:notaport/tether"
+    done = processes.tether("runs", "list", env=processes.tether_env(url))
+    assert done.returncode == 1, done.stderr
+    assert "invalid_config" in done.stderr and "cannot be parsed" in done.stderr
+    assert "secret" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_reading_commands_never_create_a_sqlite_file_and_say_how_to_make_one(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "not" / "here" / "tether.db"
+    env = processes.tether_env(f"sqlite:///{path}")
+    for command in (("runs", "list"), ("runs", "show", "abc")):
+        done = processes.tether(*command, env=env)
+        assert done.returncode == 1
+        assert "schema_not_ready" in done.stderr
+        assert str(path) in done.stderr and "tether migrate" in done.stderr
+    assert not (tmp_path / "not").exists()
+
+    migrated = processes.tether("migrate", env=env)
+    assert migrated.returncode == 0, migrated.stderr
+    store = Store(f"sqlite:///{path}")
+    assert schema_status(store.engine) is SchemaStatus.CURRENT
+    store.close()
+    listed = processes.tether("runs", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+
+
+def test_an_agent_module_in_the_working_folder_loads_with_the_tether_script(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "shop.py").write_text(
+        textwrap.dedent(
+            """
+            from tether import Agent
+
+            def build_agent():
+                return Agent(name="shop", system_prompt="You run a shop.")
+            """
+        )
+    )
+    env = processes.tether_env(f"sqlite:///{tmp_path / 'tether.db'}")
+    del env["PYTHONPATH"]
+    done = subprocess.run(
+        [TETHER, "migrate", "--agent", "shop:build_agent"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "No module named" not in done.stderr
+
+
+def test_error_text_is_printed_as_it_is_not_read_as_markup(tmp_path: Path) -> None:
+    env = processes.tether_env(f"sqlite:///{tmp_path / 'tether.db'}", TETHER_PRICES="{bad")
+    done = processes.tether("runs", "list", env=env)
+    assert done.returncode == 1
+    assert "[usd_per_mtok_in, usd_per_mtok_out]" in done.stderr
+    assert "'{bad'" in done.stderr
+
+
+def test_runs_list_prints_whole_ids_that_runs_show_finds(sqlite_url: str) -> None:
+    engine = inprocess.engine(sqlite_url, script_name="standard")
+    halted = engine.sync.ask("dana", "go", limits={"max_steps": 1})
+    engine.close()
+    env = processes.tether_env(sqlite_url, COLUMNS="80")
+
+    listed = processes.tether("runs", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert halted.run_id in listed.stdout
+    shown = processes.tether("runs", "show", halted.run_id, env=env)
+    assert shown.returncode == 0, shown.stderr
+
+
+def test_ctrl_c_stops_runs_watch_cleanly_with_130(db_url: str) -> None:
+    notifier = MemoryNotifier()
+    engine = inprocess.engine(db_url, script_name="send", notifier=notifier)
+    waiting = engine.sync.ask("dana", "send").run_id  # suspended: watching never ends
+    engine.close()
+    watch = subprocess.Popen(
+        [processes.PYTHON, "-m", "tether", "runs", "watch", waiting, "--agent", processes.AGENT],
+        env=processes.tether_env(db_url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=processes.ROOT,
+    )
+    try:
+        assert watch.stdout is not None
+        first = json.loads(watch.stdout.readline())  # blocks until the first event is out
+        assert first["kind"] == "created"
+        watch.send_signal(signal.SIGINT)
+        _, stderr = watch.communicate(timeout=60)
+    finally:
+        watch.kill()
+        watch.wait()
+    assert watch.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
