@@ -208,6 +208,8 @@ class TokenLookup:
     used: Decision | None
     decided_run: Run | None
     now: float
+    # The run whose suspension on the token expired, shown to its owner only.
+    expired: Run | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -66,17 +66,21 @@ async def pending_approvals(
 async def approval_request(services: Services, token: str, approver: str) -> TokenLookup:
     """What an approval token names now, as ``approver`` may see it: the suspended run, or
     the decision that used the token and its run, each only if ``approver`` may decide
-    that run (else nothing: a request is never revealed to someone who may not decide)."""
-    run, used = await hop(services.store.find_by_token, hash_token(inputs.token(token)))
+    that run (else nothing: a request is never revealed to someone who may not decide);
+    to the owner of a run whose suspension on it expired, that run (``expired``)."""
+    found = await hop(services.store.match_token, hash_token(inputs.token(token)))
+    run, used, expired = found.run, found.decision, found.expired
     decided = await hop(services.store.get_run, used.run_id) if used is not None else None
     now = await hop(services.store.now)
+    if expired is not None and expired.user_id != approver:
+        expired = None  # only its owner learns that a run expired (and may continue it)
     if run is not None and (
         run.state is not RunState.SUSPENDED or not await may_decide(services, run.user_id, approver)
     ):
         run = None
     if decided is not None and not await may_decide(services, decided.user_id, approver):
         used = decided = None
-    return TokenLookup(run=run, used=used, decided_run=decided, now=now)
+    return TokenLookup(run=run, used=used, decided_run=decided, now=now, expired=expired)
 
 
 async def request_of_run(
@@ -94,8 +98,9 @@ async def request_of_run(
 
 async def token_owner(services: Services, token: str) -> str | None:
     """The user whose run a token belongs to (pending or used), for the operator's CLI."""
-    run, used = await hop(services.store.find_by_token, hash_token(inputs.token(token)))
-    if run is not None and run.state is RunState.SUSPENDED:
+    found = await hop(services.store.match_token, hash_token(inputs.token(token)))
+    run, used = found.run or found.expired, found.decision
+    if run is not None:
         return run.user_id
     decided = await hop(services.store.get_run, used.run_id) if used is not None else None
     return decided.user_id if decided is not None else None

@@ -32,10 +32,10 @@ async def by_token(
     inputs.user_id(approver, "approver")
     if arguments is not None:
         checked_arguments(arguments)
-    run, _ = await find_suspended(services, hash_token(inputs.token(token)))
-    if run is None:
-        raise unknown_or_expired()
-    return await _preview(services, run, approver, arguments)
+    found = await find_suspended(services, hash_token(inputs.token(token)))
+    if found.run is None:
+        raise unknown_or_expired(found.expired, approver)
+    return await _preview(services, found.run, approver, arguments)
 
 
 async def by_run(

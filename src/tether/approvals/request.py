@@ -21,10 +21,11 @@ from tether.errors import (
 )
 from tether.inputs import DIGEST, MAX_REASON_CHARS
 from tether.messages import canonical_json
+from tether.reasons import HaltReason
 from tether.results import Choice
 from tether.runs import Pending, Run, RunState, iso
 from tether.scope import Scope
-from tether.store import Decision
+from tether.store import Decision, TokenMatch
 from tether.tools.tool import InvalidToolArguments
 
 log = logging.getLogger(__name__)
@@ -97,8 +98,22 @@ def decision_json(decision: Decision) -> dict[str, Any]:
     }
 
 
-def unknown_or_expired() -> UnknownOrExpired:
-    return UnknownOrExpired("this approval link is unknown or has expired")
+def unknown_or_expired(expired: Run | None = None, approver: str | None = None) -> UnknownOrExpired:
+    """The refusal of a token that names nothing the approver may decide. To the owner of
+    the run whose suspension on it expired (and only to them: never reveal a run to
+    anyone else), it also says the run halts ``suspension_expired`` and how to continue it."""
+    if expired is None or approver is None or expired.user_id != approver:
+        return UnknownOrExpired("this approval link is unknown or has expired")
+    halted = expired.state is RunState.HALTED
+    when = "is halted" if halted else "halts at the next expiry sweep"
+    return UnknownOrExpired(
+        f"this approval expired: run {expired.id} {when} as suspension_expired; you can "
+        f"continue it with POST /v1/runs/{expired.id}/continue or tether continue {expired.id}",
+        run_id=expired.id,
+        state=expired.state.value,
+        halt_reason=HaltReason.SUSPENSION_EXPIRED.value,
+        tool_call_id=expired.pending.tool_call_id if expired.pending is not None else None,
+    )
 
 
 def check_decider(services: Services, scope: Scope, pending: Pending, approver: str) -> None:
@@ -126,13 +141,15 @@ async def suspended_on(services: Services, run_id: str, tool_call_id: Any) -> Ru
     return run if run.pending.tool_call_id == tool_call_id else None
 
 
-async def find_suspended(services: Services, token_hash: str) -> tuple[Run | None, Decision | None]:
-    """The run suspended on a token and the decision that used it, read once for all the
-    callers of that token in flight here. A shared read is as good as a caller's own: a
-    token exists only once its suspension is durable, and a read that found it unused
-    started after the first caller had it, so after that."""
+async def find_suspended(services: Services, token_hash: str) -> TokenMatch:
+    """What a token names (``Store.match_token``): the run suspended on it inside its
+    window by the database's clock, the decision that used it, or the run whose suspension
+    on it expired; read once for all the callers of that token in flight here. The one
+    expiry check deciding and previewing share before the claim (which checks it again).
+    A shared read is as good as a caller's own: a token exists only once its suspension
+    is durable, and a read that found it unused started after the first caller had it."""
     found, _ = await services.single_flight.run(
-        ("find", token_hash), lambda: hop(services.store.find_by_token, token_hash)
+        ("find", token_hash), lambda: hop(services.store.match_token, token_hash)
     )
     return found
 

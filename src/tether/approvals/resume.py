@@ -71,14 +71,15 @@ async def by_token(services: Services, owner: str, token: str, ask: Asked) -> Ap
     ``already_resumed`` with the decision that won (its reason and edits included).
     """
     token_hash = hash_token(inputs.token(token))
-    run, used = await find_suspended(services, token_hash)
+    found = await find_suspended(services, token_hash)
+    run, used = found.run, found.decision
     if run is None:
         seen = await visible_run(services, used.run_id, ask.approver) if used is not None else None
         with approval_span(seen, ask):
             if used is not None and seen is not None:
                 raise _already(used)
             APPROVALS.labels(outcome=UnknownOrExpired.code).inc()
-            raise unknown_or_expired()
+            raise unknown_or_expired(found.expired, ask.approver)
     return await _claim_and_carry_out(services, owner, run, token_hash, ask)
 
 

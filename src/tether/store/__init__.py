@@ -5,7 +5,7 @@ operation (``Store``), written once and sent through the backend's dialect (``di
 from __future__ import annotations
 
 from tether.store.migrate import SchemaStatus, ensure_schema, schema_status, upgrade
-from tether.store.reads import Snapshot
+from tether.store.reads import Snapshot, TokenMatch
 from tether.store.records import CallStatus, Decision, Event, LedgerEntry
 from tether.store.steps import Intent, idempotency_key
 from tether.store.store import Store
@@ -19,6 +19,7 @@ __all__ = [
     "SchemaStatus",
     "Snapshot",
     "Store",
+    "TokenMatch",
     "ensure_schema",
     "idempotency_key",
     "schema_status",

@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from tether.models.base import Message
-from tether.runs import Run, RunState
+from tether.runs import HaltReason, Run, RunState
 from tether.store.base import StoreBase
 from tether.store.clock import db_now
 from tether.store.records import Decision, Event, LedgerEntry
@@ -82,6 +82,16 @@ _SUSPENDED_ON = sa.select(runs).where(
     runs.c.pending_token_hash == sa.bindparam("b_hash"), state_in([RunState.SUSPENDED])
 )
 _DECISION_OF_TOKEN = sa.select(decisions).where(decisions.c.token_hash == sa.bindparam("b_hash"))
+# The run suspended on a token, with whether its window is open by the database's clock.
+_SUSPENDED_ON_OPEN = sa.select(runs, (runs.c.expires_at > db_now()).label("window_open")).where(
+    runs.c.pending_token_hash == sa.bindparam("b_hash"), state_in([RunState.SUSPENDED])
+)
+# The run a token's suspension halted when it expired (the halted-token partial index).
+_EXPIRED_ON = sa.select(runs).where(
+    runs.c.pending_token_hash == sa.bindparam("b_hash"),
+    state_in([RunState.HALTED]),
+    runs.c.halt_reason == HaltReason.SUSPENSION_EXPIRED.value,
+)
 _DECISION_OF_CALL = (
     sa.select(decisions)
     .where(
@@ -144,6 +154,18 @@ def _decision(row: Any) -> Decision | None:
     if row.d_token_hash is None:
         return None
     return Decision.from_row({c.name: row._mapping[f"d_{c.name}"] for c in decisions.c})
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenMatch:
+    """What a token names: the run suspended on it inside its window (``run``), the
+    decision that used it, or the run whose suspension on it expired (``expired``: still
+    suspended past its window until the sweep halts it, or halted ``suspension_expired``),
+    each judged by the database's clock. Who may learn of which is the caller's to check."""
+
+    run: Run | None = None
+    decision: Decision | None = None
+    expired: Run | None = None
 
 
 class Reads(StoreBase):
@@ -249,6 +271,22 @@ class Reads(StoreBase):
                 Run.from_row(row._mapping) if row else None,
                 Decision.from_row(drow._mapping) if drow else None,
             )
+
+    def match_token(self, token_hash: str) -> TokenMatch:
+        """The run and decision a token names, the window judged by the database's clock
+        (invariant 11): the one lookup deciding and previewing by token share. Served by
+        the partial indexes on suspended and on halted runs' token hashes."""
+        params = {"b_hash": token_hash}
+        with self.engine.begin() as conn:
+            row = conn.execute(_SUSPENDED_ON_OPEN, params).first()
+            if row is not None:
+                run = Run.from_row(row._mapping)
+                return TokenMatch(run=run) if row.window_open else TokenMatch(expired=run)
+            drow = conn.execute(_DECISION_OF_TOKEN, params).first()
+            if drow is not None:
+                return TokenMatch(decision=Decision.from_row(drow._mapping))
+            halted = conn.execute(_EXPIRED_ON, params).first()
+            return TokenMatch(expired=Run.from_row(halted._mapping) if halted else None)
 
     def decision_for_call(self, run_id: str, tool_call_id: str) -> Decision | None:
         """The latest decision taken on a call of a run, if any."""

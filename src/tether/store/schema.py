@@ -22,6 +22,7 @@ RETAINED = tuple(s for s in RunState if s.terminal or s is RunState.HALTED)
 _RETAINED = "state IN ({})".format(", ".join(f"'{s.value}'" for s in RETAINED))
 _RUNNING = f"state = '{RunState.RUNNING.value}'"
 _SUSPENDED = f"state = '{RunState.SUSPENDED.value}'"
+_HALTED = f"state = '{RunState.HALTED.value}'"
 
 
 def _partial(table: sa.Table, name: str, *cols: str, where: str, unique: bool = False) -> sa.Index:
@@ -98,6 +99,8 @@ _partial(runs, "runs_orphan_scan", "heartbeat_at", where=f"{_RUNNING} AND owner 
 _partial(runs, "runs_ready", "updated_at", where=f"{_RUNNING} AND owner IS NULL")
 _partial(runs, "runs_suspended_token", "pending_token_hash", where=_SUSPENDED, unique=True)
 _partial(runs, "runs_suspended_expiry", "expires_at", where=_SUSPENDED)
+# An expired suspension halts its run and keeps its token's hash (migration 0009).
+_partial(runs, "runs_halted_token", "pending_token_hash", where=_HALTED)
 _partial(runs, "runs_unnotified", "suspended_at", where=f"{_SUSPENDED} AND notified_at IS NULL")
 _partial(runs, "runs_retention", "updated_at", where=_RETAINED)
 sa.Index("runs_user", runs.c.user_id, runs.c.started_at)

@@ -81,7 +81,8 @@ async def approval_page(request: Request, token: str) -> Response:
         }
         decided = lookup.decided_run
         return outcome(request, session, 200, "already_resumed", decision=shown, run=decided)
-    return unknown_or_expired(request, session)
+    expired = lookup.expired.id if lookup.expired is not None else None
+    return unknown_or_expired(request, session, expired)
 
 
 @router.post("/approve/{token}")
@@ -200,8 +201,8 @@ async def _carry_out(
         return outcome(request, session, 403, "four_eyes", reason=exc.message)
     except (WrongVersion, PendingToolUnavailable) as exc:
         return outcome(request, session, 409, exc.code, reason=exc.message)
-    except UnknownOrExpired:
-        return unknown_or_expired(request, session)
+    except UnknownOrExpired as exc:
+        return unknown_or_expired(request, session, exc.details.get("run_id"))
     except InvalidInput as exc:
         return _invalid(request, session, exc)
     log.info(

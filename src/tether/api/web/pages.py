@@ -221,9 +221,24 @@ def message(
     return page(request, "message.html", context, session=session, status=status)
 
 
-def unknown_or_expired(request: Request, session: Session | None) -> Response:
+def unknown_or_expired(
+    request: Request, session: Session | None, expired_run: str | None = None
+) -> Response:
     """The one answer for a token that is unknown, expired, or not the viewer's to see: it
-    never reveals whether the run exists."""
+    never reveals whether the run exists. Only to the owner of the run whose request
+    expired (``expired_run``, which the engine names to its owner alone) it says so, and
+    how to continue the run."""
+    if expired_run is not None:
+        return message(
+            request,
+            session,
+            404,
+            "This request expired",
+            f"Nobody decided it in time, so run {expired_run} is halted as "
+            "suspension_expired. You can continue it (POST /v1/runs/"
+            f"{expired_run}/continue, or tether continue {expired_run}).",
+            kind="refused",
+        )
     return message(
         request,
         session,
