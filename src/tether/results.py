@@ -142,6 +142,12 @@ class Choice(str, enum.Enum):
     DECLINE = "decline"
 
 
+# The stored decision of an approval of an edit sent without the digest of the edit's
+# preview: not an approval (the approver has not seen that preview), so nothing runs; the
+# run waits again on the edit (``changed``), and its event is ``edited`` (reference §9).
+UNSEEN_EDIT = "edit"
+
+
 class CallVerdict(str, enum.Enum):
     """What became of a decided call."""
 

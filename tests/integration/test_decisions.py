@@ -400,3 +400,55 @@ async def test_a_stale_digest_by_run_is_changed_with_a_new_token_inside_its_resu
     assert body["outcome"] == body["error"] == "changed" and body["ok"] is False
     assert body["token"] == notifier.last(run_id).token
     assert downstream.effects() == []
+
+
+async def test_an_edit_without_a_digest_says_so_suspends_on_the_edit_and_records_no_approval(
+    sending: tuple[Engine, MemoryNotifier],
+) -> None:
+    engine, notifier = sending
+    run_id, token = await suspended(engine, notifier)
+    with pytest.raises(Changed) as changed:
+        await engine.resume_after_confirmation(token, "approve", "dana", arguments={"item": "c"})
+    assert "digest" in changed.value.message and "missing" in changed.value.message
+    assert "POST /v1/approvals/{token}/preview" in changed.value.message
+    assert "tether approvals preview TOKEN --arguments" in changed.value.message
+    assert changed.value.details["diff"] == [{"path": "item", "before": "b", "after": "c"}]
+    again = (await engine.get_run(run_id)).run
+    assert again.state is RunState.SUSPENDED and again.pending is not None
+    assert again.pending.arguments == {"item": "c"} and again.pending.edited_from == {"item": "b"}
+    # Nothing records it as approved: no approved decision, event or ledger edit.
+    kinds = [e.kind for e in await engine.events(run_id)]
+    assert "approved" not in kinds and kinds[-1] == "suspended"
+    decision = await asyncio.to_thread(
+        engine._store.decision_for_call, run_id, again.pending.tool_call_id
+    )
+    assert decision is not None and decision.decision != "approve"
+    (entry,) = [e for e in await engine.ledger(run_id) if e.tool == "send"]
+    assert entry.edited_arguments is None and entry.status is CallStatus.INTENT
+    # The old token says what happened to it; the new one's preview gives the digest.
+    with pytest.raises(AlreadyResumed):
+        await engine.resume_after_confirmation(token, "approve", "dana")
+    new_token = changed.value.details["token"]
+    shown = await engine.preview_approval(new_token, "dana")
+    result = await engine.resume_after_confirmation(
+        new_token, "approve", "dana", digest=shown.digest
+    )
+    assert result.outcome.value == "executed"
+    assert [item for _, _, item in downstream.effects()] == ["c"]
+
+
+async def test_an_edit_equal_to_the_pending_arguments_is_a_plain_approval(
+    sending: tuple[Engine, MemoryNotifier],
+) -> None:
+    engine, notifier = sending
+    run_id, token = await suspended(engine, notifier)
+    result = await engine.resume_after_confirmation(
+        token, "approve", "dana", arguments={"item": "b"}
+    )
+    assert result.outcome.value == "executed"
+    (approved,) = [e.data for e in await engine.events(run_id) if e.kind == "approved"]
+    assert "arguments_to" not in approved  # nothing was edited
+    (entry,) = [e for e in await engine.ledger(run_id) if e.tool == "send"]
+    assert entry.edited_arguments is None
+    await engine.run_until_stop(run_id)
+    assert "edited_by_user" not in results((await engine.get_run(run_id)).messages)[-1]

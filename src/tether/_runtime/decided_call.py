@@ -16,7 +16,7 @@ from tether._runtime.tool_call import Check, Resolved
 from tether.messages import ToolCall
 from tether.previews import diff_previews
 from tether.reasons import FailReason, HaltReason
-from tether.results import CallVerdict, Choice, Outcome
+from tether.results import UNSEEN_EDIT, CallVerdict, Choice, Outcome
 from tether.store import CallStatus, Decision
 
 log = logging.getLogger(__name__)
@@ -54,18 +54,22 @@ async def decide(
     r = await tool_call.resolve(session, call)
     if r is None:
         return Resolution(verdict=CallVerdict.REFUSED)
+    unseen = decision.decision == UNSEEN_EDIT  # never runs: it waits again on the edit
     if decision.arguments is not None:
         edit = tool_call.edited(r, decision.arguments)
         if isinstance(edit, Result):
             await session.append_result(call, edit.content, edit.status, counted=False)
             return Resolution(verdict=CallVerdict.REFUSED)
         r = edit
-        await session.record_edit(call, decision.arguments)
-    if recovered:
+        if not unseen:
+            await session.record_edit(call, decision.arguments)
+    if recovered and not unseen:
         settled, stop = await tool_call.settle_decided(session, r)
         if settled:
             return _executed(stop)
     check = await tool_call.recheck(session, r, confirmed=True, approved_digest=decision.digest)
+    if unseen and check.verdict in (Check.PASSED, Check.CHANGED):
+        check = tool_call.Recheck(verdict=Check.CHANGED, preview=check.preview)
     if check.verdict is Check.PASSED:
         # After a crash that followed the claim, a deduplicating write may have run.
         maybe_ran = recovered and r.tool.dedupes

@@ -44,7 +44,7 @@ from tether.errors import (
     UnknownOrExpired,
 )
 from tether.failpoints import fail
-from tether.results import ApprovalResult, CallVerdict, Choice, Outcome
+from tether.results import UNSEEN_EDIT, ApprovalResult, CallVerdict, Choice, Outcome
 from tether.runs import Pending, Run, RunState
 from tether.store import Decision
 from tether.telemetry import tracing
@@ -101,7 +101,7 @@ async def by_run(
     Safe to call twice: the second claim finds the run no longer suspended on that call
     and answers ``already_resumed`` with the decision that won.
     """
-    if ask.digest is None:
+    if ask.digest is None and ask.arguments is None:
         ask = dataclasses.replace(ask, digest=shown_digest)
     run = await _pending_run(services, run_id, tool_call_id, shown_digest)
     if run is None or run.pending_token_hash is None:
@@ -124,24 +124,33 @@ async def _pending_run(
     return run
 
 
-def _recorded(services: Services, pending: Pending, ask: Asked) -> tuple[Any, dict[str, Any]]:
-    """What the claim records of an approval beside the choice: the arguments the call is
-    to run with when they are not the model's (this edit, or an earlier one the pending
+def _recorded(services: Services, pending: Pending, ask: Asked) -> tuple[str, Any, dict[str, Any]]:
+    """What the claim records of a decision: the stored decision, the arguments the call
+    is to run with when they are not the model's (this edit, or an earlier one the pending
     call carries), and the event's data. Edited arguments are validated by the tool's
-    schema here, before anything is claimed (``invalid_input``)."""
+    schema here, before anything is claimed (``invalid_input``); arguments equal to the
+    pending ones are no edit. A new edit sent without the digest of its preview is not
+    an approval (``UNSEEN_EDIT``): the approver has not seen what it would do."""
     event: dict[str, Any] = {"reason": ask.reason}
     arguments = None
-    if services.agent.tool(pending.tool) is None:
-        return None, event  # the decision halts the run ``tool_unavailable`` (decided_call.py)
-    if ask.choice is Choice.APPROVE:
-        if ask.arguments is not None:
-            arguments = tool_arguments(services, pending, ask.arguments).model_dump(mode="json")
-        elif pending.edited_from is not None:
-            arguments = pending.arguments
+    tool = services.agent.tool(pending.tool)
+    if tool is None:  # the decision halts the run ``tool_unavailable`` (decided_call.py)
+        return ask.choice.value, None, event
+    edit = None
+    if ask.choice is Choice.APPROVE and ask.arguments is not None:
+        edit = tool_arguments(services, pending, ask.arguments).model_dump(mode="json")
+        if edit == pending.arguments:
+            edit = None  # nothing edited: the approval of the pending call as it is
+    if edit is not None:
+        arguments = edit
+    elif ask.choice is Choice.APPROVE and pending.edited_from is not None:
+        arguments = pending.arguments
     if arguments is not None:
         event["arguments_from"] = pending.edited_from or pending.arguments
         event["arguments_to"] = arguments
-    return arguments, event
+    if edit is not None and ask.digest is None and tool.preview is not None:
+        return UNSEEN_EDIT, arguments, event
+    return ask.choice.value, arguments, event
 
 
 async def _claim(services: Services, owner: str, run: Run, token_hash: str, ask: Asked) -> Run:
@@ -153,7 +162,7 @@ async def _claim(services: Services, owner: str, run: Run, token_hash: str, ask:
     is not claimable never becomes claimable again), so they are answered from its
     result without waiting on the run's row lock for an UPDATE that cannot win."""
     assert run.pending is not None
-    arguments, event = _recorded(services, run.pending, ask)
+    decision, arguments, event = _recorded(services, run.pending, ask)
     claim, mine = await services.single_flight.run(
         ("claim", token_hash),
         lambda: hop(
@@ -161,7 +170,7 @@ async def _claim(services: Services, owner: str, run: Run, token_hash: str, ask:
             run_id=run.id,
             token_hash=token_hash,
             owner=owner,
-            decision=ask.choice.value,
+            decision=decision,
             approver=ask.approver,
             reason=ask.reason,
             arguments=arguments,
@@ -277,7 +286,9 @@ async def _carry_out(session: RunSession, choice: Choice) -> ApprovalResult:
         notice = outcome.notice
         assert notice is not None
         raise Changed(
-            "the details changed while this was waiting; please review again",
+            _MISSING_DIGEST
+            if decision.decision == UNSEEN_EDIT
+            else "the details changed while this was waiting; please review again",
             diff=resolution.diff,
             token=notice.token,
             preview=notice.preview,
@@ -288,6 +299,14 @@ async def _carry_out(session: RunSession, choice: Choice) -> ApprovalResult:
             resolution.reason or "refused by the tool's guard", reason=resolution.reason
         )
     return _result(session, choice, outcome, resolution.verdict)
+
+
+_MISSING_DIGEST = (
+    "the digest of the edit's preview is missing, so it was not approved: the request now "
+    "waits on the edit under the new token; get its digest with POST "
+    "/v1/approvals/{token}/preview (or tether approvals preview TOKEN --arguments JSON) "
+    "and approve the new token with it"
+)
 
 
 def _result(

@@ -38,6 +38,9 @@ from tether.store.transitions import Transition, state_in
 _DECISION_OF_TOKEN = sa.select(decisions).where(
     decisions.c.token_hash == sa.bindparam("b_token_hash")
 )
+# A claim's event by its decision: an edit approved without the digest of its preview
+# (``edit``) is recorded ``edited``, never ``approved`` (reference §9).
+_EVENT_OF = {"decline": "declined", "edit": "edited"}
 _CENSUS = sa.select(db_now(), sa.select(runs.c.id).where(state_in([RUNNING]), STALE).exists())
 
 
@@ -184,7 +187,7 @@ class Claims(StoreBase):
             "b_reason": reason,
             "b_arguments": arguments,
             "b_digest": digest,
-            "b_kind": "declined" if decision == "decline" else "approved",
+            "b_kind": _EVENT_OF.get(decision, "approved"),
             "b_event": {"decision": decision, "by": approver, **(event or {})},
         }
         with self.begin() as conn:
