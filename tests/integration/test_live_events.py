@@ -282,7 +282,13 @@ def test_the_watch_example_of_the_integrations_page_prints_what_it_says(tmp_path
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["1 created", "2 model_turn", "3 answered", "answer: done"]
+    assert done.stdout.splitlines() == [
+        "1 created",
+        "2 model_turn",
+        "3 tool_result",
+        "4 answered",
+        "answer: done",
+    ]
 
 
 async def test_many_watchers_of_several_runs_each_get_their_runs_events_from_their_seq(

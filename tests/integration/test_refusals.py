@@ -12,6 +12,7 @@ from typing import Any
 import agents
 import downstream
 import httpx
+import inprocess
 import pytest
 from waiting import until
 
@@ -158,3 +159,36 @@ async def test_a_preview_past_the_window_is_refused_before_any_sweep(served: Ser
     decided = await served.post(f"/v1/approvals/{token}", "dana", {"decision": "approve"})
     _told_the_owner(decided.json(), run_id, "suspended")
     assert (await served.engine.get_run(run_id)).run.state.value == "suspended"
+
+
+async def test_an_approved_write_that_ran_has_its_result_in_the_run_events_as_any_call(
+    db_url: str,
+) -> None:
+    # A write no human decided: its result is a ``tool_result`` event.
+    work = inprocess.engine(db_url, script_name="work")
+    try:
+        plain = await work.ask("dana", "work")
+        assert plain.kind is StopKind.ANSWERED
+        events = [e async for e in work.watch(plain.run_id)]
+        results = [e.data for e in events if e.kind == "tool_result"]
+        assert {"tool": "record", "tool_call_id": "call_1_0", "status": "ok"} in results
+    finally:
+        work.close()
+    # An approved one, the same, in its run's stream between the approval and the answer.
+    notifier = MemoryNotifier()
+    sending = inprocess.engine(db_url, script_name="send", notifier=notifier)
+    try:
+        outcome = await sending.ask("dana", "send b")
+        run_id = outcome.run_id
+        token = notifier.last(run_id).token
+        approved = await sending.resume_after_confirmation(token, "approve", "dana")
+        assert approved.outcome.value == "executed"
+        await sending.run_until_stop(run_id)
+        seen = [e async for e in sending.watch(run_id, user="dana")]
+    finally:
+        sending.close()
+    (result,) = [e.data for e in seen if e.kind == "tool_result"]
+    assert result == {"tool": "send", "tool_call_id": "call_0_0", "status": "ok"}
+    kinds = [e.kind for e in seen]
+    assert kinds.index("approved") < kinds.index("tool_result") < kinds.index("answered")
+    assert downstream.effects(f"{run_id}:call_0_0") == [(f"{run_id}:call_0_0", "send", "b")]

@@ -73,7 +73,7 @@ class Result:
         return None
 
     def event(self) -> dict[str, Any]:
-        """Its trace event's data (traced only when it is not ``ok``)."""
+        """Its ``tool_result`` trace event's data (every result is traced)."""
         summary = self.summary
         return {
             "tool": self.call.name,
@@ -230,7 +230,7 @@ class RunSession:
             event=turn.event,
             results=stored,
             counted=counted,
-            result_events=[r.event() for r in results if r.status is not CallStatus.OK],
+            result_events=[r.event() for r in results],
             output=None if verdict is None else verdict.stored,
             events=events,
         )

@@ -90,12 +90,11 @@ class Dialect:
         conn: Connection,
         params: dict[str, Any],
         *,
-        traced: bool,
         message: dict[str, Any],
         event: dict[str, Any],
     ) -> None:
         """The fenced counters, the tool's result message at ``b_seq``, its ledger outcome
-        (the ``b_key``/``b_status``/``b_result`` of ``params``) and, if ``traced``, an
+        (the ``b_key``/``b_status``/``b_result`` of ``params``) and its ``tool_result``
         event."""
         raise NotImplementedError
 

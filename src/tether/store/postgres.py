@@ -178,13 +178,10 @@ def _turn_statement(fenced_update: sa.Update) -> sa.Select[Any]:
     return sa.select(fenced.c.message_count).add_cte(*parts)
 
 
-def _result_statement(fenced_update: sa.Update, *, traced: bool) -> sa.Select[Any]:
-    """A tool's result, its counters and its ledger outcome (and a trace event if
-    ``traced``)."""
+def _result_statement(fenced_update: sa.Update) -> sa.Select[Any]:
+    """A tool's result, its counters, its ledger outcome and its trace event."""
     fenced = fenced_update.cte("r")
-    parts = [_message(fenced), _outcome(fenced)]
-    if traced:
-        parts.append(_step_event(fenced, "tool_result"))
+    parts = [_message(fenced), _outcome(fenced), _step_event(fenced, "tool_result")]
     return sa.select(fenced.c.message_count).add_cte(*parts)
 
 
@@ -285,7 +282,7 @@ def _suspension_statement(claim: sa.Update) -> sa.Select[Any]:
 # -- the statements, by shape ------------------------------------------------------------------
 
 _TURN = {final: _turn_statement(TURN_FINAL.statement if final else TURN) for final in (False, True)}
-_RESULT = {traced: _result_statement(RESULT, traced=traced) for traced in (False, True)}
+_RESULT = _result_statement(RESULT)
 _CLAIM_SUSPENSION = _suspension_statement(CLAIM_SUSPENDED.statement)
 # The two transitions of an orphan over a whole batch of locked candidates at once.
 _LOCKED = ORPHANS.with_for_update(skip_locked=True).cte("c")
@@ -353,11 +350,10 @@ class PostgresDialect(Dialect):
         conn: Connection,
         params: dict[str, Any],
         *,
-        traced: bool,
         message: dict[str, Any],
         event: dict[str, Any],
     ) -> None:
-        _fenced(conn, _RESULT[traced], {**params, "b_message": message, "b_event": event})
+        _fenced(conn, _RESULT, {**params, "b_message": message, "b_event": event})
 
     def claim_suspension(
         self, conn: Connection, params: dict[str, Any]

@@ -126,17 +126,15 @@ class SqliteDialect(Dialect):
         conn: Connection,
         params: dict[str, Any],
         *,
-        traced: bool,
         message: dict[str, Any],
         event: dict[str, Any],
     ) -> None:
         """The fenced counters, the result message at ``b_seq``, its ledger outcome, and its
-        event if ``traced``."""
+        event."""
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         run_id = params["b_id"]
         _fenced(cursor, _RESULT, params)
         row = {"run_id": run_id, "seq": params["b_seq"], "message": message}
         cursor.execute(_MESSAGE.sql, _MESSAGE.args(row))
         cursor.execute(_OUTCOME.sql, _OUTCOME.args(params))
-        if traced:
-            _event(cursor, run_id, "tool_result", event)
+        _event(cursor, run_id, "tool_result", event)

@@ -91,9 +91,9 @@ class Steps(StoreBase):
         calls, in one transaction: the turn *is* the intent. A final answer also moves the
         run to ``answered`` and stores its validated typed ``output``. A read-only step
         passes its calls' ``results`` too (their ledger entries then carry the outcome,
-        ``counted`` of them ran, and ``result_events`` trace the ones that did not
-        succeed): one commit for the step. A rejected answer passes the feedback to the
-        model as a result, and its ``output_invalid`` in ``events`` (kind, data).
+        ``counted`` of them ran, and ``result_events`` trace each of them as
+        ``tool_result``): one commit for the step. A rejected answer passes the feedback
+        to the model as a result, and its ``output_invalid`` in ``events`` (kind, data).
 
         ``seq`` is the run's message count as the writer knows it: idempotent, so a try
         after a COMMIT that was cut off finds the first try's turn and does nothing."""
@@ -147,9 +147,10 @@ class Steps(StoreBase):
         event: dict[str, Any],
     ) -> None:
         """A tool's result message, its ledger outcome (``status``, and ``result``: the
-        result the model sees, which the message holds) and the counters, in one
-        transaction. Only a result that is not ``ok`` gets a trace event: a routine result
-        is in the messages already. Idempotent by ``seq``, as ``persist_turn``."""
+        result the model sees, which the message holds), the counters and its
+        ``tool_result`` event, in one transaction: every result is traced, ``ok`` ones
+        included, so a stream client sees whether a call ran (an approved write as any
+        other). Idempotent by ``seq``, as ``persist_turn``."""
         params = {
             **lease_params(lease),
             "b_seq": seq,
@@ -160,10 +161,9 @@ class Steps(StoreBase):
             "b_status": status.value,
             "b_result": result,
         }
-        traced = status is not CallStatus.OK
         try:
             with self.begin() as conn:
-                self.dialect.write_result(conn, params, traced=traced, message=message, event=event)
+                self.dialect.write_result(conn, params, message=message, event=event)
         except LeaseLost:
             if not self._landed(lease, seq, message):
                 raise
