@@ -40,6 +40,9 @@ class Settings:
     # How long reconciliation keeps asking a downstream it cannot reach before the run is
     # failed ``unreconcilable`` (the run keeps its lease meanwhile).
     reconcile_patience_s: float = 120.0
+    # How long the request that carries an approval waits to reconcile an approved write
+    # whose answer was lost before it answers ``reconciling`` and hands the run over.
+    approval_reconcile_s: float = 10.0
     # How long a suspension notice may take to go out, from the suspension to the webhook's
     # answer; one still undelivered after that (and after the heartbeat timeout) is
     # re-issued by the reaper with a fresh token, and the late one is never sent.
@@ -129,6 +132,7 @@ class Settings:
             db_retry_s=_positive(env, "TETHER_DB_RETRY_S", 30.0),
             notice_timeout_s=_positive(env, "TETHER_NOTICE_TIMEOUT_S", 60.0),
             reconcile_patience_s=_positive(env, "TETHER_RECONCILE_PATIENCE_S", 120.0),
+            approval_reconcile_s=_positive(env, "TETHER_APPROVAL_RECONCILE_S", 10.0),
             max_model_attempts=int(_positive(env, "TETHER_MAX_MODEL_ATTEMPTS", 5, whole=True)),
             model_retry_first_s=_positive(env, "TETHER_MODEL_RETRY_FIRST_S", 1.0),
             prices=parse_prices(env.get("TETHER_PRICES", "")),

@@ -166,6 +166,9 @@ class CallVerdict(str, enum.Enum):
     # The decision is recorded with the run, but this request lost the run to another
     # owner (it was taken for dead) before finishing: that owner carries the decision out.
     CONTINUES_ELSEWHERE = "continues_elsewhere"
+    # The approved write's answer was lost and its lookup by key could not reach the
+    # downstream in time: the decision is recorded, and the reapers reconcile the call.
+    RECONCILING = "reconciling"
 
 
 @dataclass(frozen=True, kw_only=True)

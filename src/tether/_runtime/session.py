@@ -356,6 +356,12 @@ class RunSession:
         except DatabaseUnavailable:
             return self.abandon()
 
+    async def hand_over(self, event: dict[str, Any]) -> None:
+        """Let go of the run for a reaper to recover (``store.hand_over``); ``close`` first."""
+        await hop(
+            self.services.store.hand_over, self.lease, elapsed_ms=self._elapsed(), event=event
+        )
+
     def abandon(self) -> Outcome:
         """Let go of the run without a write: the database cannot be reached (or a COMMIT
         of ours was cut off). It stays running under this lease, which nobody keeps alive

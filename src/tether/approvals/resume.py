@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from tether import inputs
-from tether._runtime import versions
+from tether._runtime import handover, versions
 from tether._runtime.decided_call import decide
 from tether._runtime.hop import hop
 from tether._runtime.services import Services
@@ -239,7 +239,10 @@ async def _claim_then_decide(
     except LeaseLost:
         return await _elsewhere(services, run.id, ask.choice)
     try:
-        return await _carry_out(session, ask.choice)
+        with handover.answering_within(services.settings.approval_reconcile_s):
+            return await _carry_out(session, ask.choice)
+    except handover.HandOver as over:
+        return await _reconciling(session, ask.choice, over)
     except LeaseLost:
         return await _elsewhere(services, run.id, ask.choice)
     except (DatabaseUnavailable, FailpointError, asyncio.CancelledError):
@@ -251,6 +254,28 @@ async def _claim_then_decide(
         raise
     finally:
         session.close()
+
+
+async def _reconciling(
+    session: RunSession, choice: Choice, over: handover.HandOver
+) -> ApprovalResult:
+    """The approved write's answer was lost and its lookup by key could not reach the
+    downstream within ``approval_reconcile_s``: the decision is recorded; the run is
+    handed over to the reapers, whose recovery reconciles the call by key (invariant 3:
+    never a second execution), and the approver is answered ``reconciling`` now."""
+    session.close()  # no heartbeat of ours keeps the lease fresh any more
+    event = {"tool_call_id": over.tool_call_id, "tool": over.tool}
+    try:
+        await session.hand_over(event)
+    except LeaseLost:
+        return await _elsewhere(session.services, session.run.id, choice)
+    log.warning("approval handed over to reconcile", extra={"run_id": session.run.id})
+    return ApprovalResult(
+        run_id=session.run.id,
+        decision=choice,
+        state=RunState.RUNNING,
+        outcome=CallVerdict.RECONCILING,
+    )
 
 
 async def _elsewhere(services: Services, run_id: str, choice: Choice) -> ApprovalResult:

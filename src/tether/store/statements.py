@@ -93,6 +93,17 @@ RESULT = (
 
 HEARTBEAT = runs.update().where(LEASE).values(heartbeat_at=db_now())
 
+# Letting go of a run for the reapers to recover, without a state change: the owner stays,
+# its heartbeat is made stale at once (the oldest there can be), the active time is added.
+HAND_OVER = (
+    runs.update()
+    .where(LEASE)
+    .values(
+        heartbeat_at=sa.literal(0.0, type_=sa.Float),
+        elapsed_ms=runs.c.elapsed_ms + sa.bindparam("b_elapsed", type_=sa.BigInteger),
+    )
+)
+
 LEASE_HELD = sa.select(runs.c.id).where(LEASE)
 
 REFRESH_SCOPE = (

@@ -21,6 +21,7 @@ from tether.store.records import CallStatus
 from tether.store.statements import (
     FAIL,
     HALT,
+    HAND_OVER,
     HEARTBEAT,
     LANDED,
     LEASE_HELD,
@@ -175,6 +176,16 @@ class Steps(StoreBase):
         with self.begin() as conn:
             stored = conn.execute(LANDED, {**lease_params(lease), "b_seq": seq}).scalar()
         return stored is not None and stored == message
+
+    def hand_over(self, lease: Lease, *, elapsed_ms: int, event: dict[str, Any]) -> None:
+        """Let go of a running run for the next reaper pass to recover (reconciling its
+        call first, invariant 3): still running under this lease, whose heartbeat is made
+        stale now; traced as ``reconciling`` (``event``). ``LeaseLost`` if not held."""
+        with self.begin() as conn:
+            params = {**lease_params(lease), "b_elapsed": elapsed_ms}
+            if conn.execute(HAND_OVER, params).rowcount != 1:
+                raise _lost(lease)
+            add_event(conn, lease.run_id, "reconciling", event)
 
     def heartbeat(self, lease: Lease) -> bool:
         """Refresh the lease's heartbeat; False if the lease was lost."""
