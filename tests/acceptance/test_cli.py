@@ -11,7 +11,7 @@ import inprocess
 import processes
 import pytest
 from alembic import command
-from waiting import run_sync
+from waiting import poll_until, run_sync
 
 from tether import Engine
 from tether.config import Settings
@@ -44,6 +44,34 @@ def test_approve_exits_0_when_it_took_effect_and_1_with_the_code_when_refused(
     unknown = processes.tether("approve", "no-such-token", env=env)
     assert unknown.returncode == 1 and "unknown_or_expired" in unknown.stderr
     assert len(downstream.effects()) == 1
+
+
+def test_approve_of_an_expired_token_tells_the_owner_how_to_continue_and_nobody_else(
+    db_url: str,
+) -> None:
+    notifier = MemoryNotifier()
+    engine = inprocess.engine(
+        db_url, script_name="send", notifier=notifier, suspension_ttl_min=0.0005
+    )
+    run_id = engine.sync.ask("dana", "send").run_id
+    token = notifier.last(run_id).token
+    run = engine._store.get_run(run_id)
+    assert run is not None and run.expires_at is not None
+    poll_until(lambda: engine._store.now() > (run.expires_at or 0))
+    assert run_sync(engine._runner.expire_suspended()) == [run_id]
+    engine.close()
+    env = processes.tether_env(db_url)
+
+    owner = processes.tether("approve", token, env=env)  # acts as the token's owner
+    assert owner.returncode == 1 and "unknown_or_expired" in owner.stderr
+    told = _json(owner.stdout)
+    assert told["run_id"] == run_id and told["halt_reason"] == "suspension_expired"
+    assert f"tether continue {run_id}" in str(told["message"])
+    stranger = processes.tether("approve", token, "--as", "boss", env=env)
+    assert stranger.returncode == 1
+    unknown = processes.tether("approve", "x" * 43, "--as", "boss", env=env)
+    assert _json(stranger.stdout) == _json(unknown.stdout)  # as if there were no such run
+    assert downstream.effects() == []
 
 
 def test_approve_takes_a_reason_and_edited_arguments_with_the_digest_of_their_preview(
