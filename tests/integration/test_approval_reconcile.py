@@ -6,9 +6,11 @@ the reapers' recovery carries the reconciliation on, with exactly one send."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 from agents import call
 
@@ -24,6 +26,7 @@ from tether import (
     ToolContext,
     tool,
 )
+from tether.api.app import create_app
 from tether.errors import AlreadyResumed
 
 
@@ -97,3 +100,40 @@ async def test_a_lost_send_whose_lookup_fails_answers_reconciling_and_a_reaper_f
         assert [len(sent) for sent in d.sends.values()] == [1]  # sent once, never again
     finally:
         engine.close()
+
+
+async def test_over_http_and_on_the_approval_page_the_answer_is_reconciling(db_url: str) -> None:
+    notifier = MemoryNotifier()
+    engine = _engine(db_url, Downstream(), notifier)
+    key = await engine.add_user("dana")
+    transport = httpx.ASGITransport(app=create_app(engine, public_url="http://tether.test"))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://tether.test") as c:
+            first = await engine.ask("dana", "send it")
+            decided = await c.post(
+                f"/v1/approvals/{notifier.last(first.run_id).token}",
+                json={"decision": "approve"},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            assert decided.status_code == 200, decided.text
+            assert decided.json()["outcome"] == "reconciling"
+            assert decided.json()["state"] == "running"
+
+            second = await engine.ask("dana", "send it")
+            token = notifier.last(second.run_id).token
+            form = await c.get("/login", params={"next": "/"})
+            await c.post("/login", data={"key": key, "csrf": _csrf(form.text), "next": "/"})
+            shown = await c.get(f"/approve/{token}")
+            page = await c.post(
+                f"/approve/{token}", data={"decision": "approve", "csrf": _csrf(shown.text)}
+            )
+            assert page.status_code == 200, page.text
+            assert "being checked" in page.text and "carried out" not in page.text
+    finally:
+        engine.close()
+
+
+def _csrf(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None, "no CSRF field"
+    return found.group(1)
