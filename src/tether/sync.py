@@ -53,3 +53,8 @@ class SyncEngine:
     get_run = _Blocking(Engine.get_run)
     list_runs = _Blocking(Engine.list_runs)
     runs_page = _Blocking(Engine.runs_page)
+    events = _Blocking(Engine.events)
+    ledger = _Blocking(Engine.ledger)
+    pending_approvals = _Blocking(Engine.pending_approvals)
+    decide_calls = _Blocking(Engine.decide_calls)
+    resume_by_run = _Blocking(Engine.resume_by_run)

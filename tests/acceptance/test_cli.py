@@ -267,6 +267,9 @@ def test_approve_as_the_owner_of_a_four_eyes_call_is_refused_and_says_to_name_an
     )
     run_id = engine.sync.ask("dana", "transfer b").run_id
     token = notifier.last(run_id).token
+    # Scripts find the request with the blocking API as well.
+    assert [run.id for run in engine.sync.pending_approvals("boss")] == [run_id]
+    assert engine.sync.events(run_id)[-1].seq == len(engine.sync.events(run_id))
     engine.close()
     env = processes.tether_env(db_url)
     four_eyes = "agents:four_eyes_agent"
