@@ -43,18 +43,22 @@ def answering_within(seconds: float) -> Iterator[None]:
         _ANSWER_BY.reset(token)
 
 
-def reconcile_deadline(settings: Settings) -> float:
+def reconcile_deadline(settings: Settings) -> tuple[float, bool]:
     """When a reconciliation that cannot reach its downstream stops asking here: after
-    ``reconcile_patience_s``, or sooner in an approval's request."""
+    ``reconcile_patience_s``, or sooner in an approval's request; and whether it is that
+    request's bound (not the patience) that ends it."""
     deadline = time.monotonic() + settings.reconcile_patience_s
     answer_by = _ANSWER_BY.get()
-    return deadline if answer_by is None else min(deadline, answer_by)
+    if answer_by is None or answer_by >= deadline:
+        return deadline, False
+    return answer_by, True
 
 
-def give_up(key: str, tool_call_id: str, tool: str) -> None:
-    """A reconciliation past its deadline: in an approval's request, hand the run over
-    (``HandOver``) rather than decide it cannot be told; elsewhere, return. Never while a
+def give_up(key: str, tool_call_id: str, tool: str, *, bounded: bool) -> None:
+    """A reconciliation past its deadline: when the deadline was an approval request's
+    bound, hand the run over (``HandOver``) rather than decide it cannot be told; when the
+    whole patience ran out, return (the run fails ``unreconcilable``). Never while a
     call under ``key`` overran its timeout and still runs in this process: a reaper
     elsewhere would not know it may yet take effect, and might run the write again."""
-    if _ANSWER_BY.get() is not None and not still_running(key):
+    if bounded and not still_running(key):
         raise HandOver(tool_call_id, tool)

@@ -400,7 +400,7 @@ async def find_outcome(session: RunSession, r: Resolved, *, confirmed: bool) -> 
     backoff for up to ``reconcile_patience_s`` while the heartbeat keeps the run's lease;
     only then is the answer ``unreachable`` for good (the run fails ``unreconcilable``)."""
     key = idempotency_key(session.run.id, r.call.id)
-    deadline = handover.reconcile_deadline(session.services.settings)
+    deadline, bounded = handover.reconcile_deadline(session.services.settings)
     delay = RECONCILE_FIRST_S
     tries = 0
     while True:
@@ -410,7 +410,7 @@ async def find_outcome(session: RunSession, r: Resolved, *, confirmed: bool) -> 
         if found.kind is not ReconcileKind.UNREACHABLE:
             return found
         if time.monotonic() + delay > deadline:
-            handover.give_up(key, r.call.id, r.call.name)  # an approval's request hands over
+            handover.give_up(key, r.call.id, r.call.name, bounded=bounded)  # a request hands over
             log.error(
                 "reconcile gave up",
                 extra={"run_id": session.run.id, "action": "reconcile", "tries": tries},
