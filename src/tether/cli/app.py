@@ -7,7 +7,6 @@ that reads one run do not pay for the rest (tests/unit/test_lazy_imports.py)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -145,7 +144,7 @@ def approve(
     """Decide a pending request, by TOKEN or by ``--run RUN_ID`` (``tether approvals
     list`` lists them). Exit 0 when the decision took effect, 1 when refused."""
     configure("WARNING")
-    from tether.cli.approvals import decide_by_run, finish
+    from tether.cli.approvals import decide_by_run, finish, json_arg
     from tether.cli.wiring import on_engine
 
     decision = "decline" if decline else "approve"
@@ -154,7 +153,7 @@ def approve(
     if run is not None:
         entry = {"decision": decision, "reason": reason, "digest": digest}
         if arguments is not None:
-            entry["arguments"] = _json_arg(arguments, "--arguments")
+            entry["arguments"] = json_arg(arguments, "--arguments")
         by_run = run
         finish(
             on_engine(
@@ -168,7 +167,7 @@ def approve(
 
     async def decide(engine: Engine) -> dict[str, Any] | TetherError:
         try:
-            edited = None if arguments is None else _json_arg(arguments, "--arguments")
+            edited = None if arguments is None else json_arg(arguments, "--arguments")
             approver = as_user or await engine.token_owner(token)
             if approver is None:
                 raise UnknownOrExpired("this token is unknown or expired")
@@ -183,19 +182,7 @@ def approve(
             return exc
         return result.to_json()
 
-    answer = on_engine(agent, decide, serve_agent=True)
-    if isinstance(answer, TetherError):
-        say_error("refused", answer.code, answer.message)
-        emit(answer.to_dict())
-        raise typer.Exit(1)
-    emit(answer)
-
-
-def _json_arg(text: str, option: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"{option} must be JSON: {exc}") from exc
+    finish(on_engine(agent, decide, serve_agent=True))
 
 
 @app.command("continue")
