@@ -9,60 +9,20 @@ import html
 import json
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import agents
 import downstream
 import httpx
 import pytest
+from inbox_web import Web, csrf_of, session_csrf, sign_in, try_sign_in
+from inbox_web import web as _web
 
 import tether.api.web.inbox
-from tether import Agent, Engine, MemoryNotifier, ScriptedModel, StopKind
-from tether.api.app import create_app
-from tether.config import Settings
-from tether.runs import Run, RunState
+from tether import Agent, ScriptedModel
+from tether.runs import RunState
 
-CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 FORM_ACTION = re.compile(r'action="/approve/([^"]+)"')
-
-
-@dataclass
-class Web:
-    engine: Engine
-    notifier: MemoryNotifier
-    keys: dict[str, str]
-    app: Any
-
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=self.app), base_url="http://testserver"
-        )
-
-    async def suspended(self, question: str = "send b", user: str = "dana") -> tuple[str, str]:
-        outcome = await self.engine.ask(user, question)
-        assert outcome.kind is StopKind.SUSPENDED
-        return outcome.run_id, self.notifier.last(outcome.run_id).token
-
-    async def run(self, run_id: str) -> Run:
-        return (await self.engine.get_run(run_id)).run
-
-    async def decisions(self, run_id: str) -> list[dict[str, Any]]:
-        return [
-            e.data for e in await self.engine.events(run_id) if e.kind in ("approved", "declined")
-        ]
-
-
-async def _web(db_url: str, model: ScriptedModel | None = None, agent: Any = None) -> Web:
-    notifier = MemoryNotifier()
-    engine = Engine(
-        agent=agent or agents.agent(),
-        model=model or agents.script("send"),
-        settings=Settings(database_url=db_url),
-        notifier=notifier,
-    )
-    keys = {name: await engine.add_user(name) for name in ("dana", "boss", "eve")}
-    return Web(engine=engine, notifier=notifier, keys=keys, app=create_app(engine))
 
 
 @pytest.fixture
@@ -70,25 +30,6 @@ async def web(db_url: str) -> AsyncIterator[Web]:
     w = await _web(db_url)
     yield w
     w.engine.close()
-
-
-def csrf_of(page: str) -> str:
-    found = CSRF.search(page)
-    assert found, "the page has no CSRF field"
-    return found.group(1)
-
-
-async def sign_in(client: httpx.AsyncClient, key: str, next_path: str = "/") -> httpx.Response:
-    form = await client.get("/login", params={"next": next_path})
-    return await client.post(
-        "/login", data={"key": key, "csrf": csrf_of(form.text), "next": next_path}
-    )
-
-
-async def session_csrf(client: httpx.AsyncClient) -> str:
-    inbox = await client.get("/")
-    assert inbox.status_code == 200
-    return csrf_of(inbox.text)
 
 
 async def test_opening_an_approval_link_changes_nothing(web: Web) -> None:
@@ -388,7 +329,7 @@ async def test_ids_and_tokens_that_cannot_name_anything_are_not_found(web: Web) 
 
 async def test_sign_in_refuses_bad_keys_forged_forms_and_foreign_redirects(web: Web) -> None:
     async with web.client() as client:
-        bad = await sign_in(client, "tth_wrong")
+        bad = await try_sign_in(client, "tth_wrong")
         assert bad.status_code == 401 and "not valid" in bad.text
         assert (await client.get("/")).status_code == 303
         forged = await client.post(
@@ -397,7 +338,7 @@ async def test_sign_in_refuses_bad_keys_forged_forms_and_foreign_redirects(web: 
         assert forged.status_code == 403 and "tether_session" not in forged.headers.get(
             "set-cookie", ""
         )
-        away = await sign_in(client, web.keys["dana"], next_path="//evil.example/")
+        away = await try_sign_in(client, web.keys["dana"], next_path="//evil.example/")
         assert away.status_code == 303 and away.headers["location"] == "/"
         cookie = away.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=lax" in cookie
@@ -410,14 +351,14 @@ async def test_failed_sign_ins_past_the_limit_are_refused_429_before_any_key_is_
     limit = web.engine.settings.auth_max_failures
     async with web.client() as client:
         for n in range(limit):
-            assert (await sign_in(client, f"tth_guess-{n}")).status_code == 401
-        locked = await sign_in(client, web.keys["dana"])  # even the right key, from here
+            assert (await try_sign_in(client, f"tth_guess-{n}")).status_code == 401
+        locked = await try_sign_in(client, web.keys["dana"])  # even the right key, from here
         assert locked.status_code == 429 and "try again in" in locked.text
         assert int(locked.headers["retry-after"]) >= 1
         assert "tether_session" not in locked.headers.get("set-cookie", "")
     other = httpx.ASGITransport(app=web.app, client=("10.9.9.9", 4321))
     async with httpx.AsyncClient(transport=other, base_url="http://testserver") as client:
-        assert (await sign_in(client, web.keys["dana"])).status_code == 303
+        assert (await try_sign_in(client, web.keys["dana"])).status_code == 303
 
 
 async def test_a_session_cookie_rewritten_to_another_user_is_signed_out(web: Web) -> None:
@@ -475,7 +416,7 @@ async def test_removing_a_user_or_rotating_its_key_ends_the_sessions_its_keys_op
     assert await web.engine.user_for_key(web.keys["eve"]) is None
     assert await web.engine.user_for_key(new_key) == "eve"
     async with web.client() as client:
-        assert (await sign_in(client, new_key)).status_code == 303
+        assert (await try_sign_in(client, new_key)).status_code == 303
         assert (await client.get("/")).status_code == 200
 
 

@@ -41,6 +41,12 @@ class Web:
     async def run(self, run_id: str) -> Run:
         return (await self.engine.get_run(run_id)).run
 
+    async def decisions(self, run_id: str) -> list[dict[str, Any]]:
+        """The data of the run's stored decisions, oldest first."""
+        return [
+            e.data for e in await self.engine.events(run_id) if e.kind in ("approved", "declined")
+        ]
+
     async def kinds(self, run_id: str) -> list[str]:
         """The kinds of the run's stored events, oldest first."""
         return [event.kind for event in await self.engine.events(run_id)]
@@ -67,12 +73,17 @@ def csrf_of(page: str) -> str:
     return found.group(1)
 
 
-async def sign_in(client: httpx.AsyncClient, key: str, next_path: str = "/") -> None:
+async def try_sign_in(client: httpx.AsyncClient, key: str, next_path: str = "/") -> httpx.Response:
+    """Post the sign-in form with ``key``, and give back the answer, whatever it is."""
     form = await client.get("/login", params={"next": next_path})
-    signed = await client.post(
+    return await client.post(
         "/login", data={"key": key, "csrf": csrf_of(form.text), "next": next_path}
     )
-    assert signed.status_code == 303
+
+
+async def sign_in(client: httpx.AsyncClient, key: str, next_path: str = "/") -> None:
+    """Sign in with ``key``, which must be accepted."""
+    assert (await try_sign_in(client, key, next_path)).status_code == 303
 
 
 async def session_csrf(client: httpx.AsyncClient) -> str:
