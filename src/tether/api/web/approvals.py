@@ -9,14 +9,13 @@ from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import Response
 
 from tether import ApprovalResult, inputs
 from tether.api.deps import engine_of
 from tether.api.schemas import DECISIONS
 from tether.api.web.pages import (
     message,
-    not_from_this_session,
     outcome,
     page,
     pending_view,
@@ -24,7 +23,14 @@ from tether.api.web.pages import (
     unknown_or_expired,
     when,
 )
-from tether.api.web.sessions import Session, acts, field, login_url, posted, session_of
+from tether.api.web.sessions import (
+    Session,
+    acting,
+    back_to,
+    field,
+    login_url,
+    session_of,
+)
 from tether.engine import Engine
 from tether.errors import (
     AlreadyResumed,
@@ -89,12 +95,12 @@ async def approval_page(request: Request, token: str) -> Response:
 async def decide(request: Request, token: str) -> Response:
     """Acts on an approval link: only a signed-in user's POST with the session's CSRF token.
     The engine claims first, so a double submission resumes once."""
-    session = await session_of(request)
-    form = await posted(request)
-    if session is None:
-        return sign_in_first(request, login_url(f"/approve/{token}"), "decided")
-    if not acts(request, session, form):
-        return not_from_this_session(request, session)
+    got = await acting(
+        request, lambda: sign_in_first(request, login_url(f"/approve/{token}"), "decided")
+    )
+    if isinstance(got, Response):
+        return got
+    session, form = got
     decision = field(form, "decision")
     if decision not in DECISIONS:
         return _invalid_decision(request, session)
@@ -117,12 +123,10 @@ async def decide(request: Request, token: str) -> Response:
 async def decide_from_inbox(request: Request, run_id: str) -> Response:
     """Acts from the inbox, which has no token: the form names the call and the preview
     digest the user was shown; same CSRF rule, same claim, same outcomes."""
-    session = await session_of(request)
-    form = await posted(request)
-    if session is None:
-        return RedirectResponse(login_url("/"), status_code=303)
-    if not acts(request, session, form):
-        return not_from_this_session(request, session)
+    got = await acting(request, back_to("/"))
+    if isinstance(got, Response):
+        return got
+    session, form = got
     decision = field(form, "decision")
     call, shown = field(form, "tool_call_id"), field(form, "digest")
     if decision not in DECISIONS or not call or not inputs.RUN_ID.fullmatch(run_id):

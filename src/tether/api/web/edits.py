@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import Response
 
 from tether import ApprovalPreview, inputs
 from tether.api.deps import engine_of
@@ -20,7 +20,6 @@ from tether.api.web.forms import edit_fields, read_edits
 from tether.api.web.pages import (
     PendingView,
     message,
-    not_from_this_session,
     page,
     pending_view,
     run_target,
@@ -28,7 +27,13 @@ from tether.api.web.pages import (
     tool_parameters,
     unknown_or_expired,
 )
-from tether.api.web.sessions import Session, acts, field, login_url, posted, session_of
+from tether.api.web.sessions import (
+    Session,
+    acting,
+    back_to,
+    field,
+    login_url,
+)
 from tether.errors import FourEyes, InvalidInput, TetherError, UnknownOrExpired
 
 router = APIRouter(include_in_schema=False)
@@ -40,12 +45,12 @@ Previewing = Callable[[dict[str, Any]], Awaitable[ApprovalPreview]]
 async def preview_from_link(request: Request, token: str) -> Response:
     """The request behind an approval link with the posted edits, re-rendered; the same
     session, CSRF and authorisation rules as deciding, and nothing changes."""
-    session = await session_of(request)
-    form = await posted(request)
-    if session is None:
-        return sign_in_first(request, login_url(f"/approve/{token}"), "changed")
-    if not acts(request, session, form):
-        return not_from_this_session(request, session)
+    got = await acting(
+        request, lambda: sign_in_first(request, login_url(f"/approve/{token}"), "changed")
+    )
+    if isinstance(got, Response):
+        return got
+    session, form = got
     if not token or len(token) > MAX_TOKEN_CHARS:
         return unknown_or_expired(request, session)
     engine = engine_of(request)
@@ -67,12 +72,10 @@ async def preview_from_link(request: Request, token: str) -> Response:
 async def preview_from_inbox(request: Request, run_id: str) -> Response:
     """The same from the inbox or the run's page, which name the call and the digest of the
     preview they showed (carried on into the approval form)."""
-    session = await session_of(request)
-    form = await posted(request)
-    if session is None:
-        return RedirectResponse(login_url("/"), status_code=303)
-    if not acts(request, session, form):
-        return not_from_this_session(request, session)
+    got = await acting(request, back_to("/"))
+    if isinstance(got, Response):
+        return got
+    session, form = got
     call, shown = field(form, "tool_call_id"), field(form, "digest")
     if not call or not inputs.RUN_ID.fullmatch(run_id):
         return unknown_or_expired(request, session)

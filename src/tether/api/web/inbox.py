@@ -16,8 +16,8 @@ from fastapi.responses import RedirectResponse, Response
 from tether.api.deps import engine_of
 from tether.api.web import lineage
 from tether.api.web.actions import actions_for
-from tether.api.web.pages import message, not_from_this_session, page, pending_view, show
-from tether.api.web.sessions import Session, acts, login_url, posted, session_of
+from tether.api.web.pages import message, page, pending_view, show
+from tether.api.web.sessions import Session, acting, back_to, login_url, session_of
 from tether.errors import InvalidInput, NotFound
 from tether.models.base import Message
 from tether.runs import Run, RunState
@@ -72,12 +72,10 @@ async def fork(request: Request, run_id: str) -> Response:
     """Fork the signed-in owner's run from the posted step (reference §12), with the session's
     CSRF token like every form that acts, and show the new run (303). A refused step shows
     the run's page again with why (422)."""
-    session = await session_of(request)
-    form = await posted(request)
-    if session is None:
-        return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)
-    if not acts(request, session, form):
-        return not_from_this_session(request, session)
+    got = await acting(request, back_to(f"/runs/{run_id}"))
+    if isinstance(got, Response):
+        return got
+    session, form = got
     engine = engine_of(request)
     try:
         at_step, dry_run = lineage.read_fork(form)

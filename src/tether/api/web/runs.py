@@ -14,8 +14,8 @@ from fastapi.responses import RedirectResponse, Response
 
 from tether.api.deps import engine_of
 from tether.api.web.inbox import no_such_run, run_response
-from tether.api.web.pages import message, not_from_this_session, page
-from tether.api.web.sessions import acts, field, login_url, posted, session_of
+from tether.api.web.pages import message, page
+from tether.api.web.sessions import acting, back_to, field, login_url, session_of
 from tether.errors import AlreadyFinished, InvalidInput, NotFound, NotHalted
 from tether.runs import RunState
 
@@ -60,12 +60,10 @@ async def continue_run(request: Request, run_id: str) -> Response:
     """Continue the owner's halted run with the default grant (the one its page showed)
     and the optional reason as its ``why``; show the run again (303). A run that is no
     longer halted, or a refused grant, shows its page with why (409, 422)."""
-    session = await session_of(request)
-    form = await posted(request)
-    if session is None:
-        return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)
-    if not acts(request, session, form):
-        return not_from_this_session(request, session)
+    got = await acting(request, back_to(f"/runs/{run_id}"))
+    if isinstance(got, Response):
+        return got
+    session, form = got
     typed = field(form, "reason")
     why = typed.replace("\r\n", "\n").strip() or None
     engine = engine_of(request)
@@ -87,12 +85,10 @@ async def continue_run(request: Request, run_id: str) -> Response:
 async def cancel_run(request: Request, run_id: str) -> Response:
     """Cancel the owner's run that is not terminal; show it again (303). A run that has
     finished meanwhile shows its page with why (409)."""
-    session = await session_of(request)
-    form = await posted(request)
-    if session is None:
-        return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)
-    if not acts(request, session, form):
-        return not_from_this_session(request, session)
+    got = await acting(request, back_to(f"/runs/{run_id}"))
+    if isinstance(got, Response):
+        return got
+    session, _ = got
     engine = engine_of(request)
     try:
         await engine.cancel_run(run_id, session.user)

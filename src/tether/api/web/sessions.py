@@ -14,7 +14,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -24,7 +24,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 from starlette.requests import ClientDisconnect
 
 from tether.api.deps import address_of, attempts_of, engine_of
-from tether.api.web.pages import ASSETS, message, page
+from tether.api.web.pages import ASSETS, message, not_from_this_session, page
 from tether.engine import Engine
 from tether.errors import TooManyAttempts
 
@@ -129,6 +129,26 @@ def acts(request: Request, session: Session | None, form: Mapping[str, Any]) -> 
     if request.headers.get("sec-fetch-site", "same-origin") == "cross-site":
         return False
     return hmac.compare_digest(field(form, "csrf"), session.csrf)
+
+
+async def acting(
+    request: Request, signed_out: Callable[[], Response]
+) -> tuple[Session, Mapping[str, Any]] | Response:
+    """The session and posted form of a POST that may act (:func:`acts`), or the answer
+    to give instead: ``signed_out()`` without a session, a refusal (403, nothing done)
+    for a form not sent from the session's own page. Every acting form starts here."""
+    session = await session_of(request)
+    form = await posted(request)
+    if session is None:
+        return signed_out()
+    if not acts(request, session, form):
+        return not_from_this_session(request, session)
+    return session, form
+
+
+def back_to(path: str) -> Callable[[], Response]:
+    """Send a signed-out visitor to sign in, then back to ``path``."""
+    return lambda: RedirectResponse(login_url(path), status_code=303)
 
 
 def _set_cookie(request: Request, response: Response, name: str, value: str, **kw: Any) -> None:
