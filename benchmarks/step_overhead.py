@@ -61,6 +61,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine as DbEngine
 
 from tether import Agent, Engine, MemoryNotifier, ScriptedModel, Settings, StopKind, tool
+from tether.budget import Limits
 from tether.messages import canonical_json
 from tether.models.base import Message, ModelResponse, ToolSpec
 from tether.store.connect import create_db_engine
@@ -171,12 +172,16 @@ def limits(steps: int) -> dict[str, Any]:
     }
 
 
+# The runs ask for more than the default cap on limits (TETHER_MAX_LIMITS) allows.
+CAP = Limits(max_steps=100_000, max_spend_usd=1e6, max_tool_calls=1_000_000, max_elapsed_ms=10**9)
+
+
 def bench_engine(url: str, model: StampedModel) -> Engine:
     agent = Agent(name="bench", system_prompt="You fetch records.", tools=(fetch,))
     return Engine(
         agent=agent,
         model=model,
-        settings=Settings(database_url=url),
+        settings=Settings(database_url=url, max_limits=CAP),
         notifier=MemoryNotifier(),
         migrate=True,
     )

@@ -382,7 +382,6 @@ class RunMachine(RuleBasedStateMachine):
                 tool_call_id=call,
                 message=message,
                 status=status,
-                result={"status": status.value},
                 elapsed_ms=ms,
                 counted=counted,
                 event={"call": call},

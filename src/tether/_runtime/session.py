@@ -253,7 +253,6 @@ class RunSession:
             tool_call_id=call.id,
             message=message,
             status=status,
-            result=content,
             elapsed_ms=self._elapsed(),
             counted=counted,
             event=result.event(),
@@ -415,7 +414,6 @@ class RunSession:
             arguments=arguments if isinstance(arguments, dict) else {"_raw": str(arguments)},
             effect=tool.effect.value if tool is not None else "read",
             status=CallStatus.INTENT if result is None else result.status,
-            result=None if result is None else result.content,
         )
 
     def _normalized(self, message: Message) -> Message:

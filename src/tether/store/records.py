@@ -36,9 +36,10 @@ class LedgerEntry:
     arguments: dict[str, Any]
     effect: str
     status: CallStatus
-    # The result the model saw for the call (what its tool result message holds), for
-    # every outcome: a tool's answer, an error's ``{"error", "message"}``, a dry run's
-    # ``would_call``; None while it is an intent; for ``unknown``, why it is unknown.
+    # The result the model saw for the call, for every outcome: a tool's answer, an
+    # error's ``{"error", "message"}``, a dry run's ``would_call`` (read from the call's
+    # result message, which alone stores it); None while it is an intent; for a call
+    # failed ``unknown``, which has no result message, why it is unknown.
     result: Any
     intent_at: float
     outcome_at: float | None

@@ -47,7 +47,6 @@ class Intent:
     arguments: dict[str, Any]
     effect: str
     status: CallStatus = CallStatus.INTENT
-    result: Any = None
 
 
 # The ledger's result of a call whose outcome could not be learnt (no result reached the
@@ -106,7 +105,7 @@ class Steps(StoreBase):
                 "arguments": i.arguments,
                 "effect": i.effect,
                 "status": i.status.value,
-                "result": i.result,
+                "result": None,  # the call's result message holds it (``Reads.ledger``)
                 "done": i.status is not CallStatus.INTENT,
             }
             for i in intents
@@ -142,16 +141,15 @@ class Steps(StoreBase):
         tool_call_id: str,
         message: Message,
         status: CallStatus,
-        result: Any,
         elapsed_ms: int,
         counted: bool,
         event: dict[str, Any],
     ) -> None:
-        """A tool's result message, its ledger outcome (``status``, and ``result``: the
-        result the model sees, which the message holds), the counters and its
-        ``tool_result`` event, in one transaction: every result is traced, ``ok`` ones
-        included, so a stream client sees whether a call ran (an approved write as any
-        other). Idempotent by ``seq``, as ``persist_turn``."""
+        """A tool's result message, its ledger outcome (``status``; the result itself is
+        the message's, never copied into the ledger), the counters and its ``tool_result``
+        event, in one transaction: every result is traced, ``ok`` ones included, so a
+        stream client sees whether a call ran (an approved write as any other).
+        Idempotent by ``seq``, as ``persist_turn``."""
         params = {
             **lease_params(lease),
             "b_seq": seq,
@@ -160,7 +158,7 @@ class Steps(StoreBase):
             "b_fresh": self.heartbeat_refresh_s,
             "b_key": idempotency_key(lease.run_id, tool_call_id),
             "b_status": status.value,
-            "b_result": result,
+            "b_result": None,
         }
         try:
             with self.begin() as conn:
