@@ -9,6 +9,7 @@ on first use, or by ``async with Engine(...)``.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from types import TracebackType
@@ -29,6 +30,7 @@ from tether.budget import Limits, parse_limits, within_cap
 from tether.config import Settings
 from tether.errors import ConfigError, InvalidInput, NotFound, NotReady
 from tether.inputs import after_seq
+from tether.messages import tool_results
 from tether.models.base import Message, Model
 from tether.notify import LogNotifier, Notifier, Outbox
 from tether.results import (
@@ -40,7 +42,7 @@ from tether.results import (
     StopKind,
 )
 from tether.runs import Run
-from tether.store import LedgerEntry, Store, upgrade
+from tether.store import CallStatus, LedgerEntry, Store, upgrade
 from tether.store.users import new_key
 from tether.telemetry import tracing
 
@@ -302,8 +304,24 @@ class Engine(DecisionMethods, AccountMethods):
 
     @opens
     async def ledger(self, run_id: str) -> list[LedgerEntry]:
-        """The run's tool-call ledger, in call order."""
-        return list(await hop(self._store.ledger, inputs.run_id(run_id)))
+        """The run's tool-call ledger, in call order, each entry with the result the model
+        saw: the store keeps a result once, in its message, and it is read from there."""
+        return await hop(self._ledger, inputs.run_id(run_id))
+
+    def _ledger(self, run_id: str) -> list[LedgerEntry]:
+        entries = self._store.ledger(run_id)
+        answered = [
+            e.seq for e in entries if e.result is None and e.status is not CallStatus.INTENT
+        ]
+        if not answered:
+            return entries
+        seen = tool_results(self._store.messages(run_id, from_seq=min(answered)))
+        return [
+            dataclasses.replace(e, result=seen[e.tool_call_id])
+            if e.result is None and e.tool_call_id in seen
+            else e
+            for e in entries
+        ]
 
     async def watch(
         self, run_id: str, *, after: int = 0, user: str | None = None

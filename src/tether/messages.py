@@ -65,6 +65,23 @@ def tool_result(call_id: str, content: Any) -> Message:
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
 
+def tool_results(messages: Sequence[Message]) -> dict[str, Any]:
+    """The value of each tool result among ``messages``, by call id: what
+    :func:`tool_result` stored, decoded (JSON back to its value; text as it is)."""
+    found: dict[str, Any] = {}
+    for message in messages:
+        if message.get("role") != "tool" or "tool_call_id" not in message:
+            continue
+        content = message.get("content")
+        try:
+            found[message["tool_call_id"]] = (
+                json.loads(content) if isinstance(content, str) else content
+            )
+        except ValueError:
+            found[message["tool_call_id"]] = content
+    return found
+
+
 def canonical_json(value: Any) -> str:
     """Canonical JSON: sorted keys, no spaces, UTF-8; the input of every digest."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

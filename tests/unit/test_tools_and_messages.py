@@ -14,7 +14,7 @@ from pydantic import Field
 from tether import ToolContext, tool
 from tether.errors import ConfigError, FailpointError
 from tether.failpoints import POINTS, fail, parse, set_failpoint
-from tether.messages import pending_tool_calls
+from tether.messages import pending_tool_calls, tool_result, tool_results
 from tether.models.base import Usage
 from tether.models.pricing import DEFAULT_PRICE, price_for, spend_usd
 from tether.models.scripted import ScriptedModel
@@ -175,3 +175,23 @@ def test_an_sdk_client_without_credentials_is_refused_unless_a_local_server_is_n
     monkeypatch.setenv("BASE", "http://env")
     # The SDK reads the key from the environment itself; the base URL is resolved here.
     assert credentials(None, None) == (None, "http://env")
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(),
+        lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+        max_leaves=8,
+    ).filter(lambda value: not isinstance(value, str))
+)
+def test_a_stored_tool_result_reads_back_as_the_value_the_tool_gave(value: Any) -> None:
+    """The ledger's results are read from their messages (stored once): ``tool_results``
+    is the inverse of ``tool_result`` for JSON values, keeps text as text, and skips
+    every message that is not a tool result."""
+    stored = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": []},
+        tool_result("c1", value),
+        tool_result("c2", "plain words, not JSON"),
+    ]
+    assert tool_results(stored) == {"c1": value, "c2": "plain words, not JSON"}

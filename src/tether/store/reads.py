@@ -6,8 +6,6 @@ knows the chat format, the store does not).
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +15,7 @@ from tether.models.base import Message
 from tether.runs import HaltReason, Run, RunState
 from tether.store.base import StoreBase
 from tether.store.clock import db_now
-from tether.store.records import CallStatus, Decision, Event, LedgerEntry
+from tether.store.records import Decision, Event, LedgerEntry
 from tether.store.schema import COUNTABLE, decisions, run_events, run_messages, runs, tool_calls
 from tether.store.statements import SELECT_MESSAGES
 from tether.store.transitions import state_in
@@ -127,7 +125,7 @@ _EVENTS_AFTER = (
     .limit(sa.bindparam("b_limit", type_=sa.Integer))
     .offset(sa.bindparam("b_skip", type_=sa.Integer))
 )
-# A run's messages from position ``b_from`` on: where the results of its calls are.
+# A run's messages from position ``b_from`` on.
 _MESSAGES_FROM = (
     sa.select(run_messages.c.message)
     .where(
@@ -146,17 +144,6 @@ _LEDGER = (
 _COUNT_BY_STATE = (
     sa.select(runs.c.state, sa.func.count()).where(sa.text(COUNTABLE)).group_by(runs.c.state)
 )
-
-
-def decoded(content: Any) -> Any:
-    """A tool result message's content as the value the tool gave: the JSON it was stored
-    as, or the text itself (a tool that answered with text)."""
-    if not isinstance(content, str):
-        return content
-    try:
-        return json.loads(content)
-    except ValueError:
-        return content
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,10 +189,12 @@ class Reads(StoreBase):
             row = conn.execute(_RUN, {"b_id": run_id}).first()
             return Run.from_row(row._mapping) if row else None
 
-    def messages(self, run_id: str) -> list[Message]:
-        """The run's messages, in order, as the model saw them."""
+    def messages(self, run_id: str, *, from_seq: int = 0) -> list[Message]:
+        """The run's messages, in order, as the model saw them; from position ``from_seq``
+        on when it is given."""
+        params = {"b_id": run_id, "b_from": from_seq}
         with self.engine.connect() as conn:
-            return [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
+            return [dict(m) for m in conn.execute(_MESSAGES_FROM, params).scalars()]
 
     def snapshot(self, run_id: str) -> Snapshot | None:
         """The run, its messages and the decision on its current token: two queries, one
@@ -356,32 +345,12 @@ class Reads(StoreBase):
             return states, [Event.from_row(r._mapping) for r in conn.execute(events)]
 
     def ledger(self, run_id: str) -> list[LedgerEntry]:
-        """The run's tool calls in the order they were asked for, each with the result the
-        model saw: read from the call's result message (stored once, by reference), or,
-        for a call that has none (``unknown``), the ledger's own."""
+        """The run's tool calls in the order they were asked for. A call that has a result
+        message holds no copy of it here (``result`` None: the engine reads it from the
+        message); a call failed ``unknown``, which has none, holds why."""
         with self.engine.connect() as conn:
-            entries = [
-                LedgerEntry.from_row(r._mapping) for r in conn.execute(_LEDGER, {"b_id": run_id})
-            ]
-            answered = {
-                e.tool_call_id: e.seq
-                for e in entries
-                if e.result is None and e.status is not CallStatus.INTENT
-            }
-            if not answered:
-                return entries
-            after = {"b_id": run_id, "b_from": min(answered.values())}
-            seen = {
-                m["tool_call_id"]: m.get("content")
-                for (m,) in conn.execute(_MESSAGES_FROM, after)
-                if m.get("role") == "tool" and "tool_call_id" in m
-            }
-        return [
-            dataclasses.replace(e, result=decoded(seen[e.tool_call_id]))
-            if e.tool_call_id in answered and e.tool_call_id in seen
-            else e
-            for e in entries
-        ]
+            rows = conn.execute(_LEDGER, {"b_id": run_id})
+            return [LedgerEntry.from_row(r._mapping) for r in rows]
 
     def count_by_state(self) -> dict[str, int]:
         """How many runs are in each state, every state present (zero when none)."""
