@@ -15,7 +15,7 @@ from tether import ToolContext, tool
 from tether.errors import ConfigError, FailpointError
 from tether.failpoints import POINTS, fail, parse, set_failpoint
 from tether.messages import pending_tool_calls, tool_result, tool_results
-from tether.models.base import Usage
+from tether.models.base import Message, Usage
 from tether.models.pricing import DEFAULT_PRICE, price_for, spend_usd
 from tether.models.scripted import ScriptedModel
 from tether.models.sdk import PLACEHOLDER_API_KEY, sdk_credentials
@@ -188,7 +188,7 @@ def test_a_stored_tool_result_reads_back_as_the_value_the_tool_gave(value: Any) 
     """The ledger's results are read from their messages (stored once): ``tool_results``
     is the inverse of ``tool_result`` for JSON values, keeps text as text, and skips
     every message that is not a tool result."""
-    stored = [
+    stored: list[Message] = [
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": None, "tool_calls": []},
         tool_result("c1", value),
