@@ -119,6 +119,15 @@ class Budget:
             "elapsed_ms": self.elapsed_ms,
         }
 
+    def plus(self, other: Budget) -> Budget:
+        """Both budgets' consumption together (a thread's, summed over its runs)."""
+        return Budget(
+            steps=self.steps + other.steps,
+            spend_usd=self.spend_usd + other.spend_usd,
+            tool_calls=self.tool_calls + other.tool_calls,
+            elapsed_ms=self.elapsed_ms + other.elapsed_ms,
+        )
+
     def after_turn(self, spend_usd: float) -> Budget:
         """The budget after one more model turn that cost ``spend_usd``."""
         return replace(self, steps=self.steps + 1, spend_usd=self.spend_usd + spend_usd)

@@ -40,6 +40,7 @@ from tether.results import (
     RunPage,
     RunView,
     StopKind,
+    ThreadView,
 )
 from tether.runs import Run
 from tether.store import CallStatus, LedgerEntry, Store, upgrade
@@ -177,19 +178,35 @@ class Engine(DecisionMethods, AccountMethods):
         *,
         limits: Limits | dict[str, Any] | None = None,
         route: dict[str, Any] | None = None,
+        thread_id: str | None = None,
+        if_busy: str = "reject",
     ) -> Run:
         """Create a run for ``user`` asking ``question``; it waits for a worker (or for
-        ``run_until_stop``). Its scope is resolved now and stored as a snapshot."""
+        ``run_until_stop``). Its scope is resolved now and stored as a snapshot.
+
+        Without ``thread_id`` it starts a new thread; with one of ``user``'s threads it is
+        a follow-up, and the model sees the thread's conversation, then ``question``
+        (reference §14). A follow-up to a busy thread is ``thread_busy`` (naming the run it
+        would wait on), or with ``if_busy="enqueue"`` it is ``queued`` and starts once the
+        runs before it have stopped. ``not_found`` for a thread that is not ``user``'s."""
         inputs.user_id(user)
         inputs.text(question, "question", MAX_QUESTION_CHARS)
+        enqueue = inputs.if_busy(if_busy)
+        if thread_id is not None:
+            thread_id = inputs.thread_id(thread_id)
         run_limits = parse_limits(limits, self.settings.default_limits)
         within_cap(run_limits, self.settings.max_limits, "the requested limits")
         await self.open()
         scope = await self.agent.resolve_scope(user)
-        messages: list[Message] = [
-            {"role": "system", "content": self.agent.instructions},
-            {"role": "user", "content": question},
-        ]
+        # A follow-up's messages are written when it starts (its thread's calls left
+        # without a result are answered then); a new thread's first run stores the system
+        # message and its question now.
+        messages: list[Message] = []
+        if thread_id is None:
+            messages = [
+                {"role": "system", "content": self.agent.instructions},
+                {"role": "user", "content": question},
+            ]
         run_id = uuid.uuid4().hex
         with tracing.run_created(run_id, user, self.agent.name) as span:
             return await hop(
@@ -204,6 +221,9 @@ class Engine(DecisionMethods, AccountMethods):
                 agent_version=self.agent.agent_version,
                 messages=messages,
                 trace_context=span.carrier(),  # the run's later spans continue this trace
+                thread_id=thread_id or uuid.uuid4().hex,
+                follow_up=thread_id is not None,
+                enqueue=enqueue,
             )
 
     async def run_until_stop(self, run_id: str) -> Outcome:
@@ -333,6 +353,29 @@ class Engine(DecisionMethods, AccountMethods):
         view = await self.get_run(run_id, user=user)
         async for event in self._feed.watch(view.run.id, start):
             yield event
+
+    @opens
+    async def get_thread(self, thread_id: str, *, user: str) -> ThreadView:
+        """``user``'s thread with its runs and whole conversation; ``not_found`` if it is
+        missing or not theirs."""
+        found = await hop(self._store.thread, inputs.thread_id(thread_id, missing=True), user)
+        if found is None:
+            raise NotFound("no such thread")
+        return ThreadView.of(found)
+
+    @opens
+    async def list_threads(self, user: str, limit: int = 100) -> list[ThreadView]:
+        """``user``'s threads, most recently active first (without their messages)."""
+        if not 1 <= limit <= 1000:
+            raise InvalidInput("limit must be between 1 and 1000")
+        return [ThreadView.of(t) for t in await hop(self._store.threads, user, limit)]
+
+    @opens
+    async def delete_thread(self, thread_id: str, *, user: str) -> None:
+        """Delete ``user``'s thread and everything of its runs, in one transaction;
+        ``thread_busy`` (nothing deleted) while a run of it is running, suspended or
+        queued, ``not_found`` if it is not theirs."""
+        await hop(self._store.delete_thread, inputs.thread_id(thread_id, missing=True), user)
 
     async def now(self) -> float:
         """The database's clock, in epoch seconds (invariant 11)."""

@@ -188,3 +188,20 @@ class PendingToolUnavailable(TetherError):
     (reference §12): a decision halts the run ``tool_unavailable``; a migration is refused."""
 
     code = "tool_unavailable"
+
+
+# Conversations (reference §14).
+
+
+class ThreadBusy(TetherError):
+    """A run of the thread is running, suspended or queued; ``run_id`` names the one the
+    request would wait on. Nothing was created or deleted."""
+
+    code = "thread_busy"
+
+
+class IdempotencyMismatch(TetherError):
+    """The ``Idempotency-Key`` was used by this user for a request with another body;
+    nothing was created."""
+
+    code = "idempotency_mismatch"

@@ -29,6 +29,27 @@ def run_id(value: Any) -> str:
     return value
 
 
+def thread_id(value: Any, *, missing: bool = False) -> str:
+    """A well-formed thread id. In a request's body anything else is ``invalid_input``;
+    where it names the thread to read (``missing``), it cannot name one: ``not_found``."""
+    if not isinstance(value, str) or not RUN_ID.fullmatch(value):
+        if missing:
+            raise NotFound("no such thread")
+        raise InvalidInput("thread_id must be a thread's id (1-64 letters, digits, _ or -)")
+    return value
+
+
+IF_BUSY = ("reject", "enqueue")
+
+
+def if_busy(value: Any) -> bool:
+    """Whether a follow-up to a busy thread is queued (``"enqueue"``) rather than refused
+    (``"reject"``, the default); anything else is ``invalid_input``."""
+    if value not in IF_BUSY or not isinstance(value, str):
+        raise InvalidInput(f'if_busy must be "reject" or "enqueue", got {value!r:.40}')
+    return value == "enqueue"
+
+
 def token(value: Any) -> str:
     """A well-formed approval token; anything else is ``unknown_or_expired``."""
     if not isinstance(value, str) or not TOKEN.fullmatch(value):

@@ -10,11 +10,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tether.budget import Budget
 from tether.errors import TetherError
 from tether.models.base import Message
 from tether.notify import Notice
 from tether.runs import Run, RunState, iso
 from tether.store import Decision, Event
+from tether.store.threads import ThreadRecord
 
 
 class StopKind(str, enum.Enum):
@@ -30,6 +32,8 @@ class StopKind(str, enum.Enum):
     # The database could not be reached: this process let go of the run without writing
     # more, and it is recovered as an orphan (or its write retried) once the database is back.
     ABANDONED = "abandoned"
+    # A follow-up still waiting for the earlier runs of its thread (reference §14).
+    QUEUED = "queued"
 
     @property
     def state(self) -> RunState | None:
@@ -50,6 +54,7 @@ _STATE_OF = {
     StopKind.FAILED: RunState.FAILED,
     StopKind.CANCELLED: RunState.CANCELLED,
     StopKind.RELEASED: RunState.RUNNING,
+    StopKind.QUEUED: RunState.QUEUED,
 }
 _KIND_OF = {state: kind for kind, state in _STATE_OF.items()}
 
@@ -256,6 +261,59 @@ class RunView:
     def output(self) -> Any:
         """The validated typed output as stored (JSON), or None (reference §11)."""
         return self.run.output
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThreadView:
+    """A thread as a caller reads it (reference §14): its runs in order, what they
+    consumed together, and (read one at a time) its whole conversation."""
+
+    id: str
+    user_id: str
+    created_at: float
+    updated_at: float
+    runs: list[Run]
+    messages: list[Message] | None = None
+
+    @classmethod
+    def of(cls, record: ThreadRecord) -> ThreadView:
+        return cls(
+            id=record.id,
+            user_id=record.user_id,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+            runs=record.runs,
+            messages=record.messages,
+        )
+
+    @property
+    def consumed(self) -> Budget:
+        """The budget its runs consumed, summed."""
+        total = Budget()
+        for run in self.runs:
+            total = total.plus(run.budget)
+        return total
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "id": self.id,
+            "user_id": self.user_id,
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
+            "runs": [
+                {
+                    "id": r.id,
+                    "state": r.state.value,
+                    "question": r.question,
+                    "created_at": iso(r.started_at),
+                }
+                for r in self.runs
+            ],
+            "consumed": self.consumed.to_json(),
+        }
+        if self.messages is not None:
+            data["messages"] = self.messages
+        return data
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,6 +15,9 @@ from tether.reasons import FailReason, HaltReason
 class RunState(str, enum.Enum):
     """States of a run; each value is the string stored in the database."""
 
+    # A follow-up waits for the earlier runs of its thread to stop (reference §14); a
+    # worker's claim starts it once none of them is running, suspended or queued.
+    QUEUED = "queued"
     # A live owner carries it, or it waits (owner NULL) for a worker to claim it.
     RUNNING = "running"
     # A tool call awaits a human decision; the pending request and token hash are stored.
@@ -39,6 +42,7 @@ TERMINAL = frozenset({RunState.ANSWERED, RunState.FAILED, RunState.CANCELLED})
 # Every legal transition, in one place. The store enforces each one as a conditional
 # UPDATE whose WHERE clause names the expected state.
 TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
+    RunState.QUEUED: frozenset({RunState.RUNNING, RunState.CANCELLED}),
     RunState.RUNNING: frozenset(
         {
             RunState.SUSPENDED,
@@ -162,6 +166,12 @@ class Run:
     # A fork's lineage, ``{"run_id", "step"}``, or None; a dry run never executes a write.
     forked_from: dict[str, Any] | None = None
     dry_run: bool = False
+    # The conversation it belongs to and its place there, from 1 (reference §14); how many
+    # of its stored messages copy an earlier conversation (a fork of a follow-up) rather
+    # than being its own.
+    thread_id: str = ""
+    thread_pos: int = 1
+    base_count: int = 0
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Run:
@@ -207,6 +217,9 @@ class Run:
             agent_version=row["agent_version"],
             forked_from=_lineage(row["forked_from_run"], row["forked_from_step"]),
             dry_run=bool(row["dry_run"]),
+            thread_id=row["thread_id"] or row["id"],
+            thread_pos=row["thread_pos"],
+            base_count=row["base_count"],
         )
 
     def lease(self) -> Lease:
@@ -252,6 +265,7 @@ def run_to_json(run: Run) -> dict[str, Any]:
         "agent_version": run.agent_version,
         "forked_from": run.forked_from,
         "dry_run": run.dry_run,
+        "thread_id": run.thread_id,
         "created_at": iso(run.started_at),
         # State changes set updated_at; a running run's progress shows in its heartbeat.
         "updated_at": iso(max(run.updated_at, run.heartbeat_at or 0.0)),

@@ -13,6 +13,8 @@ PUBLISHED = {
     "wrong_version": 409,
     "four_eyes": 403,
     "tool_unavailable": 409,
+    "thread_busy": 409,
+    "idempotency_mismatch": 409,
     "database_unavailable": 503,
     "database_misconfigured": 503,
     "invalid_input": 422,

@@ -112,7 +112,7 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
                 tracing.model_call(session.services.model.name, session.step + 1) as chat,
             ):
                 response = await session.services.model.request(
-                    list(session.messages), list(session.services.agent.tool_specs)
+                    session.conversation(), list(session.services.agent.tool_specs)
                 )
                 chat.answered(response)
         except ModelError as exc:  # handed back with a delay, or failed (reference §10)

@@ -83,6 +83,25 @@ class Result:
         }
 
 
+NOT_EXECUTED = (
+    "not carried out: the run that asked for this call stopped before it had a result "
+    "(its ledger tells what is known of it)"
+)
+
+
+async def _open_follow_up(services: Services, run: Run, history: list[Message]) -> list[Message]:
+    """Write a follow-up's first messages once, as it starts (reference §14): a
+    ``not_executed`` result for each call its thread's conversation left without one, in
+    the order of those calls, then its question. A run cancelled while queued never gets
+    here, so it stays out of the conversation."""
+    dangling = pending_tool_calls(history)
+    opening = [tool_result(c.id, error_content("not_executed", NOT_EXECUTED)) for c in dangling]
+    opening.append({"role": "user", "content": run.question})
+    event = {"thread_id": run.thread_id, "not_executed": [c.id for c in dangling]}
+    await hop(services.store.open_follow_up, run.lease(), messages=opening, event=event)
+    return opening
+
+
 class RunSession:
     """One claimed run: its lease, messages, budget and scope, and its durable writes."""
 
@@ -96,11 +115,15 @@ class RunSession:
         decision: Decision | None = None,
         recovering: bool = False,
         stopping: asyncio.Event | None = None,
+        history: Sequence[Message] = (),
     ) -> None:
         self.services = services
         self.run = run
         self.lease: Lease = run.lease()
+        # The run's own stored messages (what its writes append to), and the conversation
+        # before it in its thread (reference §14), read once and never written.
         self.messages = messages
+        self.history: list[Message] = list(history)
         self.budget: Budget = run.budget
         # The model turns its messages hold (the run's ``step``): a fork starts at the step
         # it was forked at, so its turns go on from there while its budget starts at zero.
@@ -115,8 +138,12 @@ class RunSession:
         # Set when this process is shutting down: the run is handed back at the next step
         # boundary so another worker takes it at once.
         self._stopping = stopping
+        # Call ids are kept unique in the whole conversation the model sees.
         self._call_ids = {
-            c.id for m in messages if m.get("role") == "assistant" for c in tool_calls_of(m)
+            c.id
+            for m in (*self.history, *messages)
+            if m.get("role") == "assistant"
+            for c in tool_calls_of(m)
         }
         self._mark = time.monotonic()
         # The engine's heartbeat keeps the lease alive until ``close``.
@@ -133,22 +160,31 @@ class RunSession:
     ) -> RunSession:
         """A session for a run this process just claimed: loads it, re-resolves the user's
         scope now (invariant 7) and stores the fresh snapshot of it."""
-        snapshot = await hop(services.store.snapshot, run.id)
+        snapshot = await hop(services.store.snapshot, run.id, history=True)
         if snapshot is None:
             raise LeaseLost("run vanished after its claim", run_id=run.id)
         scope = await services.agent.resolve_scope(run.user_id)
         await hop(services.store.refresh_scope, run.lease(), scope.to_json())
+        messages = list(snapshot.messages)
+        if run.thread_pos > 1 and not messages:
+            messages = await _open_follow_up(services, run, snapshot.history)
         return cls(
             services,
             run,
-            list(snapshot.messages),
+            messages,
             scope,
             decision=snapshot.decision,
             recovering=recovering,
             stopping=stopping,
+            history=snapshot.history,
         )
 
     # -- what the session knows ------------------------------------------------------------
+
+    def conversation(self) -> list[Message]:
+        """What the model is handed: the thread's conversation before the run, then the
+        run's own messages."""
+        return [*self.history, *self.messages]
 
     @property
     def stopping(self) -> bool:

@@ -31,6 +31,8 @@ STATUS: dict[str, int] = {
     "lease_lost": 409,
     "wrong_version": 409,
     "tool_unavailable": 409,
+    "thread_busy": 409,
+    "idempotency_mismatch": 409,
     "request_timeout": 408,
     "payload_too_large": 413,
     "too_many_attempts": 429,
@@ -86,6 +88,19 @@ class StartRunIn(BaseModel):
         str, Field(min_length=1, max_length=MAX_QUESTION_CHARS), AfterValidator(_question)
     ]
     limits: LimitsInput | None = None
+    thread_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="one of the caller's threads: the run is a follow-up in it (§14); "
+        "absent: the run starts a new thread",
+    )
+    if_busy: Literal["reject", "enqueue"] = Field(
+        default="reject",
+        description="a follow-up to a busy thread: `reject` (409 `thread_busy`) or "
+        "`enqueue` (accepted `queued`, started when the runs before it stop)",
+    )
 
 
 Decision = Literal["approve", "decline"]
@@ -225,6 +240,7 @@ class RunOut(BaseModel):
         default=None, description="the run and step this run was forked from, or null"
     )
     dry_run: bool = Field(default=False, description="a dry run never executes a write")
+    thread_id: str = Field(description="the thread (conversation) the run belongs to (§14)")
     created_at: str = Field(description="ISO-8601, UTC")
     updated_at: str = Field(description="ISO-8601, UTC")
 
@@ -242,6 +258,35 @@ class RunListOut(BaseModel):
 class AcceptedOut(BaseModel):
     id: str
     state: RunState
+    thread_id: str = Field(description="the thread the run belongs to (§14)")
+
+
+class ThreadRunOut(BaseModel):
+    id: str
+    state: RunState
+    question: str
+    created_at: str = Field(description="ISO-8601, UTC")
+
+
+class ThreadOut(BaseModel):
+    """A conversation (§14): its runs in order and what they consumed together."""
+
+    id: str
+    user_id: str
+    created_at: str = Field(description="ISO-8601, UTC")
+    updated_at: str = Field(description="its last activity, ISO-8601, UTC")
+    runs: list[ThreadRunOut]
+    consumed: dict[str, Any] = Field(description="steps, spend_usd, tool_calls, elapsed_ms")
+
+
+class ThreadDetailOut(ThreadOut):
+    messages: list[dict[str, Any]] = Field(
+        description="the whole conversation, as the model is handed it (OpenAI chat format)"
+    )
+
+
+class ThreadListOut(BaseModel):
+    items: list[ThreadOut]
 
 
 class EventOut(BaseModel):

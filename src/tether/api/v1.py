@@ -36,6 +36,8 @@ from tether.api.schemas import (
     RunListOut,
     RunOut,
     StartRunIn,
+    ThreadDetailOut,
+    ThreadListOut,
 )
 from tether.api.stream import event_stream
 from tether.engine import Engine
@@ -73,9 +75,11 @@ def _responses(*pairs: tuple[int, str], model: type[ErrorOut] = ErrorOut) -> dic
     summary="Start a run",
     description="Creates a run for the caller; it waits for a worker, which carries it to "
     "its next stop. Poll `GET /v1/runs/{id}`. Each limit is at most the configured cap "
-    "(`TETHER_MAX_LIMITS`).",
+    "(`TETHER_MAX_LIMITS`). With `thread_id` it is a follow-up in that thread (§14).",
     responses=_responses(
         (401, _AUTH),
+        (404, "`not_found`: the thread is missing or not the caller's"),
+        (409, "`thread_busy`: a run of the thread is going (`run_id`); nothing was created"),
         (413, _TOO_LARGE),
         (422, _INVALID + "; or a limit is over the cap (`limit` and `cap` say which)"),
     ),
@@ -84,9 +88,11 @@ async def start_run(
     body: StartRunIn, user: Caller, engine: EngineDep, response: Response
 ) -> dict[str, Any]:
     limits = body.limits.model_dump(exclude_none=True) if body.limits is not None else None
-    run = await engine.start_run(user, body.question, limits=limits)
+    run = await engine.start_run(
+        user, body.question, limits=limits, thread_id=body.thread_id, if_busy=body.if_busy
+    )
     response.headers["Location"] = f"/v1/runs/{run.id}"
-    return {"id": run.id, "state": run.state.value}
+    return {"id": run.id, "state": run.state.value, "thread_id": run.thread_id}
 
 
 @router.get(
@@ -382,6 +388,54 @@ async def preview(
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+# -- threads -------------------------------------------------------------------------------
+
+_NO_THREAD = "`not_found`: no such thread, or not the caller's"
+
+
+@router.get(
+    "/threads",
+    response_model=ThreadListOut,
+    tags=["threads"],
+    summary="The caller's threads",
+    description="Most recently active first, each with its runs, without the conversation.",
+    responses=_responses((401, _AUTH), (422, _INVALID)),
+)
+async def list_threads(
+    user: Caller,
+    engine: EngineDep,
+    limit: Annotated[int, Query(ge=1, le=1000, description="at most this many")] = 100,
+) -> dict[str, Any]:
+    return {"items": [t.to_json() for t in await engine.list_threads(user, limit)]}
+
+
+@router.get(
+    "/threads/{thread_id}",
+    response_model=ThreadDetailOut,
+    tags=["threads"],
+    summary="A thread with its whole conversation",
+    responses=_responses((401, _AUTH), (404, _NO_THREAD)),
+)
+async def get_thread(thread_id: str, user: Caller, engine: EngineDep) -> dict[str, Any]:
+    return (await engine.get_thread(thread_id, user=user)).to_json()
+
+
+@router.delete(
+    "/threads/{thread_id}",
+    status_code=204,
+    tags=["threads"],
+    summary="Delete a thread and everything of its runs",
+    responses=_responses(
+        (401, _AUTH),
+        (404, _NO_THREAD),
+        (409, "`thread_busy`: a run of it is running, suspended or queued (`run_id`)"),
+    ),
+)
+async def delete_thread(thread_id: str, user: Caller, engine: EngineDep) -> Response:
+    await engine.delete_thread(thread_id, user=user)
+    return Response(status_code=204)
 
 
 async def _owned(engine: Engine, run_id: str, user: str) -> None:

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from tether.runs import FailReason, RunState
 from tether.store.clock import db_now
-from tether.store.schema import runs
+from tether.store.schema import BUSY, runs
 from tether.store.served import SERVED
 from tether.store.transitions import Transition, state_in
 
@@ -43,6 +43,27 @@ READY_CANDIDATE = (
 CLAIM_READY = Transition(
     RUNNING, RUNNING, ID, runs.c.owner.is_(None), _NOT_DELAYED, SERVED, **CLAIMED
 )
+
+# A queued follow-up (reference §14) starts once no earlier run of its thread is running,
+# suspended or queued: its claim re-checks that in the same conditional UPDATE, so it
+# starts once, in its thread's order, however many workers race for it.
+_EARLIER = runs.alias("earlier")
+_BLOCKED = (
+    sa.select(_EARLIER.c.id)
+    .where(
+        _EARLIER.c.thread_id == runs.c.thread_id,
+        _EARLIER.c.thread_pos < runs.c.thread_pos,
+        _EARLIER.c.state.in_([sa.literal_column(f"'{s.value}'") for s in BUSY]),
+    )
+    .exists()
+)
+QUEUED_CANDIDATE = (
+    sa.select(runs.c.id)
+    .where(state_in([RunState.QUEUED]), ~_BLOCKED, SERVED)
+    .order_by(runs.c.updated_at)
+    .limit(1)
+)
+CLAIM_QUEUED = Transition(RunState.QUEUED, RUNNING, ID, ~_BLOCKED, SERVED, **CLAIMED)
 
 # A suspension, by its token, while its window is open by the database's clock.
 _TOKEN = runs.c.pending_token_hash == sa.bindparam("b_token_hash")

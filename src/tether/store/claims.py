@@ -21,9 +21,11 @@ from tether.models.base import Message
 from tether.runs import Run, RunState, can_transition
 from tether.store.base import StoreBase
 from tether.store.claim_statements import (
+    CLAIM_QUEUED,
     CLAIM_READY,
     ID,
     NO_CUTOFF,
+    QUEUED_CANDIDATE,
     READY_CANDIDATE,
     RUNNING,
     STALE,
@@ -33,6 +35,7 @@ from tether.store.records import Decision
 from tether.store.schema import decisions, runs
 from tether.store.served import served
 from tether.store.statements import INSERT_MESSAGE, add_event
+from tether.store.threads import moved_on, place_run
 from tether.store.transitions import Transition, state_in
 
 _DECISION_OF_TOKEN = sa.select(decisions).where(
@@ -100,10 +103,26 @@ class Claims(StoreBase):
         agent_version: str,
         messages: Sequence[Message],
         trace_context: dict[str, str] | None = None,
+        thread_id: str | None = None,
+        follow_up: bool = False,
+        enqueue: bool = False,
     ) -> Run:
-        """Insert a new run, ready for a worker (running, no owner), with its first
-        messages and the W3C trace context its spans continue (``tracing.py``)."""
+        """Insert a new run with its first messages and the W3C trace context its spans
+        continue (``tracing.py``), in the thread ``thread_id`` (by default a new thread of
+        the run's id). The thread's first run is ready for a worker at once (running, no
+        owner). A ``follow_up`` joins the user's thread (``NotFound`` otherwise): ready at
+        once when the thread is idle, else ``queued`` if ``enqueue``, else ``ThreadBusy``
+        (``threads.place_run``); its messages are written when it starts."""
+        thread_id = thread_id or run_id
         with self.begin() as conn:
+            state, place = place_run(
+                conn,
+                self.dialect,
+                thread_id=thread_id,
+                user_id=user_id,
+                follow_up=follow_up,
+                enqueue=enqueue,
+            )
             row = conn.execute(
                 runs.insert()
                 .values(
@@ -111,7 +130,9 @@ class Claims(StoreBase):
                     user_id=user_id,
                     question=question,
                     route=route,
-                    state=RUNNING.value,
+                    state=state.value,
+                    thread_id=thread_id,
+                    thread_pos=place,
                     **limits.to_json(),
                     scope_snapshot=scope,
                     scope_resolved_at=db_now(),
@@ -129,28 +150,46 @@ class Claims(StoreBase):
                     INSERT_MESSAGE,
                     [{"run_id": run_id, "seq": i, "message": m} for i, m in enumerate(messages)],
                 )
-            add_event(conn, run_id, "created", {"user_id": user_id, "limits": limits.to_json()})
-            self.dialect.wake(conn)
+            created: dict[str, Any] = {
+                "user_id": user_id,
+                "limits": limits.to_json(),
+                "thread_id": thread_id,
+            }
+            if state is RunState.QUEUED:
+                created["queued"] = True
+            add_event(conn, run_id, "created", created)
+            if state is RUNNING:
+                self.dialect.wake(conn)
             return Run.from_row(row._mapping)
 
     def claim_ready(
         self, owner: str, run_id: str | None = None, *, versions: Sequence[str] | None = None
     ) -> Run | None:
         """Take the lease of a run of ``versions`` (None: any) that waits for a worker
-        (running, no owner, not delayed past the database's clock): the given one, or the
-        one waiting longest. None if there is none to take.
+        (running, no owner, not delayed past the database's clock), or else of a queued
+        follow-up whose thread's earlier runs have all stopped: the given one, or the one
+        waiting longest. None if there is none to take.
 
-        Safe to race: the claim is conditional on ``owner IS NULL``, and the dialect locks
-        the candidate (SKIP LOCKED on PostgreSQL) so concurrent workers pick different runs.
+        Safe to race: the claim is conditional on ``owner IS NULL`` (on the thread being
+        idle before it, for a queued run), and the dialect locks the candidate (SKIP LOCKED
+        on PostgreSQL) so concurrent workers pick different runs.
         """
         which = served(versions)
         with self.begin() as conn:
-            if run_id is None:
-                run_id = conn.execute(self.dialect.candidates(READY_CANDIDATE), which).scalar()
-                if run_id is None:
-                    return None
-            row = CLAIM_READY.one(conn, {"b_id": run_id, "b_owner": owner, **which})
-            return Run.from_row(row._mapping) if row else None
+            if run_id is not None:
+                params = {"b_id": run_id, "b_owner": owner, **which}
+                row = CLAIM_READY.one(conn, params) or CLAIM_QUEUED.one(conn, params)
+                return Run.from_row(row._mapping) if row else None
+            for candidate, claim in (
+                (READY_CANDIDATE, CLAIM_READY),
+                (QUEUED_CANDIDATE, CLAIM_QUEUED),
+            ):
+                found = conn.execute(self.dialect.candidates(candidate), which).scalar()
+                if found is None:
+                    continue
+                row = claim.one(conn, {"b_id": found, "b_owner": owner, **which})
+                return Run.from_row(row._mapping) if row else None
+            return None
 
     def claim_decision(
         self,
@@ -251,6 +290,9 @@ class Claims(StoreBase):
         run is not the user's halted run (the caller tells which)."""
         params = {"b_id": run_id, "b_user": user_id}
         with self.begin() as conn:
+            # The thread first (every writer that adds a run to it or deletes it takes its
+            # lock before a run's), so the run goes on only while it is the latest.
+            moved_on(conn, self.dialect, run_id)
             # Read (locked) only for the grant's record; the change itself is the CAS.
             before = conn.execute(self.dialect.lock(_HALTED_OF_USER), params).first()
             if before is None:
@@ -280,4 +322,6 @@ class Claims(StoreBase):
             if row is None:
                 return None
             add_event(conn, run_id, "cancelled", {"by": by})
+            # A queued follow-up of its thread may start now.
+            self.dialect.wake(conn)
             return Run.from_row(row._mapping)

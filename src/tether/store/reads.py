@@ -6,7 +6,7 @@ knows the chat format, the store does not).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -133,6 +133,13 @@ _MESSAGES_FROM = (
     )
     .order_by(run_messages.c.seq)
 )
+# A thread's conversation through place ``b_pos``: each message with its run's place.
+_THROUGH = (
+    sa.select(runs.c.thread_pos, run_messages.c.message)
+    .select_from(run_messages.join(runs, runs.c.id == run_messages.c.run_id))
+    .where(runs.c.thread_id == sa.bindparam("b_thread"), runs.c.thread_pos <= sa.bindparam("b_pos"))
+    .order_by(runs.c.thread_pos, run_messages.c.seq)
+)
 _STATE = sa.select(runs.c.state).where(runs.c.id == sa.bindparam("b_id"))
 _LEDGER = (
     sa.select(tool_calls)
@@ -155,6 +162,8 @@ class Snapshot:
     run: Run
     messages: list[Message]
     decision: Decision | None
+    # The conversation before the run in its thread (reference §14), when asked for.
+    history: list[Message] = field(default_factory=list)
 
 
 def _decision(row: Any) -> Decision | None:
@@ -196,15 +205,23 @@ class Reads(StoreBase):
         with self.engine.connect() as conn:
             return [dict(m) for m in conn.execute(_MESSAGES_FROM, params).scalars()]
 
-    def snapshot(self, run_id: str) -> Snapshot | None:
+    def snapshot(self, run_id: str, *, history: bool = False) -> Snapshot | None:
         """The run, its messages and the decision on its current token: two queries, one
-        transaction (so the messages belong to the run row read)."""
+        transaction (so the messages belong to the run row read). With ``history``, the
+        second reads the thread's conversation through the run instead (its earlier
+        runs' messages, then the run's own), in one statement."""
         with self.engine.begin() as conn:
             row = conn.execute(_RUN_AND_DECISION, {"b_id": run_id}).first()
             if row is None:
                 return None
-            messages = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
             run = Run.from_row(row._mapping)
+            if history and run.thread_pos > 1:
+                params = {"b_thread": run.thread_id, "b_pos": run.thread_pos}
+                rows = conn.execute(_THROUGH, params).all()
+                earlier = [dict(m) for pos, m in rows if pos < run.thread_pos]
+                own = [dict(m) for pos, m in rows if pos == run.thread_pos]
+                return Snapshot(run=run, messages=own, decision=_decision(row), history=earlier)
+            messages = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
             return Snapshot(run=run, messages=messages, decision=_decision(row))
 
     def list_runs(self, user_id: str | None = None, limit: int = 100) -> list[Run]:

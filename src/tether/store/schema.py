@@ -23,6 +23,10 @@ _RETAINED = "state IN ({})".format(", ".join(f"'{s.value}'" for s in RETAINED))
 _RUNNING = f"state = '{RunState.RUNNING.value}'"
 _SUSPENDED = f"state = '{RunState.SUSPENDED.value}'"
 _HALTED = f"state = '{RunState.HALTED.value}'"
+_QUEUED = f"state = '{RunState.QUEUED.value}'"
+# The states that make a thread busy (reference §14), in enum order.
+BUSY = (RunState.QUEUED, RunState.RUNNING, RunState.SUSPENDED)
+_BUSY = "state IN ({})".format(", ".join(f"'{s.value}'" for s in BUSY))
 
 
 def _partial(table: sa.Table, name: str, *cols: str, where: str, unique: bool = False) -> sa.Index:
@@ -91,6 +95,14 @@ runs = sa.Table(
     sa.Column("forked_from_step", sa.Integer, nullable=True),
     # A dry run never executes a write: each gets a ``dry_run`` result, ledger ``skipped``.
     sa.Column("dry_run", sa.Boolean, nullable=False, server_default=sa.false()),
+    # The conversation the run belongs to (reference §14, migration 0010) and its place in
+    # it (1 for the thread's first run); the model sees the messages of the thread's
+    # earlier runs, read by reference, then the run's own.
+    sa.Column("thread_id", sa.String(64), nullable=True),
+    sa.Column("thread_pos", sa.Integer, nullable=False, server_default="1"),
+    # How many of the run's stored messages are a copy of an earlier conversation rather
+    # than its own (a fork of a follow-up starts a thread holding what it saw); 0 otherwise.
+    sa.Column("base_count", sa.Integer, nullable=False, server_default="0"),
 )
 
 # Partial indexes: the reaper, the worker queue, expiry and retention each scan only the
@@ -104,6 +116,11 @@ _partial(runs, "runs_halted_token", "pending_token_hash", where=_HALTED)
 _partial(runs, "runs_unnotified", "suspended_at", where=f"{_SUSPENDED} AND notified_at IS NULL")
 _partial(runs, "runs_retention", "updated_at", where=_RETAINED)
 sa.Index("runs_user", runs.c.user_id, runs.c.started_at)
+sa.Index("runs_thread", runs.c.thread_id, runs.c.thread_pos)
+# A thread is busy while one of its runs is in a ``BUSY`` state: the check of a follow-up
+# and the claim of a queued run read only these rows.
+_partial(runs, "runs_thread_busy", "thread_id", "thread_pos", where=_BUSY)
+_partial(runs, "runs_queued", "updated_at", where=_QUEUED)
 sa.Index("runs_forked_from", runs.c.forked_from_run)
 # Counting runs by state (the metrics gauge) reads this index only, never the rows. It is
 # partial on a predicate no other query states, so SQLite's planner (without statistics)
@@ -111,6 +128,58 @@ sa.Index("runs_forked_from", runs.c.forked_from_run)
 # states the predicate (``COUNTABLE``) and both backends scan the index alone.
 COUNTABLE = "length(state) > 0"
 _partial(runs, "runs_state", "state", where=COUNTABLE)
+
+# Conversations (reference §14, migration 0010): one row per thread, locked by whoever
+# adds a run to it, so two follow-ups never both find it idle; ``runs`` counts the runs
+# given a place in it (the next ``thread_pos``).
+threads = sa.Table(
+    "threads",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("user_id", sa.String(128), nullable=False),
+    sa.Column("runs", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+sa.Index("threads_user", threads.c.user_id, threads.c.updated_at)
+
+# Idempotent creation (reference §14): a user's key names the run its first request
+# created and the answer it got, for as long as that run is kept.
+run_requests = sa.Table(
+    "run_requests",
+    metadata,
+    sa.Column("user_id", sa.String(128), primary_key=True),
+    sa.Column("key", sa.String(255), primary_key=True),
+    sa.Column(
+        "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    ),
+    # SHA-256 of the request body's canonical JSON, and the answer first sent.
+    sa.Column("body_digest", sa.String(64), nullable=False),
+    sa.Column("status", sa.Integer, nullable=False),
+    sa.Column("response", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+sa.Index("run_requests_run", run_requests.c.run_id)
+
+# Compactions (reference §14): the summary of a thread's conversation through message
+# ``through_seq`` (1-based, in the thread's conversation), stored by the run that made it.
+# What the model sees is computed from the messages and these rows; messages are never
+# rewritten.
+compactions = sa.Table(
+    "compactions",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("thread_id", sa.String(64), nullable=False),
+    sa.Column(
+        "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("through_seq", sa.Integer, nullable=False),
+    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("summary_tokens", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+sa.Index("compactions_thread", compactions.c.thread_id, compactions.c.id)
+sa.Index("compactions_run", compactions.c.run_id)
 
 run_messages = sa.Table(
     "run_messages",

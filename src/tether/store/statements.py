@@ -91,6 +91,18 @@ RESULT = (
     .returning(runs.c.message_count)
 )
 
+# A follow-up's first messages (reference §14): the ``not_executed`` results it adds and its
+# question, written once by the owner that started it, at message count 0.
+OPENING = (
+    runs.update()
+    .where(LEASE, AT_SEQ)
+    .values(
+        message_count=runs.c.message_count + sa.bindparam("b_added", type_=sa.Integer),
+        heartbeat_at=_FRESH_HEARTBEAT,
+    )
+    .returning(runs.c.message_count)
+)
+
 HEARTBEAT = runs.update().where(LEASE).values(heartbeat_at=db_now())
 
 # Letting go of a run for the reapers to recover, without a state change: the owner stays,

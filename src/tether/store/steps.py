@@ -23,9 +23,11 @@ from tether.store.statements import (
     HALT,
     HAND_OVER,
     HEARTBEAT,
+    INSERT_MESSAGE,
     LANDED,
     LEASE_HELD,
     MODEL_RETRY,
+    OPENING,
     RECORD_EDIT,
     RECORD_OUTCOME,
     REFRESH_SCOPE,
@@ -165,6 +167,35 @@ class Steps(StoreBase):
                 self.dialect.write_result(conn, params, message=message, event=event)
         except LeaseLost:
             if not self._landed(lease, seq, message):
+                raise
+
+    @faults.idempotent
+    def open_follow_up(
+        self, lease: Lease, *, messages: Sequence[Message], event: dict[str, Any]
+    ) -> None:
+        """A follow-up's first messages (the ``not_executed`` results it gives the calls
+        its thread left without one, then its question) and its ``follow_up`` event, in
+        one transaction, at message count 0. Idempotent as ``persist_turn``."""
+        params = {
+            **lease_params(lease),
+            "b_seq": 0,
+            "b_added": len(messages),
+            "b_fresh": self.heartbeat_refresh_s,
+        }
+        try:
+            with self.begin() as conn:
+                if conn.execute(OPENING, params).first() is None:
+                    raise _lost(lease)
+                conn.execute(
+                    INSERT_MESSAGE,
+                    [
+                        {"run_id": lease.run_id, "seq": i, "message": m}
+                        for i, m in enumerate(messages)
+                    ],
+                )
+                add_event(conn, lease.run_id, "follow_up", event)
+        except LeaseLost:
+            if not self._landed(lease, 0, messages[0]):
                 raise
 
     def _landed(self, lease: Lease, seq: int, message: Message) -> bool:

@@ -12,9 +12,10 @@ import sqlalchemy as sa
 from tether.runs import HaltReason, Run, RunState
 from tether.store.base import StoreBase
 from tether.store.clock import db_now
-from tether.store.schema import RETAINED, decisions, run_events, run_messages, runs, tool_calls
+from tether.store.schema import RETAINED, runs
 from tether.store.served import SERVED, served
 from tether.store.statements import add_event
+from tether.store.threads import delete_threads
 from tether.store.transitions import Transition, state_in
 
 _SUSPENDED = state_in([RunState.SUSPENDED])
@@ -65,13 +66,28 @@ _NEW_TOKEN = (
     .returning(runs)
 )
 
+# Threads whose every run is halted or finished and unchanged for the retention: a
+# thread's runs are purged together, once its most recent run is past retention. The
+# candidates come from the retention index (runs past it); a thread with a run that is
+# still going, or changed since, is left whole.
+_KEPT = runs.alias("kept")
 _PAST_RETENTION = (
-    sa.select(runs.c.id)
+    sa.select(runs.c.thread_id)
     .where(
         state_in(RETAINED),
         runs.c.updated_at < db_now() - sa.bindparam("b_retention", type_=sa.Float),
+        ~sa.select(_KEPT.c.id)
+        .where(
+            _KEPT.c.thread_id == runs.c.thread_id,
+            sa.or_(
+                _KEPT.c.state.not_in([sa.literal_column(f"'{s.value}'") for s in RETAINED]),
+                _KEPT.c.updated_at >= db_now() - sa.bindparam("b_retention", type_=sa.Float),
+            ),
+        )
+        .exists(),
     )
-    .order_by(runs.c.updated_at)
+    .group_by(runs.c.thread_id)
+    .order_by(sa.func.min(runs.c.updated_at))
     .limit(sa.bindparam("b_batch", type_=sa.Integer))
 )
 
@@ -131,14 +147,11 @@ class Upkeep(StoreBase):
         return out
 
     def purge_retained(self, retention_s: float, batch: int) -> int:
-        """Delete up to ``batch`` runs halted or finished more than ``retention_s`` ago,
-        with their messages, events, ledger and decisions. Safe twice: a purged run is
+        """Delete up to ``batch`` threads whose runs were all halted or finished more than
+        ``retention_s`` ago, with every run of theirs (messages, events, ledger, decisions,
+        idempotency keys, compactions); how many runs went. Safe twice: a purged thread is
         gone, so a second pass finds the next ones, or none."""
         with self.begin() as conn:
             params = {"b_retention": retention_s, "b_batch": batch}
-            ids = list(conn.execute(_PAST_RETENTION, params).scalars())
-            if not ids:
-                return 0
-            for table in (run_messages, run_events, tool_calls, decisions):
-                conn.execute(table.delete().where(table.c.run_id.in_(ids)))
-            return int(conn.execute(runs.delete().where(runs.c.id.in_(ids))).rowcount)
+            found = [t for t in conn.execute(_PAST_RETENTION, params).scalars() if t is not None]
+            return delete_threads(conn, found)

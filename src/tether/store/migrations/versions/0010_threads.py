@@ -1,0 +1,109 @@
+"""Conversations (reference §14): threads, queued follow-ups, idempotent creation and
+compaction.
+
+Every run belongs to a thread (``runs.thread_id``, its place ``runs.thread_pos``); each run
+that existed before becomes the only run of a thread of its own, with the run's id.
+``threads`` holds one row per conversation. ``run_requests`` remembers the answer to a
+creation request by the user's ``Idempotency-Key`` for as long as its run is kept, and
+``compactions`` the summaries a model sees in place of the messages they cover (the
+messages themselves are never rewritten). ``runs.base_count`` counts the messages a fork
+of a follow-up copies from the conversation before the run it forks.
+
+Revision ID: 0010
+Revises: 0009
+Create Date: 2026-12-02
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0010"
+down_revision = "0009"
+branch_labels = None
+depends_on = None
+
+_BUSY = sa.text("state IN ('queued', 'running', 'suspended')")
+_QUEUED = sa.text("state = 'queued'")
+
+
+def upgrade() -> None:
+    op.create_table(
+        "threads",
+        sa.Column("id", sa.String(64), primary_key=True),
+        sa.Column("user_id", sa.String(128), nullable=False),
+        sa.Column("runs", sa.Integer(), nullable=False, server_default="0"),
+        sa.Column("created_at", sa.Float(), nullable=False),
+        sa.Column("updated_at", sa.Float(), nullable=False),
+    )
+    op.create_index("threads_user", "threads", ["user_id", "updated_at"])
+    op.add_column("runs", sa.Column("thread_id", sa.String(64), nullable=True))
+    op.add_column("runs", sa.Column("thread_pos", sa.Integer(), nullable=False, server_default="1"))
+    op.add_column("runs", sa.Column("base_count", sa.Integer(), nullable=False, server_default="0"))
+    op.execute(
+        "INSERT INTO threads (id, user_id, runs, created_at, updated_at) "
+        "SELECT id, user_id, 1, started_at, updated_at FROM runs"
+    )
+    op.execute("UPDATE runs SET thread_id = id, thread_pos = 1")
+    op.create_index("runs_thread", "runs", ["thread_id", "thread_pos"])
+    op.create_index(
+        "runs_thread_busy",
+        "runs",
+        ["thread_id", "thread_pos"],
+        postgresql_where=_BUSY,
+        sqlite_where=_BUSY,
+    )
+    op.create_index(
+        "runs_queued", "runs", ["updated_at"], postgresql_where=_QUEUED, sqlite_where=_QUEUED
+    )
+    op.create_table(
+        "run_requests",
+        sa.Column("user_id", sa.String(128), primary_key=True),
+        sa.Column("key", sa.String(255), primary_key=True),
+        sa.Column(
+            "run_id",
+            sa.String(64),
+            sa.ForeignKey("runs.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        sa.Column("body_digest", sa.String(64), nullable=False),
+        sa.Column("status", sa.Integer(), nullable=False),
+        sa.Column("response", sa.JSON(), nullable=False),
+        sa.Column("created_at", sa.Float(), nullable=False),
+    )
+    op.create_index("run_requests_run", "run_requests", ["run_id"])
+    op.create_table(
+        "compactions",
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
+        sa.Column("thread_id", sa.String(64), nullable=False),
+        sa.Column(
+            "run_id",
+            sa.String(64),
+            sa.ForeignKey("runs.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        sa.Column("through_seq", sa.Integer(), nullable=False),
+        sa.Column("summary", sa.Text(), nullable=False),
+        sa.Column("summary_tokens", sa.Integer(), nullable=False),
+        sa.Column("created_at", sa.Float(), nullable=False),
+    )
+    op.create_index("compactions_thread", "compactions", ["thread_id", "id"])
+    op.create_index("compactions_run", "compactions", ["run_id"])
+
+
+def downgrade() -> None:
+    op.drop_index("compactions_run", table_name="compactions")
+    op.drop_index("compactions_thread", table_name="compactions")
+    op.drop_table("compactions")
+    op.drop_index("run_requests_run", table_name="run_requests")
+    op.drop_table("run_requests")
+    op.drop_index("runs_queued", table_name="runs")
+    op.drop_index("runs_thread_busy", table_name="runs")
+    op.drop_index("runs_thread", table_name="runs")
+    with op.batch_alter_table("runs") as batch:
+        batch.drop_column("base_count")
+        batch.drop_column("thread_pos")
+        batch.drop_column("thread_id")
+    op.drop_index("threads_user", table_name="threads")
+    op.drop_table("threads")
