@@ -258,7 +258,6 @@ class RunListOut(BaseModel):
 class AcceptedOut(BaseModel):
     id: str
     state: RunState
-    thread_id: str = Field(description="the thread the run belongs to (§14)")
 
 
 class ThreadRunOut(BaseModel):

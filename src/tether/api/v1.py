@@ -92,7 +92,7 @@ async def start_run(
         user, body.question, limits=limits, thread_id=body.thread_id, if_busy=body.if_busy
     )
     response.headers["Location"] = f"/v1/runs/{run.id}"
-    return {"id": run.id, "state": run.state.value, "thread_id": run.thread_id}
+    return {"id": run.id, "state": run.state.value}
 
 
 @router.get(
