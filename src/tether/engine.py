@@ -221,7 +221,7 @@ class Engine(DecisionMethods, AccountMethods):
                 agent_version=self.agent.agent_version,
                 messages=messages,
                 trace_context=span.carrier(),  # the run's later spans continue this trace
-                thread_id=thread_id or uuid.uuid4().hex,
+                thread_id=thread_id,  # None: a new thread, of the run's id
                 follow_up=thread_id is not None,
                 enqueue=enqueue,
             )
@@ -307,7 +307,9 @@ class Engine(DecisionMethods, AccountMethods):
         snapshot = await hop(self._store.snapshot, inputs.run_id(run_id))
         if snapshot is None or (user is not None and snapshot.run.user_id != user):
             raise NotFound("no such run")
-        return RunView(run=snapshot.run, messages=snapshot.messages)
+        # Its own messages: a fork of a follow-up also holds a copy of what came before.
+        own = snapshot.messages[snapshot.run.base_count :]
+        return RunView(run=snapshot.run, messages=own)
 
     async def list_runs(self, user: str | None = None, limit: int = 100) -> list[Run]:
         """Runs, newest first (only ``user``'s if given)."""

@@ -191,4 +191,13 @@ async def carry(services: Services, run: Run, *, stopping: asyncio.Event | None 
         return Outcome(
             run_id=run.id, kind=StopKind.RELEASED, reason="start_failed", retry_in_s=delay
         )
-    return await drive(session)
+    outcome = await drive(session)
+    if outcome.kind in _ENDS:
+        # Its thread's next queued run, if any, is startable now; a worker's claim starts
+        # it (a crash here leaves it queued for any worker).
+        fail("after_run_end")
+    return outcome
+
+
+# The stops after which a run's thread is no longer busy because of it.
+_ENDS = frozenset({StopKind.ANSWERED, StopKind.FAILED, StopKind.HALTED, StopKind.CANCELLED})

@@ -23,6 +23,7 @@ from tether.store.base import StoreBase
 from tether.store.clock import db_now
 from tether.store.schema import run_events, runs
 from tether.store.statements import INSERT_MESSAGE, SELECT_MESSAGES, add_event
+from tether.store.threads import place_run, thread_history
 
 # How many of a run's messages are "through step K" (``tether._runtime.forks.step_boundary``);
 # raises ``InvalidInput`` when K is not a boundary.
@@ -85,9 +86,17 @@ class Forks(StoreBase):
                 raise InvalidInput(
                     "a running run cannot be forked; fork it once it has stopped", state="running"
                 )
-            within_cap(Run.from_row(parent._mapping).limits, cap, "the run's limits (a fork's)")
+            source = Run.from_row(parent._mapping)
+            within_cap(source.limits, cap, "the run's limits (a fork's)")
             messages = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
-            cut = boundary(messages, at_step)
+            # Steps count the run's own turns; what the run saw before them (the earlier
+            # runs of its thread, and any copy it holds) goes first, into a new thread.
+            base = [*thread_history(conn, source), *messages[: source.base_count]]
+            own_cut = boundary(messages[source.base_count :], at_step)
+            copied = [*base, *messages[source.base_count : source.base_count + own_cut]]
+            place_run(
+                conn, self.dialect, thread_id=new_id, user_id=user_id, follow_up=False, enqueue=False
+            )
             row = conn.execute(
                 runs.insert()
                 .values(
@@ -96,7 +105,10 @@ class Forks(StoreBase):
                     state=RunState.HALTED.value,
                     halt_reason=HaltReason.FORKED.value,
                     step=at_step,
-                    message_count=cut,
+                    message_count=len(copied),
+                    thread_id=new_id,
+                    thread_pos=1,
+                    base_count=len(base),
                     forked_from_run=run_id,
                     forked_from_step=at_step,
                     dry_run=dry_run,
@@ -106,13 +118,10 @@ class Forks(StoreBase):
                 )
                 .returning(runs)
             ).one()
-            if cut:
+            if copied:
                 conn.execute(
                     INSERT_MESSAGE,
-                    [
-                        {"run_id": new_id, "seq": i, "message": m}
-                        for i, m in enumerate(messages[:cut])
-                    ],
+                    [{"run_id": new_id, "seq": i, "message": m} for i, m in enumerate(copied)],
                 )
             event = {"from_run_id": run_id, "step": at_step, "dry_run": dry_run, "by": by}
             add_event(conn, new_id, "forked", event)

@@ -173,6 +173,14 @@ def moved_on(conn: Connection, dialect: Dialect, run_id: str) -> None:
         )
 
 
+def thread_history(conn: Connection, run: Run) -> list[Message]:
+    """In the caller's transaction: the conversation before ``run`` in its thread."""
+    if run.thread_pos <= 1:
+        return []
+    params = {"b_thread": run.thread_id, "b_pos": run.thread_pos}
+    return [dict(m) for m in conn.execute(_HISTORY, params).scalars()]
+
+
 def delete_runs(conn: Connection, ids: Sequence[str]) -> int:
     """Delete the runs ``ids`` with everything of theirs; how many runs went."""
     if not ids:
@@ -199,11 +207,8 @@ class Threads(StoreBase):
     def history(self, run: Run) -> list[Message]:
         """The conversation before ``run`` in its thread: every message of the thread's
         earlier runs, in order, as stored (one statement; empty for a thread's first run)."""
-        if run.thread_pos <= 1:
-            return []
-        params = {"b_thread": run.thread_id, "b_pos": run.thread_pos}
         with self.engine.connect() as conn:
-            return [dict(m) for m in conn.execute(_HISTORY, params).scalars()]
+            return thread_history(conn, run)
 
     def thread(self, thread_id: str, user_id: str) -> ThreadRecord | None:
         """``user_id``'s thread with its runs and whole conversation, or None."""

@@ -86,8 +86,7 @@ _PAST_RETENTION = (
         )
         .exists(),
     )
-    .group_by(runs.c.thread_id)
-    .order_by(sa.func.min(runs.c.updated_at))
+    .order_by(runs.c.updated_at)
     .limit(sa.bindparam("b_batch", type_=sa.Integer))
 )
 
@@ -153,5 +152,5 @@ class Upkeep(StoreBase):
         gone, so a second pass finds the next ones, or none."""
         with self.begin() as conn:
             params = {"b_retention": retention_s, "b_batch": batch}
-            found = [t for t in conn.execute(_PAST_RETENTION, params).scalars() if t is not None]
-            return delete_threads(conn, found)
+            found = dict.fromkeys(t for t in conn.execute(_PAST_RETENTION, params).scalars() if t)
+            return delete_threads(conn, list(found))

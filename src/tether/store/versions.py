@@ -27,15 +27,16 @@ FORGET_AFTER_S = 86_400.0
 _OF_WORKER = workers.c.worker_id == sa.bindparam("b_worker")
 _STALE_S = sa.bindparam("b_stale", type_=sa.Float)
 _LIVE = workers.c.heartbeat_at > db_now() - _STALE_S
-# A run waits for a worker when it is queued (running without an owner), orphaned (its
-# owner's heartbeat is stale: it waits for a reaper) or suspended (its decision is carried
-# out, and the rest of its loop run, by a process of its version).
+# A run waits for a worker when it is ready (running without an owner), orphaned (its
+# owner's heartbeat is stale: it waits for a reaper), suspended (its decision is carried
+# out, and the rest of its loop run, by a process of its version) or queued behind the
+# earlier runs of its thread (a worker of its version starts it).
 _WAITING = sa.or_(
     sa.and_(
         state_in([RunState.RUNNING]),
         sa.or_(runs.c.owner.is_(None), runs.c.heartbeat_at < db_now() - _STALE_S),
     ),
-    state_in([RunState.SUSPENDED]),
+    state_in([RunState.QUEUED, RunState.SUSPENDED]),
 )
 _SERVED_LIVE = (
     sa.select(workers.c.worker_id).where(workers.c.version == runs.c.agent_version, _LIVE).exists()
@@ -159,7 +160,9 @@ class Versions(StoreBase):
                 "to_version": to_version,
             }
             add_event(conn, run_id, "migrated", data)
-            if run.state is RunState.RUNNING and run.owner is None:
+            if run.state is RunState.QUEUED or (
+                run.state is RunState.RUNNING and run.owner is None
+            ):
                 self.dialect.wake(conn)
             return Migration(run=Run.from_row(moved._mapping))
 
