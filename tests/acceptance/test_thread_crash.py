@@ -124,17 +124,18 @@ def test_twenty_concurrent_enqueued_follow_ups_run_one_at_a_time_in_order_on_two
         states = [getattr(store.get_run(r), "state", None) for r in order]
         if any(state is not RunState.ANSWERED for state in states):
             assert worker(db_url, tmp_path / "w.log") == 0
-        opened, answered = [], []
+        opened: list[int] = []
+        answered: list[int] = []
         for run_id in order:
             run = store.get_run(run_id)
             assert run is not None and run.state is RunState.ANSWERED, run
             assert run.lease_epoch == 1  # started once
             events = {e.kind: e.id for e in store.events(run_id)}
-            opened.append(events.get("follow_up"))
+            opened.append(events.get("follow_up", 0))
             answered.append(events["answered"])
         # One at a time, in the order accepted: each follow-up's first write comes after
         # the run before it answered (event ids grow with every write).
         for k in range(1, len(order)):
-            assert opened[k] is not None and opened[k] > answered[k - 1], (k, opened, answered)
+            assert opened[k] > answered[k - 1], (k, opened, answered)
     finally:
         store.close()

@@ -13,10 +13,12 @@ import json
 from typing import Any
 
 import agents
+import httpx
 import pytest
 import sqlalchemy as sa
 
 from tether import Engine, MemoryNotifier, StopKind
+from tether.api.app import create_app
 from tether.config import Settings
 from tether.errors import InvalidInput, NotFound, ThreadBusy
 from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
@@ -264,5 +266,114 @@ async def test_retention_purges_a_thread_only_when_its_latest_run_is_past_it(db_
             conn.execute(sa.text("UPDATE runs SET updated_at = updated_at - 1000"))
         assert await asyncio.to_thread(engine._store.purge_retained, 500.0, 10) == 2
         assert await engine.list_threads("dana") == []
+    finally:
+        await engine.aclose()
+
+
+# -- over HTTP -------------------------------------------------------------------------------
+
+
+async def test_threads_over_http_shapes_refusals_and_deletion(db_url: str) -> None:
+    engine = build(db_url, Recorder())
+    await engine.add_user("dana", "key-dana")
+    await engine.add_user("miguel", "key-miguel")
+    dana = {"Authorization": "Bearer key-dana"}
+    miguel = {"Authorization": "Bearer key-miguel"}
+    transport = httpx.ASGITransport(app=create_app(engine))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            made = await client.post("/v1/runs", json={"question": "q1"}, headers=dana)
+            assert made.status_code == 202 and set(made.json()) == {"id", "state"}
+            first = made.json()["id"]
+            thread = (await client.get(f"/v1/runs/{first}", headers=dana)).json()["thread_id"]
+            follow = {"question": "q2", "thread_id": thread}
+            busy = await client.post("/v1/runs", json=follow, headers=dana)
+            assert busy.status_code == 409, busy.text
+            assert busy.json() == {
+                "ok": False,
+                "error": "thread_busy",
+                "message": busy.json()["message"],
+                "run_id": first,
+            }
+            queued = await client.post(
+                "/v1/runs", json={**follow, "if_busy": "enqueue"}, headers=dana
+            )
+            assert queued.status_code == 202 and queued.json()["state"] == "queued"
+            for body in (
+                {**follow, "if_busy": "later"},
+                {**follow, "thread_id": "not a thread"},
+                {**follow, "thread_id": 7},
+            ):
+                bad = await client.post("/v1/runs", json=body, headers=dana)
+                assert bad.status_code == 422 and bad.json()["error"] == "invalid_input"
+            other = await client.post("/v1/runs", json=follow, headers=miguel)
+            assert other.status_code == 404 and other.json()["error"] == "not_found"
+            for path in (f"/v1/threads/{thread}", "/v1/threads/nope"):
+                assert (await client.get(path, headers=miguel)).status_code == 404
+                assert (await client.delete(path, headers=miguel)).status_code == 404
+            refused = await client.delete(f"/v1/threads/{thread}", headers=dana)
+            assert refused.status_code == 409 and refused.json()["run_id"] == first
+            await engine.run_until_stop(first)
+            await engine.run_until_stop(queued.json()["id"])
+            shown = (await client.get(f"/v1/threads/{thread}", headers=dana)).json()
+            assert set(shown) == {
+                "id",
+                "user_id",
+                "created_at",
+                "updated_at",
+                "runs",
+                "messages",
+                "consumed",
+            }
+            assert [r["question"] for r in shown["runs"]] == ["q1", "q2"]
+            assert set(shown["runs"][0]) == {"id", "state", "question", "created_at"}
+            assert shown["messages"][-1] == {"role": "assistant", "content": "answer to q2"}
+            assert shown["consumed"]["steps"] == 2
+            listed = (await client.get("/v1/threads", headers=dana)).json()["items"]
+            assert [t["id"] for t in listed] == [thread] and "messages" not in listed[0]
+            assert (await client.get("/v1/threads", headers=miguel)).json()["items"] == []
+            gone = await client.delete(f"/v1/threads/{thread}", headers=dana)
+            assert gone.status_code == 204
+            assert (await client.get(f"/v1/runs/{first}", headers=dana)).status_code == 404
+    finally:
+        await engine.aclose()
+
+
+async def test_threads_list_most_recently_active_first(db_url: str) -> None:
+    engine = build(db_url, Recorder())
+    try:
+        older = await engine.start_run("dana", "a")
+        newer = await engine.start_run("dana", "b")
+        await engine.run_until_stop(newer.id)
+        await engine.run_until_stop(older.id)  # the older thread is active last
+        assert [t.id for t in await engine.list_threads("dana")] == [
+            older.thread_id,
+            newer.thread_id,
+        ]
+    finally:
+        await engine.aclose()
+
+
+async def test_a_fork_of_a_follow_up_starts_a_thread_holding_what_the_run_saw(
+    db_url: str,
+) -> None:
+    model = Recorder({"q2": [{"name": "lookup", "arguments": {"query": "x"}}]})
+    engine = build(db_url, model)
+    try:
+        first = await engine.start_run("dana", "q1")
+        await engine.run_until_stop(first.id)
+        second = await engine.start_run("dana", "q2", thread_id=first.thread_id)
+        await engine.run_until_stop(second.id)
+        fork = await engine.fork_run(second.id, "dana", at_step=1)
+        assert fork.thread_id != first.thread_id
+        parent_own = (await engine.get_run(second.id)).messages
+        earlier = (await engine.get_run(first.id)).messages
+        thread = await engine.get_thread(fork.thread_id, user="dana")
+        # The parent thread up to the run, then the run's messages through step 1.
+        assert thread.messages == [*earlier, *parent_own[:3]]
+        assert (await engine.get_run(fork.id)).messages == parent_own[:3]
+        # A fork of the fork counts the same steps.
+        again = await engine.fork_run(fork.id, "dana", at_step=1)
+        assert (await engine.get_thread(again.thread_id, user="dana")).messages == thread.messages
     finally:
         await engine.aclose()

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether._runtime import tool_call
-from tether._runtime.session import Result, RunSession, error_content
+from tether._runtime.session import RunSession
 from tether._runtime.tool_call import Check, Resolved
+from tether._runtime.turns import Result, error_content
 from tether.messages import ToolCall
 from tether.previews import diff_previews
 from tether.reasons import FailReason, HaltReason

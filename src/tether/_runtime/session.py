@@ -13,13 +13,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
+from tether._runtime.follow_ups import open_follow_up
 from tether._runtime.hop import hop
 from tether._runtime.services import Services
+from tether._runtime.turns import Result, Turn, error_content
 from tether.budget import Budget
 from tether.errors import DatabaseUnavailable, LeaseLost, TetherError
 from tether.failpoints import fail
@@ -39,67 +40,6 @@ from tether.tokens import hash_token, new_token
 from tether.tools.tool import ToolContext
 
 log = logging.getLogger(__name__)
-
-
-def error_content(code: str, message: str) -> dict[str, str]:
-    """The body of a tool result that reports an error to the model."""
-    return {"error": code, "message": message}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Turn:
-    """An assistant turn about to be stored: its message, calls, spend and trace data."""
-
-    message: Message
-    calls: list[ToolCall]
-    spend: float
-    event: dict[str, Any]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Result:
-    """A tool call's result about to be stored; ``counted`` when the tool ran."""
-
-    call: ToolCall
-    content: Any
-    status: CallStatus
-    counted: bool
-
-    @property
-    def summary(self) -> Any:
-        """The error code of a result that is not ``ok``, for its trace event and span."""
-        if isinstance(self.content, dict) and self.status is not CallStatus.OK:
-            return self.content.get("error")
-        return None
-
-    def event(self) -> dict[str, Any]:
-        """Its ``tool_result`` trace event's data (every result is traced)."""
-        summary = self.summary
-        return {
-            "tool": self.call.name,
-            "tool_call_id": self.call.id,
-            "status": self.status.value,
-            **({"error": summary} if summary else {}),
-        }
-
-
-NOT_EXECUTED = (
-    "not carried out: the run that asked for this call stopped before it had a result "
-    "(its ledger tells what is known of it)"
-)
-
-
-async def _open_follow_up(services: Services, run: Run, history: list[Message]) -> list[Message]:
-    """Write a follow-up's first messages once, as it starts (reference §14): a
-    ``not_executed`` result for each call its thread's conversation left without one, in
-    the order of those calls, then its question. A run cancelled while queued never gets
-    here, so it stays out of the conversation."""
-    dangling = pending_tool_calls(history)
-    opening = [tool_result(c.id, error_content("not_executed", NOT_EXECUTED)) for c in dangling]
-    opening.append({"role": "user", "content": run.question})
-    event = {"thread_id": run.thread_id, "not_executed": [c.id for c in dangling]}
-    await hop(services.store.open_follow_up, run.lease(), messages=opening, event=event)
-    return opening
 
 
 class RunSession:
@@ -167,7 +107,7 @@ class RunSession:
         await hop(services.store.refresh_scope, run.lease(), scope.to_json())
         messages = list(snapshot.messages)
         if run.thread_pos > 1 and not messages:
-            messages = await _open_follow_up(services, run, snapshot.history)
+            messages = await open_follow_up(services, run, snapshot.history)
         return cls(
             services,
             run,

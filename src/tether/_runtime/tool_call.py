@@ -19,8 +19,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from pydantic import BaseModel
 
 from tether._runtime import dry_run, handover
-from tether._runtime.session import Result, RunSession, error_content
+from tether._runtime.session import RunSession
 from tether._runtime.tool_retries import attempts, failure_content
+from tether._runtime.turns import Result, error_content
 from tether.errors import LeaseLost
 from tether.failpoints import fail
 from tether.messages import ToolCall

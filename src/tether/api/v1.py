@@ -416,7 +416,7 @@ async def list_threads(
     response_model=ThreadDetailOut,
     tags=["threads"],
     summary="A thread with its whole conversation",
-    responses=_responses((401, _AUTH), (404, _NO_THREAD)),
+    responses=_responses((401, _AUTH), (404, _NO_THREAD), (422, _INVALID)),
 )
 async def get_thread(thread_id: str, user: Caller, engine: EngineDep) -> dict[str, Any]:
     return (await engine.get_thread(thread_id, user=user)).to_json()
@@ -431,6 +431,7 @@ async def get_thread(thread_id: str, user: Caller, engine: EngineDep) -> dict[st
         (401, _AUTH),
         (404, _NO_THREAD),
         (409, "`thread_busy`: a run of it is running, suspended or queued (`run_id`)"),
+        (422, _INVALID),
     ),
 )
 async def delete_thread(thread_id: str, user: Caller, engine: EngineDep) -> Response:

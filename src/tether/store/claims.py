@@ -150,14 +150,9 @@ class Claims(StoreBase):
                     INSERT_MESSAGE,
                     [{"run_id": run_id, "seq": i, "message": m} for i, m in enumerate(messages)],
                 )
-            created: dict[str, Any] = {
-                "user_id": user_id,
-                "limits": limits.to_json(),
-                "thread_id": thread_id,
-            }
-            if state is RunState.QUEUED:
-                created["queued"] = True
-            add_event(conn, run_id, "created", created)
+            queued = {"queued": True} if state is RunState.QUEUED else {}
+            created = {"user_id": user_id, "limits": limits.to_json(), "thread_id": thread_id}
+            add_event(conn, run_id, "created", {**created, **queued})
             if state is RUNNING:
                 self.dialect.wake(conn)
             return Run.from_row(row._mapping)

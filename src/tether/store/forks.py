@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from tether.budget import Limits, within_cap
 from tether.errors import InvalidInput, NotFound
@@ -55,6 +56,19 @@ _COPIED = (
 )
 
 
+def _copy(
+    conn: Connection, source: Run, boundary: Boundary, at_step: Any
+) -> tuple[list[Message], list[Message]]:
+    """What a fork of ``source`` through step ``at_step`` holds: (what the run saw before its
+    own turns, all of it). Steps count the run's own turns; what it saw before them (the
+    earlier runs of its thread, and any copy it holds itself) goes first, into the fork's
+    new thread."""
+    messages = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": source.id}).scalars()]
+    base = [*thread_history(conn, source), *messages[: source.base_count]]
+    own_cut = boundary(messages[source.base_count :], at_step)
+    return base, [*base, *messages[source.base_count : source.base_count + own_cut]]
+
+
 class Forks(StoreBase):
     """Forking a run at a step, and listing a run's forks."""
 
@@ -88,14 +102,14 @@ class Forks(StoreBase):
                 )
             source = Run.from_row(parent._mapping)
             within_cap(source.limits, cap, "the run's limits (a fork's)")
-            messages = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
-            # Steps count the run's own turns; what the run saw before them (the earlier
-            # runs of its thread, and any copy it holds) goes first, into a new thread.
-            base = [*thread_history(conn, source), *messages[: source.base_count]]
-            own_cut = boundary(messages[source.base_count :], at_step)
-            copied = [*base, *messages[source.base_count : source.base_count + own_cut]]
+            base, copied = _copy(conn, source, boundary, at_step)
             place_run(
-                conn, self.dialect, thread_id=new_id, user_id=user_id, follow_up=False, enqueue=False
+                conn,
+                self.dialect,
+                thread_id=new_id,
+                user_id=user_id,
+                follow_up=False,
+                enqueue=False,
             )
             row = conn.execute(
                 runs.insert()
