@@ -240,11 +240,17 @@ class Engine(DecisionMethods, AccountMethods):
         return await self._runner.carry(run)
 
     async def ask(
-        self, user: str, question: str, *, limits: Limits | dict[str, Any] | None = None
+        self,
+        user: str,
+        question: str,
+        *,
+        limits: Limits | dict[str, Any] | None = None,
+        thread_id: str | None = None,
     ) -> Outcome:
-        """Start a run and carry it to its first stop; ``Outcome.answer`` holds the final
-        answer when it answered (and ``Outcome.output`` its validated ``output_type``)."""
-        run = await self.start_run(user, question, limits=limits)
+        """Start a run (a follow-up in ``thread_id`` if given) and carry it to its first
+        stop; ``Outcome.answer`` holds the final answer when it answered (and
+        ``Outcome.output`` its validated ``output_type``). A busy thread is ``thread_busy``."""
+        run = await self.start_run(user, question, limits=limits, thread_id=thread_id)
         return await self.run_until_stop(run.id)
 
     async def reap(self) -> ReapReport:
