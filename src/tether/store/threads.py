@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -24,6 +25,7 @@ from tether.store.clock import db_now
 from tether.store.dialect import Dialect
 from tether.store.schema import (
     BUSY,
+    RETAINED,
     compactions,
     decisions,
     run_events,
@@ -179,6 +181,36 @@ def thread_history(conn: Connection, run: Run) -> list[Message]:
         return []
     params = {"b_thread": run.thread_id, "b_pos": run.thread_pos}
     return [dict(m) for m in conn.execute(_HISTORY, params).scalars()]
+
+
+_LOCK_THREADS = sa.select(threads.c.id).where(
+    threads.c.id.in_(sa.bindparam("b_threads", expanding=True))
+)
+_RECENT = runs.alias("recent")
+_STILL_PAST = sa.select(threads.c.id).where(
+    threads.c.id.in_(sa.bindparam("b_threads", expanding=True)),
+    ~sa.select(_RECENT.c.id)
+    .where(
+        _RECENT.c.thread_id == threads.c.id,
+        sa.or_(
+            _RECENT.c.state.not_in([sa.literal_column(f"'{s.value}'") for s in RETAINED]),
+            _RECENT.c.updated_at >= db_now() - sa.bindparam("b_retention", type_=sa.Float),
+        ),
+    )
+    .exists(),
+)
+
+
+def still_idle(
+    conn: Connection, dialect: Dialect, thread_ids: list[str], params: dict[str, Any]
+) -> list[str]:
+    """Of ``thread_ids``, those still past retention once their rows are locked (so no
+    follow-up is being added to them): whoever adds a run to a thread locks it first."""
+    if not thread_ids:
+        return []
+    found = {**params, "b_threads": thread_ids}
+    conn.execute(dialect.lock(_LOCK_THREADS), found).all()
+    return list(conn.execute(_STILL_PAST, found).scalars())
 
 
 def delete_runs(conn: Connection, ids: Sequence[str]) -> int:

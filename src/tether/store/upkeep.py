@@ -15,7 +15,7 @@ from tether.store.clock import db_now
 from tether.store.schema import RETAINED, runs
 from tether.store.served import SERVED, served
 from tether.store.statements import add_event
-from tether.store.threads import delete_threads
+from tether.store.threads import delete_threads, still_idle
 from tether.store.transitions import Transition, state_in
 
 _SUSPENDED = state_in([RunState.SUSPENDED])
@@ -153,4 +153,5 @@ class Upkeep(StoreBase):
         with self.begin() as conn:
             params = {"b_retention": retention_s, "b_batch": batch}
             found = dict.fromkeys(t for t in conn.execute(_PAST_RETENTION, params).scalars() if t)
-            return delete_threads(conn, list(found))
+            # Locked, then judged again: a follow-up added meanwhile keeps its thread.
+            return delete_threads(conn, still_idle(conn, self.dialect, list(found), params))
