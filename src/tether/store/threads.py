@@ -18,12 +18,11 @@ from sqlalchemy.engine import Connection
 
 from tether.errors import NotFound, ThreadBusy
 from tether.models.base import Message
-from tether.runs import Run, RunState
+from tether.runs import BUSY, Run, RunState
 from tether.store.base import StoreBase
 from tether.store.clock import db_now
 from tether.store.dialect import Dialect
 from tether.store.schema import (
-    BUSY,
     compactions,
     decisions,
     run_events,
