@@ -82,12 +82,11 @@ def threads_list(
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
     """Threads, most recently active first, with their runs' count, the latest run's state
-    and the first question."""
+    and the first question (``--json``: with their runs and times)."""
     configure("WARNING")
     from rich.table import Column, Table
 
     from tether.cli.wiring import on_engine
-    from tether.runs import iso
 
     found = on_engine(agent, lambda engine: engine.list_threads(as_user, limit))
     if as_json:
@@ -96,20 +95,27 @@ def threads_list(
     if not found:
         out.print("No threads.")
         return
-    widest = max((len(thread.id) for thread in found), default=2)
-    table = Table(Column("id", no_wrap=True, min_width=widest), "user", "runs", "latest")
-    for name in ("updated", "first question"):
-        table.add_column(name)
-    for thread in found:
-        first, latest = thread.runs[0], thread.runs[-1]
-        table.add_row(
+    # Whole cells, the ids above all (they are typed back); only the question gives way,
+    # cut to what the terminal has left.
+    rows = [
+        (
             thread.id,
             thread.user_id,
             str(len(thread.runs)),
-            latest.state.value,
-            iso(thread.updated_at) or "",
-            first.question if len(first.question) <= 60 else first.question[:59] + "…",
+            thread.runs[-1].state.value,
+            thread.runs[0].question.replace("\n", " "),
         )
+        for thread in found
+    ]
+    names = ("id", "user", "runs", "latest", "first question")
+    widths = [max(len(name), *(len(row[i]) for row in rows)) for i, name in enumerate(names)]
+    room = max(14, out.width - sum(widths[:-1]) - 3 * len(names) - 1)
+    widths[-1] = min(widths[-1], room)
+    table = Table(
+        *(Column(n, no_wrap=True, min_width=w) for n, w in zip(names, widths, strict=True))
+    )
+    for *cells, question in rows:
+        table.add_row(*cells, question if len(question) <= room else question[: room - 1] + "…")
     out.print(table)
 
 
