@@ -363,17 +363,18 @@ class Engine(DecisionMethods, AccountMethods):
             yield event
 
     @opens
-    async def get_thread(self, thread_id: str, *, user: str) -> ThreadView:
-        """``user``'s thread with its runs and whole conversation; ``not_found`` if it is
-        missing or not theirs."""
+    async def get_thread(self, thread_id: str, *, user: str | None = None) -> ThreadView:
+        """A thread with its runs and whole conversation; ``not_found`` if it is missing or
+        not ``user``'s (any user's without ``user``: the operator's view)."""
         found = await hop(self._store.thread, inputs.thread_id(thread_id, missing=True), user)
         if found is None:
             raise NotFound("no such thread")
         return ThreadView.of(found)
 
     @opens
-    async def list_threads(self, user: str, limit: int = 100) -> list[ThreadView]:
-        """``user``'s threads, most recently active first (without their messages)."""
+    async def list_threads(self, user: str | None = None, limit: int = 100) -> list[ThreadView]:
+        """Threads, most recently active first (only ``user``'s if given), without their
+        messages."""
         if not 1 <= limit <= 1000:
             raise InvalidInput("limit must be between 1 and 1000")
         return [ThreadView.of(t) for t in await hop(self._store.threads, user, limit)]

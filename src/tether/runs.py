@@ -38,6 +38,9 @@ class RunState(str, enum.Enum):
 
 
 TERMINAL = frozenset({RunState.ANSWERED, RunState.FAILED, RunState.CANCELLED})
+# The states that make a thread busy (reference §14), in enum order: a follow-up then
+# waits (queued) or is refused, and the thread cannot be deleted.
+BUSY = (RunState.QUEUED, RunState.RUNNING, RunState.SUSPENDED)
 
 # Every legal transition, in one place. The store enforces each one as a conditional
 # UPDATE whose WHERE clause names the expected state.

@@ -13,7 +13,7 @@ import pytest
 from alembic import command
 from waiting import poll_until, run_sync
 
-from tether import Engine
+from tether import Engine, StopKind
 from tether.config import Settings
 from tether.notify import MemoryNotifier
 from tether.store import SchemaStatus, Store, schema_status
@@ -309,3 +309,96 @@ async def test_users_list_remove_and_rotate_key_revoke_keys_at_once(db_url: str)
     async with inprocess.engine(db_url) as engine:
         owners = [await engine.user_for_key(k) for k in (keys["erin"], new_key, keys["finn"])]
     assert owners == [None, "erin", None]
+
+
+def test_ask_starts_a_thread_and_follow_ups_refused_or_queued_while_it_is_busy(
+    db_url: str,
+) -> None:
+    env = processes.tether_env(db_url)
+    nobody = processes.tether("ask", "q1", env=env)  # a new thread has no owner to default to
+    assert nobody.returncode == 1 and "invalid_input" in nobody.stderr and "--as" in nobody.stderr
+    started = processes.tether("ask", "q1", "--as", "dana", env=env)
+    assert started.returncode == 0, started.stderr
+    first = _json(started.stdout)
+    assert first["state"] == "running" and first["thread_id"] not in (None, first["id"])
+    thread = str(first["thread_id"])
+
+    busy = processes.tether("ask", "q2", "--thread", thread, env=env)  # as the thread's owner
+    assert busy.returncode == 1 and "thread_busy" in busy.stderr
+    assert (
+        f"waits on run {first['id']}" in busy.stderr and _json(busy.stdout)["run_id"] == first["id"]
+    )
+    queued = processes.tether("ask", "q2", "--thread", thread, "--if-busy", "enqueue", env=env)
+    assert queued.returncode == 0, queued.stderr
+    second = _json(queued.stdout)
+    assert second["state"] == "queued" and second["thread_id"] == thread
+    for refused, code in (
+        (("ask", "q3", "--thread", thread, "--as", "boss"), "not_found"),  # not boss's thread
+        (("ask", "q3", "--thread", "no-such-thread"), "not_found"),
+        (("ask", "", "--thread", thread, "--if-busy", "enqueue"), "invalid_input"),
+        (("ask", "q3", "--thread", thread, "--if-busy", "wait"), "invalid_input"),
+    ):
+        answer = processes.tether(*refused, env=env)
+        assert answer.returncode == 1 and f"error {code}:" in answer.stderr, refused
+    store = Store(db_url)
+    try:
+        assert [r.id for r in store.list_runs(None, 10)] == [second["id"], first["id"]]
+    finally:
+        store.close()
+
+
+def test_threads_list_show_and_delete_as_the_owner_and_delete_is_refused_while_busy(
+    db_url: str,
+) -> None:
+    engine = inprocess.engine(db_url, script_name="answer")
+    first = engine.sync.start_run("dana", "q1")
+    second = engine.sync.start_run("dana", "q2", thread_id=first.thread_id, if_busy="enqueue")
+    others = engine.sync.start_run("boss", "theirs")
+    env = processes.tether_env(db_url)
+    thread = first.thread_id
+
+    refused = processes.tether("threads", "delete", thread, env=env)
+    assert refused.returncode == 1 and "thread_busy" in refused.stderr
+    assert _json(refused.stdout)["run_id"] == first.id
+    for run in (first, second):
+        assert engine.sync.run_until_stop(run.id).kind is StopKind.ANSWERED
+    engine.close()
+
+    every = processes.tether("threads", "list", "--json", env=env)
+    assert every.returncode == 0, every.stderr
+    assert [t["id"] for t in _json(every.stdout)["items"]] == [thread, others.thread_id]  # type: ignore[attr-defined]
+    as_dana = processes.tether("threads", "list", "--as", "dana", env=env)
+    assert as_dana.returncode == 0 and thread in as_dana.stdout
+    assert others.thread_id not in as_dana.stdout
+
+    shown = processes.tether("threads", "show", thread, env=env)
+    assert shown.returncode == 0, shown.stderr
+    data = _json(shown.stdout)
+    assert data["user_id"] == "dana"
+    assert [(r["id"], r["state"], r["question"]) for r in data["runs"]] == [  # type: ignore[attr-defined]
+        (first.id, "answered", "q1"),
+        (second.id, "answered", "q2"),
+    ]
+    assert data["consumed"]["steps"] == 2  # type: ignore[index]
+    assert [m["role"] for m in data["messages"]] == [  # type: ignore[attr-defined]
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+    stranger = processes.tether("threads", "show", thread, "--as", "boss", env=env)
+    assert stranger.returncode == 1 and "not_found" in stranger.stderr
+    not_theirs = processes.tether("threads", "delete", thread, "--as", "boss", env=env)
+    assert not_theirs.returncode == 1 and "not_found" in not_theirs.stderr
+
+    deleted = processes.tether("threads", "delete", thread, env=env)
+    assert deleted.returncode == 0, deleted.stderr
+    assert f"deleted thread {thread} and its 2 run(s)" in deleted.stdout
+    gone = processes.tether("threads", "show", thread, env=env)
+    assert gone.returncode == 1 and "not_found" in gone.stderr
+    store = Store(db_url)
+    try:
+        assert [r.id for r in store.list_runs(None, 10)] == [others.id]
+    finally:
+        store.close()

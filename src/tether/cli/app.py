@@ -15,6 +15,7 @@ import typer
 from tether.cli.approvals import approvals_app
 from tether.cli.runs import runs_app
 from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, named, out, say_error
+from tether.cli.threads import ask, threads_app
 from tether.cli.users import users_app
 from tether.errors import FourEyes, InvalidInput, TetherError, UnknownOrExpired
 from tether.telemetry.logs import configure
@@ -31,6 +32,7 @@ sandbox_app = typer.Typer(help="The demo business system.", no_args_is_help=True
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(runs_app, name="runs")
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(threads_app, name="threads")
 app.add_typer(users_app, name="users")
 
 
@@ -116,7 +118,9 @@ def reap(agent: AgentOpt = DEFAULT_AGENT) -> None:
     emit(report.to_json())
 
 
-# -- deciding and steering runs ------------------------------------------------------------
+# -- starting, deciding and steering runs --------------------------------------------------
+
+app.command()(ask)  # tether.cli.threads, beside the thread commands: a run starts a thread
 
 
 @app.command()

@@ -14,9 +14,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tether.runs import FailReason, RunState
+from tether.runs import BUSY, FailReason, RunState
 from tether.store.clock import db_now
-from tether.store.schema import BUSY, runs
+from tether.store.schema import runs
 from tether.store.served import SERVED
 from tether.store.transitions import Transition, state_in
 

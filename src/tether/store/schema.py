@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from tether.runs import RunState
+from tether.runs import BUSY, RunState
 
 metadata = sa.MetaData()
 
@@ -24,8 +24,6 @@ _RUNNING = f"state = '{RunState.RUNNING.value}'"
 _SUSPENDED = f"state = '{RunState.SUSPENDED.value}'"
 _HALTED = f"state = '{RunState.HALTED.value}'"
 _QUEUED = f"state = '{RunState.QUEUED.value}'"
-# The states that make a thread busy (reference §14), in enum order.
-BUSY = (RunState.QUEUED, RunState.RUNNING, RunState.SUSPENDED)
 _BUSY = "state IN ({})".format(", ".join(f"'{s.value}'" for s in BUSY))
 
 

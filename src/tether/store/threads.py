@@ -19,12 +19,11 @@ from sqlalchemy.engine import Connection
 
 from tether.errors import NotFound, ThreadBusy
 from tether.models.base import Message
-from tether.runs import Run, RunState
+from tether.runs import BUSY, Run, RunState
 from tether.store.base import StoreBase
 from tether.store.clock import db_now
 from tether.store.dialect import Dialect
 from tether.store.schema import (
-    BUSY,
     RETAINED,
     compactions,
     decisions,
@@ -40,6 +39,7 @@ from tether.store.transitions import state_in
 _THREAD = threads.c.id == sa.bindparam("b_thread")
 _OF_USER = threads.c.user_id == sa.bindparam("b_user")
 _THREAD_ROW = sa.select(threads).where(_THREAD, _OF_USER)
+_ANY_THREAD_ROW = sa.select(threads).where(_THREAD)
 _NEW_THREAD = threads.insert().values(
     id=sa.bindparam("b_thread"),
     user_id=sa.bindparam("b_user"),
@@ -80,14 +80,14 @@ _RUNS_OF = (
     .order_by(runs.c.thread_id, runs.c.thread_pos)
 )
 _LAST = sa.func.max(runs.c.updated_at).label("last")
-_THREADS_OF_USER = (
+_EVERY_THREAD = (
     sa.select(threads.c.id, threads.c.user_id, threads.c.created_at, _LAST)
     .select_from(threads.join(runs, runs.c.thread_id == threads.c.id))
-    .where(_OF_USER)
     .group_by(threads.c.id, threads.c.user_id, threads.c.created_at)
     .order_by(_LAST.desc(), threads.c.id)
     .limit(sa.bindparam("b_limit", type_=sa.Integer))
 )
+_THREADS_OF_USER = _EVERY_THREAD.where(_OF_USER)
 _THREAD_OF_RUN = sa.select(runs.c.thread_id, runs.c.thread_pos).where(
     runs.c.id == sa.bindparam("b_id")
 )
@@ -242,11 +242,12 @@ class Threads(StoreBase):
         with self.engine.connect() as conn:
             return thread_history(conn, run)
 
-    def thread(self, thread_id: str, user_id: str) -> ThreadRecord | None:
-        """``user_id``'s thread with its runs and whole conversation, or None."""
+    def thread(self, thread_id: str, user_id: str | None) -> ThreadRecord | None:
+        """``user_id``'s thread (any user's for None) with its runs and whole
+        conversation, or None."""
         params = {"b_thread": thread_id, "b_user": user_id, "b_threads": [thread_id]}
         with self.engine.begin() as conn:
-            row = conn.execute(_THREAD_ROW, params).first()
+            row = conn.execute(_ANY_THREAD_ROW if user_id is None else _THREAD_ROW, params).first()
             if row is None:
                 return None
             found = [Run.from_row(r._mapping) for r in conn.execute(_RUNS_OF, params)]
@@ -255,10 +256,12 @@ class Threads(StoreBase):
             id=row.id, user_id=row.user_id, created_at=row.created_at, runs=found, messages=messages
         )
 
-    def threads(self, user_id: str, limit: int) -> list[ThreadRecord]:
-        """``user_id``'s threads, most recently active first, each with its runs."""
+    def threads(self, user_id: str | None, limit: int) -> list[ThreadRecord]:
+        """``user_id``'s threads (every user's for None), most recently active first, each
+        with its runs."""
+        listing = _EVERY_THREAD if user_id is None else _THREADS_OF_USER
         with self.engine.begin() as conn:
-            rows = conn.execute(_THREADS_OF_USER, {"b_user": user_id, "b_limit": limit}).all()
+            rows = conn.execute(listing, {"b_user": user_id, "b_limit": limit}).all()
             ids = [r.id for r in rows]
             by_thread: dict[str, list[Run]] = {i: [] for i in ids}
             if ids:

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from tether.api.deps import engine_of
-from tether.api.web import lineage
+from tether.api.web import lineage, threads
 from tether.api.web.actions import actions_for
 from tether.api.web.pages import message, page, pending_view, show
 from tether.api.web.sessions import Session, acting, back_to, login_url, session_of
@@ -58,9 +58,10 @@ def _offset(text: str | None) -> int:
 
 @router.get("/runs/{run_id}")
 async def run_page(request: Request, run_id: str) -> Response:
-    """A run for its owner: state, version and lineage, budget, pending request, the forms
-    that continue, cancel and fork it, timeline and messages; for an approver of its
-    pending request, that request with the run's question and conversation."""
+    """A run for its owner: state, version, thread and lineage, budget, pending request, the
+    forms that continue, cancel, fork and follow it up, timeline and messages; for an
+    approver of its pending request, that request with the run's question and
+    conversation."""
     session = await session_of(request)
     if session is None:
         return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)
@@ -97,10 +98,12 @@ async def run_response(
     error: InvalidInput | None = None,
     refused: str | None = None,
     reason: str = "",
+    follow_up: threads.FollowUp | None = None,
 ) -> Response:
-    """A run's page: its owner's whole page (with the fork form refused with ``error``, or
-    the Continue and Cancel forms with why the last was ``refused``); for an approver, the
-    read-only page of the request they may decide; for anyone else, not found."""
+    """A run's page: its owner's whole page (with the fork form refused with ``error``, the
+    Continue and Cancel forms with why the last was ``refused``, or the follow-up box
+    with why the last ``follow_up`` was refused); for an approver, the read-only page of
+    the request they may decide; for anyone else, not found."""
     engine = engine_of(request)
     try:
         view = await engine.get_run(run_id, user=session.user)
@@ -123,6 +126,7 @@ async def run_response(
         "events": [{"at": e.at, "kind": e.kind, "data": _summary(e.data)} for e in events],
         "messages": [_message_view(m) for m in view.messages],
         "fork": fork_form,
+        "thread": await threads.thread_panel(engine, run, session.user, refused=follow_up),
         **await lineage.lineage(engine, run, session.user),
     }
     return page(request, "run.html", context, session=session, status=status)

@@ -1,12 +1,14 @@
 """The signed-in user's runs, newest first, a page at a time (filtered by state), and what
 the owner does to one from its page: continue it when it is halted, cancel it when it is
-not terminal. Both are POSTs bound to the session's CSRF token like every form that acts,
-and both are the engine's own ``continue_run`` / ``cancel_run`` as the session's user, so
-only the run's owner may (reference §1, §6)."""
+not terminal, ask a follow-up in its thread (reference §14). Each is a POST bound to the
+session's CSRF token like every form that acts, and each is the engine's own
+``continue_run`` / ``cancel_run`` / ``start_run`` as the session's user, on the session
+user's own run, so only the run's owner may (reference §1, §6)."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
@@ -16,7 +18,8 @@ from tether.api.deps import engine_of
 from tether.api.web.inbox import no_such_run, run_response
 from tether.api.web.pages import message, page
 from tether.api.web.sessions import acting, back_to, field, login_url, session_of
-from tether.errors import AlreadyFinished, InvalidInput, NotFound, NotHalted
+from tether.api.web.threads import read_follow_up
+from tether.errors import AlreadyFinished, InvalidInput, NotFound, NotHalted, ThreadBusy
 from tether.runs import RunState
 
 log = logging.getLogger(__name__)
@@ -99,3 +102,42 @@ async def cancel_run(request: Request, run_id: str) -> Response:
         return await run_response(request, session, run_id, status=409, refused=refused)
     log.info("cancelled on the web", extra={"run_id": run_id, "action": "web_cancel"})
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
+
+
+@router.post("/runs/{run_id}/follow-up")
+async def follow_up(request: Request, run_id: str) -> Response:
+    """Ask the posted question as a follow-up in the thread of the owner's run, queued
+    behind a busy thread if the box says so, and show the new run (303). A busy thread
+    (409) or a refused question (422) shows the run's page again with why and what was
+    typed; nothing is created."""
+    got = await acting(request, back_to(f"/runs/{run_id}"))
+    if isinstance(got, Response):
+        return got
+    session, form = got
+    asked = read_follow_up(form)
+    engine = engine_of(request)
+    try:
+        run = (await engine.get_run(run_id, user=session.user)).run
+        started = await engine.start_run(
+            session.user,
+            asked.question,
+            thread_id=run.thread_id,
+            if_busy="enqueue" if asked.enqueue else "reject",
+        )
+    except NotFound:  # missing, not theirs, or its thread deleted meanwhile
+        return no_such_run(request, session)
+    except ThreadBusy as exc:
+        busy = replace(
+            asked,
+            error="Not sent: a run of this thread is still going.",
+            waits_on=str(exc.details.get("run_id") or "") or None,
+        )
+        return await run_response(request, session, run_id, status=409, follow_up=busy)
+    except InvalidInput as exc:
+        bad = replace(asked, error=f"Not sent: {exc.message}.")
+        return await run_response(request, session, run_id, status=422, follow_up=bad)
+    log.info(
+        "follow-up on the web",
+        extra={"run_id": started.id, "action": "web_follow_up", "state": started.state.value},
+    )
+    return RedirectResponse(f"/runs/{started.id}", status_code=303)
