@@ -252,6 +252,39 @@ async def test_a_follow_up_stores_only_its_own_messages(db_url: str) -> None:
         await engine.aclose()
 
 
+async def test_a_follow_ups_statements_do_not_grow_with_its_thread(db_url: str) -> None:
+    """Creating and starting a follow-up issues as many statements at place 3 as at place
+    20, each of them as many times: the history is read in one statement, never per run
+    or per message, and nothing of it is written again."""
+    model = Recorder()
+    engine = build(db_url, model)
+    issued: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, sql: str, params: Any, _context: Any, many: bool) -> None:
+        # Each parameter set of an executemany counts as one statement of its own.
+        issued.extend([sql] * (len(params) if many else 1))
+
+    sa.event.listen(engine._store.engine, "before_cursor_execute", record)
+    try:
+        first = await engine.start_run("dana", "q1")
+        await engine.run_until_stop(first.id)
+        counts: dict[int, dict[str, int]] = {}
+        for place in range(2, 21):
+            issued.clear()
+            run = await engine.start_run("dana", f"follow {place}", thread_id=first.thread_id)
+            assert (await engine.run_until_stop(run.id)).answer == f"answer to follow {place}"
+            assert run.thread_pos == place
+            counts[place] = {sql: issued.count(sql) for sql in issued}
+        # The last one was handed the whole conversation: system, 19 runs of two, its question.
+        assert len(model.requests[-1]) == 1 + 2 * 19 + 1
+        assert model.requests[-1][-1] == {"role": "user", "content": "follow 20"}
+        assert counts[20] == counts[3]
+        assert sum(counts[20].values()) == sum(counts[3].values()) > 0
+    finally:
+        sa.event.remove(engine._store.engine, "before_cursor_execute", record)
+        await engine.aclose()
+
+
 async def test_retention_purges_a_thread_only_when_its_latest_run_is_past_it(db_url: str) -> None:
     engine = build(db_url, Recorder())
     try:

@@ -6,6 +6,7 @@ knows the chat format, the store does not).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,9 +134,13 @@ _MESSAGES_FROM = (
     )
     .order_by(run_messages.c.seq)
 )
-# A thread's conversation through place ``b_pos``: each message with its run's place.
+# A thread's conversation through place ``b_pos``: each message with its run's place. The
+# message comes as its stored JSON text, decoded once by ``snapshot``: a follow-up late in
+# a long thread reads hundreds of messages here, and the per-value JSON hooks of the
+# driver (psycopg) and of SQLAlchemy cost a quarter to a third of the read on top of the
+# decoding itself (``benchmarks/threads.py``).
 _THROUGH = (
-    sa.select(runs.c.thread_pos, run_messages.c.message)
+    sa.select(runs.c.thread_pos, sa.cast(run_messages.c.message, sa.Text))
     .select_from(run_messages.join(runs, runs.c.id == run_messages.c.run_id))
     .where(runs.c.thread_id == sa.bindparam("b_thread"), runs.c.thread_pos <= sa.bindparam("b_pos"))
     .order_by(runs.c.thread_pos, run_messages.c.seq)
@@ -217,9 +222,9 @@ class Reads(StoreBase):
             run = Run.from_row(row._mapping)
             if history and run.thread_pos > 1:
                 params = {"b_thread": run.thread_id, "b_pos": run.thread_pos}
-                rows = conn.execute(_THROUGH, params).all()
-                earlier = [dict(m) for pos, m in rows if pos < run.thread_pos]
-                own = [dict(m) for pos, m in rows if pos == run.thread_pos]
+                rows = conn.execute(_THROUGH, params).tuples().all()
+                earlier = [json.loads(m) for pos, m in rows if pos < run.thread_pos]
+                own = [json.loads(m) for pos, m in rows if pos == run.thread_pos]
                 return Snapshot(run=run, messages=own, decision=_decision(row), history=earlier)
             messages = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
             return Snapshot(run=run, messages=messages, decision=_decision(row))
