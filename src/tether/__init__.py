@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tether.agent import Agent
     from tether.budget import Budget, Limits
+    from tether.compaction import Compaction
     from tether.config import Settings
     from tether.engine import Engine
     from tether.errors import TetherError
@@ -60,6 +61,7 @@ _HOMES = {
     "CallDecision": "tether.results",
     "CallVerdict": "tether.results",
     "Choice": "tether.results",
+    "Compaction": "tether.compaction",
     "Effect": "tether.tools.tool",
     "Engine": "tether.engine",
     "FailReason": "tether.reasons",
@@ -103,6 +105,7 @@ __all__ = [
     "CallDecision",
     "CallVerdict",
     "Choice",
+    "Compaction",
     "Effect",
     "Engine",
     "FailReason",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from tether.compaction import Compaction
 from tether.errors import ConfigError
 from tether.messages import canonical_json
 from tether.models.base import Model, ToolSpec
@@ -52,6 +53,9 @@ class Agent:
     # The pydantic model a final answer must validate against (reference §11, ``output.py``);
     # None: any final answer is the answer, and the system message is the prompt as given.
     output_type: type[BaseModel] | None = None
+    # Long conversations reach the model as a summary and their last turns (reference §14);
+    # None: the model always sees the whole conversation.
+    compaction: Compaction | None = None
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -60,6 +64,11 @@ class Agent:
         check_output_type(self.output_type, self.name)
         if self.version is not None and not 0 < len(self.version) <= MAX_VERSION_CHARS:
             raise ConfigError(f"agent {self.name}: version must be 1 to 128 characters")
+        if self.compaction is not None and not isinstance(self.compaction, Compaction):
+            raise ConfigError(
+                f"agent {self.name}: compaction must be a tether.Compaction, "
+                f"got {self.compaction!r}"
+            )
 
     @cached_property
     def agent_version(self) -> str:

@@ -130,7 +130,12 @@ class Budget:
 
     def after_turn(self, spend_usd: float) -> Budget:
         """The budget after one more model turn that cost ``spend_usd``."""
-        return replace(self, steps=self.steps + 1, spend_usd=self.spend_usd + spend_usd)
+        return replace(self.after_spend(spend_usd), steps=self.steps + 1)
+
+    def after_spend(self, spend_usd: float) -> Budget:
+        """The budget after a model call that is not a turn of the conversation (a
+        compaction's summary, reference §14) cost ``spend_usd``."""
+        return replace(self, spend_usd=self.spend_usd + spend_usd)
 
     def after_tool_call(self) -> Budget:
         """The budget after one more counted tool call."""

@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 # Every gap between two durable writes, in the order a step meets them.
 POINTS: tuple[str, ...] = (
+    "after_compaction",  # a compaction is durable; the next model call is not made
     "before_model_call",  # the loop is about to call the model; nothing new is durable
     "after_model_call",  # the model answered; its turn is not persisted
     "after_reads",  # a read-only step's reads returned; nothing of the turn is durable

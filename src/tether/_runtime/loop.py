@@ -1,6 +1,8 @@
 """The step loop: carries one claimed run to its next stop, one durable write per gap.
 
 Durable writes of a step, in order (each a transaction, each fenced by the lease):
+0. when the last model call reported more input tokens than the agent's compaction
+   threshold, a compaction (``compacting.py``): the model is handed its view from then on;
 1. the assistant turn, with its spend, step count and the ledger intents of its calls
    (a model call that failed writes no turn: see ``model_failures.py``);
 2. for each tool call of the turn, in order: the tool's result with its counters.
@@ -17,7 +19,7 @@ import logging
 import time
 
 from tether import output
-from tether._runtime import tool_call
+from tether._runtime import compacting, tool_call
 from tether._runtime.decided_call import decide
 from tether._runtime.hop import hop
 from tether._runtime.model_failures import model_failed
@@ -99,6 +101,9 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
             STEP_SECONDS.observe(time.monotonic() - step_started)
         if session.stopping:
             return await session.release("worker stopping")
+        stop = await compacting.compact_if_due(session, failures)  # a write of its own
+        if stop is not None:
+            return stop
         reason = session.budget.check_before_model_call(session.run.limits)
         if reason is not None:
             return await session.halt(reason)
@@ -112,7 +117,8 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
                 tracing.model_call(session.services.model.name, session.step + 1) as chat,
             ):
                 response = await session.services.model.request(
-                    session.conversation(), list(session.services.agent.tool_specs)
+                    compacting.view(session.conversation(), session.compaction),
+                    list(session.services.agent.tool_specs),
                 )
                 chat.answered(response)
         except ModelError as exc:  # handed back with a delay, or failed (reference §10)

@@ -34,7 +34,7 @@ from tether.reasons import FailReason, HaltReason
 from tether.results import Outcome, StopKind
 from tether.runs import Lease, Pending, Run, iso
 from tether.scope import Scope
-from tether.store import CallStatus, Decision, Intent, idempotency_key
+from tether.store import CallStatus, CompactionRecord, Decision, Intent, idempotency_key
 from tether.telemetry import tracing
 from tether.tokens import hash_token, new_token
 from tether.tools.tool import ToolContext
@@ -56,6 +56,8 @@ class RunSession:
         recovering: bool = False,
         stopping: asyncio.Event | None = None,
         history: Sequence[Message] = (),
+        compaction: CompactionRecord | None = None,
+        input_tokens: int = 0,
     ) -> None:
         self.services = services
         self.run = run
@@ -64,6 +66,10 @@ class RunSession:
         # before it in its thread (reference §14), read once and never written.
         self.messages = messages
         self.history: list[Message] = list(history)
+        # The compaction the model sees the conversation through, and what the latest
+        # model call reported (reference §14, ``compacting.py``), as stored.
+        self.compaction = compaction
+        self.input_tokens = input_tokens
         self.budget: Budget = run.budget
         # The model turns its messages hold (the run's ``step``): a fork starts at the step
         # it was forked at, so its turns go on from there while its budget starts at zero.
@@ -117,6 +123,8 @@ class RunSession:
             recovering=recovering,
             stopping=stopping,
             history=snapshot.history,
+            compaction=snapshot.compaction,
+            input_tokens=snapshot.input_tokens,
         )
 
     # -- what the session knows ------------------------------------------------------------
@@ -175,7 +183,8 @@ class RunSession:
             "input_tokens": response.usage.input_tokens,
             "output_tokens": response.usage.output_tokens,
         }
-        return Turn(message=message, calls=calls, spend=spend, event=event)
+        tokens = response.usage.input_tokens
+        return Turn(message=message, calls=calls, spend=spend, event=event, input_tokens=tokens)
 
     async def append_turn(
         self, turn: Turn, results: Sequence[Result] = (), *, verdict: Verdict | None = None
@@ -209,12 +218,34 @@ class RunSession:
             result_events=[r.event() for r in results],
             output=None if verdict is None else verdict.stored,
             events=events,
+            input_tokens=turn.input_tokens,
         )
+        self.input_tokens = turn.input_tokens
         self.messages.append(turn.message)
         self.messages.extend(stored)
         self.budget = self.budget.after_turn(turn.spend).after_tool_calls(counted)
         self.step += 1
         self._recovering = False
+
+    async def compact(self, summary: str, *, through_seq: int, tokens: int, spend: float) -> None:
+        """Store a compaction of the conversation through ``through_seq`` with its spend
+        and ``compacted`` event (``store.compact``); the model sees it from the next call."""
+        await hop(
+            self.services.store.compact,
+            self.lease,
+            thread_id=self.run.thread_id,
+            through_seq=through_seq,
+            summary=summary,
+            summary_tokens=tokens,
+            spend_usd=spend,
+            elapsed_ms=self._elapsed(),
+            event={"through_seq": through_seq, "summary_tokens": tokens, "spend_usd": spend},
+        )
+        self.compaction = CompactionRecord(
+            run_id=self.run.id, through_seq=through_seq, summary=summary, summary_tokens=tokens
+        )
+        self.input_tokens = 0
+        self.budget = self.budget.after_spend(spend)
 
     async def append_result(
         self, call: ToolCall, content: Any, status: CallStatus, *, counted: bool

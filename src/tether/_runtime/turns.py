@@ -18,12 +18,14 @@ def error_content(code: str, message: str) -> dict[str, str]:
 
 @dataclass(frozen=True, kw_only=True)
 class Turn:
-    """An assistant turn about to be stored: its message, calls, spend and trace data."""
+    """An assistant turn about to be stored: its message, calls, spend and trace data, and
+    the input tokens its model call reported (the trigger of compaction, reference §14)."""
 
     message: Message
     calls: list[ToolCall]
     spend: float
     event: dict[str, Any]
+    input_tokens: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,6 +4,7 @@ operation (``Store``), written once and sent through the backend's dialect (``di
 
 from __future__ import annotations
 
+from tether.store.compactions import CompactionRecord
 from tether.store.migrate import SchemaStatus, ensure_schema, schema_status, upgrade
 from tether.store.reads import Snapshot, TokenMatch
 from tether.store.records import CallStatus, Decision, Event, LedgerEntry
@@ -12,6 +13,7 @@ from tether.store.store import Store
 
 __all__ = [
     "CallStatus",
+    "CompactionRecord",
     "Decision",
     "Event",
     "Intent",

@@ -16,6 +16,7 @@ from tether.models.base import Message
 from tether.runs import HaltReason, Run, RunState
 from tether.store.base import StoreBase
 from tether.store.clock import db_now
+from tether.store.compactions import CompactionRecord, compaction_state
 from tether.store.records import Decision, Event, LedgerEntry
 from tether.store.schema import COUNTABLE, decisions, run_events, run_messages, runs, tool_calls
 from tether.store.statements import SELECT_MESSAGES
@@ -167,8 +168,12 @@ class Snapshot:
     run: Run
     messages: list[Message]
     decision: Decision | None
-    # The conversation before the run in its thread (reference §14), when asked for.
+    # The conversation before the run in its thread (reference §14), when asked for; with
+    # it, the compaction the model sees it through and the input tokens the conversation's
+    # latest model call reported (``compactions.compaction_state``).
     history: list[Message] = field(default_factory=list)
+    compaction: CompactionRecord | None = None
+    input_tokens: int = 0
 
 
 def _decision(row: Any) -> Decision | None:
@@ -214,20 +219,34 @@ class Reads(StoreBase):
         """The run, its messages and the decision on its current token: two queries, one
         transaction (so the messages belong to the run row read). With ``history``, the
         second reads the thread's conversation through the run instead (its earlier
-        runs' messages, then the run's own), in one statement."""
+        runs' messages, then the run's own), in one statement, and the compaction state
+        of that conversation is read with it (so a resumption on any worker hands the
+        model what it saw before)."""
         with self.engine.begin() as conn:
             row = conn.execute(_RUN_AND_DECISION, {"b_id": run_id}).first()
             if row is None:
                 return None
             run = Run.from_row(row._mapping)
-            if history and run.thread_pos > 1:
+            if not history:
+                own = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
+                return Snapshot(run=run, messages=own, decision=_decision(row))
+            earlier: list[Message] = []
+            if run.thread_pos > 1:
                 params = {"b_thread": run.thread_id, "b_pos": run.thread_pos}
                 rows = conn.execute(_THROUGH, params).tuples().all()
                 earlier = [json.loads(m) for pos, m in rows if pos < run.thread_pos]
                 own = [json.loads(m) for pos, m in rows if pos == run.thread_pos]
-                return Snapshot(run=run, messages=own, decision=_decision(row), history=earlier)
-            messages = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
-            return Snapshot(run=run, messages=messages, decision=_decision(row))
+            else:
+                own = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
+            compaction, tokens = compaction_state(conn, run, row.last_input_tokens)
+            return Snapshot(
+                run=run,
+                messages=own,
+                decision=_decision(row),
+                history=earlier,
+                compaction=compaction,
+                input_tokens=tokens,
+            )
 
     def list_runs(self, user_id: str | None = None, limit: int = 100) -> list[Run]:
         """The newest runs first, of one user or of everyone."""

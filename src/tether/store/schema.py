@@ -101,6 +101,11 @@ runs = sa.Table(
     # How many of the run's stored messages are a copy of an earlier conversation rather
     # than its own (a fork of a follow-up starts a thread holding what it saw); 0 otherwise.
     sa.Column("base_count", sa.Integer, nullable=False, server_default="0"),
+    # The input tokens the run's latest model call reported, 0 once the conversation was
+    # compacted after it (reference §14): over the agent's threshold, the next call is
+    # preceded by a compaction. NULL before the run's first call or compaction (a
+    # follow-up then goes by its thread's earlier runs).
+    sa.Column("last_input_tokens", sa.Integer, nullable=True),
 )
 
 # Partial indexes: the reaper, the worker queue, expiry and retention each scan only the

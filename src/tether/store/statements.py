@@ -60,6 +60,8 @@ _TURN_VALUES: dict[str, Any] = {
     # A stored turn is a model call that succeeded: the count of consecutive failed ones
     # starts again (reference §10). A constant in an UPDATE that happens anyway costs nothing.
     "model_failures": sa.literal_column("0"),
+    # What the call reported: over the agent's threshold, the next call is compacted first.
+    "last_input_tokens": sa.bindparam("b_input", type_=sa.Integer),
 }
 
 # The assistant turn's counters; RETURNING the new message count.

@@ -88,6 +88,7 @@ class Steps(StoreBase):
         result_events: Sequence[dict[str, Any]] = (),
         output: Any = None,
         events: Sequence[tuple[str, dict[str, Any]]] = (),
+        input_tokens: int = 0,
     ) -> None:
         """The assistant turn with its spend, step count and the ledger intents of its tool
         calls, in one transaction: the turn *is* the intent. A final answer also moves the
@@ -96,6 +97,7 @@ class Steps(StoreBase):
         ``counted`` of them ran, and ``result_events`` trace each of them as
         ``tool_result``): one commit for the step. A rejected answer passes the feedback
         to the model as a result, and its ``output_invalid`` in ``events`` (kind, data).
+        ``input_tokens``: what the model call reported (the trigger of compaction).
 
         ``seq`` is the run's message count as the writer knows it: idempotent, so a try
         after a COMMIT that was cut off finds the first try's turn and does nothing."""
@@ -122,6 +124,7 @@ class Steps(StoreBase):
             "b_elapsed": elapsed_ms,
             "b_fresh": self.heartbeat_refresh_s,
             "b_output": output,
+            "b_input": input_tokens,
         }
         kind = "answered" if final else "model_turn"
         traced = [(kind, event), *(("tool_result", e) for e in result_events), *events]

@@ -4,6 +4,7 @@ transaction. It is composed of one part per job (each in its own module)."""
 from __future__ import annotations
 
 from tether.store.claims import Claims
+from tether.store.compactions import Compactions
 from tether.store.forks import Forks
 from tether.store.reads import Reads
 from tether.store.sessions import Sessions
@@ -14,11 +15,12 @@ from tether.store.users import Users
 from tether.store.versions import Versions
 
 
-class Store(Steps, Claims, Forks, Threads, Upkeep, Reads, Users, Sessions, Versions):
+class Store(Steps, Compactions, Claims, Forks, Threads, Upkeep, Reads, Users, Sessions, Versions):
     """The synchronous store for a database URL: SQLite or PostgreSQL, whose differences
     are the hooks of its ``dialect`` (``dialect.Dialect``, picked by ``dialect_for``).
 
-    ``steps``: a running owner's fenced writes; ``claims``: creating, claiming,
+    ``steps``: a running owner's fenced writes; ``compactions``: storing a summary the
+    model sees in place of the messages it covers; ``claims``: creating, claiming,
     continuing, cancelling; ``forks``: forking a run at a step; ``threads``: a run's
     place in its conversation, reading, listing and deleting threads; ``upkeep``: expiry,
     notices, retention; ``reads``; ``users``; ``sessions``: the inbox's sessions;

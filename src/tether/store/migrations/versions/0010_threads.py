@@ -7,7 +7,9 @@ that existed before becomes the only run of a thread of its own, with the run's 
 creation request by the user's ``Idempotency-Key`` for as long as its run is kept, and
 ``compactions`` the summaries a model sees in place of the messages they cover (the
 messages themselves are never rewritten). ``runs.base_count`` counts the messages a fork
-of a follow-up copies from the conversation before the run it forks.
+of a follow-up copies from the conversation before the run it forks;
+``runs.last_input_tokens`` the input tokens the run's latest model call reported (over
+its agent's threshold, the conversation is compacted before the next call).
 
 Revision ID: 0010
 Revises: 0009
@@ -41,6 +43,7 @@ def upgrade() -> None:
     op.add_column("runs", sa.Column("thread_id", sa.String(64), nullable=True))
     op.add_column("runs", sa.Column("thread_pos", sa.Integer(), nullable=False, server_default="1"))
     op.add_column("runs", sa.Column("base_count", sa.Integer(), nullable=False, server_default="0"))
+    op.add_column("runs", sa.Column("last_input_tokens", sa.Integer(), nullable=True))
     op.execute(
         "INSERT INTO threads (id, user_id, runs, created_at, updated_at) "
         "SELECT id, user_id, 1, started_at, updated_at FROM runs"
@@ -102,6 +105,7 @@ def downgrade() -> None:
     op.drop_index("runs_thread_busy", table_name="runs")
     op.drop_index("runs_thread", table_name="runs")
     with op.batch_alter_table("runs") as batch:
+        batch.drop_column("last_input_tokens")
         batch.drop_column("base_count")
         batch.drop_column("thread_pos")
         batch.drop_column("thread_id")
