@@ -10,13 +10,12 @@ on first use, or by ``async with Engine(...)``.
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from tether import inputs
-from tether._runtime import control, forks, versions
+from tether._runtime import control, creation, forks, versions
 from tether._runtime.accounts import AccountMethods
 from tether._runtime.feed import Feed
 from tether._runtime.heartbeat import Heartbeat
@@ -26,14 +25,15 @@ from tether._runtime.runner import Runner, new_worker_id
 from tether._runtime.services import Services
 from tether.agent import Agent
 from tether.approvals.methods import DecisionMethods
-from tether.budget import Limits, parse_limits, within_cap
+from tether.budget import Limits
 from tether.config import Settings
 from tether.errors import ConfigError, InvalidInput, NotFound, NotReady
 from tether.inputs import after_seq
 from tether.messages import tool_results
-from tether.models.base import Message, Model
+from tether.models.base import Model
 from tether.notify import LogNotifier, Notifier, Outbox
 from tether.results import (
+    Accepted,
     LiveEvent,
     Outcome,
     ReapReport,
@@ -45,12 +45,10 @@ from tether.results import (
 from tether.runs import Run
 from tether.store import CallStatus, LedgerEntry, Store, upgrade
 from tether.store.users import new_key
-from tether.telemetry import tracing
 
 if TYPE_CHECKING:
     from tether.sync import SyncEngine
 
-MAX_QUESTION_CHARS = 100_000
 # How long closing an engine waits for queued notices to go out.
 NOTICE_DRAIN_S = 5.0
 
@@ -180,6 +178,7 @@ class Engine(DecisionMethods, AccountMethods):
         route: dict[str, Any] | None = None,
         thread_id: str | None = None,
         if_busy: str = "reject",
+        idempotency_key: str | None = None,
     ) -> Run:
         """Create a run for ``user`` asking ``question``; it waits for a worker (or for
         ``run_until_stop``). Its scope is resolved now and stored as a snapshot.
@@ -188,43 +187,43 @@ class Engine(DecisionMethods, AccountMethods):
         a follow-up, and the model sees the thread's conversation, then ``question``
         (reference §14). A follow-up to a busy thread is ``thread_busy`` (naming the run it
         would wait on), or with ``if_busy="enqueue"`` it is ``queued`` and starts once the
-        runs before it have stopped. ``not_found`` for a thread that is not ``user``'s."""
-        inputs.user_id(user)
-        inputs.text(question, "question", MAX_QUESTION_CHARS)
-        enqueue = inputs.if_busy(if_busy)
-        if thread_id is not None:
-            thread_id = inputs.thread_id(thread_id)
-        run_limits = parse_limits(limits, self.settings.default_limits)
-        within_cap(run_limits, self.settings.max_limits, "the requested limits")
+        runs before it have stopped. ``not_found`` for a thread that is not ``user``'s.
+
+        With ``idempotency_key`` (1-255 printable ASCII characters) a repeat by ``user``
+        with the same arguments, concurrent or not, returns the first call's run (as it
+        is now) and creates nothing; other arguments are ``idempotency_mismatch``."""
+        given: dict[str, Any] = {"limits": limits, "route": route, "thread_id": thread_id}
+        given.update(if_busy=if_busy, idempotency_key=idempotency_key)
+        return (await self.accept_run(user, question, **given)).run
+
+    async def accept_run(
+        self,
+        user: str,
+        question: str,
+        *,
+        limits: Limits | dict[str, Any] | None = None,
+        route: dict[str, Any] | None = None,
+        thread_id: str | None = None,
+        if_busy: str = "reject",
+        idempotency_key: str | None = None,
+        body: Any = None,
+    ) -> Accepted:
+        """``start_run`` answered as a creation request (``Accepted``): the run and the
+        answer first given for its ``idempotency_key``. ``body`` is the request as its
+        caller sent it, compared as parsed JSON between repeats of the key (by default
+        the arguments): the HTTP layer passes the request's JSON body."""
         await self.open()
-        scope = await self.agent.resolve_scope(user)
-        # A follow-up's messages are written when it starts (its thread's calls left
-        # without a result are answered then); a new thread's first run stores the system
-        # message and its question now.
-        messages: list[Message] = []
-        if thread_id is None:
-            messages = [
-                {"role": "system", "content": self.agent.instructions},
-                {"role": "user", "content": question},
-            ]
-        run_id = uuid.uuid4().hex
-        with tracing.run_created(run_id, user, self.agent.name) as span:
-            return await hop(
-                self._store.create_run,
-                run_id=run_id,
-                user_id=user,
-                question=question,
-                route=route or {"agent": self.agent.name},
-                limits=run_limits,
-                scope=scope.to_json(),
-                versions=self.agent.versions(),
-                agent_version=self.agent.agent_version,
-                messages=messages,
-                trace_context=span.carrier(),  # the run's later spans continue this trace
-                thread_id=thread_id,  # None: a new thread, of the run's id
-                follow_up=thread_id is not None,
-                enqueue=enqueue,
-            )
+        return await creation.start_run(
+            self._services,
+            user,
+            question,
+            limits=limits,
+            route=route,
+            thread_id=thread_id,
+            if_busy=if_busy,
+            idempotency_key=idempotency_key,
+            body=body,
+        )
 
     async def run_until_stop(self, run_id: str) -> Outcome:
         """Claim ``run_id`` (it must be waiting for a worker) and carry it to its next stop:

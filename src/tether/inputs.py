@@ -50,6 +50,18 @@ def if_busy(value: Any) -> bool:
     return value == "enqueue"
 
 
+# An Idempotency-Key (reference §14): printable ASCII, space included.
+IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,255}")
+
+
+def idempotency_key(value: Any) -> str:
+    """An ``Idempotency-Key``: 1-255 printable ASCII characters (0x20-0x7E); anything
+    else, an empty key included, is ``invalid_input``."""
+    if not isinstance(value, str) or not IDEMPOTENCY_KEY.fullmatch(value):
+        raise InvalidInput("Idempotency-Key must be 1-255 printable ASCII characters")
+    return value
+
+
 def token(value: Any) -> str:
     """A well-formed approval token; anything else is ``unknown_or_expired``."""
     if not isinstance(value, str) or not TOKEN.fullmatch(value):
@@ -99,6 +111,7 @@ def after_seq(value: Any) -> int:
 
 
 MAX_REASON_CHARS = 2000
+MAX_QUESTION_CHARS = 100_000
 
 
 DIGEST = re.compile(r"[0-9a-f]{64}")

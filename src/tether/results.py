@@ -264,6 +264,17 @@ class RunView:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Accepted:
+    """A creation request's answer (reference §14): the run it created, as it is now, and
+    the answer first given for it, ``status`` and ``body`` (the ``{"id", "state"}`` of the
+    creation). A repeat of an ``Idempotency-Key`` gets the first request's answer again."""
+
+    run: Run
+    status: int
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
 class ThreadView:
     """A thread as a caller reads it (reference §14): its runs in order, what they
     consumed together, and (read one at a time) its whole conversation."""

@@ -100,7 +100,7 @@ def _too_slow(timeout_s: float) -> JSONResponse:
 
 def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
     """The app for ``engine``. ``public_url`` prefixes approval links in notices."""
-    from tether.api import metrics, v1, web
+    from tether.api import metrics, threads, v1, web
 
     app = FastAPI(title="tether", version="0.1.0", summary="Agent runs that survive interruption")
     app.state.engine = engine
@@ -162,5 +162,6 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
         return PlainTextResponse(body, media_type=content_type)
 
     app.include_router(v1.router, prefix="/v1")
+    app.include_router(threads.router, prefix="/v1")
     app.include_router(web.router)
     return app

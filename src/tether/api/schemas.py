@@ -8,8 +8,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from tether.budget import LimitsInput
-from tether.engine import MAX_QUESTION_CHARS
-from tether.inputs import DIGEST, MAX_REASON_CHARS
+from tether.inputs import DIGEST, MAX_QUESTION_CHARS, MAX_REASON_CHARS
 from tether.runs import RunState
 
 # -- error code -> HTTP status ---------------------------------------------------------------

@@ -11,13 +11,11 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, Security
-from fastapi.security import HTTPBearer
+from fastapi import Body, Header, Query, Request, Response
 from sse_starlette import EventSourceResponse
 
 from tether import inputs
-from tether.api.bodies import BoundedJsonRoute
-from tether.api.deps import api_user, engine_of
+from tether.api.routes import AUTH, INVALID, TOO_LARGE, Caller, EngineDep, json_router, responses
 from tether.api.schemas import (
     AcceptedOut,
     ApprovalOut,
@@ -26,7 +24,6 @@ from tether.api.schemas import (
     DecisionIn,
     DecisionsIn,
     DecisionsOut,
-    ErrorOut,
     EventListOut,
     ForkIn,
     PendingApprovalListOut,
@@ -36,32 +33,14 @@ from tether.api.schemas import (
     RunListOut,
     RunOut,
     StartRunIn,
-    ThreadDetailOut,
-    ThreadListOut,
 )
 from tether.api.stream import event_stream
 from tether.engine import Engine
 from tether.runs import iso, request_to_json, run_to_json
 
-# Documents the scheme in the OpenAPI document; `api_user` does the checking.
-_bearer = HTTPBearer(
-    auto_error=False, description="An API key of the caller: `Authorization: Bearer API_KEY`."
-)
+router = json_router()
 
-router = APIRouter(dependencies=[Security(_bearer)], route_class=BoundedJsonRoute)
-
-Caller = Annotated[str, Depends(api_user)]
-EngineDep = Annotated[Engine, Depends(engine_of)]
-
-
-_AUTH = "`unauthenticated`: no or an unknown API key"
-_TOO_LARGE = "`payload_too_large`: the body is over 256 KiB"
-_INVALID = "`invalid_input`: the body or a parameter is malformed; nothing was changed"
 _NOT_FOUND = "`not_found`: no such run, or not the caller's"
-
-
-def _responses(*pairs: tuple[int, str], model: type[ErrorOut] = ErrorOut) -> dict[int | str, Any]:
-    return {status: {"model": model, "description": text} for status, text in pairs}
 
 
 # -- runs ----------------------------------------------------------------------------------
@@ -75,24 +54,54 @@ def _responses(*pairs: tuple[int, str], model: type[ErrorOut] = ErrorOut) -> dic
     summary="Start a run",
     description="Creates a run for the caller; it waits for a worker, which carries it to "
     "its next stop. Poll `GET /v1/runs/{id}`. Each limit is at most the configured cap "
-    "(`TETHER_MAX_LIMITS`). With `thread_id` it is a follow-up in that thread (§14).",
-    responses=_responses(
-        (401, _AUTH),
+    "(`TETHER_MAX_LIMITS`). With `thread_id` it is a follow-up in that thread (§14). With "
+    "an `Idempotency-Key` a repeat of the same body answers the first request's answer "
+    "and creates nothing (§14).",
+    responses=responses(
+        (401, AUTH),
         (404, "`not_found`: the thread is missing or not the caller's"),
-        (409, "`thread_busy`: a run of the thread is going (`run_id`); nothing was created"),
-        (413, _TOO_LARGE),
-        (422, _INVALID + "; or a limit is over the cap (`limit` and `cap` say which)"),
+        (
+            409,
+            "`thread_busy`: a run of the thread is going (`run_id`); or "
+            "`idempotency_mismatch`: the key was used with another body; nothing was created",
+        ),
+        (413, TOO_LARGE),
+        (
+            422,
+            INVALID + "; or a limit is over the cap (`limit` and `cap` say which); or the "
+            "`Idempotency-Key` is not 1-255 printable ASCII characters",
+        ),
     ),
 )
 async def start_run(
-    body: StartRunIn, user: Caller, engine: EngineDep, response: Response
+    body: StartRunIn,
+    user: Caller,
+    engine: EngineDep,
+    request: Request,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="1-255 printable ASCII characters; a repeat with the same body "
+            "answers the first request's answer and creates nothing",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     limits = body.limits.model_dump(exclude_none=True) if body.limits is not None else None
-    run = await engine.start_run(
-        user, body.question, limits=limits, thread_id=body.thread_id, if_busy=body.if_busy
+    accepted = await engine.accept_run(
+        user,
+        body.question,
+        limits=limits,
+        thread_id=body.thread_id,
+        if_busy=body.if_busy,
+        idempotency_key=idempotency_key,
+        # Compared as parsed JSON between repeats of the key (read by BoundedJsonRoute).
+        body=await request.json() if idempotency_key is not None else None,
     )
-    response.headers["Location"] = f"/v1/runs/{run.id}"
-    return {"id": run.id, "state": run.state.value}
+    response.status_code = accepted.status
+    response.headers["Location"] = f"/v1/runs/{accepted.run.id}"
+    return accepted.body
 
 
 @router.get(
@@ -102,7 +111,7 @@ async def start_run(
     summary="The caller's runs",
     description="The caller's runs, newest first, without their messages "
     "(`GET /v1/runs/{id}` has them).",
-    responses=_responses((401, _AUTH), (422, _INVALID)),
+    responses=responses((401, AUTH), (422, INVALID)),
 )
 async def list_runs(
     user: Caller,
@@ -118,7 +127,7 @@ async def list_runs(
     response_model=RunDetailOut,
     tags=["runs"],
     summary="A run with its messages",
-    responses=_responses((401, _AUTH), (404, _NOT_FOUND), (422, _INVALID)),
+    responses=responses((401, AUTH), (404, _NOT_FOUND), (422, INVALID)),
 )
 async def get_run(run_id: str, user: Caller, engine: EngineDep) -> dict[str, Any]:
     view = await engine.get_run(run_id, user=user)
@@ -132,7 +141,7 @@ async def get_run(run_id: str, user: Caller, engine: EngineDep) -> dict[str, Any
     summary="A run's trace",
     description="What happened to the run, oldest first: for people, never used to "
     "rebuild the run.",
-    responses=_responses((401, _AUTH), (404, _NOT_FOUND), (422, _INVALID)),
+    responses=responses((401, AUTH), (404, _NOT_FOUND), (422, INVALID)),
 )
 async def run_events(run_id: str, user: Caller, engine: EngineDep) -> dict[str, Any]:
     await _owned(engine, run_id, user)
@@ -157,7 +166,7 @@ async def run_events(run_id: str, user: Caller, engine: EngineDep) -> dict[str, 
     response_class=EventSourceResponse,
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "the events"},
-        **_responses((401, _AUTH), (404, _NOT_FOUND), (422, _INVALID)),
+        **responses((401, AUTH), (404, _NOT_FOUND), (422, INVALID)),
     },
 )
 async def run_event_stream(
@@ -181,12 +190,12 @@ async def run_event_stream(
     "`limits` (within the configured cap) or by default `max_steps` and `max_tool_calls` "
     "+ 4, `max_spend_usd` and `max_elapsed_ms` times 1.5. The body is optional. A worker "
     "carries the run on.",
-    responses=_responses(
-        (401, _AUTH),
+    responses=responses(
+        (401, AUTH),
         (404, _NOT_FOUND),
         (409, "`not_halted`: only a halted run can be continued"),
-        (413, _TOO_LARGE),
-        (422, _INVALID + "; or a limit is over the cap (`limit` and `cap` say which)"),
+        (413, TOO_LARGE),
+        (422, INVALID + "; or a limit is over the cap (`limit` and `cap` say which)"),
     ),
 )
 async def continue_run(
@@ -207,11 +216,11 @@ async def continue_run(
     response_model=RunOut,
     tags=["runs"],
     summary="Cancel a run",
-    responses=_responses(
-        (401, _AUTH),
+    responses=responses(
+        (401, AUTH),
         (404, _NOT_FOUND),
         (409, "`already_finished`: the run is answered, failed or cancelled"),
-        (422, _INVALID),
+        (422, INVALID),
     ),
 )
 async def cancel_run(run_id: str, user: Caller, engine: EngineDep) -> dict[str, Any]:
@@ -228,13 +237,13 @@ async def cancel_run(run_id: str, user: Caller, engine: EngineDep) -> dict[str, 
     "(every message before the next model turn), halted with `forked` until it is "
     "continued, with the run's limits and nothing consumed, its `agent_version`, and "
     "`forked_from`. Nothing is executed again. Any run that is not running may be forked.",
-    responses=_responses(
-        (401, _AUTH),
+    responses=responses(
+        (401, AUTH),
         (404, _NOT_FOUND),
-        (413, _TOO_LARGE),
+        (413, TOO_LARGE),
         (
             422,
-            _INVALID + "; or the run is running, or `at_step` is past its steps or inside "
+            INVALID + "; or the run is running, or `at_step` is past its steps or inside "
             "a step whose calls have no result yet, or the run's limits are over the cap "
             "(`limit` and `cap` say which)",
         ),
@@ -262,7 +271,7 @@ async def fork_run(
     "the first `offset`; `more` says how many follow and `next` is the next page. Each "
     "is decided by `POST /v1/runs/{id}/decisions` with its `tool_call_id` (the token is "
     "only ever in the notice).",
-    responses=_responses((401, _AUTH), (422, _INVALID)),
+    responses=responses((401, AUTH), (422, INVALID)),
 )
 async def list_approvals(
     request: Request,
@@ -302,13 +311,13 @@ async def list_approvals(
     "is checked before any is recorded. Each call's result is the answer its token would "
     "have had: the decision carried out (`outcome` executed, declined, ...) or its "
     "refusal (`ok` false, `outcome` and `error` the code, with that code's fields).",
-    responses=_responses(
-        (401, _AUTH),
+    responses=responses(
+        (401, AUTH),
         (404, "`not_found`: no such run, or the caller may neither own nor approve it"),
-        (413, _TOO_LARGE),
+        (413, TOO_LARGE),
         (
             422,
-            _INVALID + "; or an entry names a call twice, or a call that is neither "
+            INVALID + "; or an entry names a call twice, or a call that is neither "
             "pending nor decided on this run",
         ),
     ),
@@ -331,14 +340,14 @@ async def decide_calls(
     "caller. The decision is carried out in this request (re-checks, then the tool or "
     "the decline); the rest of the run goes to the workers. A token is used once.",
     responses={
-        **_responses(
-            (401, _AUTH),
+        **responses(
+            (401, AUTH),
             (403, "`no_longer_permitted`: the owner's permissions changed; the run is halted"),
             (404, "`unknown_or_expired`: no such token, expired, or not the caller's to use"),
-            (413, _TOO_LARGE),
-            (422, _INVALID),
+            (413, TOO_LARGE),
+            (422, INVALID),
         ),
-        **_responses(
+        **responses(
             (
                 409,
                 "`already_resumed` (with `decision`), `changed` (with `diff` and a new "
@@ -373,11 +382,11 @@ async def decide(token: str, body: DecisionIn, user: Caller, engine: EngineDep) 
     description="Renders the preview the pending request would have with `arguments` "
     "(absent: as pending) and its digest, to send with an approval of the edit. Never "
     "claims the token and never changes anything; the same authorisation as deciding.",
-    responses=_responses(
-        (401, _AUTH),
+    responses=responses(
+        (401, AUTH),
         (404, "`unknown_or_expired`: no such token, expired, or not the caller's to use"),
-        (413, _TOO_LARGE),
-        (422, _INVALID),
+        (413, TOO_LARGE),
+        (422, INVALID),
     ),
 )
 async def preview(
@@ -388,55 +397,6 @@ async def preview(
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-# -- threads -------------------------------------------------------------------------------
-
-_NO_THREAD = "`not_found`: no such thread, or not the caller's"
-
-
-@router.get(
-    "/threads",
-    response_model=ThreadListOut,
-    tags=["threads"],
-    summary="The caller's threads",
-    description="Most recently active first, each with its runs, without the conversation.",
-    responses=_responses((401, _AUTH), (422, _INVALID)),
-)
-async def list_threads(
-    user: Caller,
-    engine: EngineDep,
-    limit: Annotated[int, Query(ge=1, le=1000, description="at most this many")] = 100,
-) -> dict[str, Any]:
-    return {"items": [t.to_json() for t in await engine.list_threads(user, limit)]}
-
-
-@router.get(
-    "/threads/{thread_id}",
-    response_model=ThreadDetailOut,
-    tags=["threads"],
-    summary="A thread with its whole conversation",
-    responses=_responses((401, _AUTH), (404, _NO_THREAD), (422, _INVALID)),
-)
-async def get_thread(thread_id: str, user: Caller, engine: EngineDep) -> dict[str, Any]:
-    return (await engine.get_thread(thread_id, user=user)).to_json()
-
-
-@router.delete(
-    "/threads/{thread_id}",
-    status_code=204,
-    tags=["threads"],
-    summary="Delete a thread and everything of its runs",
-    responses=_responses(
-        (401, _AUTH),
-        (404, _NO_THREAD),
-        (409, "`thread_busy`: a run of it is running, suspended or queued (`run_id`)"),
-        (422, _INVALID),
-    ),
-)
-async def delete_thread(thread_id: str, user: Caller, engine: EngineDep) -> Response:
-    await engine.delete_thread(thread_id, user=user)
-    return Response(status_code=204)
 
 
 async def _owned(engine: Engine, run_id: str, user: str) -> None:

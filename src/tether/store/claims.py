@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from tether.budget import Limits
 from tether.models.base import Message
@@ -31,6 +32,7 @@ from tether.store.claim_statements import (
     STALE,
 )
 from tether.store.clock import db_now
+from tether.store.dialect import Dialect
 from tether.store.records import Decision
 from tether.store.schema import decisions, runs
 from tether.store.served import served
@@ -87,6 +89,70 @@ _CANCEL = Transition(
 )
 
 
+def insert_run(
+    conn: Connection,
+    dialect: Dialect,
+    *,
+    run_id: str,
+    user_id: str,
+    question: str,
+    route: dict[str, Any],
+    limits: Limits,
+    scope: dict[str, Any],
+    versions: dict[str, Any],
+    agent_version: str,
+    messages: Sequence[Message],
+    trace_context: dict[str, str] | None = None,
+    thread_id: str | None = None,
+    follow_up: bool = False,
+    enqueue: bool = False,
+) -> Run:
+    """Insert a new run with its first messages and the W3C trace context its spans
+    continue (``tracing.py``), in the thread ``thread_id`` (by default a new thread of
+    the run's id), inside the caller's transaction. The thread's first run is ready for a
+    worker at once (running, no owner). A ``follow_up`` joins the user's thread
+    (``NotFound`` otherwise): ready at once when the thread is idle, else ``queued`` if
+    ``enqueue``, else ``ThreadBusy`` (``threads.place_run``); its messages are written
+    when it starts."""
+    thread_id = thread_id or run_id
+    state, place = place_run(
+        conn, dialect, thread_id=thread_id, user_id=user_id, follow_up=follow_up, enqueue=enqueue
+    )
+    row = conn.execute(
+        runs.insert()
+        .values(
+            id=run_id,
+            user_id=user_id,
+            question=question,
+            route=route,
+            state=state.value,
+            thread_id=thread_id,
+            thread_pos=place,
+            **limits.to_json(),
+            scope_snapshot=scope,
+            scope_resolved_at=db_now(),
+            versions=versions,
+            agent_version=agent_version,
+            message_count=len(messages),
+            trace_context=trace_context,
+            started_at=db_now(),
+            updated_at=db_now(),
+        )
+        .returning(runs)
+    ).one()
+    if messages:
+        conn.execute(
+            INSERT_MESSAGE,
+            [{"run_id": run_id, "seq": i, "message": m} for i, m in enumerate(messages)],
+        )
+    queued = {"queued": True} if state is RunState.QUEUED else {}
+    created = {"user_id": user_id, "limits": limits.to_json(), "thread_id": thread_id}
+    add_event(conn, run_id, "created", {**created, **queued})
+    if state is RUNNING:
+        dialect.wake(conn)
+    return Run.from_row(row._mapping)
+
+
 class Claims(StoreBase):
     """Creating runs, claiming them, continuing and cancelling them."""
 
@@ -107,55 +173,26 @@ class Claims(StoreBase):
         follow_up: bool = False,
         enqueue: bool = False,
     ) -> Run:
-        """Insert a new run with its first messages and the W3C trace context its spans
-        continue (``tracing.py``), in the thread ``thread_id`` (by default a new thread of
-        the run's id). The thread's first run is ready for a worker at once (running, no
-        owner). A ``follow_up`` joins the user's thread (``NotFound`` otherwise): ready at
-        once when the thread is idle, else ``queued`` if ``enqueue``, else ``ThreadBusy``
-        (``threads.place_run``); its messages are written when it starts."""
-        thread_id = thread_id or run_id
+        """Insert a new run (``insert_run``) in a transaction of its own. With an
+        ``Idempotency-Key`` a creation is ``requests.Requests.create_requested_run``."""
         with self.begin() as conn:
-            state, place = place_run(
+            return insert_run(
                 conn,
                 self.dialect,
-                thread_id=thread_id,
+                run_id=run_id,
                 user_id=user_id,
+                question=question,
+                route=route,
+                limits=limits,
+                scope=scope,
+                versions=versions,
+                agent_version=agent_version,
+                messages=messages,
+                trace_context=trace_context,
+                thread_id=thread_id,
                 follow_up=follow_up,
                 enqueue=enqueue,
             )
-            row = conn.execute(
-                runs.insert()
-                .values(
-                    id=run_id,
-                    user_id=user_id,
-                    question=question,
-                    route=route,
-                    state=state.value,
-                    thread_id=thread_id,
-                    thread_pos=place,
-                    **limits.to_json(),
-                    scope_snapshot=scope,
-                    scope_resolved_at=db_now(),
-                    versions=versions,
-                    agent_version=agent_version,
-                    message_count=len(messages),
-                    trace_context=trace_context,
-                    started_at=db_now(),
-                    updated_at=db_now(),
-                )
-                .returning(runs)
-            ).one()
-            if messages:
-                conn.execute(
-                    INSERT_MESSAGE,
-                    [{"run_id": run_id, "seq": i, "message": m} for i, m in enumerate(messages)],
-                )
-            queued = {"queued": True} if state is RunState.QUEUED else {}
-            created = {"user_id": user_id, "limits": limits.to_json(), "thread_id": thread_id}
-            add_event(conn, run_id, "created", {**created, **queued})
-            if state is RUNNING:
-                self.dialect.wake(conn)
-            return Run.from_row(row._mapping)
 
     def claim_ready(
         self, owner: str, run_id: str | None = None, *, versions: Sequence[str] | None = None

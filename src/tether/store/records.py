@@ -1,4 +1,5 @@
-"""Records the store returns besides the run itself: ledger entries, decisions, events."""
+"""Records the store returns besides the run itself: ledger entries, decisions, events,
+and a creation request by its ``Idempotency-Key``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from tether.runs import Run
 
 
 class CallStatus(str, enum.Enum):
@@ -112,3 +115,16 @@ class Event:
             kind=row["kind"],
             data=dict(row["data"]),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRequest:
+    """A creation request stored by its user's ``Idempotency-Key`` (reference §14): the
+    SHA-256 of its body's canonical JSON, the answer first sent (``status`` and
+    ``response``, the ``{"id", "state"}`` of the creation) and its run as it is now."""
+
+    key: str
+    digest: str
+    status: int
+    response: dict[str, Any]
+    run: Run

@@ -7,6 +7,7 @@ from tether.store.claims import Claims
 from tether.store.compactions import Compactions
 from tether.store.forks import Forks
 from tether.store.reads import Reads
+from tether.store.requests import Requests
 from tether.store.sessions import Sessions
 from tether.store.steps import Steps
 from tether.store.threads import Threads
@@ -15,13 +16,16 @@ from tether.store.users import Users
 from tether.store.versions import Versions
 
 
-class Store(Steps, Compactions, Claims, Forks, Threads, Upkeep, Reads, Users, Sessions, Versions):
+class Store(
+    Steps, Compactions, Requests, Claims, Forks, Threads, Upkeep, Reads, Users, Sessions, Versions
+):
     """The synchronous store for a database URL: SQLite or PostgreSQL, whose differences
     are the hooks of its ``dialect`` (``dialect.Dialect``, picked by ``dialect_for``).
 
     ``steps``: a running owner's fenced writes; ``compactions``: storing a summary the
     model sees in place of the messages it covers; ``claims``: creating, claiming,
-    continuing, cancelling; ``forks``: forking a run at a step; ``threads``: a run's
+    continuing, cancelling; ``requests``: creating a run under an ``Idempotency-Key``;
+    ``forks``: forking a run at a step; ``threads``: a run's
     place in its conversation, reading, listing and deleting threads; ``upkeep``: expiry,
     notices, retention; ``reads``; ``users``; ``sessions``: the inbox's sessions;
     ``versions``: the worker registry, stranded runs, migrating a run to another agent
