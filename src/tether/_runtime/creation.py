@@ -39,10 +39,11 @@ async def start_run(
     its first request's answer and creates nothing when ``body`` is the same parsed
     JSON, else ``idempotency_mismatch``.
 
-    Safe to repeat with a key: the key is looked up first (a plain repeat resolves no
-    scope), and the store finds it again in the transaction that would create the run,
-    so concurrent repeats and a retry after a lost answer or a COMMIT cut off get the
-    first answer."""
+    Safe to repeat with a key: the key is the first write of the transaction that would
+    create the run (``tether.store.requests``), so concurrent repeats and a retry after a
+    lost answer or a COMMIT cut off get the first answer. A repeat costs what a fresh
+    request does up to that write (its scope is resolved again), so a fresh key costs
+    one INSERT more than no key."""
     inputs.user_id(user)
     inputs.text(question, "question", inputs.MAX_QUESTION_CHARS)
     enqueue = inputs.if_busy(if_busy)
@@ -57,9 +58,6 @@ async def start_run(
             body = {"question": question, "limits": given, "thread_id": thread_id}
             body["if_busy"] = if_busy
         request = (inputs.idempotency_key(idempotency_key), json_digest(body))
-        earlier = await hop(services.store.run_request, user, request[0])
-        if earlier is not None:
-            return _answer(earlier, request[1])
     agent = services.agent
     scope = await agent.resolve_scope(user)
     run_id = uuid.uuid4().hex

@@ -106,6 +106,7 @@ def insert_run(
     thread_id: str | None = None,
     follow_up: bool = False,
     enqueue: bool = False,
+    request: tuple[str, str] | None = None,
 ) -> Run:
     """Insert a new run with its first messages and the W3C trace context its spans
     continue (``tracing.py``), in the thread ``thread_id`` (by default a new thread of
@@ -113,11 +114,16 @@ def insert_run(
     worker at once (running, no owner). A ``follow_up`` joins the user's thread
     (``NotFound`` otherwise): ready at once when the thread is idle, else ``queued`` if
     ``enqueue``, else ``ThreadBusy`` (``threads.place_run``); its messages are written
-    when it starts."""
+    when it starts. ``request`` is the user's ``Idempotency-Key`` and the digest of the
+    request's body, stored with the run (the user's key naming a run already is an
+    ``IntegrityError`` of the unique index ``runs_request_key``)."""
     thread_id = thread_id or run_id
     state, place = place_run(
         conn, dialect, thread_id=thread_id, user_id=user_id, follow_up=follow_up, enqueue=enqueue
     )
+    # With a key, a conflict on the user's key (or on the run's id: a retried creation
+    # whose first COMMIT landed) is an IntegrityError, which the caller answers.
+    keyed = {} if request is None else _keyed(request, state)
     row = conn.execute(
         runs.insert()
         .values(
@@ -137,6 +143,7 @@ def insert_run(
             trace_context=trace_context,
             started_at=db_now(),
             updated_at=db_now(),
+            **keyed,
         )
         .returning(runs)
     ).one()
@@ -151,6 +158,11 @@ def insert_run(
     if state is RUNNING:
         dialect.wake(conn)
     return Run.from_row(row._mapping)
+
+
+def _keyed(request: tuple[str, str], state: RunState) -> dict[str, Any]:
+    """The columns of a run created with an ``Idempotency-Key`` (reference §14)."""
+    return {"request_key": request[0], "request_digest": request[1], "request_state": state.value}
 
 
 class Claims(StoreBase):

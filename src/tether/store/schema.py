@@ -24,6 +24,7 @@ _RUNNING = f"state = '{RunState.RUNNING.value}'"
 _SUSPENDED = f"state = '{RunState.SUSPENDED.value}'"
 _HALTED = f"state = '{RunState.HALTED.value}'"
 _QUEUED = f"state = '{RunState.QUEUED.value}'"
+REQUESTED = "request_key IS NOT NULL"
 _BUSY = "state IN ({})".format(", ".join(f"'{s.value}'" for s in BUSY))
 
 
@@ -101,6 +102,12 @@ runs = sa.Table(
     # How many of the run's stored messages are a copy of an earlier conversation rather
     # than its own (a fork of a follow-up starts a thread holding what it saw); 0 otherwise.
     sa.Column("base_count", sa.Integer, nullable=False, server_default="0"),
+    # Idempotent creation (reference §14): the ``Idempotency-Key`` its user created it
+    # with, the SHA-256 of that request's body (canonical JSON) and the state its first
+    # answer gave; NULL for a run created without a key. The key lives as long as its run.
+    sa.Column("request_key", sa.String(255), nullable=True),
+    sa.Column("request_digest", sa.String(64), nullable=True),
+    sa.Column("request_state", sa.String(16), nullable=True),
     # The input tokens the run's latest model call reported, 0 once the conversation was
     # compacted after it (reference §14): over the agent's threshold, the next call is
     # preceded by a compaction. NULL before the run's first call or compaction (a
@@ -124,6 +131,8 @@ sa.Index("runs_thread", runs.c.thread_id, runs.c.thread_pos)
 # and the claim of a queued run read only these rows.
 _partial(runs, "runs_thread_busy", "thread_id", "thread_pos", where=_BUSY)
 _partial(runs, "runs_queued", "updated_at", where=_QUEUED)
+# A user's key names one run: a second creation with it conflicts here.
+_partial(runs, "runs_request_key", "user_id", "request_key", where=REQUESTED, unique=True)
 sa.Index("runs_forked_from", runs.c.forked_from_run)
 # Counting runs by state (the metrics gauge) reads this index only, never the rows. It is
 # partial on a predicate no other query states, so SQLite's planner (without statistics)
@@ -145,24 +154,6 @@ threads = sa.Table(
     sa.Column("updated_at", sa.Float, nullable=False),
 )
 sa.Index("threads_user", threads.c.user_id, threads.c.updated_at)
-
-# Idempotent creation (reference §14): a user's key names the run its first request
-# created and the answer it got, for as long as that run is kept.
-run_requests = sa.Table(
-    "run_requests",
-    metadata,
-    sa.Column("user_id", sa.String(128), primary_key=True),
-    sa.Column("key", sa.String(255), primary_key=True),
-    sa.Column(
-        "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
-    ),
-    # SHA-256 of the request body's canonical JSON, and the answer first sent.
-    sa.Column("body_digest", sa.String(64), nullable=False),
-    sa.Column("status", sa.Integer, nullable=False),
-    sa.Column("response", sa.JSON, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-)
-sa.Index("run_requests_run", run_requests.c.run_id)
 
 # Compactions (reference §14): the summary of a thread's conversation through message
 # ``through_seq`` (1-based, in the thread's conversation), stored by the run that made it.

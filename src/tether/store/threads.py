@@ -29,7 +29,6 @@ from tether.store.schema import (
     decisions,
     run_events,
     run_messages,
-    run_requests,
     runs,
     threads,
     tool_calls,
@@ -217,7 +216,7 @@ def delete_runs(conn: Connection, ids: Sequence[str]) -> int:
     """Delete the runs ``ids`` with everything of theirs; how many runs went."""
     if not ids:
         return 0
-    children = (run_messages, run_events, tool_calls, decisions, run_requests, compactions)
+    children = (run_messages, run_events, tool_calls, decisions, compactions)
     for table in children:
         conn.execute(table.delete().where(table.c.run_id.in_(ids)))
     return int(conn.execute(runs.delete().where(runs.c.id.in_(ids))).rowcount)

@@ -3,8 +3,9 @@ compaction.
 
 Every run belongs to a thread (``runs.thread_id``, its place ``runs.thread_pos``); each run
 that existed before becomes the only run of a thread of its own, with the run's id.
-``threads`` holds one row per conversation. ``run_requests`` remembers the answer to a
-creation request by the user's ``Idempotency-Key`` for as long as its run is kept, and
+``threads`` holds one row per conversation. ``runs.request_key`` (unique per user, a
+partial index) remembers a creation request's ``Idempotency-Key``, the digest of its body
+and the state it answered, for as long as its run is kept, and
 ``compactions`` the summaries a model sees in place of the messages they cover (the
 messages themselves are never rewritten). ``runs.base_count`` counts the messages a fork
 of a follow-up copies from the conversation before the run it forks;
@@ -60,22 +61,18 @@ def upgrade() -> None:
     op.create_index(
         "runs_queued", "runs", ["updated_at"], postgresql_where=_QUEUED, sqlite_where=_QUEUED
     )
-    op.create_table(
-        "run_requests",
-        sa.Column("user_id", sa.String(128), primary_key=True),
-        sa.Column("key", sa.String(255), primary_key=True),
-        sa.Column(
-            "run_id",
-            sa.String(64),
-            sa.ForeignKey("runs.id", ondelete="CASCADE"),
-            nullable=False,
-        ),
-        sa.Column("body_digest", sa.String(64), nullable=False),
-        sa.Column("status", sa.Integer(), nullable=False),
-        sa.Column("response", sa.JSON(), nullable=False),
-        sa.Column("created_at", sa.Float(), nullable=False),
+    op.add_column("runs", sa.Column("request_key", sa.String(255), nullable=True))
+    op.add_column("runs", sa.Column("request_digest", sa.String(64), nullable=True))
+    op.add_column("runs", sa.Column("request_state", sa.String(16), nullable=True))
+    requested = sa.text("request_key IS NOT NULL")
+    op.create_index(
+        "runs_request_key",
+        "runs",
+        ["user_id", "request_key"],
+        unique=True,
+        postgresql_where=requested,
+        sqlite_where=requested,
     )
-    op.create_index("run_requests_run", "run_requests", ["run_id"])
     op.create_table(
         "compactions",
         sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
@@ -99,13 +96,15 @@ def downgrade() -> None:
     op.drop_index("compactions_run", table_name="compactions")
     op.drop_index("compactions_thread", table_name="compactions")
     op.drop_table("compactions")
-    op.drop_index("run_requests_run", table_name="run_requests")
-    op.drop_table("run_requests")
+    op.drop_index("runs_request_key", table_name="runs")
     op.drop_index("runs_queued", table_name="runs")
     op.drop_index("runs_thread_busy", table_name="runs")
     op.drop_index("runs_thread", table_name="runs")
     with op.batch_alter_table("runs") as batch:
         batch.drop_column("last_input_tokens")
+        batch.drop_column("request_state")
+        batch.drop_column("request_digest")
+        batch.drop_column("request_key")
         batch.drop_column("base_count")
         batch.drop_column("thread_pos")
         batch.drop_column("thread_id")
