@@ -22,52 +22,22 @@ import argparse
 import asyncio
 import os
 import statistics
-import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 import httpx
+from step_overhead import DATABASES
 
 from tether import Agent, Engine, MemoryNotifier, ScriptedModel, Settings
 from tether.api.app import create_app
-from tether.store.connect import create_db_engine
 
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 TARGET = 1.10
 WARMUP = 20
 KEY = "bench-api-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 BODY = {"question": "what is the answer?", "limits": {"max_steps": 5}}
-
-
-@contextmanager
-def sqlite_database() -> Iterator[str]:
-    """A database file in a temporary directory (on disk, so commits really fsync)."""
-    with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
-        yield f"sqlite:///{tmp}/bench.db"
-
-
-@contextmanager
-def postgresql_database() -> Iterator[str]:
-    """A temporary database on the local server, dropped afterwards."""
-    name = f"tether_bench_{uuid.uuid4().hex[:12]}"
-    admin = create_db_engine(PG_ADMIN_URL).execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"CREATE DATABASE {name}")
-        yield f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.engine.dispose()
-
-
-DATABASES: dict[str, Callable[[], AbstractContextManager[str]]] = {
-    "sqlite": sqlite_database,
-    "postgresql": postgresql_database,
-}
 
 
 @asynccontextmanager

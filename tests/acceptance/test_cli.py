@@ -320,7 +320,8 @@ def test_ask_starts_a_thread_and_follow_ups_refused_or_queued_while_it_is_busy(
     started = processes.tether("ask", "q1", "--as", "dana", env=env)
     assert started.returncode == 0, started.stderr
     first = _json(started.stdout)
-    assert first["state"] == "running" and first["thread_id"] not in (None, first["id"])
+    # A new thread is named by its first run's id.
+    assert first["state"] == "running" and first["thread_id"] == first["id"]
     thread = str(first["thread_id"])
 
     busy = processes.tether("ask", "q2", "--thread", thread, env=env)  # as the thread's owner

@@ -242,8 +242,16 @@ def test_two_reapers_at_once_recover_each_orphan_once(db_url: str) -> None:
         )
         assert crashed.returncode == 137, crashed.stderr[-2000:]
     store = Store(db_url)
-    poll_until(lambda: all(_stale(store, store.get_run(i)) for i in ids))  # type: ignore[arg-type]
-    reap_env = processes.tether_env(db_url)
+
+    # The reapers judge staleness by 3 s, not the 0.3 s the crashed workers had: a reaper
+    # slowed down by a loaded machine while it recovers a run must not look dead to the
+    # other one (that would be a second, legitimate, recovery of a run it took over).
+    def stale_for_reapers() -> bool:
+        now = store.now()
+        return all(now - (getattr(store.get_run(i), "heartbeat_at", 0) or 0) > 3.05 for i in ids)
+
+    poll_until(stale_for_reapers, timeout=30, what="orphans stale by the reapers' 3 s")
+    reap_env = processes.tether_env(db_url, TETHER_HEARTBEAT_TIMEOUT_S="3")
     reapers = [
         subprocess.Popen(
             [processes.PYTHON, "-m", "tether", "reap", "--agent", "agents:agent"],

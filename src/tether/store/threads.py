@@ -186,17 +186,26 @@ _LOCK_THREADS = sa.select(threads.c.id).where(
     threads.c.id.in_(sa.bindparam("b_threads", expanding=True))
 )
 _RECENT = runs.alias("recent")
-_STILL_PAST = sa.select(threads.c.id).where(
-    threads.c.id.in_(sa.bindparam("b_threads", expanding=True)),
-    ~sa.select(_RECENT.c.id)
-    .where(
-        _RECENT.c.thread_id == threads.c.id,
-        sa.or_(
-            _RECENT.c.state.not_in([sa.literal_column(f"'{s.value}'") for s in RETAINED]),
-            _RECENT.c.updated_at >= db_now() - sa.bindparam("b_retention", type_=sa.Float),
-        ),
+
+
+def kept(thread: sa.ColumnElement[Any]) -> sa.Exists:
+    """Whether ``thread`` has a run retention must keep: one still going (not halted or
+    finished) or changed less than ``b_retention`` seconds ago, by the database's clock."""
+    return (
+        sa.select(_RECENT.c.id)
+        .where(
+            _RECENT.c.thread_id == thread,
+            sa.or_(
+                _RECENT.c.state.not_in([sa.literal_column(f"'{s.value}'") for s in RETAINED]),
+                _RECENT.c.updated_at >= db_now() - sa.bindparam("b_retention", type_=sa.Float),
+            ),
+        )
+        .exists()
     )
-    .exists(),
+
+
+_STILL_PAST = sa.select(threads.c.id).where(
+    threads.c.id.in_(sa.bindparam("b_threads", expanding=True)), ~kept(threads.c.id)
 )
 
 

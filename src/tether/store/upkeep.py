@@ -15,7 +15,7 @@ from tether.store.clock import db_now
 from tether.store.schema import RETAINED, runs
 from tether.store.served import SERVED, served
 from tether.store.statements import add_event
-from tether.store.threads import delete_threads, still_idle
+from tether.store.threads import delete_threads, kept, still_idle
 from tether.store.transitions import Transition, state_in
 
 _SUSPENDED = state_in([RunState.SUSPENDED])
@@ -70,21 +70,12 @@ _NEW_TOKEN = (
 # thread's runs are purged together, once its most recent run is past retention. The
 # candidates come from the retention index (runs past it); a thread with a run that is
 # still going, or changed since, is left whole.
-_KEPT = runs.alias("kept")
 _PAST_RETENTION = (
     sa.select(runs.c.thread_id)
     .where(
         state_in(RETAINED),
         runs.c.updated_at < db_now() - sa.bindparam("b_retention", type_=sa.Float),
-        ~sa.select(_KEPT.c.id)
-        .where(
-            _KEPT.c.thread_id == runs.c.thread_id,
-            sa.or_(
-                _KEPT.c.state.not_in([sa.literal_column(f"'{s.value}'") for s in RETAINED]),
-                _KEPT.c.updated_at >= db_now() - sa.bindparam("b_retention", type_=sa.Float),
-            ),
-        )
-        .exists(),
+        ~kept(runs.c.thread_id),
     )
     .order_by(runs.c.updated_at)
     .limit(sa.bindparam("b_batch", type_=sa.Integer))
