@@ -106,12 +106,13 @@ class RunSession:
     ) -> RunSession:
         """A session for a run this process just claimed: loads it, re-resolves the user's
         scope now (invariant 7) and stores the fresh snapshot of it."""
-        snapshot = await hop(services.store.snapshot, run.id, history=True)
+        compacts = services.agent.compaction is not None  # else no compaction is ever stored
+        snapshot = await hop(services.store.snapshot, run.id, history=True, compacts=compacts)
         if snapshot is None:
             raise LeaseLost("run vanished after its claim", run_id=run.id)
         scope = await services.agent.resolve_scope(run.user_id)
         await hop(services.store.refresh_scope, run.lease(), scope.to_json())
-        messages = list(snapshot.messages)
+        messages = snapshot.messages
         if run.thread_pos > 1 and not messages:
             messages = await open_follow_up(services, run, snapshot.history)
         return cls(
@@ -130,8 +131,7 @@ class RunSession:
     # -- what the session knows ------------------------------------------------------------
 
     def conversation(self) -> list[Message]:
-        """What the model is handed: the thread's conversation before the run, then the
-        run's own messages."""
+        """The thread's conversation before the run, then the run's own messages."""
         return [*self.history, *self.messages]
 
     @property

@@ -215,30 +215,31 @@ class Reads(StoreBase):
         with self.engine.connect() as conn:
             return [dict(m) for m in conn.execute(_MESSAGES_FROM, params).scalars()]
 
-    def snapshot(self, run_id: str, *, history: bool = False) -> Snapshot | None:
+    def snapshot(
+        self, run_id: str, *, history: bool = False, compacts: bool = False
+    ) -> Snapshot | None:
         """The run, its messages and the decision on its current token: two queries, one
         transaction (so the messages belong to the run row read). With ``history``, the
         second reads the thread's conversation through the run instead (its earlier
-        runs' messages, then the run's own), in one statement, and the compaction state
-        of that conversation is read with it (so a resumption on any worker hands the
-        model what it saw before)."""
+        runs' messages, then the run's own), in one statement; with ``compacts`` (its
+        agent compacts), the compaction state of that conversation is read with it (so a
+        resumption on any worker hands the model what it saw before)."""
         with self.engine.begin() as conn:
             row = conn.execute(_RUN_AND_DECISION, {"b_id": run_id}).first()
             if row is None:
                 return None
             run = Run.from_row(row._mapping)
-            if not history:
-                own = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
-                return Snapshot(run=run, messages=own, decision=_decision(row))
             earlier: list[Message] = []
-            if run.thread_pos > 1:
+            if history and run.thread_pos > 1:
                 params = {"b_thread": run.thread_id, "b_pos": run.thread_pos}
                 rows = conn.execute(_THROUGH, params).tuples().all()
                 earlier = [json.loads(m) for pos, m in rows if pos < run.thread_pos]
                 own = [json.loads(m) for pos, m in rows if pos == run.thread_pos]
             else:
                 own = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
-            compaction, tokens = compaction_state(conn, run, row.last_input_tokens)
+            compaction, tokens = None, 0
+            if compacts:
+                compaction, tokens = compaction_state(conn, run, row.last_input_tokens)
             return Snapshot(
                 run=run,
                 messages=own,

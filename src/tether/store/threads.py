@@ -242,13 +242,7 @@ def delete_threads(conn: Connection, thread_ids: Sequence[str]) -> int:
 
 
 class Threads(StoreBase):
-    """Reading, listing and deleting threads, and a follow-up's history."""
-
-    def history(self, run: Run) -> list[Message]:
-        """The conversation before ``run`` in its thread: every message of the thread's
-        earlier runs, in order, as stored (one statement; empty for a thread's first run)."""
-        with self.engine.connect() as conn:
-            return thread_history(conn, run)
+    """Reading, listing and deleting threads."""
 
     def thread(self, thread_id: str, user_id: str | None) -> ThreadRecord | None:
         """``user_id``'s thread (any user's for None) with its runs and whole
