@@ -33,6 +33,10 @@ class Notice:
     arguments: dict[str, Any]
     preview: dict[str, Any] | None
     expires_at: str
+    # The call it asks about and how many calls of its turn the suspension waits on: one
+    # notice is sent per pending call (reference §15).
+    tool_call_id: str = ""
+    pending_calls: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -40,9 +44,11 @@ class Notice:
             "token": self.token,
             "approve_url": self.approve_url,
             "tool": self.tool,
+            "tool_call_id": self.tool_call_id,
             "arguments": self.arguments,
             "preview": self.preview,
             "expires_at": self.expires_at,
+            "pending_calls": self.pending_calls,
         }
 
 

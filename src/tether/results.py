@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
@@ -68,7 +68,9 @@ class Outcome:
     run_id: str
     kind: StopKind
     reason: str | None = None
+    # A suspension's notice of its first call, and every notice it sent (one per call).
     notice: Notice | None = None
+    notices: tuple[Notice, ...] | list[Notice] = ()
     answer: str | None = None
     retry_in_s: float | None = None
     # The answer validated against the agent's ``output_type``: an instance of it (narrow
@@ -90,15 +92,24 @@ class ApprovalResult:
     state: RunState
     outcome: CallVerdict
     ok: bool = True
+    # A decision recorded while other calls of its suspension are undecided (reference
+    # §15): how many of them it still waits for.
+    waiting_for: int | None = None
+    # What became of each call of the turn this decision's claim carried out, the
+    # decider's own included, by tool call id.
+    carried: dict[str, CallVerdict] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "ok": self.ok,
             "run_id": self.run_id,
             "decision": self.decision.value,
             "state": self.state.value,
             "outcome": self.outcome.value,
         }
+        if self.waiting_for is not None:
+            data["waiting_for"] = self.waiting_for
+        return data
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,6 +169,11 @@ class CallVerdict(str, enum.Enum):
 
     EXECUTED = "executed"
     DECLINED = "declined"
+    # Recorded while other calls of its suspension are undecided: nothing executed yet.
+    RECORDED = "recorded"
+    # The run's budget ran out before the call could run (a call before it in its turn
+    # spent the last of it): the run halted, its owner may continue it.
+    HALTED = "halted"
     GUARD_FAILED = "guard_failed"
     NO_LONGER_PERMITTED = "no_longer_permitted"
     CHANGED = "changed"

@@ -71,6 +71,7 @@ __all__ = [
     "HaltReason",
     "Lease",
     "Pending",
+    "PendingCall",
     "Run",
     "RunState",
     "can_transition",
@@ -130,6 +131,31 @@ class Pending:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PendingCall:
+    """One call of a suspension (reference §15): the call as the human is asked to decide
+    it, its token's hash (never the token), its place in the turn, and its decision once
+    one is recorded (``{"decision", "by", "at"}``, None while undecided)."""
+
+    pending: Pending
+    token_hash: str
+    position: int
+    epoch: int
+    decided: dict[str, Any] | None = None
+    # Whether its notice was delivered (the reaper re-issues one that was not).
+    notified: bool = False
+
+    def to_json(self, expires_at: float | None) -> dict[str, Any]:
+        return {
+            "tool_call_id": self.pending.tool_call_id,
+            "tool": self.pending.tool,
+            "arguments": self.pending.arguments,
+            "preview": self.pending.preview,
+            "expires_at": iso(expires_at),
+            "decided": self.decided,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
 class Run:
     """A run as stored (without its messages). Times are epoch seconds of the DB clock."""
 
@@ -175,6 +201,11 @@ class Run:
     thread_id: str = ""
     thread_pos: int = 1
     base_count: int = 0
+    # How many calls of the current suspension have no decision yet (reference §15).
+    undecided: int = 0
+    # The calls of the current suspension in call order, when the read that made this
+    # record loaded them (a suspended run's ``get_run``); empty otherwise.
+    pending_calls: tuple[PendingCall, ...] = ()
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Run:
@@ -223,6 +254,7 @@ class Run:
             thread_id=row["thread_id"] or row["id"],
             thread_pos=row["thread_pos"],
             base_count=row["base_count"],
+            undecided=row["undecided"],
         )
 
     def lease(self) -> Lease:
@@ -264,6 +296,11 @@ def run_to_json(run: Run) -> dict[str, Any]:
         "fail_reason": run.fail_reason,
         "budget": {"limits": run.limits.to_json(), "consumed": run.budget.to_json()},
         "pending": pending,
+        "pending_calls": (
+            [c.to_json(run.expires_at) for c in run.pending_calls]
+            if run.state is RunState.SUSPENDED
+            else []
+        ),
         "output": run.output,
         "agent_version": run.agent_version,
         "forked_from": run.forked_from,

@@ -31,7 +31,7 @@ def test_migrations_build_the_models_schema_from_empty(empty_url: str) -> None:
         )
     assert diff == []
     indexes = {ix["name"] for ix in sa.inspect(store.engine).get_indexes("runs")}
-    expected = {"runs_orphan_scan", "runs_ready", "runs_suspended_token", "runs_retention"}
+    expected = {"runs_orphan_scan", "runs_ready", "runs_suspended_expiry", "runs_retention"}
     assert expected | {"runs_state"} <= indexes
     store.close()
 

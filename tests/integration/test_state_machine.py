@@ -405,7 +405,7 @@ class RunMachine(RuleBasedStateMachine):
             lease,
             lambda: expires.append(
                 self.store.suspend(
-                    lease, pending=pending, token_hash=token, ttl_s=ttl_s, elapsed_ms=ms, event={}
+                    lease, calls=[(pending, token)], ttl_s=ttl_s, elapsed_ms=ms, event={}
                 )
             ),
         )
@@ -692,7 +692,7 @@ class RunMachine(RuleBasedStateMachine):
         assert suspended_on is None and recorded is not None
         assert (recorded.run_id, recorded.decision, recorded.by) == (run_id, decision, by)
         snapshot = self.store.snapshot(run_id)  # what the resumed owner goes on from
-        assert snapshot is not None and snapshot.decision == recorded
+        assert snapshot is not None and snapshot.decisions.get(recorded.tool_call_id) == recorded
 
     @precondition(lambda self: bool(self._in(SUSPENDED)))
     @rule(pick=PICK, claimers=st.integers(min_value=1, max_value=3))
@@ -776,8 +776,9 @@ class RunMachine(RuleBasedStateMachine):
 
         reissued = self.store.reissue_unnotified(older_than_s=0.0, batch=100, new_hashes=new_hash)
         assert sorted(run.id for run, _ in reissued) == sorted(r.id for r in due)
-        assert [token for _, token in reissued] == fresh
-        for got, token in reissued:
+        assert [call.token_hash for _, call in reissued] == fresh
+        for got, call in reissued:
+            token = call.token_hash
             assert (got.state, got.pending_token_hash) == (SUSPENDED, token)
             self.runs[got.id].token = token
             self.tokens[token] = got.id

@@ -60,7 +60,7 @@ def _row(store: Store, run_id: str) -> dict[str, Any]:
 
 def _suspend(store: Store, lease: Lease, token_hash: str, call_id: str = "c1") -> None:
     pending = Pending(tool_call_id=call_id, tool="send", arguments={}, preview={}, digest="d")
-    store.suspend(lease, pending=pending, token_hash=token_hash, ttl_s=600, elapsed_ms=1, event={})
+    store.suspend(lease, calls=[(pending, token_hash)], ttl_s=600, elapsed_ms=1, event={})
 
 
 # -- the transition table is the one enforced -------------------------------------------------
@@ -212,18 +212,18 @@ def test_an_orphan_past_its_attempts_fails_and_a_fresh_run_is_left_alone(store: 
 def test_the_snapshot_carries_the_decision_of_the_current_token_only(store: Store) -> None:
     lease = _claimed(store)
     snap = store.snapshot(lease.run_id)
-    assert snap is not None and snap.decision is None and snap.messages[0]["content"] == "q"
+    assert snap is not None and snap.decisions == {} and snap.messages[0]["content"] == "q"
     _suspend(store, lease, "h1")
     resumed = store.claim_decision(
         run_id=lease.run_id, token_hash="h1", owner="w2", decision="approve", approver="dana"
     ).run
     assert resumed is not None
     snap = store.snapshot(lease.run_id)
-    assert snap is not None and snap.decision is not None
-    assert (snap.decision.tool_call_id, snap.decision.decision) == ("c1", "approve")
+    assert snap is not None and list(snap.decisions) == ["c1"]
+    assert (snap.decisions["c1"].tool_call_id, snap.decisions["c1"].decision) == ("c1", "approve")
     _suspend(store, resumed.lease(), "h2")  # re-suspended: the earlier approval is spent
     snap = store.snapshot(lease.run_id)
-    assert snap is not None and snap.decision is None
+    assert snap is not None and snap.decisions == {}
     assert store.snapshot("missing") is None
 
 

@@ -14,7 +14,7 @@ from agents import call
 from sessions import Bench
 
 from tether import Scope, tool
-from tether._runtime import tool_call
+from tether._runtime import suspending, tool_call
 from tether._runtime.session import RunSession
 from tether.budget import Budget
 from tether.errors import LeaseLost
@@ -156,7 +156,7 @@ async def test_a_suspension_stores_the_pending_call_and_only_the_hash_of_its_tok
         (lookup,) = await bench.turn(session)
         args = look.validate({"query": "a"})
 
-        stop = await session.suspend(lookup, args, {"query": "a"})
+        stop = await suspending.suspend_turn(session, lookup, args, {"query": "a"})
 
         assert stop.kind is StopKind.SUSPENDED and stop.notice is not None
         token = stop.notice.token
@@ -174,7 +174,9 @@ async def test_a_decision_is_taken_once_and_only_for_its_own_call(sqlite_url: st
         decision = Decision(
             run_id=run.id, tool_call_id="c1", decision="approve", by="boss", at=0.0, digest=None
         )
-        session = RunSession(bench.services, run, [], Scope(user_id="dana"), decision=decision)
+        session = RunSession(
+            bench.services, run, [], Scope(user_id="dana"), decisions={"c1": decision}
+        )
 
         assert session.take_decision("c2") is None  # another call's: kept
         assert session.take_decision("c1") == decision
@@ -220,7 +222,9 @@ async def test_every_write_of_a_session_whose_lease_was_taken_raises_and_changes
             "append_result": lambda: session.append_result(
                 lookup, {"answer": "x"}, CallStatus.OK, counted=True
             ),
-            "suspend": lambda: session.suspend(lookup, look.validate({"query": "a"}), None),
+            "suspend": lambda: suspending.suspend_turn(
+                session, lookup, look.validate({"query": "a"}), None
+            ),
             "halt": lambda: session.halt(HaltReason.MAX_STEPS),
             "fail": lambda: session.fail(FailReason.ERROR, {"error": "boom"}),
             "release": lambda: session.release("mine no more"),

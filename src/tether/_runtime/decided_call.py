@@ -6,11 +6,12 @@ entry points of an approval, are in ``approvals/resume.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether._runtime import tool_call
+from tether._runtime import suspending, tool_call
 from tether._runtime.session import RunSession
 from tether._runtime.tool_call import Check, Resolved
 from tether._runtime.turns import Result, error_content
@@ -31,6 +32,8 @@ class Resolution:
     outcome: Outcome | None = None
     reason: str | None = None
     diff: list[dict[str, Any]] = field(default_factory=list)
+    # An edit sent without the digest of its preview: it waits again, never approved.
+    unseen: bool = False
 
 
 @tool_call.traced
@@ -72,10 +75,13 @@ async def decide(
     if unseen and check.verdict in (Check.PASSED, Check.CHANGED):
         check = tool_call.Recheck(verdict=Check.CHANGED, preview=check.preview)
     if check.verdict is Check.PASSED:
+        reason = session.budget.check_before_tool_call(session.run.limits)
+        if reason is not None:  # a later call of its turn may have spent the last one
+            return Resolution(verdict=CallVerdict.HALTED, outcome=await session.halt(reason))
         # After a crash that followed the claim, a deduplicating write may have run.
         maybe_ran = recovered and r.tool.dedupes
         return _executed(await tool_call.execute(session, r, confirmed=True, maybe_ran=maybe_ran))
-    return await _refused(session, r, check)
+    return dataclasses.replace(await _refused(session, r, check), unseen=unseen)
 
 
 async def _tool_unavailable(session: RunSession, call: ToolCall) -> Resolution:
@@ -119,7 +125,9 @@ async def _refused(session: RunSession, r: Resolved, check: tool_call.Recheck) -
         original = None
         if r.edited is not None:
             original = (pending.edited_from if pending else None) or r.call.parsed_arguments()
-        suspended = await session.suspend(r.call, r.args, check.preview, edited_from=original)
+        suspended = await suspending.suspend_turn(
+            session, r.call, r.args, check.preview, edited_from=original
+        )
         return Resolution(
             verdict=CallVerdict.CHANGED,
             outcome=suspended,

@@ -20,7 +20,7 @@ import time
 
 from tether import output
 from tether._runtime import compacting, tool_call
-from tether._runtime.decided_call import decide
+from tether._runtime.decided_call import Resolution, decide
 from tether._runtime.hop import hop
 from tether._runtime.model_failures import model_failed
 from tether._runtime.services import Services
@@ -72,13 +72,44 @@ async def _guarded(session: RunSession, steps: tracing.Steps) -> Outcome:
         session.close()
 
 
-async def process(session: RunSession, call: ToolCall) -> Outcome | None:
-    """One unanswered call: carry out its human decision if it has one (a claim whose
-    owner died after it), else process it as met for the first time."""
+async def process(
+    session: RunSession, call: ToolCall, carried: dict[str, Resolution] | None = None
+) -> Outcome | None:
+    """One unanswered call: carry out its human decision if it has one (what became of it
+    goes in ``carried``), else process it as met for the first time."""
     decision = session.take_decision(call.id)
     if decision is not None:
-        return (await decide(session, call, decision, recovered=session.take_recovering())).outcome
+        resolution = await decide(session, call, decision, recovered=session.take_recovering())
+        if carried is not None:
+            carried[call.id] = resolution
+        return resolution.outcome
     return await tool_call.first_call(session, call)
+
+
+async def carry_calls(
+    session: RunSession,
+    carried: dict[str, Resolution] | None = None,
+    *,
+    decided_only: bool = False,
+) -> Outcome | None:
+    """The last turn's unanswered calls, in the model's order (consecutive plain reads
+    together), decided ones carried out as decided: how the run stopped on one of them,
+    or None once each has its result (with ``decided_only``, once the last decided one
+    has: the rest are the workers'). What became of each decided call goes in
+    ``carried``."""
+    for batch in batches(session, session.pending_calls()):
+        if decided_only and not session.holds_decisions():
+            return None
+        if session.stopping:
+            return await session.release("worker stopping")
+        stop = await (
+            tool_call.read_batch(session, batch)
+            if len(batch) > 1
+            else process(session, batch[0], carried)
+        )
+        if stop is not None:
+            return stop
+    return None
 
 
 async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
@@ -87,16 +118,9 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
     if session.pending_calls():  # the rest of a step begun before this stretch
         steps.open(session.step, resumed=True)
     while True:
-        for batch in batches(session, session.pending_calls()):
-            if session.stopping:
-                return await session.release("worker stopping")
-            stop = await (
-                tool_call.read_batch(session, batch)
-                if len(batch) > 1
-                else process(session, batch[0])
-            )
-            if stop is not None:
-                return stop
+        stop = await carry_calls(session)
+        if stop is not None:
+            return stop
         if step_started is not None:  # the turn and all its calls are done
             STEP_SECONDS.observe(time.monotonic() - step_started)
         if session.stopping:

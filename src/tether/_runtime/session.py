@@ -15,8 +15,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel
-
 from tether._runtime.follow_ups import open_follow_up
 from tether._runtime.hop import hop
 from tether._runtime.services import Services
@@ -27,12 +25,10 @@ from tether.failpoints import fail
 from tether.messages import ToolCall, pending_tool_calls, tool_calls_of, tool_result
 from tether.models.base import Message, ModelResponse
 from tether.models.pricing import spend_usd
-from tether.notify import Notice
 from tether.output import Verdict
-from tether.previews import digest
 from tether.reasons import FailReason, HaltReason
 from tether.results import Outcome, StopKind
-from tether.runs import Lease, Pending, Run, iso
+from tether.runs import Lease, Pending, Run
 from tether.scope import Scope
 from tether.store import CallStatus, CompactionRecord, Decision, Intent, idempotency_key
 from tether.telemetry import tracing
@@ -52,7 +48,7 @@ class RunSession:
         messages: list[Message],
         scope: Scope,
         *,
-        decision: Decision | None = None,
+        decisions: dict[str, Decision] | None = None,
         recovering: bool = False,
         stopping: asyncio.Event | None = None,
         history: Sequence[Message] = (),
@@ -75,8 +71,9 @@ class RunSession:
         # it was forked at, so its turns go on from there while its budget starts at zero.
         self.step = run.step
         self.scope = scope
-        # The decision recorded with the run's current suspension token, until carried out.
-        self._decision = decision
+        # The decisions recorded on calls of the run's suspensions, by tool call id, each
+        # until it is carried out.
+        self._decisions = dict(decisions or {})
         # Only a run taken over from a dead owner may have a call whose effect happened
         # without its result being stored, and only its first unanswered call (calls run
         # in order). Everything else pending is known not to have run.
@@ -120,7 +117,7 @@ class RunSession:
             run,
             messages,
             scope,
-            decision=snapshot.decision,
+            decisions=snapshot.decisions,
             recovering=recovering,
             stopping=stopping,
             history=snapshot.history,
@@ -145,11 +142,15 @@ class RunSession:
     def take_decision(self, call_id: str) -> Decision | None:
         """The human decision on ``call_id``, once: after it is carried out the call has a
         result, so it must never be applied again."""
-        decision = self._decision
-        if decision is None or decision.tool_call_id != call_id:
-            return None
-        self._decision = None
-        return decision
+        return self._decisions.pop(call_id, None)
+
+    def holds_decisions(self) -> bool:
+        """Whether any human decision waits to be carried out."""
+        return bool(self._decisions)
+
+    def decided(self, call_id: str) -> bool:
+        """Whether a human decision on ``call_id`` waits to be carried out."""
+        return call_id in self._decisions
 
     def take_recovering(self) -> bool:
         """Whether the next call is the first one processed after a takeover (once)."""
@@ -274,50 +275,34 @@ class RunSession:
         content = error_content(code, message)
         await self.append_result(call, content, CallStatus.ERROR, counted=False)
 
-    async def suspend(
-        self,
-        call: ToolCall,
-        args: BaseModel,
-        preview: dict[str, Any] | None,
-        *,
-        edited_from: dict[str, Any] | None = None,
-    ) -> Outcome:
-        """Suspend on ``call`` with its rendered ``preview`` and a fresh token (only the
-        token's hash is stored), then send the notice. ``edited_from``: the model's
-        arguments, when ``args`` are an approver's edit of them."""
-        fail("before_suspend", call.name)
-        token = new_token()
-        pending = Pending(
-            tool_call_id=call.id,
-            tool=call.name,
-            arguments=args.model_dump(mode="json"),
-            preview=preview,
-            digest=digest(preview) if preview is not None else None,
-            edited_from=edited_from,
-        )
+    async def suspend(self, calls: Sequence[Pending]) -> tuple[list[str], float]:
+        """Suspend on ``calls`` (the turn's calls waiting on a human, in call order), each
+        with a fresh token (only the tokens' hashes are stored); the calls this session
+        holds decisions for keep them. Returns the tokens, in order, and ``expires_at``.
+        Sending the notices is the caller's (``suspending.py``)."""
+        first = calls[0]
+        fail("before_suspend", first.tool)
+        tokens = [new_token() for _ in calls]
         expires_at = await hop(
             self.services.store.suspend,
             self.lease,
-            pending=pending,
-            token_hash=hash_token(token),
+            calls=[(p, hash_token(t)) for p, t in zip(calls, tokens, strict=True)],
+            keep=list(self._decisions),
             ttl_s=self.services.settings.suspension_ttl_s,
             elapsed_ms=self._elapsed(),
-            event={"tool": call.name, "tool_call_id": call.id, "digest": pending.digest},
+            event={
+                "tool": first.tool,
+                "tool_call_id": first.tool_call_id,
+                "digest": first.digest,
+                "pending_calls": [
+                    {"tool_call_id": p.tool_call_id, "tool": p.tool, "digest": p.digest}
+                    for p in calls
+                ],
+            },
         )
-        fail("after_suspend", call.name)
-        notice = Notice(
-            run_id=self.run.id,
-            user_id=self.run.user_id,
-            token=token,
-            approve_url=self.services.approve_url(token),
-            tool=call.name,
-            arguments=pending.arguments,
-            preview=preview,
-            expires_at=iso(expires_at) or "",
-        )
-        await self.services.outbox.post(notice)
+        fail("after_suspend", first.tool)
         log.info("suspended", extra={"run_id": self.run.id, "action": "suspended"})
-        return Outcome(run_id=self.run.id, kind=StopKind.SUSPENDED, notice=notice)
+        return tokens, expires_at
 
     async def record_edit(self, call: ToolCall, arguments: dict[str, Any]) -> None:
         """Record in the ledger the edited arguments ``call`` is about to run with."""

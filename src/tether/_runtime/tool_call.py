@@ -18,7 +18,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 
-from tether._runtime import dry_run, handover
+from tether._runtime import dry_run, handover, suspending
 from tether._runtime.session import RunSession
 from tether._runtime.tool_retries import attempts, failure_content
 from tether._runtime.turns import Result, error_content
@@ -208,7 +208,7 @@ async def first_call(session: RunSession, call: ToolCall) -> Outcome | None:
         await session.refuse(call, "guard_failed", check.reason or "refused")
         return None
     if await r.tool.confirmation_needed(r.args, session.scope):
-        return await session.suspend(call, r.args, check.preview)
+        return await suspending.suspend_turn(session, call, r.args, check.preview)
     return await execute(session, r, confirmed=False)
 
 

@@ -36,21 +36,22 @@ async def reissue_notices(services: Services) -> list[str]:
         new_hashes=new_hash,
         versions=services.versions,
     )
-    for run, token_hash in reissued:
-        token = fresh[token_hash]
-        assert run.pending is not None
+    for run, call in reissued:
+        token = fresh[call.token_hash]
         notice = Notice(
             run_id=run.id,
             user_id=run.user_id,
             token=token,
             approve_url=services.approve_url(token),
-            tool=run.pending.tool,
-            arguments=run.pending.arguments,
-            preview=run.pending.preview,
+            tool=call.pending.tool,
+            arguments=call.pending.arguments,
+            preview=call.pending.preview,
             expires_at=iso(run.expires_at) or "",
+            tool_call_id=call.pending.tool_call_id,
+            pending_calls=len(run.pending_calls),
         )
         await services.outbox.post(notice)
-    return [run.id for run, _ in reissued]
+    return list(dict.fromkeys(run.id for run, _ in reissued))
 
 
 async def expire_suspended(services: Services) -> list[str]:

@@ -2,12 +2,13 @@
 every entry is checked before any is recorded, then each goes through the one decision
 by run (``resume.by_run``), and each call gets the answer its token would have had.
 
-Today a run waits on one pending call; the entries name calls of the run's pending turn,
-so several calls of one turn (reference §15) are decided through the same door.
+Each entry but the suspension's last is recorded; the last claims the run and carries the
+turn out, and the calls of this request it carried out answer as they were carried out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,10 +18,10 @@ from tether._runtime.hop import hop
 from tether._runtime.services import Services
 from tether.approvals import resume
 from tether.approvals.inbox import may_decide
-from tether.approvals.request import Asked, asked, tool_arguments
+from tether.approvals.request import Asked, asked, suspended_on, tool_arguments
 from tether.errors import InvalidInput, NotFound, TetherError
-from tether.results import CallDecision
-from tether.runs import Run, RunState
+from tether.results import CallDecision, CallVerdict
+from tether.runs import Run
 
 MAX_DECISIONS = 100
 _FIELDS = frozenset({"tool_call_id", "decision", "reason", "arguments", "digest"})
@@ -78,7 +79,20 @@ async def decide_calls(
             results.append(CallDecision(tool_call_id=entry.tool_call_id, refused=exc))
         else:
             results.append(CallDecision(tool_call_id=entry.tool_call_id, result=result))
-    return results
+    return [_as_carried(r, results[-1]) for r in results]
+
+
+def _as_carried(mine: CallDecision, last: CallDecision) -> CallDecision:
+    """A call recorded by an earlier entry and carried out by the claim of a later one
+    answers as it was carried out."""
+    result, claim = mine.result, last.result
+    if result is None or claim is None or result.outcome is not CallVerdict.RECORDED:
+        return mine
+    verdict = claim.carried.get(mine.tool_call_id)
+    if verdict is None:
+        return mine
+    done = dataclasses.replace(result, state=claim.state, outcome=verdict, waiting_for=None)
+    return dataclasses.replace(mine, result=done)
 
 
 def _listed(decisions: Any) -> list[Mapping[str, Any]]:
@@ -108,8 +122,9 @@ async def _checked(services: Services, run: Run, approver: str, raw: Mapping[str
         arguments=raw.get("arguments"),
         digest=raw.get("digest"),
     )
-    pending = run.pending if run.state is RunState.SUSPENDED else None
-    if pending is not None and pending.tool_call_id == call_id:
+    found = await suspended_on(services, run.id, call_id)
+    pending = found.call.pending if found.run is not None and found.call is not None else None
+    if pending is not None:
         if ask.arguments is not None:
             tool_arguments(services, pending, ask.arguments)  # invalid_input, nothing recorded
         # The request as read here is the one decided (one re-suspended since is not);

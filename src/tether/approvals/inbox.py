@@ -88,12 +88,13 @@ async def request_of_run(
 ) -> Run | None:
     """The run when it is suspended on ``tool_call_id`` and ``approver`` may decide it."""
     try:
-        run = await suspended_on(services, run_id, tool_call_id)
+        found = await suspended_on(services, run_id, tool_call_id)
     except UnknownOrExpired:  # not a call id at all
         return None
+    run = found.run
     if run is None or not await may_decide(services, run.user_id, approver):
         return None
-    return run
+    return await hop(services.store.get_run, run.id)  # with every call it waits on
 
 
 async def token_owner(services: Services, token: str) -> str | None:

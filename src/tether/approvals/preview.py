@@ -18,7 +18,7 @@ from tether.approvals.request import (
 )
 from tether.previews import digest as digest_of
 from tether.results import ApprovalPreview
-from tether.runs import Run
+from tether.runs import Pending, Run
 from tether.tokens import hash_token
 
 
@@ -33,9 +33,9 @@ async def by_token(
     if arguments is not None:
         checked_arguments(arguments)
     found = await find_suspended(services, hash_token(inputs.token(token)))
-    if found.run is None:
+    if found.run is None or found.call is None:
         raise unknown_or_expired(found.expired, approver)
-    return await _preview(services, found.run, approver, arguments)
+    return await _preview(services, found.run, found.call.pending, approver, arguments)
 
 
 async def by_run(
@@ -50,17 +50,19 @@ async def by_run(
     inputs.user_id(approver, "approver")
     if arguments is not None:
         checked_arguments(arguments)
-    run = await suspended_on(services, run_id, tool_call_id)
-    if run is None:
+    found = await suspended_on(services, run_id, tool_call_id)
+    if found.run is None or found.call is None:
         raise unknown_or_expired()
-    return await _preview(services, run, approver, arguments)
+    return await _preview(services, found.run, found.call.pending, approver, arguments)
 
 
 async def _preview(
-    services: Services, run: Run, approver: str, arguments: dict[str, Any] | None
+    services: Services,
+    run: Run,
+    pending: Pending,
+    approver: str,
+    arguments: dict[str, Any] | None,
 ) -> ApprovalPreview:
-    pending = run.pending
-    assert pending is not None
     scope = await services.agent.resolve_scope(run.user_id)
     check_decider(services, scope, pending, approver)
     args = tool_arguments(services, pending, pending.arguments if arguments is None else arguments)

@@ -131,14 +131,13 @@ def check_decider(services: Services, scope: Scope, pending: Pending, approver: 
         )
 
 
-async def suspended_on(services: Services, run_id: str, tool_call_id: Any) -> Run | None:
-    """The run, when it is suspended on the call ``tool_call_id``."""
+async def suspended_on(services: Services, run_id: str, tool_call_id: Any) -> TokenMatch:
+    """What the call ``tool_call_id`` of the run names, as its token would: the run
+    suspended on it (``run``, with the ``call``) while undecided inside the window, the
+    decision recorded on it, or the run whose suspension expired."""
     if not isinstance(tool_call_id, str) or not 0 < len(tool_call_id) <= 128:
         raise unknown_or_expired()
-    run = await hop(services.store.get_run, inputs.run_id(run_id))
-    if run is None or run.state is not RunState.SUSPENDED or run.pending is None:
-        return None
-    return run if run.pending.tool_call_id == tool_call_id else None
+    return await hop(services.store.match_call, inputs.run_id(run_id), tool_call_id)
 
 
 async def find_suspended(services: Services, token_hash: str) -> TokenMatch:

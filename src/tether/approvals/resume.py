@@ -17,8 +17,8 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from tether import inputs
-from tether._runtime import handover, versions
-from tether._runtime.decided_call import decide
+from tether._runtime import handover, loop, versions
+from tether._runtime.decided_call import Resolution
 from tether._runtime.hop import hop
 from tether._runtime.services import Services
 from tether._runtime.session import RunSession
@@ -44,9 +44,11 @@ from tether.errors import (
     UnknownOrExpired,
 )
 from tether.failpoints import fail
-from tether.results import UNSEEN_EDIT, ApprovalResult, CallVerdict, Choice, Outcome
-from tether.runs import Pending, Run, RunState
+from tether.messages import tool_calls_of
+from tether.results import UNSEEN_EDIT, ApprovalResult, CallVerdict, Choice, Outcome, StopKind
+from tether.runs import Pending, PendingCall, Run, RunState
 from tether.store import Decision
+from tether.store.claims import SuspensionClaim
 from tether.telemetry import tracing
 from tether.telemetry.metrics import APPROVALS
 from tether.tokens import hash_token
@@ -63,24 +65,24 @@ def _already(decision: Decision) -> AlreadyResumed:
 
 
 async def by_token(services: Services, owner: str, token: str, ask: Asked) -> ApprovalResult:
-    """Carry out a human decision on a suspended run: check it, claim first, then
-    re-check, then the tool or the decline, and its durable result; the rest of the loop
-    goes to the workers.
+    """Carry out a human decision on a call of a suspended run: check it, record it (the
+    last decision of the suspension claims the run), then, once claimed, re-check and
+    carry out the turn's calls in order; the rest of the loop goes to the workers.
 
-    Safe to call twice with one token: only one claim can succeed; the other caller gets
+    Safe to call twice with one token: only one decision can use it; the other caller gets
     ``already_resumed`` with the decision that won (its reason and edits included).
     """
     token_hash = hash_token(inputs.token(token))
     found = await find_suspended(services, token_hash)
-    run, used = found.run, found.decision
-    if run is None:
+    run, call, used = found.run, found.call, found.decision
+    if run is None or call is None:
         seen = await visible_run(services, used.run_id, ask.approver) if used is not None else None
-        with approval_span(seen, ask):
+        with approval_span(seen, None, ask):
             if used is not None and seen is not None:
                 raise _already(used)
             APPROVALS.labels(outcome=UnknownOrExpired.code).inc()
             raise unknown_or_expired(found.expired, ask.approver)
-    return await _claim_and_carry_out(services, owner, run, token_hash, ask)
+    return await _claim_and_carry_out(services, owner, run, call, ask)
 
 
 async def by_run(
@@ -95,33 +97,26 @@ async def by_run(
     its hash is stored). The approver names the call and the digest of the pending preview
     they were shown (``shown_digest``), so a click cannot approve a request re-suspended on
     another preview after the page was rendered; ``ask.digest`` is the digest of the
-    re-rendered preview of their edit (the shown one when they did not edit). Claims
+    re-rendered preview of their edit (the shown one when they did not edit). Decides
     through the same conditional UPDATE.
 
-    Safe to call twice: the second claim finds the run no longer suspended on that call
-    and answers ``already_resumed`` with the decision that won.
+    Safe to call twice: the second finds the call decided and answers ``already_resumed``
+    with the decision that won.
     """
     if ask.digest is None and ask.arguments is None:
         ask = dataclasses.replace(ask, digest=shown_digest)
-    run = await _pending_run(services, run_id, tool_call_id, shown_digest)
-    if run is None or run.pending_token_hash is None:
-        used = await hop(services.store.decision_for_call, run_id, str(tool_call_id))
+    found = await suspended_on(services, run_id, tool_call_id)
+    run, call = found.run, found.call
+    if run is None or call is None or call.pending.digest != shown_digest:
+        used = found.decision or await hop(
+            services.store.decision_for_call, run_id, str(tool_call_id)
+        )
         seen = await visible_run(services, run_id, ask.approver) if used is not None else None
-        with approval_span(seen, ask):
+        with approval_span(seen, None, ask):
             if used is not None and seen is not None:
                 raise _already(used)
             raise unknown_or_expired()
-    return await _claim_and_carry_out(services, owner, run, run.pending_token_hash, ask)
-
-
-async def _pending_run(
-    services: Services, run_id: str, tool_call_id: Any, digest: str | None
-) -> Run | None:
-    """The run, when it is suspended on ``tool_call_id`` shown with ``digest``."""
-    run = await suspended_on(services, run_id, tool_call_id)
-    if run is None or run.pending is None or run.pending.digest != digest:
-        return None
-    return run
+    return await _claim_and_carry_out(services, owner, run, call, ask)
 
 
 def _recorded(services: Services, pending: Pending, ask: Asked) -> tuple[str, Any, dict[str, Any]]:
@@ -153,22 +148,24 @@ def _recorded(services: Services, pending: Pending, ask: Asked) -> tuple[str, An
     return ask.choice.value, arguments, event
 
 
-async def _claim(services: Services, owner: str, run: Run, token_hash: str, ask: Asked) -> Run:
-    """Claim the suspension (the one conditional UPDATE that records the decision), or
-    raise ``already_resumed`` with the winning decision, or ``unknown_or_expired``.
+async def _claim(
+    services: Services, owner: str, run: Run, call: PendingCall, ask: Asked
+) -> SuspensionClaim:
+    """Record the decision on ``call`` (the one conditional UPDATE that records it, and
+    claims the run when it is the suspension's last), or raise ``already_resumed`` with
+    the winning decision, or ``unknown_or_expired``.
 
-    Callers of one token in flight here send one claim: the first caller's. The others
+    Callers of one token in flight here send one UPDATE: the first caller's. The others
     lost to it, or to whatever it lost to, as their own UPDATE would have (a token that
-    is not claimable never becomes claimable again), so they are answered from its
-    result without waiting on the run's row lock for an UPDATE that cannot win."""
-    assert run.pending is not None
-    decision, arguments, event = _recorded(services, run.pending, ask)
+    is not usable never becomes usable again), so they are answered from its result
+    without waiting on the run's row lock for an UPDATE that cannot win."""
+    decision, arguments, event = _recorded(services, call.pending, ask)
     claim, mine = await services.single_flight.run(
-        ("claim", token_hash),
+        ("claim", call.token_hash),
         lambda: hop(
             services.store.claim_decision,
             run_id=run.id,
-            token_hash=token_hash,
+            token_hash=call.token_hash,
             owner=owner,
             decision=decision,
             approver=ask.approver,
@@ -180,21 +177,24 @@ async def _claim(services: Services, owner: str, run: Run, token_hash: str, ask:
         ),
     )
     if mine and claim.run is not None:
-        return claim.run
+        return claim
     if claim.decision is not None:
         raise AlreadyResumed(
             "this request was already decided", decision=decision_json(claim.decision)
         )
     now = await hop(services.store.get_run, run.id)
-    if now is not None and now.state is RunState.SUSPENDED and now.pending_token_hash == token_hash:
+    if now is not None and now.state is RunState.SUSPENDED and now.lease_epoch == call.epoch:
         versions.check_served(services, now)  # moved to another version meanwhile
     raise unknown_or_expired()
 
 
-def approval_span(run: Run | None, ask: Asked) -> AbstractContextManager[tracing.Traced]:
+def approval_span(
+    run: Run | None, call: PendingCall | None, ask: Asked
+) -> AbstractContextManager[tracing.Traced]:
     """The decision's ``approval`` span, in the run's trace when the approver may see the
     run (``tracing.py``); its outcome is the verdict or the refusal's code."""
-    tool = run.pending.tool if run is not None and run.pending is not None else None
+    pending = call.pending if call is not None else run.pending if run is not None else None
+    tool = pending.tool if pending is not None else None
     return tracing.action(
         f"approval {tool}" if tool else "approval",
         run.id if run is not None else None,
@@ -211,11 +211,11 @@ def approval_span(run: Run | None, ask: Asked) -> AbstractContextManager[tracing
 
 
 async def _claim_and_carry_out(
-    services: Services, owner: str, run: Run, token_hash: str, ask: Asked
+    services: Services, owner: str, run: Run, call: PendingCall, ask: Asked
 ) -> ApprovalResult:
-    with approval_span(run, ask) as span:
+    with approval_span(run, call, ask) as span:
         try:
-            result = await _claim_then_decide(services, owner, run, token_hash, ask)
+            result = await _claim_then_decide(services, owner, run, call, ask)
         except TetherError as exc:
             APPROVALS.labels(outcome=exc.code).inc()
             raise
@@ -225,13 +225,26 @@ async def _claim_and_carry_out(
 
 
 async def _claim_then_decide(
-    services: Services, owner: str, run: Run, token_hash: str, ask: Asked
+    services: Services, owner: str, run: Run, call: PendingCall, ask: Asked
 ) -> ApprovalResult:
     scope = await services.agent.resolve_scope(run.user_id)
-    assert run.pending is not None  # a suspended run has its pending call
-    check_decider(services, scope, run.pending, ask.approver)
+    check_decider(services, scope, call.pending, ask.approver)
     versions.check_served(services, run)  # wrong_version: nothing is claimed (reference §12)
-    claimed = await _claim(services, owner, run, token_hash, ask)
+    claim = await _claim(services, owner, run, call, ask)
+    claimed = claim.run
+    assert claimed is not None
+    if not claim.claimed:  # others of the turn are undecided: nothing runs yet
+        log.info(
+            "recorded", extra={"run_id": run.id, "action": "record", "state": ask.choice.value}
+        )
+        fail("after_decision_recorded")
+        return ApprovalResult(
+            run_id=run.id,
+            decision=ask.choice,
+            state=RunState.SUSPENDED,
+            outcome=CallVerdict.RECORDED,
+            waiting_for=claimed.undecided,
+        )
     log.info("claimed", extra={"run_id": run.id, "action": "claim", "state": ask.choice.value})
     fail("after_claim")
     try:
@@ -240,7 +253,7 @@ async def _claim_then_decide(
         return await _elsewhere(services, run.id, ask.choice)
     try:
         with handover.answering_within(services.settings.approval_reconcile_s):
-            return await _carry_out(session, ask.choice)
+            return await _carry_out(session, ask.choice, call.pending.tool_call_id)
     except handover.HandOver as over:
         return await _reconciling(session, ask.choice, over)
     except LeaseLost:
@@ -291,16 +304,31 @@ async def _elsewhere(services: Services, run_id: str, choice: Choice) -> Approva
     )
 
 
-async def _carry_out(session: RunSession, choice: Choice) -> ApprovalResult:
-    pending = session.pending_calls()
-    decision = session.take_decision(pending[0].id) if pending else None
-    if decision is None:
-        outcome = await session.release("no pending call to decide")
+async def _carry_out(session: RunSession, choice: Choice, own: str) -> ApprovalResult:
+    """Carry out the turn's calls in order up to its last decided one (each decided call
+    re-checked just before it executes), then hand the run back; answer as the decider's
+    own call (``own``) was carried out: a call refused on re-check is its §4 error. A
+    decider whose call was not reached (the run stopped on an earlier call of the turn)
+    is answered as that call was, or ``recorded`` when the run waits again."""
+    carried: dict[str, Resolution] = {}
+    stop = await loop.carry_calls(session, carried, decided_only=True)
+    if not carried:
+        outcome = stop or await session.release("no pending call to decide")
         return _result(session, choice, outcome, CallVerdict.RELEASED)
-    call = pending[0]
-    resolution = await decide(session, call, decision, recovered=False)
-    fail("after_resume_execute", call.name)
-    outcome = resolution.outcome or await session.release("decision carried out")
+    resolution = carried.get(own)
+    if resolution is None and stop is not None and stop.kind is StopKind.SUSPENDED:
+        return ApprovalResult(
+            run_id=session.run.id,
+            decision=choice,
+            state=RunState.SUSPENDED,
+            outcome=CallVerdict.RECORDED,
+            waiting_for=len(stop.notices) or 1,
+            carried={k: r.verdict for k, r in carried.items()},
+        )
+    if resolution is None:
+        resolution = list(carried.values())[-1]
+    fail("after_resume_execute", _tool_of(session, own))
+    outcome = stop or await session.release("decision carried out")
     if resolution.verdict is CallVerdict.NO_LONGER_PERMITTED:
         raise NoLongerPermitted(resolution.reason or "no longer permitted", run_id=session.run.id)
     if resolution.verdict is CallVerdict.TOOL_UNAVAILABLE:
@@ -308,11 +336,11 @@ async def _carry_out(session: RunSession, choice: Choice) -> ApprovalResult:
             resolution.reason or "the pending tool is not available", run_id=session.run.id
         )
     if resolution.verdict is CallVerdict.CHANGED:
-        notice = outcome.notice
+        notice = resolution.outcome.notice if resolution.outcome is not None else None
         assert notice is not None
         raise Changed(
             _MISSING_DIGEST
-            if decision.decision == UNSEEN_EDIT
+            if resolution.unseen
             else "the details changed while this was waiting; please review again",
             diff=resolution.diff,
             token=notice.token,
@@ -323,7 +351,17 @@ async def _carry_out(session: RunSession, choice: Choice) -> ApprovalResult:
         raise GuardFailed(
             resolution.reason or "refused by the tool's guard", reason=resolution.reason
         )
-    return _result(session, choice, outcome, resolution.verdict)
+    result = _result(session, choice, outcome, resolution.verdict)
+    return dataclasses.replace(result, carried={k: r.verdict for k, r in carried.items()})
+
+
+def _tool_of(session: RunSession, call_id: str) -> str | None:
+    """The tool of the call ``call_id`` of the run's turn."""
+    for message in reversed(session.messages):
+        for call in tool_calls_of(message):
+            if call.id == call_id:
+                return call.name
+    return None
 
 
 _MISSING_DIGEST = (

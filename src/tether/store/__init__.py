@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from tether.store.compactions import CompactionRecord
 from tether.store.migrate import SchemaStatus, ensure_schema, schema_status, upgrade
-from tether.store.reads import Snapshot, TokenMatch
+from tether.store.reads import Snapshot
 from tether.store.records import CallStatus, Decision, Event, LedgerEntry
 from tether.store.steps import Intent, idempotency_key
 from tether.store.store import Store
+from tether.store.suspensions import TokenMatch
 
 __all__ = [
     "CallStatus",

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from tether.runs import BUSY, FailReason, RunState
 from tether.store.clock import db_now
-from tether.store.schema import runs
+from tether.store.schema import decisions, pending_calls, runs
 from tether.store.served import SERVED
 from tether.store.transitions import Transition, state_in
 
@@ -65,10 +65,34 @@ QUEUED_CANDIDATE = (
 )
 CLAIM_QUEUED = Transition(RunState.QUEUED, RUNNING, ID, ~_BLOCKED, SERVED, **CLAIMED)
 
-# A suspension, by its token, while its window is open by the database's clock.
-_TOKEN = runs.c.pending_token_hash == sa.bindparam("b_token_hash")
+# A decision on one call of a suspension (reference §15), by its token, while the window
+# is open by the database's clock: the suspension is the one its token was issued in (the
+# lease epoch it suspended at: every claim moves it on) and the token is not used yet. It
+# takes one off ``undecided``; the decision that takes the last one claims the run in the
+# same UPDATE (``when``), so of concurrent last decisions exactly one claims: the row's
+# lock serialises them, and each sees the count the one before left.
+_OF_TOKEN = pending_calls.c.token_hash == sa.bindparam("b_token_hash")
+_UNUSED = ~sa.exists().where(decisions.c.token_hash == sa.bindparam("b_token_hash"))
+# The lease epoch the token's suspension began at (its call's row, by the primary key).
+_EPOCH_OF_TOKEN = (
+    sa.select(pending_calls.c.epoch)
+    .where(_OF_TOKEN, pending_calls.c.run_id == runs.c.id)
+    .scalar_subquery()
+)
+CALL_OF_TOKEN = sa.select(pending_calls.c.tool_call_id, pending_calls.c.call).where(_OF_TOKEN)
+_CLAIMING = {name: value for name, value in CLAIMED.items() if name != "updated_at"}
 CLAIM_SUSPENDED = Transition(
-    RunState.SUSPENDED, RUNNING, ID, _TOKEN, runs.c.expires_at > db_now(), SERVED, **CLAIMED
+    RunState.SUSPENDED,
+    RUNNING,
+    ID,
+    runs.c.lease_epoch == _EPOCH_OF_TOKEN,
+    runs.c.undecided > 0,
+    _UNUSED,
+    runs.c.expires_at > db_now(),
+    SERVED,
+    when=runs.c.undecided == 1,
+    always={"undecided": runs.c.undecided - 1, "updated_at": db_now()},
+    **_CLAIMING,
 )
 
 # No pass start to stay before: the largest float (finite, so it renders in any plan).

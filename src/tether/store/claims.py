@@ -37,6 +37,7 @@ from tether.store.records import Decision
 from tether.store.schema import decisions, runs
 from tether.store.served import served
 from tether.store.statements import INSERT_MESSAGE, add_event
+from tether.store.suspensions import clear_calls
 from tether.store.threads import moved_on, place_run
 from tether.store.transitions import Transition, state_in
 
@@ -51,12 +52,18 @@ _CENSUS = sa.select(db_now(), sa.select(runs.c.id).where(state_in([RUNNING]), ST
 
 @dataclass(frozen=True, kw_only=True)
 class SuspensionClaim:
-    """What a claim of a suspension found: the run it claimed with the decision it
-    recorded, or (``run`` None) the decision that had already used the token; neither
-    when the token is unknown, expired or superseded."""
+    """What a decision on a call of a suspension found: the run as its UPDATE left it
+    with the decision it recorded (``claimed``: this decision was the last of the
+    suspension and claimed the run; otherwise it is recorded and the run still waits on
+    ``run.undecided`` calls), or (``run`` None) the decision that had already used the
+    token; neither when the token is unknown, expired or superseded."""
 
     run: Run | None = None
     decision: Decision | None = None
+
+    @property
+    def claimed(self) -> bool:
+        return self.run is not None and self.run.state is RunState.RUNNING
 
 
 _LIMITS = ("max_steps", "max_spend_usd", "max_tool_calls", "max_elapsed_ms")
@@ -249,17 +256,23 @@ class Claims(StoreBase):
         event: dict[str, Any] | None = None,
         versions: Sequence[str] | None = None,
     ) -> SuspensionClaim:
-        """The one claim of a suspension (invariant 5): suspended → running under
-        ``owner``, conditional on the token and on ``expires_at`` against the database's
-        clock, recording the decision (who, when, the approver's ``reason``, the
+        """The one write of a decision (invariant 5): conditional on the token's
+        suspension being the run's current one (the lease epoch it began at), on the
+        token being unused and on ``expires_at`` against the database's clock, it records
+        the decision on the token's call (who, when, the approver's ``reason``, the
         ``arguments`` the call is to run with when they are not the model's, and the
-        ``digest`` the approver saw, by default the pending preview's) and its
-        ``approved`` / ``declined`` event (``event``: its data) in the same transaction.
-        A claim that lost reads, in the same transaction, the decision that used the token
-        (a new statement sees what the winner committed while this UPDATE waited on its
-        lock), so a loser is answered without another trip to the store. Only a run of
-        ``versions`` (None: any) is claimed; the caller tells a run of another version
-        apart (``wrong_version``)."""
+        ``digest`` the approver saw, by default the call's own) and its
+        ``approved`` / ``declined`` event (``event``: its data) in the same transaction;
+        the decision that leaves none of the suspension's calls undecided claims the run
+        (suspended → running under ``owner``) in that same UPDATE.
+
+        A decision that lost reads, in the same transaction, the decision that used the
+        token (a new statement sees what the winner committed while this UPDATE waited on
+        its lock), so a loser is answered without another trip to the store; one that
+        lost to a concurrent decision of the same token in another process meets the
+        decisions' primary key and is answered the same way. Only a run of ``versions``
+        (None: any) is decided; the caller tells a run of another version apart
+        (``wrong_version``)."""
         params = {
             **served(versions),
             "b_id": run_id,
@@ -273,13 +286,17 @@ class Claims(StoreBase):
             "b_kind": _EVENT_OF.get(decision, "approved"),
             "b_event": {"decision": decision, "by": approver, **(event or {})},
         }
-        with self.begin() as conn:
-            won = self.dialect.claim_suspension(conn, params)
-            if won is not None:
-                run, recorded = won
-                return SuspensionClaim(run=run, decision=recorded)
-            used = conn.execute(_DECISION_OF_TOKEN, params).first()
-            return SuspensionClaim(decision=Decision.from_row(used._mapping) if used else None)
+        try:
+            with self.begin() as conn:
+                won = self.dialect.claim_suspension(conn, params)
+                if won is not None:
+                    run, recorded = won
+                    return SuspensionClaim(run=run, decision=recorded)
+                used = conn.execute(_DECISION_OF_TOKEN, params).first()
+        except sa.exc.IntegrityError:  # the same token, decided meanwhile elsewhere
+            with self.engine.connect() as conn:
+                used = conn.execute(_DECISION_OF_TOKEN, params).first()
+        return SuspensionClaim(decision=Decision.from_row(used._mapping) if used else None)
 
     def orphan_census(
         self, *, stale_after_s: float, versions: Sequence[str] | None = None
@@ -354,6 +371,7 @@ class Claims(StoreBase):
                 "new_limits": limits.to_json(),
                 "budget": old.budget.to_json(),
             }
+            clear_calls(conn, run_id)  # its suspension's tokens and decisions are void
             add_event(conn, run_id, "continued", grant)
             self.dialect.wake(conn)
             return Run.from_row(row._mapping)

@@ -32,7 +32,13 @@ from sqlalchemy.engine import URL, Connection
 
 from tether.errors import ConfigError
 from tether.runs import FailReason, Run
-from tether.store.claim_statements import CLAIM_SUSPENDED, EXHAUST, ORPHANS, RECOVER
+from tether.store.claim_statements import (
+    CALL_OF_TOKEN,
+    CLAIM_SUSPENDED,
+    EXHAUST,
+    ORPHANS,
+    RECOVER,
+)
 from tether.store.clock import db_now
 from tether.store.records import Decision
 from tether.store.schema import decisions
@@ -101,31 +107,33 @@ class Dialect:
     def claim_suspension(
         self, conn: Connection, params: dict[str, Any]
     ) -> tuple[Run, Decision] | None:
-        """Claim the suspension of ``params`` (``CLAIM_SUSPENDED``) and record its decision
-        and its ``approved`` / ``declined`` event (``b_kind``, data ``b_event``); the run
-        claimed and the decision recorded, or None when the claim lost and nothing was
-        written. Here: the UPDATE, then the two INSERTs."""
+        """Record the decision of ``params`` on its call (``CLAIM_SUSPENDED``: the last
+        one of the suspension claims the run) with its ``approved`` / ``declined`` event
+        (``b_kind``, data ``b_event``); the run as the UPDATE left it (``running`` when
+        this decision claimed it, ``suspended`` when others are undecided) and the
+        decision recorded, or None when nothing was written. Here: the UPDATE, then the
+        two INSERTs."""
         row = CLAIM_SUSPENDED.one(conn, params)
         if row is None:
             return None
         run = Run.from_row(row._mapping)
-        assert run.pending is not None
+        call = conn.execute(CALL_OF_TOKEN, params).one()
         recorded = conn.execute(
             decisions.insert()
             .values(
                 token_hash=params["b_token_hash"],
                 run_id=run.id,
-                tool_call_id=run.pending.tool_call_id,
+                tool_call_id=call.tool_call_id,
                 decision=params["b_decision"],
                 decided_by=params["b_approver"],
                 decided_at=db_now(),
-                digest=params["b_digest"] or run.pending.digest,
+                digest=params["b_digest"] or call.call.get("digest"),
                 reason=params["b_reason"],
                 arguments=params["b_arguments"],
             )
             .returning(*decisions.c)
         ).one()
-        data = {**params["b_event"], "tool_call_id": run.pending.tool_call_id}
+        data = {**params["b_event"], "tool_call_id": call.tool_call_id}
         add_event(conn, run.id, params["b_kind"], data)
         return run, Decision.from_row(recorded._mapping)
 

@@ -49,7 +49,14 @@ from tether.store.clock import db_now
 from tether.store.dialect import Dialect, Query
 from tether.store.listen import RUNS_CHANNEL
 from tether.store.records import CallStatus, Decision
-from tether.store.schema import decisions, run_events, run_messages, runs, tool_calls
+from tether.store.schema import (
+    decisions,
+    pending_calls,
+    run_events,
+    run_messages,
+    runs,
+    tool_calls,
+)
 from tether.store.statements import RESULT, TURN, TURN_FINAL
 from tether.store.transitions import Transition
 
@@ -240,7 +247,8 @@ def _suspension_statement(claim: sa.Update) -> sa.Select[Any]:
 
     Returns the claimed run's row with the decision's columns (``d_*``), or no row."""
     r = claim.cte("r")
-    call_id = r.c.pending["tool_call_id"].as_string()
+    call = pending_calls.alias("p")
+    of_token = call.c.token_hash == _text("b_token_hash")
     decided = (
         decisions.insert()
         .from_select(
@@ -258,22 +266,22 @@ def _suspension_statement(claim: sa.Update) -> sa.Select[Any]:
             sa.select(
                 _text("b_token_hash"),
                 r.c.id,
-                call_id,
+                call.c.tool_call_id,
                 _text("b_decision"),
                 _text("b_approver"),
                 db_now(),
-                sa.func.coalesce(_text("b_digest"), r.c.pending["digest"].as_string()),
+                sa.func.coalesce(_text("b_digest"), call.c.call["digest"].as_string()),
                 _text("b_reason"),
                 sa.bindparam("b_arguments", type_=sa.JSON),
-            ),
+            ).select_from(r.join(call, of_token)),
         )
         .returning(*decisions.c)
         .cte("d")
     )
     data = sa.cast(sa.bindparam("b_event", type_=sa.JSON), JSONB).op("||")(
-        sa.func.jsonb_build_object("tool_call_id", call_id)
+        sa.func.jsonb_build_object("tool_call_id", decided.c.tool_call_id)
     )
-    rows = sa.select(r.c.id, db_now(), _text("b_kind"), sa.cast(data, sa.JSON))
+    rows = sa.select(decided.c.run_id, db_now(), _text("b_kind"), sa.cast(data, sa.JSON))
     event = run_events.insert().from_select(_EVENT_COLUMNS, rows).cte("e")
     recorded = [decided.c[c.name].label(f"d_{c.name}") for c in decisions.c]
     return sa.select(*r.c, *recorded).select_from(r.join(decided, sa.true())).add_cte(event)

@@ -13,24 +13,38 @@ from typing import Any
 import sqlalchemy as sa
 
 from tether.models.base import Message
-from tether.runs import HaltReason, Run, RunState
+from tether.runs import Run, RunState
 from tether.store.base import StoreBase
 from tether.store.clock import db_now
 from tether.store.compactions import CompactionRecord, compaction_state
 from tether.store.records import Decision, Event, LedgerEntry
-from tether.store.schema import COUNTABLE, decisions, run_events, run_messages, runs, tool_calls
+from tether.store.schema import (
+    COUNTABLE,
+    decisions,
+    pending_calls,
+    run_events,
+    run_messages,
+    runs,
+    tool_calls,
+)
 from tether.store.statements import SELECT_MESSAGES
+from tether.store.suspensions import decision_of, with_calls
 from tether.store.transitions import state_in
 
 _NOW = sa.select(db_now())
+_DECISION_COLUMNS = [c.label(f"d_{c.name}") for c in decisions.c]
 
 _RUN = sa.select(runs).where(runs.c.id == sa.bindparam("b_id"))
 
-# The run with the decision recorded for its current token, if any, in one query.
-_DECISION_COLUMNS = [c.label(f"d_{c.name}") for c in decisions.c]
-_RUN_AND_DECISION = (
+# The run with the decisions its suspensions' calls carry, in one query (one row per
+# call row of the run; the run's columns repeat).
+_RUN_AND_DECISIONS = (
     sa.select(runs, *_DECISION_COLUMNS)
-    .select_from(runs.outerjoin(decisions, decisions.c.token_hash == runs.c.pending_token_hash))
+    .select_from(
+        runs.outerjoin(pending_calls, pending_calls.c.run_id == runs.c.id).outerjoin(
+            decisions, decisions.c.token_hash == pending_calls.c.token_hash
+        )
+    )
     .where(runs.c.id == sa.bindparam("b_id"))
 )
 
@@ -80,20 +94,6 @@ def _page_where(
     return where
 
 
-_SUSPENDED_ON = sa.select(runs).where(
-    runs.c.pending_token_hash == sa.bindparam("b_hash"), state_in([RunState.SUSPENDED])
-)
-_DECISION_OF_TOKEN = sa.select(decisions).where(decisions.c.token_hash == sa.bindparam("b_hash"))
-# The run suspended on a token, with whether its window is open by the database's clock.
-_SUSPENDED_ON_OPEN = sa.select(runs, (runs.c.expires_at > db_now()).label("window_open")).where(
-    runs.c.pending_token_hash == sa.bindparam("b_hash"), state_in([RunState.SUSPENDED])
-)
-# The run a token's suspension halted when it expired (the halted-token partial index).
-_EXPIRED_ON = sa.select(runs).where(
-    runs.c.pending_token_hash == sa.bindparam("b_hash"),
-    state_in([RunState.HALTED]),
-    runs.c.halt_reason == HaltReason.SUSPENSION_EXPIRED.value,
-)
 _DECISION_OF_CALL = (
     sa.select(decisions)
     .where(
@@ -161,38 +161,19 @@ _COUNT_BY_STATE = (
 
 @dataclass(frozen=True, kw_only=True)
 class Snapshot:
-    """A run with what the loop needs to go on: its messages, and the decision recorded
-    for the token of its current suspension, if any. Whether that decision answers one of
-    the pending calls is the caller's to check (by ``decision.tool_call_id``)."""
+    """A run with what the loop needs to go on: its messages, and the decisions its
+    suspensions' calls carry, by tool call id (the latest of a call's). Which of them
+    answer a pending call is the caller's to check."""
 
     run: Run
     messages: list[Message]
-    decision: Decision | None
+    decisions: dict[str, Decision] = field(default_factory=dict)
     # The conversation before the run in its thread (reference §14), when asked for; with
     # it, the compaction the model sees it through and the input tokens the conversation's
     # latest model call reported (``compactions.compaction_state``).
     history: list[Message] = field(default_factory=list)
     compaction: CompactionRecord | None = None
     input_tokens: int = 0
-
-
-def _decision(row: Any) -> Decision | None:
-    """The decision columns (``d_*``) of a run row, if the outer join found one."""
-    if row.d_token_hash is None:
-        return None
-    return Decision.from_row({c.name: row._mapping[f"d_{c.name}"] for c in decisions.c})
-
-
-@dataclass(frozen=True, kw_only=True)
-class TokenMatch:
-    """What a token names: the run suspended on it inside its window (``run``), the
-    decision that used it, or the run whose suspension on it expired (``expired``: still
-    suspended past its window until the sweep halts it, or halted ``suspension_expired``),
-    each judged by the database's clock. Who may learn of which is the caller's to check."""
-
-    run: Run | None = None
-    decision: Decision | None = None
-    expired: Run | None = None
 
 
 class Reads(StoreBase):
@@ -206,7 +187,7 @@ class Reads(StoreBase):
     def get_run(self, run_id: str) -> Run | None:
         with self.engine.connect() as conn:
             row = conn.execute(_RUN, {"b_id": run_id}).first()
-            return Run.from_row(row._mapping) if row else None
+            return with_calls(conn, [Run.from_row(row._mapping)])[0] if row else None
 
     def messages(self, run_id: str, *, from_seq: int = 0) -> list[Message]:
         """The run's messages, in order, as the model saw them; from position ``from_seq``
@@ -225,10 +206,12 @@ class Reads(StoreBase):
         agent compacts), the compaction state of that conversation is read with it (so a
         resumption on any worker hands the model what it saw before)."""
         with self.engine.begin() as conn:
-            row = conn.execute(_RUN_AND_DECISION, {"b_id": run_id}).first()
-            if row is None:
+            rows = conn.execute(_RUN_AND_DECISIONS, {"b_id": run_id}).all()
+            if not rows:
                 return None
+            row = rows[0]
             run = Run.from_row(row._mapping)
+            made = sorted(filter(None, map(decision_of, rows)), key=lambda d: d.at)
             earlier: list[Message] = []
             if history and run.thread_pos > 1:
                 params = {"b_thread": run.thread_id, "b_pos": run.thread_pos}
@@ -243,7 +226,7 @@ class Reads(StoreBase):
             return Snapshot(
                 run=run,
                 messages=own,
-                decision=_decision(row),
+                decisions={d.tool_call_id: d for d in made},
                 history=earlier,
                 compaction=compaction,
                 input_tokens=tokens,
@@ -311,34 +294,8 @@ class Reads(StoreBase):
                 bound["b_owners"] = owners
             total = int(conn.execute(count, bound).scalar_one())
             rows = conn.execute(page, {**bound, "b_limit": limit, "b_offset": offset})
-            return [Run.from_row(r._mapping) for r in rows], total, now
-
-    def find_by_token(self, token_hash: str) -> tuple[Run | None, Decision | None]:
-        """The run suspended on this token (if any), and the decision that used it (if
-        any). Uses the partial index on suspended runs' token hashes."""
-        with self.engine.begin() as conn:
-            row = conn.execute(_SUSPENDED_ON, {"b_hash": token_hash}).first()
-            drow = conn.execute(_DECISION_OF_TOKEN, {"b_hash": token_hash}).first()
-            return (
-                Run.from_row(row._mapping) if row else None,
-                Decision.from_row(drow._mapping) if drow else None,
-            )
-
-    def match_token(self, token_hash: str) -> TokenMatch:
-        """The run and decision a token names, the window judged by the database's clock
-        (invariant 11): the one lookup deciding and previewing by token share. Served by
-        the partial indexes on suspended and on halted runs' token hashes."""
-        params = {"b_hash": token_hash}
-        with self.engine.begin() as conn:
-            row = conn.execute(_SUSPENDED_ON_OPEN, params).first()
-            if row is not None:
-                run = Run.from_row(row._mapping)
-                return TokenMatch(run=run) if row.window_open else TokenMatch(expired=run)
-            drow = conn.execute(_DECISION_OF_TOKEN, params).first()
-            if drow is not None:
-                return TokenMatch(decision=Decision.from_row(drow._mapping))
-            halted = conn.execute(_EXPIRED_ON, params).first()
-            return TokenMatch(expired=Run.from_row(halted._mapping) if halted else None)
+            found = with_calls(conn, [Run.from_row(r._mapping) for r in rows])
+            return found, total, now
 
     def decision_for_call(self, run_id: str, tool_call_id: str) -> Decision | None:
         """The latest decision taken on a call of a run, if any."""

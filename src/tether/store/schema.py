@@ -22,7 +22,6 @@ RETAINED = tuple(s for s in RunState if s.terminal or s is RunState.HALTED)
 _RETAINED = "state IN ({})".format(", ".join(f"'{s.value}'" for s in RETAINED))
 _RUNNING = f"state = '{RunState.RUNNING.value}'"
 _SUSPENDED = f"state = '{RunState.SUSPENDED.value}'"
-_HALTED = f"state = '{RunState.HALTED.value}'"
 _QUEUED = f"state = '{RunState.QUEUED.value}'"
 REQUESTED = "request_key IS NOT NULL"
 _BUSY = "state IN ({})".format(", ".join(f"'{s.value}'" for s in BUSY))
@@ -113,16 +112,17 @@ runs = sa.Table(
     # preceded by a compaction. NULL before the run's first call or compaction (a
     # follow-up then goes by its thread's earlier runs).
     sa.Column("last_input_tokens", sa.Integer, nullable=True),
+    # How many calls of the current suspension have no decision yet (reference §15,
+    # migration 0011): each decision takes one off in the conditional UPDATE that records
+    # it, and the one that takes the last claims the run in that same UPDATE.
+    sa.Column("undecided", sa.Integer, nullable=False, server_default="0"),
 )
 
 # Partial indexes: the reaper, the worker queue, expiry and retention each scan only the
 # rows in their state, so their cost does not grow with the number of finished runs.
 _partial(runs, "runs_orphan_scan", "heartbeat_at", where=f"{_RUNNING} AND owner IS NOT NULL")
 _partial(runs, "runs_ready", "updated_at", where=f"{_RUNNING} AND owner IS NULL")
-_partial(runs, "runs_suspended_token", "pending_token_hash", where=_SUSPENDED, unique=True)
 _partial(runs, "runs_suspended_expiry", "expires_at", where=_SUSPENDED)
-# An expired suspension halts its run and keeps its token's hash (migration 0009).
-_partial(runs, "runs_halted_token", "pending_token_hash", where=_HALTED)
 _partial(runs, "runs_unnotified", "suspended_at", where=f"{_SUSPENDED} AND notified_at IS NULL")
 _partial(runs, "runs_retention", "updated_at", where=_RETAINED)
 sa.Index("runs_user", runs.c.user_id, runs.c.started_at)
@@ -174,6 +174,33 @@ compactions = sa.Table(
 )
 sa.Index("compactions_thread", compactions.c.thread_id, compactions.c.id)
 sa.Index("compactions_run", compactions.c.run_id)
+
+# The calls a suspension waits on (reference §15, migration 0011): one row per call, each
+# with its own token (only its hash), in call order. ``epoch`` is the run's lease epoch
+# when it suspended: a suspension's rows are those whose epoch is the run's while it is
+# suspended (every claim moves the epoch on, so a token never outlives its suspension).
+# An expired suspension keeps its rows, so its tokens are still matched to their run.
+# The rows of calls decided but not yet carried out outlive a re-suspension of an
+# earlier call of their turn (their decisions stand); the rest are replaced by the next
+# suspension, and all go when a halted run is continued.
+pending_calls = sa.Table(
+    "pending_calls",
+    metadata,
+    sa.Column("token_hash", sa.String(64), primary_key=True),
+    sa.Column(
+        "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("tool_call_id", sa.String(128), nullable=False),
+    sa.Column("position", sa.Integer, nullable=False),
+    sa.Column("epoch", sa.Integer, nullable=False),
+    # The call as the human is asked to decide it (``runs.Pending``'s JSON).
+    sa.Column("call", sa.JSON, nullable=False),
+    # When this call's notice was delivered; NULL until then (the reaper re-issues it).
+    sa.Column("notified_at", sa.Float, nullable=True),
+)
+sa.Index(
+    "pending_calls_run", pending_calls.c.run_id, pending_calls.c.epoch, pending_calls.c.position
+)
 
 run_messages = sa.Table(
     "run_messages",

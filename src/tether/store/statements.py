@@ -162,6 +162,7 @@ SUSPEND = Transition(
     **_LEAVE,
     pending=sa.bindparam("b_pending", type_=sa.JSON),
     pending_token_hash=sa.bindparam("b_token_hash"),
+    undecided=sa.bindparam("b_undecided", type_=sa.Integer),
     suspended_at=db_now(),
     expires_at=db_now() + sa.bindparam("b_ttl", type_=sa.Float),
     notified_at=None,

@@ -36,6 +36,7 @@ from tether.store.statements import (
     add_event,
     lease_params,
 )
+from tether.store.suspensions import write_calls
 from tether.store.transitions import Transition
 
 
@@ -300,23 +301,29 @@ class Steps(StoreBase):
         self,
         lease: Lease,
         *,
-        pending: Pending,
-        token_hash: str,
+        calls: Sequence[tuple[Pending, str]],
         ttl_s: float,
         elapsed_ms: int,
         event: dict[str, Any],
+        keep: Sequence[str] = (),
     ) -> float:
-        """running → suspended on ``pending``; returns ``expires_at`` (DB clock + TTL)."""
+        """running → suspended on ``calls`` (each pending call with its token's hash, in
+        call order; ``pending`` is the first), every one undecided; the calls in ``keep``
+        (decided, not carried out yet) keep their decisions. Returns ``expires_at`` (DB
+        clock + TTL): the whole suspension expires at once (reference §15)."""
+        first, first_hash = calls[0]
         with self.begin() as conn:
             row = self._leave(
                 conn,
                 SUSPEND,
                 lease,
                 elapsed_ms,
-                b_pending=pending.to_json(),
-                b_token_hash=token_hash,
+                b_pending=first.to_json(),
+                b_token_hash=first_hash,
+                b_undecided=len(calls),
                 b_ttl=ttl_s,
             )
+            write_calls(conn, lease, calls, keep)
             add_event(conn, lease.run_id, "suspended", event)
             return float(row[0])
 

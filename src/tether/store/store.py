@@ -10,6 +10,7 @@ from tether.store.reads import Reads
 from tether.store.requests import Requests
 from tether.store.sessions import Sessions
 from tether.store.steps import Steps
+from tether.store.suspensions import Suspensions
 from tether.store.threads import Threads
 from tether.store.upkeep import Upkeep
 from tether.store.users import Users
@@ -17,14 +18,26 @@ from tether.store.versions import Versions
 
 
 class Store(
-    Steps, Compactions, Requests, Claims, Forks, Threads, Upkeep, Reads, Users, Sessions, Versions
+    Steps,
+    Compactions,
+    Requests,
+    Claims,
+    Suspensions,
+    Forks,
+    Threads,
+    Upkeep,
+    Reads,
+    Users,
+    Sessions,
+    Versions,
 ):
     """The synchronous store for a database URL: SQLite or PostgreSQL, whose differences
     are the hooks of its ``dialect`` (``dialect.Dialect``, picked by ``dialect_for``).
 
     ``steps``: a running owner's fenced writes; ``compactions``: storing a summary the
     model sees in place of the messages it covers; ``claims``: creating, claiming,
-    continuing, cancelling; ``requests``: creating a run under an ``Idempotency-Key``;
+    continuing, cancelling, deciding a suspension's calls; ``suspensions``: what a token
+    or a suspended call names; ``requests``: creating a run under an ``Idempotency-Key``;
     ``forks``: forking a run at a step; ``threads``: a run's
     place in its conversation, reading, listing and deleting threads; ``upkeep``: expiry,
     notices, retention; ``reads``; ``users``; ``sessions``: the inbox's sessions;

@@ -35,7 +35,13 @@ def state_in(states: Iterable[RunState]) -> ColumnElement[bool]:
 
 class Transition:
     """``expected`` → ``to`` as one conditional UPDATE of ``runs`` (plus ``where``),
-    setting ``values`` and returning ``returning`` from the rows it changed."""
+    setting ``values`` and returning ``returning`` from the rows it changed.
+
+    With ``when``, the row changes state (and takes ``values``) only if ``when`` holds of
+    it as it was before the UPDATE; otherwise it keeps its state and its other columns.
+    ``always`` is set either way. Both outcomes are one statement, so concurrent UPDATEs
+    of the row, serialised by its lock, each see the row the one before left (a decision
+    recorded while others of its suspension are undecided, and the last one claiming)."""
 
     def __init__(
         self,
@@ -43,6 +49,8 @@ class Transition:
         to: RunState,
         *where: ColumnElement[bool],
         returning: Sequence[Any] = (runs,),
+        when: ColumnElement[bool] | None = None,
+        always: dict[str, Any] | None = None,
         **values: Any,
     ) -> None:
         self.expected = (
@@ -50,10 +58,17 @@ class Transition:
         )
         self.to = to
         check(self.expected, to)
+        sets: dict[str, Any] = {"state": to.value, **values}
+        if when is not None:
+            sets = {
+                name: sa.case((when, sa.null() if value is None else value), else_=runs.c[name])
+                for name, value in sets.items()
+            }
+        sets.update(always or {})
         self.statement = (
             runs.update()
             .where(state_in(self.expected), *where)
-            .values(state=to.value, **values)
+            .values(**sets)
             .returning(*returning)
         )
 

@@ -5,16 +5,18 @@ by a partial index so its cost does not grow with the number of finished runs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import sqlalchemy as sa
 
-from tether.runs import HaltReason, Run, RunState
+from tether.runs import HaltReason, PendingCall, Run, RunState
 from tether.store.base import StoreBase
 from tether.store.clock import db_now
-from tether.store.schema import RETAINED, runs
+from tether.store.schema import RETAINED, decisions, pending_calls, runs
 from tether.store.served import SERVED, served
 from tether.store.statements import add_event
+from tether.store.suspensions import with_calls
 from tether.store.threads import delete_threads, kept, still_idle
 from tether.store.transitions import Transition, state_in
 
@@ -36,14 +38,34 @@ _EXPIRE = Transition(
     updated_at=db_now(),
 )
 
+_MARK_CALL_NOTIFIED = (
+    pending_calls.update()
+    .where(
+        pending_calls.c.run_id == sa.bindparam("b_id"),
+        pending_calls.c.token_hash == sa.bindparam("b_hash"),
+    )
+    .values(notified_at=db_now())
+)
+# A call of the run's suspension whose notice is not delivered and that is not decided.
+_UNSENT = (
+    sa.select(pending_calls.c.token_hash)
+    .where(
+        pending_calls.c.run_id == runs.c.id,
+        pending_calls.c.epoch == runs.c.lease_epoch,
+        pending_calls.c.notified_at.is_(None),
+        ~sa.exists().where(decisions.c.token_hash == pending_calls.c.token_hash),
+    )
+    .exists()
+)
+# The suspension is notified once every call's notice is delivered (or decided anyway).
 _MARK_NOTIFIED = (
     runs.update()
-    .where(runs.c.id == sa.bindparam("b_id"), runs.c.pending_token_hash == sa.bindparam("b_hash"))
+    .where(runs.c.id == sa.bindparam("b_id"), _SUSPENDED, ~_UNSENT)
     .values(notified_at=db_now())
 )
 
 _UNNOTIFIED = (
-    sa.select(runs.c.id, runs.c.pending_token_hash)
+    sa.select(runs)
     .where(
         _SUSPENDED,
         runs.c.notified_at.is_(None),
@@ -54,15 +76,24 @@ _UNNOTIFIED = (
     .order_by(runs.c.suspended_at)
     .limit(sa.bindparam("b_batch", type_=sa.Integer))
 )
-# Not a state change: the run stays suspended on the same call with a new token.
+# Not a state change: the run stays suspended on the same calls, one with a new token.
 _NEW_TOKEN = (
-    runs.update()
+    pending_calls.update()
     .where(
-        runs.c.id == sa.bindparam("b_id"),
-        _SUSPENDED,
-        runs.c.pending_token_hash == sa.bindparam("b_old"),
+        pending_calls.c.token_hash == sa.bindparam("b_old"),
+        pending_calls.c.notified_at.is_(None),
     )
-    .values(pending_token_hash=sa.bindparam("b_new"), suspended_at=db_now())
+    .values(token_hash=sa.bindparam("b_new"))
+)
+_NEW_FIRST_TOKEN = (
+    runs.update()
+    .where(runs.c.id == sa.bindparam("b_id"), runs.c.pending_token_hash == sa.bindparam("b_old"))
+    .values(pending_token_hash=sa.bindparam("b_new"))
+)
+_REISSUED = (
+    runs.update()
+    .where(runs.c.id == sa.bindparam("b_id"), _SUSPENDED)
+    .values(suspended_at=db_now())
     .returning(runs)
 )
 
@@ -102,9 +133,12 @@ class Upkeep(StoreBase):
             return expired
 
     def mark_notified(self, run_id: str, token_hash: str) -> None:
-        """Record that the notice for this suspension's token was delivered."""
+        """Record that the notice of this call of a suspension was delivered (and of the
+        suspension, once every call's notice is)."""
+        params = {"b_id": run_id, "b_hash": token_hash}
         with self.begin() as conn:
-            conn.execute(_MARK_NOTIFIED, {"b_id": run_id, "b_hash": token_hash})
+            conn.execute(_MARK_CALL_NOTIFIED, params)
+            conn.execute(_MARK_NOTIFIED, params)
 
     def reissue_unnotified(
         self,
@@ -113,27 +147,37 @@ class Upkeep(StoreBase):
         batch: int,
         new_hashes: Callable[[], str],
         versions: Sequence[str] | None = None,
-    ) -> list[tuple[Run, str]]:
-        """Give suspended runs whose notice was never delivered a fresh token hash.
+    ) -> list[tuple[Run, PendingCall]]:
+        """Give each undecided call of a suspension whose notice was never delivered a
+        fresh token hash.
 
         Safe twice: the old token reached nobody (its notice was not delivered), the
-        window (``expires_at``) is unchanged, and each swap is conditional on the old hash,
-        so a concurrent reaper or approval cannot be overtaken. Only runs of ``versions``
-        (None: any): the notice is rendered by the code the run is written for. Returns
-        (run, new hash).
+        window (``expires_at``) is unchanged, and each swap is conditional on the old hash
+        and on the notice still undelivered, so a concurrent reaper or approval cannot be
+        overtaken. Only runs of ``versions`` (None: any): the notice is rendered by the
+        code the run is written for. Returns (run, the call with its new hash).
         """
-        out: list[tuple[Run, str]] = []
+        out: list[tuple[Run, PendingCall]] = []
         with self.begin() as conn:
             due = self.dialect.candidates(_UNNOTIFIED)
-            for run_id, old_hash in conn.execute(
-                due, {"b_older": older_than_s, "b_batch": batch, **served(versions)}
-            ).all():
-                new_hash = new_hashes()
-                params = {"b_id": run_id, "b_old": old_hash, "b_new": new_hash}
-                row = conn.execute(_NEW_TOKEN, params).first()
+            params = {"b_older": older_than_s, "b_batch": batch, **served(versions)}
+            found = with_calls(conn, [Run.from_row(r._mapping) for r in conn.execute(due, params)])
+            for run in found:
+                unsent = [c for c in run.pending_calls if c.decided is None and not c.notified]
+                swapped = []
+                for call in unsent:
+                    swap = {"b_id": run.id, "b_old": call.token_hash, "b_new": new_hashes()}
+                    if conn.execute(_NEW_TOKEN, swap).rowcount:
+                        conn.execute(_NEW_FIRST_TOKEN, swap)
+                        swapped.append(dataclasses.replace(call, token_hash=swap["b_new"]))
+                row = conn.execute(_REISSUED, {"b_id": run.id}).first()
+                if not swapped:
+                    conn.execute(_MARK_NOTIFIED, {"b_id": run.id})
+                    continue
                 if row is not None:
-                    add_event(conn, run_id, "notice_reissued", {})
-                    out.append((Run.from_row(row._mapping), new_hash))
+                    add_event(conn, run.id, "notice_reissued", {"calls": len(swapped)})
+                    fresh = with_calls(conn, [Run.from_row(row._mapping)])[0]
+                    out.extend((fresh, call) for call in swapped)
         return out
 
     def purge_retained(self, retention_s: float, batch: int) -> int:
