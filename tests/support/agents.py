@@ -124,6 +124,11 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         {"content": "done"},
     ],
     "answer": [{"content": "forty-two"}],
+    # two sends in one turn, a read between them: one suspension for both (reference §15).
+    "two_sends": [
+        {"tool_calls": [call("send", item="b"), call("lookup", query="x"), call("send", item="c")]},
+        {"content": "done"},
+    ],
     # no confirmation: a read, a deduplicating write, an answer.
     "work": [
         {"tool_calls": [call("lookup", query="x")]},

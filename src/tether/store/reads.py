@@ -28,7 +28,7 @@ from tether.store.schema import (
     tool_calls,
 )
 from tether.store.statements import SELECT_MESSAGES
-from tether.store.suspensions import decision_of, with_calls
+from tether.store.suspensions import CALL_COLUMNS, calls_of_rows, decision_of, with_calls
 from tether.store.transitions import state_in
 
 _NOW = sa.select(db_now())
@@ -39,7 +39,7 @@ _RUN = sa.select(runs).where(runs.c.id == sa.bindparam("b_id"))
 # The run with the decisions its suspensions' calls carry, in one query (one row per
 # call row of the run; the run's columns repeat).
 _RUN_AND_DECISIONS = (
-    sa.select(runs, *_DECISION_COLUMNS)
+    sa.select(runs, *_DECISION_COLUMNS, *CALL_COLUMNS)
     .select_from(
         runs.outerjoin(pending_calls, pending_calls.c.run_id == runs.c.id).outerjoin(
             decisions, decisions.c.token_hash == pending_calls.c.token_hash
@@ -210,7 +210,7 @@ class Reads(StoreBase):
             if not rows:
                 return None
             row = rows[0]
-            run = Run.from_row(row._mapping)
+            run = calls_of_rows(Run.from_row(row._mapping), rows)
             made = sorted(filter(None, map(decision_of, rows)), key=lambda d: d.at)
             earlier: list[Message] = []
             if history and run.thread_pos > 1:

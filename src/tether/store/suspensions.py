@@ -143,6 +143,26 @@ def _matched(row: Any) -> TokenMatch:
     return TokenMatch(decision=used)
 
 
+# A call's columns beside a run's (``p_*``), for a read of the run with its calls.
+CALL_COLUMNS = [c.label(f"p_{c.name}") for c in pending_calls.c]
+
+
+def calls_of_rows(run: Run, rows: Sequence[Any]) -> Run:
+    """``run`` with the calls of its current suspension, from rows of the run joined with
+    its calls (``CALL_COLUMNS``; a row without a call has them NULL)."""
+    if run.state is not RunState.SUSPENDED:
+        return run
+    mine = sorted(
+        (
+            _call(r, r.p_token_hash, r.p_position, r.p_epoch, r.p_call, r.p_notified_at is not None)
+            for r in rows
+            if r.p_token_hash is not None and r.p_epoch == run.lease_epoch
+        ),
+        key=lambda c: c.position,
+    )
+    return dataclasses.replace(run, pending_calls=tuple(mine)) if mine else run
+
+
 def with_calls(conn: Connection, found: Sequence[Run]) -> list[Run]:
     """``found`` with the calls of the suspended ones' suspensions, in one read."""
     held = [run.id for run in found if run.state is RunState.SUSPENDED]
