@@ -30,6 +30,7 @@ from tether.runs import Run
 from tether.store import Store
 
 STANDARD = {"record": 1, "send": 1}
+TWO_SENDS = {"send": 2}
 # How long a process waits for the webhook to take a notice before it counts it lost (and
 # the reaper re-issues it, once a suspension is older than this): long enough that a
 # loaded machine (the tiers run in parallel) delivers every notice of a live process.
@@ -53,10 +54,16 @@ def _stale(store: Store, run: Run) -> bool:
 
 
 def drive(
-    url: str, run_id: str, failpoints: list[str], receiver: webhooks.NoticeReceiver
+    url: str,
+    run_id: str,
+    failpoints: list[str],
+    receiver: webhooks.NoticeReceiver,
+    declined: frozenset[str] = frozenset(),
 ) -> Phases:
     """Carry a run to a terminal state with subprocesses, crashing at each failpoint in
-    turn (the next one is armed after the previous one fired)."""
+    turn (the next one is armed after the previous one fired). Each notice's call is
+    approved by a process of its own, one notice at a time (a turn's suspension sends one
+    per call), or declined when its ``item`` is in ``declined``."""
     store = Store(url)
     seen = Phases()
     armed = list(failpoints)
@@ -74,10 +81,12 @@ def drive(
             if armed:
                 extra["TETHER_FAILPOINTS"] = armed[0]
             env = processes.tether_env(url, **extra)
-            token = _token(receiver, run_id) if run.state.value == "suspended" else None
-            if token is not None:
-                receiver.notices.clear()
-                args = ["approve", token]
+            notice = _notice(receiver, run_id) if run.state.value == "suspended" else None
+            if notice is not None:
+                receiver.notices.remove(notice)
+                args = ["approve", str(notice["token"])]
+                if notice["arguments"].get("item") in declined:  # type: ignore[union-attr]
+                    args.append("--decline")
             elif run.state.value == "suspended":
                 # The notice was lost (the process died before sending it): the reaper
                 # re-issues it with a fresh token once the suspension is stale.
@@ -105,11 +114,12 @@ def drive(
         store.close()
 
 
-def _token(receiver: webhooks.NoticeReceiver, run_id: str) -> str | None:
-    try:
-        return receiver.token_for(run_id)
-    except LookupError:
-        return None
+def _notice(receiver: webhooks.NoticeReceiver, run_id: str) -> dict[str, object] | None:
+    """The latest notice received for the run, if any."""
+    for notice in reversed(receiver.notices):
+        if notice["run_id"] == run_id:
+            return notice  # type: ignore[no-any-return]
+    return None
 
 
 def _observe(store: Store, run: Run, seen: Phases) -> None:
@@ -169,11 +179,28 @@ CASES = [
     # The run's end is durable before the gap its thread's queued successor waits in
     # (that successor's start: tests/acceptance/test_thread_crash.py).
     (["after_run_end=crash"], "standard", STANDARD),
+    # A turn with two sends (and a read between them): one suspension, a notice per call,
+    # each decided by a process of its own (reference §15).
+    (["before_suspend=crash"], "two_sends", TWO_SENDS),
+    (["after_suspend=crash"], "two_sends", TWO_SENDS),
+    (["after_decision_recorded=crash"], "two_sends", TWO_SENDS),
+    (["after_claim=crash"], "two_sends", TWO_SENDS),
+    (["after_tool_commit:send=crash"], "two_sends", TWO_SENDS),
+    (["after_step_persist:send=crash", "after_step_persist:send=crash"], "two_sends", TWO_SENDS),
+    (["after_resume_execute=crash"], "two_sends", TWO_SENDS),
+]
+# Mixed decisions on one turn: send c is declined, send b approved.
+MIXED = [
+    ["after_decision_recorded=crash"],
+    ["after_claim=crash"],
+    ["after_tool_commit:send=crash"],
 ]
 
 
 @pytest.mark.parametrize(
-    ("failpoints", "script", "expected"), CASES, ids=["+".join(c[0]) for c in CASES]
+    ("failpoints", "script", "expected"),
+    CASES,
+    ids=["+".join(c[0]) + ("" if c[1] == "standard" else f"@{c[1]}") for c in CASES],
 )
 def test_crash_at_each_failpoint_recovers_exactly_once(
     db_url: str, failpoints: list[str], script: str, expected: dict[str, int]
@@ -195,6 +222,28 @@ def test_crash_at_each_failpoint_recovers_exactly_once(
     assert state is not None and state.state.value == "answered", seen.processes
     check_messages(final)
     assert effects_by_tool() == expected
+
+
+@pytest.mark.parametrize("failpoints", MIXED, ids=["+".join(c) for c in MIXED])
+def test_a_turn_decided_both_ways_recovers_each_decision_once(
+    db_url: str, failpoints: list[str]
+) -> None:
+    engine = inprocess.engine(db_url, script_name="two_sends")
+    run = engine.sync.start_run("dana", "go")
+    engine.close()
+    os.environ["KIT_SCRIPT"] = "two_sends"
+    try:
+        with webhooks.receiver() as receiver:
+            seen = drive(db_url, run.id, failpoints, receiver, declined=frozenset({"c"}))
+    finally:
+        os.environ.pop("KIT_SCRIPT", None)
+    assert seen.crashes == len(failpoints), f"the failpoint never fired: {seen.processes}"
+    final = seen.messages[-1]
+    check_messages(final)
+    results = [json.loads(str(m["content"])) for m in final if m["role"] == "tool"]
+    assert results[0] == {"done": "send", "item": "b"}
+    assert results[2]["error"] == "declined_by_user"
+    assert [item for _, _, item in downstream.effects()] == ["b"]
 
 
 def test_a_crash_after_intent_of_an_unreconciled_write_tells_the_model(db_url: str) -> None:
