@@ -19,7 +19,7 @@ import logging
 import time
 
 from tether import output
-from tether._runtime import compacting, tool_call
+from tether._runtime import compacting, parallel, tool_call
 from tether._runtime.decided_call import decide
 from tether._runtime.hop import hop
 from tether._runtime.model_failures import model_failed
@@ -90,11 +90,7 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
         for batch in batches(session, session.pending_calls()):
             if session.stopping:
                 return await session.release("worker stopping")
-            stop = await (
-                tool_call.read_batch(session, batch)
-                if len(batch) > 1
-                else process(session, batch[0])
-            )
+            stop = await process_group(session, batch)
             if stop is not None:
                 return stop
         if step_started is not None:  # the turn and all its calls are done
@@ -152,18 +148,28 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
 
 
 def batches(session: RunSession, pending: list[ToolCall]) -> list[list[ToolCall]]:
-    """The pending calls in order, consecutive plain reads grouped (they run concurrently;
-    a write or a call that needs confirmation is always alone)."""
+    """The pending calls in order, consecutive calls that may run together grouped: plain
+    reads and writes declared ``concurrent`` that need no confirmation (``parallel.joins``).
+    A plain write or a call that may need confirmation is always alone: the calls after it
+    start once it has its result, and the calls before it have ended."""
     groups: list[list[ToolCall]] = []
-    after_read = False
+    joined = False
     for call in pending:
-        read = tool_call.plain_read(session.services.agent.tool(call.name))
-        if read and after_read:
+        joins = parallel.joins(session.services.agent.tool(call.name))
+        if joins and joined:
             groups[-1].append(call)
         else:
             groups.append([call])
-        after_read = read
+        joined = joins
     return groups
+
+
+async def process_group(session: RunSession, group: list[ToolCall]) -> Outcome | None:
+    """One group of ``batches``: calls that run together (``parallel.run_group``), or a
+    call alone (``process``)."""
+    if len(group) > 1:
+        return await parallel.run_group(session, group)
+    return await process(session, group[0])
 
 
 async def carry(services: Services, run: Run, *, stopping: asyncio.Event | None = None) -> Outcome:
