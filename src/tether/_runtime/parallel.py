@@ -74,7 +74,7 @@ async def run_group(session: RunSession, calls: list[ToolCall]) -> Outcome | Non
             await session.append_result(
                 outcome.call, outcome.content, outcome.status, counted=outcome.counted
             )
-            if outcome.status is CallStatus.OK:
+            if outcome.status in (CallStatus.OK, CallStatus.SKIPPED):  # as ``dry_run.skip``
                 fail("after_step_persist", outcome.call.name)
     return None
 
