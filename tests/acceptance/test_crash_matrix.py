@@ -17,6 +17,7 @@ import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import downstream
 import inprocess
@@ -85,7 +86,7 @@ def drive(
             if notice is not None:
                 receiver.notices.remove(notice)
                 args = ["approve", str(notice["token"])]
-                if notice["arguments"].get("item") in declined:  # type: ignore[union-attr]
+                if notice["arguments"].get("item") in declined:
                     args.append("--decline")
             elif run.state.value == "suspended":
                 # The notice was lost (the process died before sending it): the reaper
@@ -114,11 +115,11 @@ def drive(
         store.close()
 
 
-def _notice(receiver: webhooks.NoticeReceiver, run_id: str) -> dict[str, object] | None:
+def _notice(receiver: webhooks.NoticeReceiver, run_id: str) -> dict[str, Any] | None:
     """The latest notice received for the run, if any."""
     for notice in reversed(receiver.notices):
         if notice["run_id"] == run_id:
-            return notice  # type: ignore[no-any-return]
+            return notice
     return None
 
 
@@ -179,6 +180,11 @@ CASES = [
     # The run's end is durable before the gap its thread's queued successor waits in
     # (that successor's start: tests/acceptance/test_thread_crash.py).
     (["after_run_end=crash"], "standard", STANDARD),
+    # Two concurrent writes and a read ran together: killed once all returned and none is
+    # stored, or once the first result is stored; each write is reconciled by its key.
+    (["after_tool_commit:tally=crash"], "concurrent", {"tally": 1, "stamp": 1}),
+    (["after_tool_commit:stamp=crash"], "concurrent", {"tally": 1, "stamp": 1}),
+    (["after_step_persist:tally=crash"], "concurrent", {"tally": 1, "stamp": 1}),
     # A turn with two sends (and a read between them): one suspension, a notice per call,
     # each decided by a process of its own (reference §15).
     (["before_suspend=crash"], "two_sends", TWO_SENDS),
@@ -263,6 +269,43 @@ def test_a_crash_after_intent_of_an_unreconciled_write_tells_the_model(db_url: s
     results = [json.loads(str(m["content"])) for m in seen.messages[-1] if m["role"] == "tool"]
     assert results[0]["error"] == "not_completed"
     assert downstream.effects() == []
+
+
+def test_a_crash_with_two_concurrent_writes_in_flight_reconciles_each_by_its_key(
+    db_url: str,
+) -> None:
+    """Killed at ``after_tool_commit`` with both writes of a group committed downstream
+    and neither result stored: the reaper, another process, reconciles each write by its
+    key (the deduplicating one re-issued, the other found), never runs either again, and
+    the run answers with every result in call order (reference §1, invariant 3)."""
+    engine = inprocess.engine(db_url, script_name="concurrent")
+    run = engine.sync.start_run("dana", "go")
+    engine.close()
+    os.environ["KIT_SCRIPT"] = "concurrent"
+    try:
+        with webhooks.receiver() as receiver:
+            seen = drive(db_url, run.id, ["after_tool_commit:tally=crash"], receiver)
+    finally:
+        os.environ.pop("KIT_SCRIPT", None)
+    assert seen.crashes == 1 and seen.processes[:2] == ["worker:137", "reap:0"], seen.processes
+    # At the crash both writes had taken effect and no result of the turn was stored.
+    after_crash = seen.messages[1]
+    assert [m["role"] for m in after_crash][-1] == "assistant"
+    final = seen.messages[-1]
+    check_messages(final)
+    results = [json.loads(str(m["content"])) for m in final if m["role"] == "tool"]
+    assert results[0] == {"done": "tally", "item": "t"}
+    assert results[1]["query"] == "q"
+    assert results[2] == {"done": "stamp", "item": "s"}
+    store = Store(db_url)
+    try:
+        state = store.get_run(run.id)
+        reconciled = [e.data for e in store.events(run.id) if e.kind == "reconciled"]
+    finally:
+        store.close()
+    assert state is not None and state.state.value == "answered"
+    assert sorted(e["tool"] for e in reconciled) == ["stamp", "tally"]
+    assert effects_by_tool() == {"tally": 1, "stamp": 1}  # each exactly once
 
 
 def test_a_run_that_crashes_on_every_attempt_ends_recovery_exhausted(db_url: str) -> None:
