@@ -75,8 +75,9 @@ class RunSession:
         # until it is carried out.
         self._decisions = dict(decisions or {})
         # Only a run taken over from a dead owner may have a call whose effect happened
-        # without its result being stored, and only its first unanswered call (calls run
-        # in order). Everything else pending is known not to have run.
+        # without its result being stored, and only in its first group of unanswered calls
+        # (a write alone, or the calls that ran together, ``parallel.py``): calls after a
+        # group start once it has its results, so everything later is known not to have run.
         self._recovering = recovering
         # Set when this process is shutting down: the run is handed back at the next step
         # boundary so another worker takes it at once.
@@ -153,7 +154,8 @@ class RunSession:
         return call_id in self._decisions
 
     def take_recovering(self) -> bool:
-        """Whether the next call is the first one processed after a takeover (once)."""
+        """Whether the next call (or group of calls run together) is the first processed
+        after a takeover (once)."""
         recovering, self._recovering = self._recovering, False
         return recovering
 
