@@ -49,6 +49,7 @@ class RunSession:
         scope: Scope,
         *,
         decisions: dict[str, Decision] | None = None,
+        asked: dict[str, Pending] | None = None,
         recovering: bool = False,
         stopping: asyncio.Event | None = None,
         history: Sequence[Message] = (),
@@ -74,6 +75,8 @@ class RunSession:
         # The decisions recorded on calls of the run's suspensions, by tool call id, each
         # until it is carried out.
         self._decisions = dict(decisions or {})
+        # What the run's suspensions asked of each call (its preview, an edit's origin).
+        self._asked = dict(asked or {})
         # Only a run taken over from a dead owner may have a call whose effect happened
         # without its result being stored, and only in its first group of unanswered calls
         # (a write alone, or the calls that ran together, ``parallel.py``): calls after a
@@ -119,6 +122,7 @@ class RunSession:
             messages,
             scope,
             decisions=snapshot.decisions,
+            asked=snapshot.asked,
             recovering=recovering,
             stopping=stopping,
             history=snapshot.history,
@@ -144,6 +148,10 @@ class RunSession:
         """The human decision on ``call_id``, once: after it is carried out the call has a
         result, so it must never be applied again."""
         return self._decisions.pop(call_id, None)
+
+    def asked(self, call_id: str) -> Pending | None:
+        """What the run's suspension asked a human of ``call_id``, if it was asked."""
+        return self._asked.get(call_id)
 
     def holds_decisions(self) -> bool:
         """Whether any human decision waits to be carried out."""

@@ -163,6 +163,13 @@ def calls_of_rows(run: Run, rows: Sequence[Any]) -> Run:
     return dataclasses.replace(run, pending_calls=tuple(mine)) if mine else run
 
 
+def asked_of_rows(rows: Sequence[Any]) -> dict[str, Pending]:
+    """What the run's suspensions asked of each call (the latest suspension's, by tool call
+    id), from rows of the run joined with its calls (``CALL_COLUMNS``)."""
+    asked = sorted((r for r in rows if r.p_token_hash is not None), key=lambda r: r.p_epoch)
+    return {r.p_tool_call_id: Pending.from_json(r.p_call) for r in asked}
+
+
 def with_calls(conn: Connection, found: Sequence[Run]) -> list[Run]:
     """``found`` with the calls of the suspended ones' suspensions, in one read."""
     held = [run.id for run in found if run.state is RunState.SUSPENDED]
