@@ -46,6 +46,7 @@ class Phases:
     processes: list[str] = field(default_factory=list)
     messages: list[list[dict[str, object]]] = field(default_factory=list)
     budgets: list[tuple[int, float, int, int]] = field(default_factory=list)
+    run_id: str = ""
 
 
 def _stale(store: Store, run: Run) -> bool:
@@ -113,6 +114,23 @@ def drive(
         return seen
     finally:
         store.close()
+
+
+def drive_script(
+    url: str, script: str, failpoints: list[str], declined: frozenset[str] = frozenset()
+) -> Phases:
+    """Start a run of the test agent on ``script`` and ``drive`` it with subprocesses."""
+    engine = inprocess.engine(url, script_name=script)
+    run = engine.sync.start_run("dana", "go")
+    engine.close()
+    os.environ["KIT_SCRIPT"] = script
+    try:
+        with webhooks.receiver() as receiver:
+            seen = drive(url, run.id, failpoints, receiver, declined)
+    finally:
+        os.environ.pop("KIT_SCRIPT", None)
+    seen.run_id = run.id
+    return seen
 
 
 def _notice(receiver: webhooks.NoticeReceiver, run_id: str) -> dict[str, Any] | None:
@@ -211,19 +229,11 @@ MIXED = [
 def test_crash_at_each_failpoint_recovers_exactly_once(
     db_url: str, failpoints: list[str], script: str, expected: dict[str, int]
 ) -> None:
-    engine = inprocess.engine(db_url, script_name=script)
-    run = engine.sync.start_run("dana", "go")
-    engine.close()
-    os.environ["KIT_SCRIPT"] = script
-    try:
-        with webhooks.receiver() as receiver:
-            seen = drive(db_url, run.id, failpoints, receiver)
-    finally:
-        os.environ.pop("KIT_SCRIPT", None)
+    seen = drive_script(db_url, script, failpoints)
     assert seen.crashes == len(failpoints), f"the failpoint never fired: {seen.processes}"
     final = seen.messages[-1]
     store = Store(db_url)
-    state = store.get_run(run.id)
+    state = store.get_run(seen.run_id)
     store.close()
     assert state is not None and state.state.value == "answered", seen.processes
     check_messages(final)
@@ -234,15 +244,7 @@ def test_crash_at_each_failpoint_recovers_exactly_once(
 def test_a_turn_decided_both_ways_recovers_each_decision_once(
     db_url: str, failpoints: list[str]
 ) -> None:
-    engine = inprocess.engine(db_url, script_name="two_sends")
-    run = engine.sync.start_run("dana", "go")
-    engine.close()
-    os.environ["KIT_SCRIPT"] = "two_sends"
-    try:
-        with webhooks.receiver() as receiver:
-            seen = drive(db_url, run.id, failpoints, receiver, declined=frozenset({"c"}))
-    finally:
-        os.environ.pop("KIT_SCRIPT", None)
+    seen = drive_script(db_url, "two_sends", failpoints, frozenset({"c"}))
     assert seen.crashes == len(failpoints), f"the failpoint never fired: {seen.processes}"
     final = seen.messages[-1]
     check_messages(final)
@@ -255,15 +257,7 @@ def test_a_turn_decided_both_ways_recovers_each_decision_once(
 def test_a_crash_after_intent_of_an_unreconciled_write_tells_the_model(db_url: str) -> None:
     """The write never ran: reconciliation finds it absent, the model is told it did not
     complete (reference invariant 3), and nothing is written twice or at all."""
-    engine = inprocess.engine(db_url, script_name="write_once")
-    run = engine.sync.start_run("dana", "go")
-    engine.close()
-    os.environ["KIT_SCRIPT"] = "write_once"
-    try:
-        with webhooks.receiver() as receiver:
-            seen = drive(db_url, run.id, ["after_intent=crash"], receiver)
-    finally:
-        os.environ.pop("KIT_SCRIPT", None)
+    seen = drive_script(db_url, "write_once", ["after_intent=crash"])
     assert seen.crashes == 1
     check_messages(seen.messages[-1])
     results = [json.loads(str(m["content"])) for m in seen.messages[-1] if m["role"] == "tool"]
@@ -278,15 +272,7 @@ def test_a_crash_with_two_concurrent_writes_in_flight_reconciles_each_by_its_key
     and neither result stored: the reaper, another process, reconciles each write by its
     key (the deduplicating one re-issued, the other found), never runs either again, and
     the run answers with every result in call order (reference §1, invariant 3)."""
-    engine = inprocess.engine(db_url, script_name="concurrent")
-    run = engine.sync.start_run("dana", "go")
-    engine.close()
-    os.environ["KIT_SCRIPT"] = "concurrent"
-    try:
-        with webhooks.receiver() as receiver:
-            seen = drive(db_url, run.id, ["after_tool_commit:tally=crash"], receiver)
-    finally:
-        os.environ.pop("KIT_SCRIPT", None)
+    seen = drive_script(db_url, "concurrent", ["after_tool_commit:tally=crash"])
     assert seen.crashes == 1 and seen.processes[:2] == ["worker:137", "reap:0"], seen.processes
     # At the crash both writes had taken effect and no result of the turn was stored.
     after_crash = seen.messages[1]
@@ -299,8 +285,8 @@ def test_a_crash_with_two_concurrent_writes_in_flight_reconciles_each_by_its_key
     assert results[2] == {"done": "stamp", "item": "s"}
     store = Store(db_url)
     try:
-        state = store.get_run(run.id)
-        reconciled = [e.data for e in store.events(run.id) if e.kind == "reconciled"]
+        state = store.get_run(seen.run_id)
+        reconciled = [e.data for e in store.events(seen.run_id) if e.kind == "reconciled"]
     finally:
         store.close()
     assert state is not None and state.state.value == "answered"
