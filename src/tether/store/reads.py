@@ -207,8 +207,8 @@ class Reads(StoreBase):
     def snapshot(
         self, run_id: str, *, history: bool = False, compacts: bool = False
     ) -> Snapshot | None:
-        """The run, its messages and the decision on its current token: two queries, one
-        transaction (so the messages belong to the run row read). With ``history``, the
+        """The run (with its suspension's calls), its messages and the decisions its
+        suspensions' calls carry: two queries, one transaction (so the messages belong to the run row read). With ``history``, the
         second reads the thread's conversation through the run instead (its earlier
         runs' messages, then the run's own), in one statement; with ``compacts`` (its
         agent compacts), the compaction state of that conversation is read with it (so a
@@ -223,9 +223,9 @@ class Reads(StoreBase):
             earlier: list[Message] = []
             if history and run.thread_pos > 1:
                 params = {"b_thread": run.thread_id, "b_pos": run.thread_pos}
-                rows = conn.execute(_THROUGH, params).tuples().all()
-                earlier = [json.loads(m) for pos, m in rows if pos < run.thread_pos]
-                own = [json.loads(m) for pos, m in rows if pos == run.thread_pos]
+                through = conn.execute(_THROUGH, params).tuples().all()
+                earlier = [json.loads(m) for pos, m in through if pos < run.thread_pos]
+                own = [json.loads(m) for pos, m in through if pos == run.thread_pos]
             else:
                 own = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
             compaction, tokens = None, 0
