@@ -389,7 +389,11 @@ async def test_process_carries_out_a_decision_once(sqlite_url: str) -> None:
             reason="not this quarter",
         )
         session = RunSession(
-            bench.services, claimed, list(opened.messages), opened.scope, decisions={pending.id: decision}
+            bench.services,
+            claimed,
+            list(opened.messages),
+            opened.scope,
+            decisions={pending.id: decision},
         )
 
         assert await loop.process(session, pending) is None
