@@ -244,3 +244,33 @@ async def test_the_approvals_list_has_one_request_per_undecided_call(web: Web) -
         await web.engine.resume_after_confirmation(b.token, "approve", "dana")
         listed = (await client.get("/v1/approvals", headers=auth)).json()
         assert [i["tool_call_id"] for i in listed["items"]] == [c.tool_call_id]
+
+
+async def test_the_second_call_is_edited_from_the_run_page_and_approved_as_edited(
+    web: Web,
+) -> None:
+    run_id, (b, c) = await two_sends(web)
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        csrf = csrf_of((await client.get(f"/runs/{run_id}")).text)
+        call = {"tool_call_id": c.tool_call_id, "digest": c.digest, "csrf": csrf}
+        shown = await client.post(f"/runs/{run_id}/preview", data={**call, "arg.item": "d"})
+        assert shown.status_code == 200 and "Approve the edited action?" in shown.text
+        assert '<td class="after">d</td>' in shown.text
+        digest = re.search(r'name="approved_digest" value="([0-9a-f]{64})"', shown.text)
+        arguments = re.search(r'name="arguments" value="([^"]+)"', shown.text)
+        assert digest and arguments
+        approved = await client.post(
+            f"/runs/{run_id}/decision",
+            data={
+                **call,
+                "decision": "approve",
+                "arguments": html.unescape(arguments.group(1)),
+                "approved_digest": digest.group(1),
+            },
+        )
+        assert approved.status_code == 200 and "<h1>Recorded</h1>" in approved.text
+        last = await decide(client, run_id, b, "approve", csrf)
+        assert last.status_code == 200 and "<h1>Approved</h1>" in last.text
+    await web.engine.run_until_stop(run_id)
+    assert [item for _, _, item in downstream.effects()] == ["b", "d"]
