@@ -17,6 +17,7 @@ import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import downstream
 import inprocess
@@ -30,6 +31,7 @@ from tether.runs import Run
 from tether.store import Store
 
 STANDARD = {"record": 1, "send": 1}
+TWO_SENDS = {"send": 2}
 # How long a process waits for the webhook to take a notice before it counts it lost (and
 # the reaper re-issues it, once a suspension is older than this): long enough that a
 # loaded machine (the tiers run in parallel) delivers every notice of a live process.
@@ -44,6 +46,7 @@ class Phases:
     processes: list[str] = field(default_factory=list)
     messages: list[list[dict[str, object]]] = field(default_factory=list)
     budgets: list[tuple[int, float, int, int]] = field(default_factory=list)
+    run_id: str = ""
 
 
 def _stale(store: Store, run: Run) -> bool:
@@ -53,10 +56,16 @@ def _stale(store: Store, run: Run) -> bool:
 
 
 def drive(
-    url: str, run_id: str, failpoints: list[str], receiver: webhooks.NoticeReceiver
+    url: str,
+    run_id: str,
+    failpoints: list[str],
+    receiver: webhooks.NoticeReceiver,
+    declined: frozenset[str] = frozenset(),
 ) -> Phases:
     """Carry a run to a terminal state with subprocesses, crashing at each failpoint in
-    turn (the next one is armed after the previous one fired)."""
+    turn (the next one is armed after the previous one fired). Each notice's call is
+    approved by a process of its own, one notice at a time (a turn's suspension sends one
+    per call), or declined when its ``item`` is in ``declined``."""
     store = Store(url)
     seen = Phases()
     armed = list(failpoints)
@@ -74,10 +83,12 @@ def drive(
             if armed:
                 extra["TETHER_FAILPOINTS"] = armed[0]
             env = processes.tether_env(url, **extra)
-            token = _token(receiver, run_id) if run.state.value == "suspended" else None
-            if token is not None:
-                receiver.notices.clear()
-                args = ["approve", token]
+            notice = _notice(receiver, run_id) if run.state.value == "suspended" else None
+            if notice is not None:
+                receiver.notices.remove(notice)
+                args = ["approve", str(notice["token"])]
+                if notice["arguments"].get("item") in declined:
+                    args.append("--decline")
             elif run.state.value == "suspended":
                 # The notice was lost (the process died before sending it): the reaper
                 # re-issues it with a fresh token once the suspension is stale.
@@ -105,11 +116,29 @@ def drive(
         store.close()
 
 
-def _token(receiver: webhooks.NoticeReceiver, run_id: str) -> str | None:
+def drive_script(
+    url: str, script: str, failpoints: list[str], declined: frozenset[str] = frozenset()
+) -> Phases:
+    """Start a run of the test agent on ``script`` and ``drive`` it with subprocesses."""
+    engine = inprocess.engine(url, script_name=script)
+    run = engine.sync.start_run("dana", "go")
+    engine.close()
+    os.environ["KIT_SCRIPT"] = script
     try:
-        return receiver.token_for(run_id)
-    except LookupError:
-        return None
+        with webhooks.receiver() as receiver:
+            seen = drive(url, run.id, failpoints, receiver, declined)
+    finally:
+        os.environ.pop("KIT_SCRIPT", None)
+    seen.run_id = run.id
+    return seen
+
+
+def _notice(receiver: webhooks.NoticeReceiver, run_id: str) -> dict[str, Any] | None:
+    """The latest notice received for the run, if any."""
+    for notice in reversed(receiver.notices):
+        if notice["run_id"] == run_id:
+            return notice
+    return None
 
 
 def _observe(store: Store, run: Run, seen: Phases) -> None:
@@ -169,51 +198,100 @@ CASES = [
     # The run's end is durable before the gap its thread's queued successor waits in
     # (that successor's start: tests/acceptance/test_thread_crash.py).
     (["after_run_end=crash"], "standard", STANDARD),
+    # Two concurrent writes and a read ran together: killed once all returned and none is
+    # stored, or once the first result is stored; each write is reconciled by its key.
+    (["after_tool_commit:tally=crash"], "concurrent", {"tally": 1, "stamp": 1}),
+    (["after_tool_commit:stamp=crash"], "concurrent", {"tally": 1, "stamp": 1}),
+    (["after_step_persist:tally=crash"], "concurrent", {"tally": 1, "stamp": 1}),
+    # A turn with two sends (and a read between them): one suspension, a notice per call,
+    # each decided by a process of its own (reference §15).
+    (["before_suspend=crash"], "two_sends", TWO_SENDS),
+    (["after_suspend=crash"], "two_sends", TWO_SENDS),
+    (["after_decision_recorded=crash"], "two_sends", TWO_SENDS),
+    (["after_claim=crash"], "two_sends", TWO_SENDS),
+    (["after_tool_commit:send=crash"], "two_sends", TWO_SENDS),
+    (["after_step_persist:send=crash", "after_step_persist:send=crash"], "two_sends", TWO_SENDS),
+    (["after_resume_execute=crash"], "two_sends", TWO_SENDS),
+]
+# Mixed decisions on one turn: send c is declined, send b approved.
+MIXED = [
+    ["after_decision_recorded=crash"],
+    ["after_claim=crash"],
+    ["after_tool_commit:send=crash"],
 ]
 
 
 @pytest.mark.parametrize(
-    ("failpoints", "script", "expected"), CASES, ids=["+".join(c[0]) for c in CASES]
+    ("failpoints", "script", "expected"),
+    CASES,
+    ids=["+".join(c[0]) + ("" if c[1] == "standard" else f"@{c[1]}") for c in CASES],
 )
 def test_crash_at_each_failpoint_recovers_exactly_once(
     db_url: str, failpoints: list[str], script: str, expected: dict[str, int]
 ) -> None:
-    engine = inprocess.engine(db_url, script_name=script)
-    run = engine.sync.start_run("dana", "go")
-    engine.close()
-    os.environ["KIT_SCRIPT"] = script
-    try:
-        with webhooks.receiver() as receiver:
-            seen = drive(db_url, run.id, failpoints, receiver)
-    finally:
-        os.environ.pop("KIT_SCRIPT", None)
+    seen = drive_script(db_url, script, failpoints)
     assert seen.crashes == len(failpoints), f"the failpoint never fired: {seen.processes}"
     final = seen.messages[-1]
     store = Store(db_url)
-    state = store.get_run(run.id)
+    state = store.get_run(seen.run_id)
     store.close()
     assert state is not None and state.state.value == "answered", seen.processes
     check_messages(final)
     assert effects_by_tool() == expected
 
 
+@pytest.mark.parametrize("failpoints", MIXED, ids=["+".join(c) for c in MIXED])
+def test_a_turn_decided_both_ways_recovers_each_decision_once(
+    db_url: str, failpoints: list[str]
+) -> None:
+    seen = drive_script(db_url, "two_sends", failpoints, frozenset({"c"}))
+    assert seen.crashes == len(failpoints), f"the failpoint never fired: {seen.processes}"
+    final = seen.messages[-1]
+    check_messages(final)
+    results = [json.loads(str(m["content"])) for m in final if m["role"] == "tool"]
+    assert results[0] == {"done": "send", "item": "b"}
+    assert results[2]["error"] == "declined_by_user"
+    assert [item for _, _, item in downstream.effects()] == ["b"]
+
+
 def test_a_crash_after_intent_of_an_unreconciled_write_tells_the_model(db_url: str) -> None:
     """The write never ran: reconciliation finds it absent, the model is told it did not
     complete (reference invariant 3), and nothing is written twice or at all."""
-    engine = inprocess.engine(db_url, script_name="write_once")
-    run = engine.sync.start_run("dana", "go")
-    engine.close()
-    os.environ["KIT_SCRIPT"] = "write_once"
-    try:
-        with webhooks.receiver() as receiver:
-            seen = drive(db_url, run.id, ["after_intent=crash"], receiver)
-    finally:
-        os.environ.pop("KIT_SCRIPT", None)
+    seen = drive_script(db_url, "write_once", ["after_intent=crash"])
     assert seen.crashes == 1
     check_messages(seen.messages[-1])
     results = [json.loads(str(m["content"])) for m in seen.messages[-1] if m["role"] == "tool"]
     assert results[0]["error"] == "not_completed"
     assert downstream.effects() == []
+
+
+def test_a_crash_with_two_concurrent_writes_in_flight_reconciles_each_by_its_key(
+    db_url: str,
+) -> None:
+    """Killed at ``after_tool_commit`` with both writes of a group committed downstream
+    and neither result stored: the reaper, another process, reconciles each write by its
+    key (the deduplicating one re-issued, the other found), never runs either again, and
+    the run answers with every result in call order (reference §1, invariant 3)."""
+    seen = drive_script(db_url, "concurrent", ["after_tool_commit:tally=crash"])
+    assert seen.crashes == 1 and seen.processes[:2] == ["worker:137", "reap:0"], seen.processes
+    # At the crash both writes had taken effect and no result of the turn was stored.
+    after_crash = seen.messages[1]
+    assert [m["role"] for m in after_crash][-1] == "assistant"
+    final = seen.messages[-1]
+    check_messages(final)
+    results = [json.loads(str(m["content"])) for m in final if m["role"] == "tool"]
+    assert results[0] == {"done": "tally", "item": "t"}
+    assert results[1]["query"] == "q"
+    assert results[2] == {"done": "stamp", "item": "s"}
+    store = Store(db_url)
+    try:
+        state = store.get_run(seen.run_id)
+        reconciled = [e.data for e in store.events(seen.run_id) if e.kind == "reconciled"]
+    finally:
+        store.close()
+    assert state is not None and state.state.value == "answered"
+    assert sorted(e["tool"] for e in reconciled) == ["stamp", "tally"]
+    assert effects_by_tool() == {"tally": 1, "stamp": 1}  # each exactly once
 
 
 def test_a_run_that_crashes_on_every_attempt_ends_recovery_exhausted(db_url: str) -> None:

@@ -940,3 +940,47 @@ async def test_bad_decisions_and_previews_are_clear_4xx_and_change_nothing(db_ur
         refused(stranger, 404, "unknown_or_expired")
         assert await fingerprint(api.engine) == before
         assert (await api.decide(token)).status_code == 200  # the token still works
+
+
+async def test_a_turn_of_two_sends_is_decided_call_by_call_over_http(db_url: str) -> None:
+    """Reference §15 over HTTP: the run's JSON lists both pending calls; the first decision
+    is recorded (200, ``waiting_for``); the batch decides the other and carries the turn out;
+    a repeated or unknown call in a batch is 422 with nothing recorded."""
+    async with serving(db_url, "two_sends") as api:
+        run_id = await api.start()
+        outcome = await api.engine.run_until_stop(run_id)
+        assert outcome.kind is StopKind.SUSPENDED
+        body = await api.run(run_id)
+        first, second = body["pending_calls"]
+        assert body["pending"]["tool_call_id"] == first["tool_call_id"]
+        assert (first["decided"], second["decided"]) == (None, None)
+        tokens = {n.tool_call_id: n.token for n in api.notifier.notices if n.run_id == run_id}
+        recorded = await api.decide(tokens[first["tool_call_id"]])
+        assert recorded.status_code == 200, recorded.text
+        assert recorded.json() | {"run_id": None} == {
+            "ok": True,
+            "run_id": None,
+            "decision": "approve",
+            "state": "suspended",
+            "outcome": "recorded",
+            "waiting_for": 1,
+        }
+        body = await api.run(run_id)
+        assert body["pending_calls"][0]["decided"]["decision"] == "approve"
+        path = f"/v1/runs/{run_id}/decisions"
+        again = {"tool_call_id": second["tool_call_id"], "decision": "decline"}
+        for bad in ([again, again], [again, {"tool_call_id": "nope", "decision": "approve"}]):
+            refused(
+                await api.client.post(path, json={"decisions": bad}, headers=DANA),
+                422,
+                "invalid_input",
+            )
+        assert (await api.run(run_id))["pending_calls"][1]["decided"] is None
+        response = await api.client.post(path, json={"decisions": [again]}, headers=DANA)
+        assert response.status_code == 200, response.text
+        (only,) = response.json()["results"]
+        assert (only["tool_call_id"], only["outcome"]) == (second["tool_call_id"], "declined")
+        await api.engine.run_until_stop(run_id)
+        done = await api.run(run_id)
+        assert done["state"] == "answered" and done["pending_calls"] == []
+        assert [item for _, _, item in downstream.effects()] == ["b"]

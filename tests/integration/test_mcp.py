@@ -166,6 +166,25 @@ async def test_overrides_replace_what_the_annotations_say(notes: Path) -> None:
     assert t["plain_write"].version.startswith("mcp-") and len(t["plain_write"].version) == 16
 
 
+async def test_only_an_idempotent_non_destructive_write_may_be_declared_concurrent(
+    notes: Path,
+) -> None:
+    async with connect(mcp_agent.stdio(notes), overrides=overrides(notes)) as tools:
+        assert not any(t.concurrent for t in tools)  # never by default
+    chosen: dict[str, Override] = {**overrides(notes), "add_note": {"concurrent": True}}
+    async with connect(mcp_agent.stdio(notes), overrides=chosen) as tools:
+        add = by_name(tools)["add_note"]
+    assert add.concurrent is True and add.dedupes and not add.may_confirm
+    for other in ("delete_note", "plain_write"):  # destructive, not idempotent
+        refused: dict[str, Any] = {**overrides(notes)}
+        refused[other] = {**refused.get(other, {}), "concurrent": True}
+        with pytest.raises(ConfigError) as error:
+            async with connect(mcp_agent.stdio(notes), overrides=refused):
+                pytest.fail("connect yielded a concurrent destructive write")
+        assert f"MCP tool override for {other}: concurrent=True is refused" in error.value.message
+        assert "idempotentHint true and destructiveHint false" in error.value.message
+
+
 async def test_two_servers_need_a_prefix_to_tell_their_tools_apart(
     notes: Path, http_url: str
 ) -> None:

@@ -5,7 +5,8 @@ built of them. Imported by tests and by the ``tether`` subprocesses they start
 
 - ``agent()``: reads and writes of every kind (``lookup``; ``record``, which the downstream
   deduplicates; ``write_once``, reconciled by key; ``blind_write``, neither; ``send``, which
-  a human confirms, with a preview, a guard and a permission), playing ``KIT_SCRIPT``;
+  a human confirms, with a preview, a guard and a permission; ``tally`` and ``stamp``,
+  concurrent writes, deduplicated and reconciled), playing ``KIT_SCRIPT``;
 - ``fault_agent()``: the same and a slow read (``nap``) and a slow re-check
   (``careful_send``), each run playing the script its question names;
 - ``ship``: a write a human confirms whose arguments are of every kind an edit form shows;
@@ -59,6 +60,19 @@ def write_once(ctx: ToolContext, item: str) -> dict[str, Any]:
 def blind_write(ctx: ToolContext, item: str) -> dict[str, Any]:
     """A write that can be neither reconciled nor re-issued."""
     return downstream.apply(ctx, "blind_write", item, dedupe=False)
+
+
+@tool(effect="write", dedupes=True, concurrent=True)
+def tally(ctx: ToolContext, item: str) -> dict[str, Any]:
+    """A write that commutes with the others (runs beside them); the downstream
+    deduplicates by idempotency key."""
+    return downstream.apply(ctx, "tally", item, dedupe=True)
+
+
+@tool(effect="write", reconcile=downstream.find, concurrent=True)
+def stamp(ctx: ToolContext, item: str) -> dict[str, Any]:
+    """A write that commutes with the others, reconciled by looking its key up."""
+    return downstream.apply(ctx, "stamp", item, dedupe=False)
 
 
 def _preview(args: Any, scope: Scope) -> dict[str, Any]:
@@ -129,6 +143,17 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         {"tool_calls": [call("send", item="b"), call("lookup", query="x"), call("send", item="c")]},
         {"content": "done"},
     ],
+    # two concurrent writes and a read in one turn: they run together.
+    "concurrent": [
+        {
+            "tool_calls": [
+                call("tally", item="t"),
+                call("lookup", query="q"),
+                call("stamp", item="s"),
+            ]
+        },
+        {"content": "done"},
+    ],
     # no confirmation: a read, a deduplicating write, an answer.
     "work": [
         {"tool_calls": [call("lookup", query="x")]},
@@ -147,7 +172,7 @@ def agent() -> Agent:
     return Agent(
         name="kit",
         system_prompt="You are a test agent.",
-        tools=(lookup, record, write_once, blind_write, send),
+        tools=(lookup, record, write_once, blind_write, send, tally, stamp),
         resolve_scope=resolve,
         default_model=script,
     )

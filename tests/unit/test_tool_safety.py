@@ -20,6 +20,7 @@ from tether import (
     ToolContext,
     tool,
 )
+from tether.tools.declaration import InvalidTool
 from tether.tools.tool import UnsafeTool
 
 
@@ -46,6 +47,26 @@ def test_a_write_with_neither_reconcile_nor_dedupes_is_refused_with_how_to_decla
 )
 def test_a_write_declared_safely_is_accepted(declaration: dict[str, Any]) -> None:
     assert tool(effect="write", **declaration)(_noop).effect.value == "write"
+
+
+def test_concurrent_is_off_by_default_and_accepted_on_writes_and_reads_needing_no_one() -> None:
+    assert tool(effect="write", dedupes=True)(_noop).concurrent is False
+    assert tool(effect="write", dedupes=True, concurrent=True)(_noop).concurrent is True
+    assert tool(concurrent=True)(_noop).concurrent is True  # a read: it changes nothing
+
+
+@pytest.mark.parametrize(
+    "confirmation", [True, lambda args, scope: False], ids=["always", "conditional"]
+)
+def test_concurrent_on_a_tool_that_may_need_confirmation_is_refused(confirmation: Any) -> None:
+    with pytest.raises(InvalidTool) as refused:
+        tool(effect="write", dedupes=True, needs_confirmation=confirmation, concurrent=True)(_noop)
+    assert refused.value.code == "invalid_tool"
+    assert "runs alone, after its decision" in refused.value.message
+    with pytest.raises(InvalidTool):
+        tool(needs_confirmation=True, concurrent=True)(_noop)  # a read a human confirms too
+    with pytest.raises(InvalidTool, match="True or False"):
+        tool(effect="write", dedupes=True, concurrent="yes")(_noop)  # type: ignore[call-overload]
 
 
 def test_a_confirmation_that_is_not_a_bool_or_a_function_is_refused_when_declared() -> None:

@@ -120,7 +120,7 @@ async def _refused(session: RunSession, r: Resolved, check: tool_call.Recheck) -
         halted = await session.halt(HaltReason.NO_LONGER_PERMITTED)
         return Resolution(verdict=CallVerdict.NO_LONGER_PERMITTED, outcome=halted, reason=message)
     if check.verdict is Check.CHANGED:
-        pending = session.run.pending
+        pending = session.asked(r.call.id)
         before = pending.preview if pending else None
         original = None
         if r.edited is not None:

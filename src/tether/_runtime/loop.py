@@ -19,7 +19,7 @@ import logging
 import time
 
 from tether import output
-from tether._runtime import compacting, tool_call
+from tether._runtime import compacting, parallel, tool_call
 from tether._runtime.decided_call import Resolution, decide
 from tether._runtime.hop import hop
 from tether._runtime.model_failures import model_failed
@@ -92,8 +92,8 @@ async def carry_calls(
     *,
     decided_only: bool = False,
 ) -> Outcome | None:
-    """The last turn's unanswered calls, in the model's order (consecutive plain reads
-    together), decided ones carried out as decided: how the run stopped on one of them,
+    """The last turn's unanswered calls, in the model's order (in the groups of
+    ``batches``), decided ones carried out as decided: how the run stopped on one of them,
     or None once each has its result (with ``decided_only``, once the last decided one
     has: the rest are the workers'). What became of each decided call goes in
     ``carried``."""
@@ -102,11 +102,7 @@ async def carry_calls(
             return None
         if session.stopping:
             return await session.release("worker stopping")
-        stop = await (
-            tool_call.read_batch(session, batch)
-            if len(batch) > 1
-            else process(session, batch[0], carried)
-        )
+        stop = await process_group(session, batch, carried)
         if stop is not None:
             return stop
     return None
@@ -176,18 +172,30 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
 
 
 def batches(session: RunSession, pending: list[ToolCall]) -> list[list[ToolCall]]:
-    """The pending calls in order, consecutive plain reads grouped (they run concurrently;
-    a write or a call that needs confirmation is always alone)."""
+    """The pending calls in order, consecutive calls that may run together grouped: plain
+    reads and writes declared ``concurrent`` that need no confirmation (``parallel.joins``).
+    A plain write or a call that may need confirmation is always alone: the calls after it
+    start once it has its result, and the calls before it have ended."""
     groups: list[list[ToolCall]] = []
-    after_read = False
+    joined = False
     for call in pending:
-        read = tool_call.plain_read(session.services.agent.tool(call.name))
-        if read and after_read:
+        joins = parallel.joins(session.services.agent.tool(call.name))
+        if joins and joined:
             groups[-1].append(call)
         else:
             groups.append([call])
-        after_read = read
+        joined = joins
     return groups
+
+
+async def process_group(
+    session: RunSession, group: list[ToolCall], carried: dict[str, Resolution] | None = None
+) -> Outcome | None:
+    """One group of ``batches``: calls that run together (``parallel.run_group``), or a
+    call alone (``process``)."""
+    if len(group) > 1:
+        return await parallel.run_group(session, group)
+    return await process(session, group[0], carried)
 
 
 async def carry(services: Services, run: Run, *, stopping: asyncio.Event | None = None) -> Outcome:

@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass, field
 
 from tether._runtime.hop import hop
-from tether._runtime.loop import process
+from tether._runtime.loop import batches, process_group
 from tether._runtime.services import Services
 from tether._runtime.session import RunSession
 from tether.errors import (
@@ -112,7 +112,9 @@ async def _recovering(services: Services, run: Run) -> Outcome:
         pending = session.pending_calls()
         if pending:
             try:
-                stop = await process(session, pending[0])
+                # The first group of calls that ran together: each write of it may
+                # have run before the crash, and is reconciled by its key.
+                stop = await process_group(session, batches(session, pending)[0])
             except (LeaseLost, DatabaseUnavailable, FailpointError, asyncio.CancelledError):
                 raise
             except Exception as exc:

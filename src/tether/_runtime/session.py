@@ -49,6 +49,7 @@ class RunSession:
         scope: Scope,
         *,
         decisions: dict[str, Decision] | None = None,
+        asked: dict[str, Pending] | None = None,
         recovering: bool = False,
         stopping: asyncio.Event | None = None,
         history: Sequence[Message] = (),
@@ -74,9 +75,12 @@ class RunSession:
         # The decisions recorded on calls of the run's suspensions, by tool call id, each
         # until it is carried out.
         self._decisions = dict(decisions or {})
+        # What the run's suspensions asked of each call (its preview, an edit's origin).
+        self._asked = dict(asked or {})
         # Only a run taken over from a dead owner may have a call whose effect happened
-        # without its result being stored, and only its first unanswered call (calls run
-        # in order). Everything else pending is known not to have run.
+        # without its result being stored, and only in its first group of unanswered calls
+        # (a write alone, or the calls that ran together, ``parallel.py``): calls after a
+        # group start once it has its results, so everything later is known not to have run.
         self._recovering = recovering
         # Set when this process is shutting down: the run is handed back at the next step
         # boundary so another worker takes it at once.
@@ -118,6 +122,7 @@ class RunSession:
             messages,
             scope,
             decisions=snapshot.decisions,
+            asked=snapshot.asked,
             recovering=recovering,
             stopping=stopping,
             history=snapshot.history,
@@ -144,6 +149,10 @@ class RunSession:
         result, so it must never be applied again."""
         return self._decisions.pop(call_id, None)
 
+    def asked(self, call_id: str) -> Pending | None:
+        """What the run's suspension asked a human of ``call_id``, if it was asked."""
+        return self._asked.get(call_id)
+
     def holds_decisions(self) -> bool:
         """Whether any human decision waits to be carried out."""
         return bool(self._decisions)
@@ -153,7 +162,8 @@ class RunSession:
         return call_id in self._decisions
 
     def take_recovering(self) -> bool:
-        """Whether the next call is the first one processed after a takeover (once)."""
+        """Whether the next call (or group of calls run together) is the first processed
+        after a takeover (once)."""
         recovering, self._recovering = self._recovering, False
         return recovering
 

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -22,7 +22,7 @@ from tether._runtime import dry_run, handover, suspending
 from tether._runtime.session import RunSession
 from tether._runtime.tool_retries import attempts, failure_content
 from tether._runtime.turns import Result, error_content
-from tether.errors import LeaseLost
+from tether.errors import DatabaseUnavailable, FailpointError, LeaseLost
 from tether.failpoints import fail
 from tether.messages import ToolCall
 from tether.previews import digest
@@ -228,7 +228,7 @@ async def read_step(session: RunSession, calls: list[ToolCall]) -> list[Result] 
     next owner asks the model again from the stored messages (``after_reads``)."""
     if not all(plain_read(session.services.agent.tool(call.name)) for call in calls):
         return None
-    if not _room_for(session, len(calls)):
+    if not room_for(session, len(calls)):
         return None
     results = await read_all(session, calls)
     for call in calls:  # `after_reads:TOOL` fires for a step that read with TOOL
@@ -236,25 +236,7 @@ async def read_step(session: RunSession, calls: list[ToolCall]) -> list[Result] 
     return results
 
 
-async def read_batch(session: RunSession, calls: list[ToolCall]) -> Outcome | None:
-    """Consecutive plain reads of a stored turn, run concurrently, their results stored
-    in the model's call order (a read has no effect, so running it beside another is
-    safe; writes are never batched). One at a time when the budget could stop them."""
-    if not _room_for(session, len(calls)):
-        for call in calls:
-            stop = await first_call(session, call)
-            if stop is not None:
-                return stop
-        return None
-    session.take_recovering()  # a read that may have run before a crash simply runs again
-    for r in await read_all(session, calls):
-        await session.append_result(r.call, r.content, r.status, counted=r.counted)
-        if r.status is CallStatus.OK:
-            fail("after_step_persist", r.call.name)
-    return None
-
-
-def _room_for(session: RunSession, count: int) -> bool:
+def room_for(session: RunSession, count: int) -> bool:
     """Whether the budget allows ``count`` more tool calls without a halt between them."""
     ahead = session.budget.after_tool_calls(max(0, count - 1))
     return ahead.check_before_tool_call(session.run.limits) is None
@@ -288,35 +270,61 @@ async def read(session: RunSession, call: ToolCall) -> Result:
 
 
 async def invoke(
-    session: RunSession, r: Resolved, *, confirmed: bool, maybe_ran: bool = False
+    session: RunSession,
+    r: Resolved,
+    *,
+    confirmed: bool,
+    maybe_ran: bool = False,
+    committed: bool = True,
 ) -> Result | None:
     """Run the tool under the call's idempotency key, bounded by its timeout (a read that
     timed out or failed transiently is tried again, ``attempts``): its result, or None
-    when a write timed out or failed ambiguously (it may have taken effect: the caller
-    reconciles it). When an earlier call under this key ``maybe_ran``, a downstream that is
-    unavailable is ambiguous too: this attempt learnt nothing of that one. Nothing is written;
-    however many attempts, it is one tool call."""
+    when a write timed out, failed ambiguously or raised an unexpected exception (it may
+    have taken effect: the caller reconciles it). When an earlier call under this key
+    ``maybe_ran``, a downstream that is unavailable is ambiguous too: this attempt learnt
+    nothing of that one. A read that raised unexpectedly is a ``tool_error`` the model
+    sees. Nothing is written; however many attempts, it is one tool call. ``committed``:
+    ``after_tool_commit`` fires here (a group of calls fires it once all returned)."""
     call = r.call
     fail("before_tool_call", call.name)
     ctx = session.ctx(call, confirmed=confirmed)
     try:
         with TOOL_SECONDS.labels(tool=call.name).time():
             result = await attempts(session, r.tool, r.args, ctx)
-    except (TimeoutError, OutcomeUnknown, ToolFailed) as exc:
+    except (LeaseLost, DatabaseUnavailable, FailpointError):
+        raise
+    except Exception as exc:
+        if committed:
+            fail("after_tool_commit", call.name)
+        return _failed(session, r, exc, maybe_ran=maybe_ran)
+    if committed:
         fail("after_tool_commit", call.name)
-        ambiguous = not isinstance(exc, ToolFailed) or (
-            maybe_ran and isinstance(exc, ToolUnavailable)
-        )
-        if ambiguous and r.tool.effect is Effect.WRITE:
-            log.warning(
-                "outcome unknown",
-                extra={"run_id": session.run.id, "action": "unknown", "error": str(exc)[:300]},
-            )
-            return None
-        content = failure_content(r.tool, exc)
-        return Result(call=call, content=content, status=CallStatus.ERROR, counted=True)
-    fail("after_tool_commit", call.name)
     return Result(call=call, content=result, status=CallStatus.OK, counted=True)
+
+
+def _failed(session: RunSession, r: Resolved, exc: Exception, *, maybe_ran: bool) -> Result | None:
+    """What a call that raised ``exc`` returned: None when a write's outcome is unknown
+    (ambiguous, or an exception no tool declares: it may have taken effect), else the
+    error the model sees."""
+    known = isinstance(exc, TimeoutError | OutcomeUnknown | ToolFailed)
+    if not known:
+        log.error(
+            "tool raised",
+            exc_info=exc,
+            extra={"run_id": session.run.id, "action": "tool_raised", "tool": r.call.name},
+        )
+    ambiguous = not isinstance(exc, ToolFailed) or (maybe_ran and isinstance(exc, ToolUnavailable))
+    if ambiguous and r.tool.effect is Effect.WRITE:
+        log.warning(
+            "outcome unknown",
+            extra={"run_id": session.run.id, "action": "unknown", "error": str(exc)[:300]},
+        )
+        return None
+    if known:
+        content = failure_content(r.tool, cast(TimeoutError | OutcomeUnknown | ToolFailed, exc))
+    else:
+        content = error_content("tool_error", f"{type(exc).__name__}: {exc}"[:2000])
+    return Result(call=r.call, content=content, status=CallStatus.ERROR, counted=True)
 
 
 async def execute(

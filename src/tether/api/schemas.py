@@ -212,6 +212,19 @@ class PendingOut(BaseModel):
     expires_at: str | None = Field(description="ISO-8601, UTC")
 
 
+class DecidedOut(BaseModel):
+    decision: str
+    by: str
+    at: str | None
+
+
+class PendingCallOut(PendingOut):
+    """One call of a turn's suspension (§15), in call order, with its decision once one is
+    recorded."""
+
+    decided: DecidedOut | None = Field(description="null while undecided")
+
+
 class ForkedFromOut(BaseModel):
     run_id: str
     step: int
@@ -229,6 +242,10 @@ class RunOut(BaseModel):
     fail_reason: str | None
     budget: BudgetOut
     pending: PendingOut | None = Field(description="set while the run is suspended")
+    pending_calls: list[PendingCallOut] = Field(
+        default_factory=list,
+        description="every call the suspension waits on, in call order (§15); [] otherwise",
+    )
     output: Any = Field(
         default=None,
         description="the final answer validated against the agent's output_type, as JSON; "
@@ -309,7 +326,13 @@ class ApprovalOut(BaseModel):
     run_id: str
     decision: Decision
     state: str
-    outcome: str = Field(description="executed, declined or released")
+    outcome: str = Field(
+        description="executed, declined, recorded (others of its turn are undecided: "
+        "waiting_for says how many), released, ..."
+    )
+    waiting_for: int | None = Field(
+        default=None, description="with outcome recorded: the calls of the turn still undecided"
+    )
 
 
 class ErrorOut(BaseModel):

@@ -4,8 +4,10 @@ Annotations decide the effect: ``readOnlyHint`` true is a read; anything else is
 write, which needs confirmation unless ``destructiveHint`` is false (MCP's default is
 true), and dedupes when ``idempotentHint`` is true (the server answers a repeated
 idempotency key with the first result, so reconciling re-issues the call under the same
-key). Overrides, per tool, replace any of that. The idempotency key travels in the call's
-``_meta`` as ``"tether/idempotency_key"``.
+key). Overrides, per tool, replace any of that. A write is never ``concurrent`` by default;
+an override may declare it so only when ``idempotentHint`` is true and ``destructiveHint``
+false (``commutes``). The idempotency key travels in the call's ``_meta`` as
+``"tether/idempotency_key"``.
 
 A call's answer: ``structuredContent`` if the server gave one, else its text content.
 ``isError`` is a definite tool error the model sees (``ToolFailed``); a call the
@@ -74,6 +76,7 @@ class Override(TypedDict, total=False):
     retries: int
     check_timeout_s: float
     description: str
+    concurrent: bool
 
 
 OVERRIDABLE = frozenset(Override.__annotations__)
@@ -96,6 +99,13 @@ def definition(source: McpTool, name: str, override: Override) -> dict[str, Any]
     except ValueError as exc:
         raise ConfigError(f"MCP tool override for {name}: effect must be read or write") from exc
     write = effect is Effect.WRITE
+    if write and override.get("concurrent") and not commutes(source):
+        raise ConfigError(
+            f"MCP tool override for {name}: concurrent=True is refused on this write: only "
+            "a tool whose annotations say idempotentHint true and destructiveHint false "
+            "(a repeat changes nothing, nothing is destroyed) may run beside other calls; "
+            f"{source.name!r} does not say both, so its calls run alone, in order"
+        )
     fields: dict[str, Any] = {
         # An effect declared by override decides what follows from it, as the hint would.
         "needs_confirmation": write and not (hints and hints.destructive_hint is False),
@@ -107,6 +117,13 @@ def definition(source: McpTool, name: str, override: Override) -> dict[str, Any]
     fields.update(override)
     fields["effect"] = effect
     return fields
+
+
+def commutes(source: McpTool) -> bool:
+    """Whether the server says the tool's calls may be declared ``concurrent``: idempotent
+    and not destructive (never so by default: only by override)."""
+    hints = source.annotations
+    return bool(hints and hints.idempotent_hint is True and hints.destructive_hint is False)
 
 
 def build(link: Link, source: McpTool, name: str, override: Override) -> Tool:

@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from tether.models.base import Message
-from tether.runs import Run, RunState
+from tether.runs import Pending, Run, RunState
 from tether.store.base import StoreBase
 from tether.store.clock import db_now
 from tether.store.compactions import CompactionRecord, compaction_state
@@ -28,7 +28,13 @@ from tether.store.schema import (
     tool_calls,
 )
 from tether.store.statements import SELECT_MESSAGES
-from tether.store.suspensions import CALL_COLUMNS, calls_of_rows, decision_of, with_calls
+from tether.store.suspensions import (
+    CALL_COLUMNS,
+    asked_of_rows,
+    calls_of_rows,
+    decision_of,
+    with_calls,
+)
 from tether.store.transitions import state_in
 
 _NOW = sa.select(db_now())
@@ -168,6 +174,8 @@ class Snapshot:
     run: Run
     messages: list[Message]
     decisions: dict[str, Decision] = field(default_factory=dict)
+    # What the run's suspensions asked of each call, by tool call id (the latest's).
+    asked: dict[str, Pending] = field(default_factory=dict)
     # The conversation before the run in its thread (reference §14), when asked for; with
     # it, the compaction the model sees it through and the input tokens the conversation's
     # latest model call reported (``compactions.compaction_state``).
@@ -227,6 +235,7 @@ class Reads(StoreBase):
                 run=run,
                 messages=own,
                 decisions={d.tool_call_id: d for d in made},
+                asked=asked_of_rows(rows),
                 history=earlier,
                 compaction=compaction,
                 input_tokens=tokens,

@@ -30,39 +30,25 @@ _WITH_DECISION = pending_calls.outerjoin(
     decisions, decisions.c.token_hash == pending_calls.c.token_hash
 )
 
-# What a token names: its call's row with the run and the decision that used it, and
-# whether the run's window is open by the database's clock (the primary key's lookup).
-_TOKEN = (
-    sa.select(
-        runs,
-        pending_calls.c.token_hash.label("p_token_hash"),
-        pending_calls.c.position.label("p_position"),
-        pending_calls.c.epoch.label("p_epoch"),
-        pending_calls.c.call.label("p_call"),
-        (runs.c.expires_at > db_now()).label("window_open"),
-        *_DECISION_COLUMNS,
-    )
-    .select_from(_WITH_DECISION.join(runs, runs.c.id == pending_calls.c.run_id))
-    .where(pending_calls.c.token_hash == sa.bindparam("b_hash"))
-)
+# A call's row with its run, the decision that used its token, and whether the run's
+# window is open by the database's clock.
+_CALL_AND_RUN = sa.select(
+    runs,
+    pending_calls.c.token_hash.label("p_token_hash"),
+    pending_calls.c.position.label("p_position"),
+    pending_calls.c.epoch.label("p_epoch"),
+    pending_calls.c.call.label("p_call"),
+    (runs.c.expires_at > db_now()).label("window_open"),
+    *_DECISION_COLUMNS,
+).select_from(_WITH_DECISION.join(runs, runs.c.id == pending_calls.c.run_id))
+# What a token names (the primary key's lookup).
+_TOKEN = _CALL_AND_RUN.where(pending_calls.c.token_hash == sa.bindparam("b_hash"))
 # A call of a run's current suspension, by its id (the inbox and the batch endpoint know
 # the run and the call, never the token).
-_CALL = (
-    sa.select(
-        runs,
-        pending_calls.c.token_hash.label("p_token_hash"),
-        pending_calls.c.position.label("p_position"),
-        pending_calls.c.epoch.label("p_epoch"),
-        pending_calls.c.call.label("p_call"),
-        (runs.c.expires_at > db_now()).label("window_open"),
-        *_DECISION_COLUMNS,
-    )
-    .select_from(_WITH_DECISION.join(runs, runs.c.id == pending_calls.c.run_id))
-    .where(
-        pending_calls.c.run_id == sa.bindparam("b_id"),
-        pending_calls.c.tool_call_id == sa.bindparam("b_call"),
-        pending_calls.c.epoch == runs.c.lease_epoch,
-    )
+_CALL = _CALL_AND_RUN.where(
+    pending_calls.c.run_id == sa.bindparam("b_id"),
+    pending_calls.c.tool_call_id == sa.bindparam("b_call"),
+    pending_calls.c.epoch == runs.c.lease_epoch,
 )
 _DECISION_OF_TOKEN = sa.select(decisions).where(decisions.c.token_hash == sa.bindparam("b_hash"))
 # The calls of some runs' suspensions with their decisions, in call order.
@@ -161,6 +147,13 @@ def calls_of_rows(run: Run, rows: Sequence[Any]) -> Run:
         key=lambda c: c.position,
     )
     return dataclasses.replace(run, pending_calls=tuple(mine)) if mine else run
+
+
+def asked_of_rows(rows: Sequence[Any]) -> dict[str, Pending]:
+    """What the run's suspensions asked of each call (the latest suspension's, by tool call
+    id), from rows of the run joined with its calls (``CALL_COLUMNS``)."""
+    asked = sorted((r for r in rows if r.p_token_hash is not None), key=lambda r: r.p_epoch)
+    return {r.p_tool_call_id: Pending.from_json(r.p_call) for r in asked}
 
 
 def with_calls(conn: Connection, found: Sequence[Run]) -> list[Run]:

@@ -19,6 +19,7 @@ from tether.store.base import StoreBase
 from tether.store.clock import db_now
 from tether.store.schema import runs, workers
 from tether.store.statements import add_event
+from tether.store.suspensions import with_calls
 from tether.store.transitions import state_in
 
 # Rows of workers whose heartbeat is older than this are forgotten when a worker registers.
@@ -135,7 +136,7 @@ class Versions(StoreBase):
         """Move a run that is not terminal and not carried by a live owner to
         ``to_version``, one some live worker serves, recording a ``migrated`` event (who,
         why, both versions); one transaction, under the run's row lock, so it cannot race
-        a claim. A suspended run is refused when its pending tool is missing from the
+        a claim. A suspended run is refused when a tool it waits on is missing from the
         tools any live worker of ``to_version`` registered. A queued run wakes the
         workers; an orphan stays as it is, so a reaper of the new version reconciles it
         before it goes on."""
@@ -143,7 +144,7 @@ class Versions(StoreBase):
             row = conn.execute(self.dialect.lock(_RUN), {"b_id": run_id}).first()
             if row is None:
                 return Migration(run=None, refused="not_found")
-            run = Run.from_row(row._mapping)
+            run = with_calls(conn, [Run.from_row(row._mapping)])[0]
             refused = _refusal(run, to_version, conn, stale_after_s)
             if refused is not None:
                 return Migration(run=run, refused=refused)
@@ -180,7 +181,8 @@ def _refusal(run: Run, to_version: str, conn: sa.Connection, stale_after_s: floa
         known = [names for names in tools if names is not None]
         if not known:
             return "tools_unknown"
-        if any(run.pending.tool not in names for names in known):
+        waiting = {c.pending.tool for c in run.pending_calls} or {run.pending.tool}
+        if any(tool not in names for tool in waiting for names in known):
             return "tool_unavailable"
     if run.state is RunState.RUNNING and run.owner is not None:
         fresh = conn.execute(

@@ -12,7 +12,8 @@ rather than failing a run later. Every refusal names the tool and the fix (``inv
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, create_model
@@ -56,6 +57,32 @@ def check_signature(tool: str, role: str, fn: object) -> None:
             f"{name}{signature} cannot be called that way. Declare it as "
             f"def {role}{shape}: ..."
         ) from None
+
+
+def check_numbers(tool: str, *, seconds: Mapping[str, object], retries: object) -> None:
+    """Each timeout in ``seconds`` (field → value) is a finite number > 0; ``retries`` is a
+    whole number >= 0."""
+    for field, timeout in seconds.items():
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise ConfigError(f"tool {tool}: {field} must be a number of seconds, not {timeout!r}")
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise ConfigError(f"tool {tool}: {field} must be > 0 and finite, not {timeout!r}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigError(f"tool {tool}: retries must be a whole number >= 0, not {retries!r}")
+
+
+def check_concurrent(tool: str, concurrent: object, *, confirms: bool) -> None:
+    """``concurrent`` is a bool, and never on a tool whose calls may need confirmation: a
+    decided call always runs alone, after its decision. (On a read it changes nothing:
+    reads already run concurrently.)"""
+    if not isinstance(concurrent, bool):
+        raise InvalidTool(f"tool {tool}: concurrent must be True or False, not {concurrent!r:.100}")
+    if concurrent and confirms:
+        raise InvalidTool(
+            f"tool {tool}: concurrent=True on a tool that may need confirmation: a call a "
+            "human decides always runs alone, after its decision. Drop concurrent, or "
+            "needs_confirmation."
+        )
 
 
 def arguments_of(

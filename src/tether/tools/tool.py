@@ -16,7 +16,6 @@ from __future__ import annotations
 import enum
 import inspect
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast, overload
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from tether.errors import ConfigError, TetherError
 from tether.models.base import ToolSpec
 from tether.scope import Scope
+from tether.tools import declaration
 from tether.tools._timeouts import still_running, within
 from tether.tools.declaration import CALLED_WITH, InvalidTool, arguments_of, check_signature
 
@@ -191,6 +191,9 @@ class Tool:
     check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S
     # Who may decide a call that needs confirmation ("others": never the run's owner).
     approvers: Approvers = Approvers.ANY
+    # A write whose effects commute with each other and with reads: it may run beside the
+    # neighbouring reads and concurrent writes of its turn (reference §1).
+    concurrent: bool = False
 
     def __post_init__(self) -> None:
         check_safe(self)
@@ -198,6 +201,7 @@ class Tool:
         for role in CALLED_WITH:
             check_signature(self.name, role, getattr(self, role))
         check_approvers(self)
+        declaration.check_concurrent(self.name, self.concurrent, confirms=self.may_confirm)
 
     def spec(self) -> ToolSpec:
         """The tool as the model sees it."""
@@ -345,16 +349,8 @@ def check_approvers(t: Tool) -> None:
 def check_timing(t: Tool) -> None:
     """Refuse a timeout or retry count that cannot work, and retries on a write: a write
     is never run again blindly (a timed-out one is reconciled by its key instead)."""
-    for field in ("timeout_s", "check_timeout_s"):
-        timeout = getattr(t, field)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-            raise ConfigError(
-                f"tool {t.name}: {field} must be a number of seconds, not {timeout!r}"
-            )
-        if not math.isfinite(timeout) or timeout <= 0:
-            raise ConfigError(f"tool {t.name}: {field} must be > 0 and finite, not {timeout!r}")
-    if isinstance(t.retries, bool) or not isinstance(t.retries, int) or t.retries < 0:
-        raise ConfigError(f"tool {t.name}: retries must be a whole number >= 0, not {t.retries!r}")
+    seconds = {"timeout_s": t.timeout_s, "check_timeout_s": t.check_timeout_s}
+    declaration.check_numbers(t.name, seconds=seconds, retries=t.retries)
     if t.effect is Effect.WRITE and t.retries:
         raise UnsafeTool(
             f"tool {t.name} is a write with retries={t.retries}: tether never runs a write "
@@ -394,6 +390,7 @@ def tool(
     retries: int = 0,
     check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
     approvers: Approvers | str = Approvers.ANY,
+    concurrent: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -415,6 +412,7 @@ def tool(
     retries: int = 0,
     check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
     approvers: Approvers | str = Approvers.ANY,
+    concurrent: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a typed function. A first parameter annotated ``ToolContext``
     receives the call's context; every other parameter is an argument the model gives."""
@@ -442,6 +440,7 @@ def tool(
             retries=retries,
             check_timeout_s=check_timeout_s,
             approvers=cast(Approvers, approvers),  # checked and converted by the Tool
+            concurrent=concurrent,
         )
 
     return build(fn) if fn is not None else build
