@@ -174,9 +174,17 @@ async def test_a_decision_is_taken_once_and_only_for_its_own_call(sqlite_url: st
         decision = Decision(
             run_id=run.id, tool_call_id="c1", decision="approve", by="boss", at=0.0, digest=None
         )
-        session = RunSession(
-            bench.services, run, [], Scope(user_id="dana"), decisions={"c1": decision}
+        asked = [
+            {"id": c, "type": "function", "function": {"name": "look", "arguments": "{}"}}
+            for c in ("c1", "c2")
+        ]
+        turn = [{"role": "assistant", "content": None, "tool_calls": asked}]
+        answered = Decision(
+            run_id=run.id, tool_call_id="c0", decision="approve", by="boss", at=0.0, digest=None
         )
+        decisions = {"c1": decision, "c0": answered}  # c0: a call of an earlier turn
+        session = RunSession(bench.services, run, turn, Scope(user_id="dana"), decisions=decisions)
+        assert session.take_decision("c0") is None  # it has its result: never applied again
 
         assert session.take_decision("c2") is None  # another call's: kept
         assert session.take_decision("c1") == decision

@@ -72,9 +72,10 @@ class RunSession:
         # it was forked at, so its turns go on from there while its budget starts at zero.
         self.step = run.step
         self.scope = scope
-        # The decisions recorded on calls of the run's suspensions, by tool call id, each
-        # until it is carried out.
-        self._decisions = dict(decisions or {})
+        # The decisions recorded on calls of the run's suspensions that have no result
+        # yet, by tool call id, each until it is carried out.
+        unanswered = {c.id for c in pending_tool_calls(messages)}
+        self._decisions = {k: d for k, d in (decisions or {}).items() if k in unanswered}
         # What the run's suspensions asked of each call (its preview, an edit's origin).
         self._asked = dict(asked or {})
         # Only a run taken over from a dead owner may have a call whose effect happened
