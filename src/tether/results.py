@@ -14,7 +14,7 @@ from tether.budget import Budget
 from tether.errors import TetherError
 from tether.models.base import Message
 from tether.notify import Notice
-from tether.runs import Run, RunState, iso
+from tether.runs import Pending, Run, RunState, iso
 from tether.store import Decision, Event
 from tether.store.threads import ThreadRecord
 
@@ -240,6 +240,9 @@ class TokenLookup:
     now: float
     # The run whose suspension on the token expired, shown to its owner only.
     expired: Run | None = None
+    # The call of ``run``'s suspension the token names (reference §15: each call of a
+    # turn has its own token), while ``run`` is shown.
+    call: Pending | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -257,6 +257,23 @@ class Run:
             undecided=row["undecided"],
         )
 
+    def suspension_calls(self) -> tuple[PendingCall, ...]:
+        """The calls its suspension waits on, in call order (reference §15): the loaded
+        ``pending_calls``, or its one ``pending`` call when the read loaded none."""
+        if self.pending_calls or self.pending is None:
+            return self.pending_calls
+        only = PendingCall(
+            pending=self.pending,
+            token_hash=self.pending_token_hash or "",
+            position=0,
+            epoch=self.lease_epoch,
+        )
+        return (only,)
+
+    def undecided_calls(self) -> tuple[Pending, ...]:
+        """The calls of its suspension that wait for a decision, in call order."""
+        return tuple(c.pending for c in self.suspension_calls() if c.decided is None)
+
     def lease(self) -> Lease:
         """The lease this record shows; only meaningful right after a claim."""
         if self.owner is None:
@@ -312,20 +329,23 @@ def run_to_json(run: Run) -> dict[str, Any]:
     }
 
 
-def request_to_json(run: Run, base_url: str = "") -> dict[str, Any]:
-    """A suspended run's pending request as ``GET /v1/approvals`` lists it (reference §6),
-    from the stored tool call and its preview, with where to decide it by run and call id
-    (``base_url``: the public URL those paths start with)."""
-    assert run.pending is not None
+def request_to_json(run: Run, base_url: str = "", call: Pending | None = None) -> dict[str, Any]:
+    """A pending call of a suspended run (default: its first, ``run.pending``) as ``GET
+    /v1/approvals`` lists it (reference §6, one request per undecided call of the turn,
+    §15), from the stored tool call and its preview, with where to decide it by run and
+    call id (``base_url``: the public URL those paths start with)."""
+    pending = call or run.pending
+    assert pending is not None
     return {
         "run_id": run.id,
         "user_id": run.user_id,
         "question": run.question,
-        "tool": run.pending.tool,
-        "tool_call_id": run.pending.tool_call_id,
-        "arguments": run.pending.arguments,
-        "preview": run.pending.preview,
-        "digest": run.pending.digest,
+        "tool": pending.tool,
+        "tool_call_id": pending.tool_call_id,
+        "arguments": pending.arguments,
+        "preview": pending.preview,
+        "digest": pending.digest,
         "expires_at": iso(run.expires_at),
+        "pending_calls": len(run.suspension_calls()),
         "decide_url": f"{base_url}/v1/runs/{run.id}/decisions",
     }

@@ -151,6 +151,46 @@ def test_approvals_list_finds_requests_and_approve_by_run_decides_one_without_it
     assert len(downstream.effects()) == 1
 
 
+def test_a_turn_of_two_sends_is_listed_shown_and_decided_call_by_call(db_url: str) -> None:
+    notifier = MemoryNotifier()
+    engine = inprocess.engine(db_url, script_name="two_sends", notifier=notifier)
+    run_id = engine.sync.ask("dana", "send b and c").run_id
+    b, c = (n.tool_call_id for n in notifier.notices if n.run_id == run_id)
+    engine.close()
+    env = processes.tether_env(db_url)
+
+    shown = processes.tether("runs", "show", run_id, env=env)
+    assert shown.returncode == 0, shown.stderr
+    calls = _json(shown.stdout)["pending_calls"]
+    assert isinstance(calls, list)
+    assert [(x["tool"], x["tool_call_id"], x["decided"]) for x in calls] == [
+        ("send", b, None),
+        ("send", c, None),
+    ]
+    listed = _json(processes.tether("approvals", "list", "--json", env=env).stdout)["items"]
+    assert isinstance(listed, list)
+    assert [(i["run_id"], i["tool_call_id"]) for i in listed] == [(run_id, b), (run_id, c)]
+    table = processes.tether("approvals", "list", env=env)
+    assert table.returncode == 0 and b in table.stdout and c in table.stdout
+
+    which = processes.tether("approve", "--run", run_id, env=env)
+    assert which.returncode == 1 and "invalid_input" in which.stderr
+    assert "--call" in which.stderr and b in which.stderr and c in which.stderr
+    recorded = processes.tether("approve", "--run", run_id, "--call", c, "--decline", env=env)
+    assert recorded.returncode == 0, recorded.stderr
+    answer = _json(recorded.stdout)
+    assert (answer["tool_call_id"], answer["outcome"], answer["waiting_for"]) == (c, "recorded", 1)
+    assert downstream.effects() == []
+    calls = _json(processes.tether("runs", "show", run_id, env=env).stdout)["pending_calls"]
+    assert isinstance(calls, list)
+    assert [x["decided"] and x["decided"]["decision"] for x in calls] == [None, "decline"]
+    # One call left: it is the default.
+    done = processes.tether("approve", "--run", run_id, env=env)
+    assert done.returncode == 0, done.stderr
+    assert (_json(done.stdout)["tool_call_id"], _json(done.stdout)["outcome"]) == (b, "executed")
+    assert [item for _, _, item in downstream.effects()] == ["b"]
+
+
 def test_continue_cancel_and_runs_show(db_url: str) -> None:
     engine = inprocess.engine(db_url, script_name="standard")
     halted = engine.sync.ask("dana", "go", limits={"max_steps": 1})

@@ -325,6 +325,7 @@ async def test_a_request_is_found_in_the_approvals_list_and_decided_by_run_witho
             "preview": {"item": "b", "price": "100"},
             "digest": item["digest"],
             "expires_at": item["expires_at"],
+            "pending_calls": 1,
             "decide_url": f"{BASE}/v1/runs/{run_id}/decisions",
             "may_decide": True,
         }

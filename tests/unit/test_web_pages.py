@@ -12,6 +12,7 @@ import pytest
 
 from tether.api.web import templates
 from tether.api.web.forms import edit_fields, read_edits
+from tether.api.web.turns import read_decisions
 from tether.errors import InvalidInput
 
 
@@ -62,3 +63,27 @@ def test_edit_fields_read_back_as_json_values_and_leave_bad_text_to_validation()
     assert loose["quantity"] == "seven" and loose["weight"] == "NaN"  # validation refuses
     with pytest.raises(InvalidInput, match="not valid JSON"):
         read_edits(parameters, {"arg.labels": "[NaN]"})
+
+
+def test_a_decide_all_form_reads_back_as_the_decisions_it_chose() -> None:
+    calls = {"call.0": "c0", "digest.0": "d" * 64, "call.1": "c1", "digest.1": "e" * 64}
+    assert read_decisions({**calls, "all": "decline", "reason": " no\r\nthanks "}) == [
+        {"tool_call_id": "c0", "decision": "decline", "reason": "no\nthanks"},
+        {"tool_call_id": "c1", "decision": "decline", "reason": "no\nthanks"},
+    ]
+    # An approval carries the digest the page showed; a call left empty is left for now.
+    chosen = {**calls, "all": "each", "decision.0": "", "decision.1": "approve"}
+    assert read_decisions(chosen) == [
+        {"tool_call_id": "c1", "decision": "approve", "digest": "e" * 64}
+    ]
+    # The calls are read in order up to the first gap, never past it.
+    gap = {"call.0": "c0", "call.2": "c2", "all": "approve"}
+    assert [e["tool_call_id"] for e in read_decisions(gap)] == ["c0"]
+    for refused in (
+        {**calls, "all": "each"},  # nothing chosen
+        {**calls, "all": "maybe"},
+        {**calls},
+        {"all": "approve"},
+    ):
+        with pytest.raises(InvalidInput):
+            read_decisions(refused)

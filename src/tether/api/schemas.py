@@ -376,7 +376,8 @@ class ApprovalRefusedOut(ErrorOut):
 
 
 class PendingApprovalOut(BaseModel):
-    """A request the caller may decide, from the stored tool call and its preview."""
+    """A request the caller may decide: one undecided call of a suspended run's turn, from
+    the stored tool call and its preview."""
 
     run_id: str
     user_id: str = Field(description="the run's owner")
@@ -387,6 +388,10 @@ class PendingApprovalOut(BaseModel):
     preview: dict[str, Any] | None
     digest: str | None = Field(description="the digest of that preview")
     expires_at: str | None = Field(description="ISO-8601, UTC")
+    pending_calls: int = Field(
+        description="how many calls of the run's turn its suspension waits on (reference "
+        "§15); each undecided one is listed as a request of its own"
+    )
     decide_url: str = Field(
         description="where to POST a decision on it by run and call id "
         '(`{"decisions": [{"tool_call_id", "decision"}]}`); the token itself is only in '

@@ -267,8 +267,9 @@ async def fork_run(
     tags=["approvals"],
     summary="The requests the caller may decide",
     description="Suspended runs inside their window that the caller owns or may approve "
-    "(by the owner's scope now), soonest expiry first, one page at a time: `limit` after "
-    "the first `offset`; `more` says how many follow and `next` is the next page. Each "
+    "(by the owner's scope now), soonest expiry first, one page of runs at a time: `limit` "
+    "runs after the first `offset`; `more` says how many runs follow and `next` is the next "
+    "page. A run is listed once per undecided call of its turn (reference §15). Each "
     "is decided by `POST /v1/runs/{id}/decisions` with its `tool_call_id` (the token is "
     "only ever in the notice).",
     responses=responses((401, AUTH), (422, INVALID)),
@@ -288,11 +289,11 @@ async def list_approvals(
     return {
         "items": [
             {
-                **request_to_json(run, base),
-                "may_decide": engine.agent.may_decide_call(run.pending.tool, run.user_id, user),
+                **request_to_json(run, base, call),
+                "may_decide": engine.agent.may_decide_call(call.tool, run.user_id, user),
             }
             for run in found
-            if run.pending is not None
+            for call in run.undecided_calls()
         ],
         "more": found.more,
         "offset": found.offset,

@@ -80,7 +80,8 @@ async def approval_request(services: Services, token: str, approver: str) -> Tok
         run = None
     if decided is not None and not await may_decide(services, decided.user_id, approver):
         used = decided = None
-    return TokenLookup(run=run, used=used, decided_run=decided, now=now, expired=expired)
+    call = found.call.pending if run is not None and found.call is not None else None
+    return TokenLookup(run=run, used=used, decided_run=decided, now=now, expired=expired, call=call)
 
 
 async def request_of_run(

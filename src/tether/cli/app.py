@@ -130,7 +130,12 @@ def approve(
         str | None, typer.Option("--run", help="instead of TOKEN: the run's pending call")
     ] = None,
     tool_call_id: Annotated[
-        str | None, typer.Option(help="with --run: this call (default: the pending one)")
+        str | None,
+        typer.Option(
+            "--call",
+            "--tool-call-id",
+            help="with --run: this pending call of the turn (default: its only undecided one)",
+        ),
     ] = None,
     decline: Annotated[bool, typer.Option("--decline", help="decline instead")] = False,
     reason: Annotated[str | None, typer.Option(help="why (the model sees it on a decline)")] = None,
@@ -153,7 +158,7 @@ def approve(
 
     decision = "decline" if decline else "approve"
     if (token is None) == (run is None) or (tool_call_id is not None and run is None):
-        raise InvalidInput("name a TOKEN or --run RUN_ID (with --tool-call-id), not both")
+        raise InvalidInput("name a TOKEN or --run RUN_ID (with --call ID), not both")
     if run is not None:
         entry = {"decision": decision, "reason": reason, "digest": digest}
         if arguments is not None:

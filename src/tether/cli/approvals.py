@@ -17,6 +17,7 @@ from tether.telemetry.logs import configure
 
 if TYPE_CHECKING:
     from tether.engine import Engine
+    from tether.runs import Run
 
 approvals_app = typer.Typer(
     help="Find the pending requests and preview them.", no_args_is_help=True
@@ -40,9 +41,10 @@ def approvals_list(
     ] = False,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Pending requests inside their window, soonest expiry first: every open request
-    (the operator's view), or with ``--as`` those USER may decide. Each is decided with
-    ``tether approve --run RUN_ID``."""
+    """Pending requests inside their window, soonest expiry first, one row per undecided
+    call of a run's turn: every open request (the operator's view), or with ``--as`` those
+    USER may decide. Each is decided with ``tether approve --run RUN_ID --call ID``
+    (``--offset`` and ``--limit`` count runs)."""
     configure("WARNING")
     from rich.table import Table
 
@@ -55,19 +57,19 @@ def approvals_list(
         return engine.pending_approvals(as_user, limit=limit, offset=offset)
 
     found = on_engine(agent, listed)
-    runs = [run for run in found if run.pending is not None]
+    # One request per undecided call of each run's turn (reference §15).
+    requests = [(run, call) for run in found for call in run.undecided_calls()]
     if as_json:
-        items = [request_to_json(run) for run in runs]
+        items = [request_to_json(run, call=call) for run, call in requests]
         emit({"items": items, "more": found.more, "offset": found.offset})
         return
     table = Table("user", "tool", "expires")
     table.add_column("run", no_wrap=True)  # ids are never cut: they are typed back
     table.add_column("tool call id", no_wrap=True)
-    for run in runs:
-        assert run.pending is not None
+    for run, call in requests:
         expires = iso(run.expires_at) or ""
-        table.add_row(run.user_id, run.pending.tool, expires, run.id, run.pending.tool_call_id)
-    if runs:
+        table.add_row(run.user_id, call.tool, expires, run.id, call.tool_call_id)
+    if requests:
         out.print(table)
     else:
         out.print("Nothing is waiting for a decision.")
@@ -110,17 +112,17 @@ async def decide_by_run(
     entry: dict[str, Any],
     as_user: str | None,
 ) -> dict[str, Any] | TetherError:
-    """``tether approve --run``: the decision ``entry`` on the run's pending call (or on
-    ``tool_call_id``), as its owner unless ``as_user`` names another; the call's answer, or
-    its refusal."""
+    """``tether approve --run``: the decision ``entry`` on ``tool_call_id`` (default: the
+    run's only undecided call; a turn waiting on several must name one, reference §15), as
+    the run's owner unless ``as_user`` names another; the call's answer, or its refusal."""
     from tether.runs import RunState
 
     try:
         run = (await engine.get_run(run_id)).run
         if tool_call_id is None:
-            if run.pending is None or run.state is not RunState.SUSPENDED:
+            tool_call_id = only_undecided(run) if run.state is RunState.SUSPENDED else None
+            if tool_call_id is None:
                 raise UnknownOrExpired("this run waits on no pending request")
-            tool_call_id = run.pending.tool_call_id
         (answer,) = await engine.decide_calls(
             run_id, as_user or run.user_id, [{**entry, "tool_call_id": tool_call_id}]
         )
@@ -130,6 +132,18 @@ async def decide_by_run(
         answer.refused.details.setdefault("tool_call_id", tool_call_id)
         return answer.refused
     return answer.to_json()
+
+
+def only_undecided(run: Run) -> str | None:
+    """The id of the run's one undecided pending call; ``invalid_input`` naming them when
+    its turn waits on several."""
+    waiting = [call.tool_call_id for call in run.undecided_calls()]
+    if len(waiting) > 1:
+        named = ", ".join(waiting)
+        raise InvalidInput(
+            f"this run's turn waits on {len(waiting)} calls ({named}): name one with --call ID"
+        )
+    return waiting[0] if waiting else None
 
 
 def finish(answer: dict[str, Any] | TetherError) -> None:

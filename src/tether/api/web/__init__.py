@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from tether.api.web import approvals, edits, inbox, runs, sessions
+from tether.api.web import approvals, edits, inbox, runs, sessions, turns
 from tether.api.web.pages import templates
 
 router = APIRouter(include_in_schema=False)
@@ -20,5 +20,6 @@ router.include_router(inbox.router)
 router.include_router(runs.router)
 router.include_router(approvals.router)
 router.include_router(edits.router)
+router.include_router(turns.router)
 
 __all__ = ["router", "templates"]

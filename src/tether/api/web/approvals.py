@@ -72,7 +72,9 @@ async def approval_page(request: Request, token: str) -> Response:
         lookup = await engine.approval_request(token, session.user)
     except UnknownOrExpired:
         return unknown_or_expired(request, session)
-    view = pending_view(lookup.run, session.user, lookup.now, agent=engine.agent, token=token)
+    view = pending_view(
+        lookup.run, session.user, lookup.now, agent=engine.agent, token=token, call=lookup.call
+    )
     if view is not None:
         context = {"item": view, "error": None}
         return page(request, "approve.html", context, session=session)
@@ -241,7 +243,12 @@ async def _changed(request: Request, session: Session, engine: Engine, exc: Chan
     if new_token:
         lookup = await engine.approval_request(new_token, session.user)
         item = pending_view(
-            lookup.run, session.user, lookup.now, agent=engine.agent, token=new_token
+            lookup.run,
+            session.user,
+            lookup.now,
+            agent=engine.agent,
+            token=new_token,
+            call=lookup.call,
         )
     diff = list(exc.details.get("diff") or [])
     return outcome(request, session, 409, "changed", diff=diff, item=item)

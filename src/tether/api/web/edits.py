@@ -25,6 +25,7 @@ from tether.api.web.pages import (
     run_target,
     sign_in_first,
     tool_parameters,
+    undecided_call,
     unknown_or_expired,
 )
 from tether.api.web.sessions import (
@@ -58,7 +59,9 @@ async def preview_from_link(request: Request, token: str) -> Response:
         lookup = await engine.approval_request(token, session.user)
     except UnknownOrExpired:
         return unknown_or_expired(request, session)
-    item = pending_view(lookup.run, session.user, lookup.now, agent=engine.agent, token=token)
+    item = pending_view(
+        lookup.run, session.user, lookup.now, agent=engine.agent, token=token, call=lookup.call
+    )
     if item is None:
         return unknown_or_expired(request, session)
 
@@ -81,7 +84,9 @@ async def preview_from_inbox(request: Request, run_id: str) -> Response:
         return unknown_or_expired(request, session)
     engine = engine_of(request)
     run = await engine.request_of_run(run_id, call, session.user)
-    item = pending_view(run, session.user, await engine.now(), agent=engine.agent)
+    named = undecided_call(run, call)
+    now = await engine.now()
+    item = pending_view(run, session.user, now, agent=engine.agent, call=named) if named else None
     if item is None:
         return unknown_or_expired(request, session)
     item = dataclasses.replace(item, target=run_target(run_id, call, shown))
@@ -101,8 +106,7 @@ async def _edited(
 ) -> Response:
     """The edited call's preview and approval form; or, for edits that do not validate,
     the request again with what is wrong and the edits as typed (422), still decidable."""
-    pending = item.run.pending
-    assert pending is not None  # a pending view has its call
+    pending = item.call
     parameters = tool_parameters(engine_of(request).agent, pending.tool) or {}
     try:
         shown = await previewing(read_edits(parameters, form))

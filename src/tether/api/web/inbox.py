@@ -16,7 +16,7 @@ from fastapi.responses import RedirectResponse, Response
 from tether.api.deps import engine_of
 from tether.api.web import lineage, threads
 from tether.api.web.actions import actions_for
-from tether.api.web.pages import message, page, pending_view, show
+from tether.api.web.pages import message, page, show, turn_view
 from tether.api.web.sessions import Session, acting, back_to, login_url, session_of
 from tether.errors import InvalidInput, NotFound
 from tether.models.base import Message
@@ -41,7 +41,7 @@ async def inbox(request: Request) -> Response:
         found = await engine.pending_approvals(session.user, limit=INBOX_LIMIT, offset=offset)
     except InvalidInput as exc:
         return message(request, session, 422, "Not a page", exc.message, kind="refused")
-    views = (pending_view(run, session.user, found.now, agent=engine.agent) for run in found)
+    views = (turn_view(run, session.user, found.now, agent=engine.agent) for run in found)
     items = [view for view in views if view is not None]
     context = {"items": items, "more": found.more, "next_offset": found.next_offset}
     return page(request, "inbox.html", context, session=session)
@@ -99,21 +99,23 @@ async def run_response(
     refused: str | None = None,
     reason: str = "",
     follow_up: threads.FollowUp | None = None,
+    notice: str | None = None,
 ) -> Response:
     """A run's page: its owner's whole page (with the fork form refused with ``error``, the
     Continue and Cancel forms with why the last was ``refused``, or the follow-up box
-    with why the last ``follow_up`` was refused); for an approver, the read-only page of
-    the request they may decide; for anyone else, not found."""
+    with why the last ``follow_up`` was refused), its pending calls under ``notice`` (what
+    became of a decision); for an approver, the read-only page of the requests they may
+    decide; for anyone else, not found."""
     engine = engine_of(request)
     try:
         view = await engine.get_run(run_id, user=session.user)
     except NotFound:
-        return await _as_approver(request, session, run_id)
+        return await _as_approver(request, session, run_id, notice=notice)
     events = await engine.events(run_id)
     run = view.run
     pending = None
     if run.state is RunState.SUSPENDED:
-        pending = pending_view(run, session.user, await engine.now(), agent=engine.agent)
+        pending = turn_view(run, session.user, await engine.now(), agent=engine.agent)
     fork_form = lineage.fork_form(run, view.messages)
     if error is not None:
         fork_form = lineage.refused(run, submitted or {}, error.message)
@@ -121,6 +123,7 @@ async def run_response(
         "run": run,
         "owner": True,
         "pending": pending,
+        "notice": notice,
         "budget": _budget_rows(run),
         "actions": actions_for(run, error=refused, reason=reason),
         "events": [{"at": e.at, "kind": e.kind, "data": _summary(e.data)} for e in events],
@@ -132,26 +135,30 @@ async def run_response(
     return page(request, "run.html", context, session=session, status=status)
 
 
-async def _as_approver(request: Request, session: Session, run_id: str) -> Response:
+async def _as_approver(
+    request: Request, session: Session, run_id: str, *, notice: str | None = None
+) -> Response:
     """The run behind a request the viewer may decide (not their own run): its question,
-    conversation and pending call, and nothing they could act on but the decision. Shown
-    exactly while they may decide it; otherwise the page of a missing run."""
+    conversation and the calls its turn waits on, and nothing they could act on but the
+    decisions. Shown exactly while they may decide one; otherwise the page of a missing
+    run."""
     engine = engine_of(request)
     try:
         view = await engine.get_run(run_id)
     except NotFound:
         return no_such_run(request, session)
-    asked = view.run.pending
+    undecided = view.run.undecided_calls()
     run = None
-    if view.run.state is RunState.SUSPENDED and asked is not None:
-        run = await engine.request_of_run(run_id, asked.tool_call_id, session.user)
-    pending = pending_view(run, session.user, await engine.now(), agent=engine.agent)
+    if view.run.state is RunState.SUSPENDED and undecided:
+        run = await engine.request_of_run(run_id, undecided[0].tool_call_id, session.user)
+    pending = turn_view(run, session.user, await engine.now(), agent=engine.agent)
     if run is None or pending is None:
         return no_such_run(request, session)
     context: dict[str, Any] = {
         "run": run,
         "owner": False,
         "pending": pending,
+        "notice": notice,
         "messages": [_message_view(m) for m in view.messages],
     }
     return page(request, "run.html", context, session=session)

@@ -16,7 +16,7 @@ from fastapi.templating import Jinja2Templates
 
 from tether.agent import Agent
 from tether.api.web.forms import EditField, edit_fields
-from tether.runs import Run, RunState, iso
+from tether.runs import Pending, Run, RunState, iso
 
 if TYPE_CHECKING:
     from tether.api.web.sessions import Session
@@ -127,13 +127,13 @@ def token_target(token: str) -> Target:
     )
 
 
-def run_target(run_id: str, tool_call_id: str, digest: str) -> Target:
+def run_target(run_id: str, tool_call_id: str, digest: str, position: int = 0) -> Target:
     return Target(
         decide=f"/runs/{run_id}/decision",
         preview=f"/runs/{run_id}/preview",
         hidden=(("tool_call_id", tool_call_id), ("digest", digest)),
         edited_digest="approved_digest",
-        key=f"run-{run_id}",
+        key=f"run-{run_id}-{position}",
         back=f"/#run-{run_id}",
     )
 
@@ -147,10 +147,12 @@ def tool_parameters(agent: Agent, name: str) -> dict[str, Any] | None:
 
 @dataclass(frozen=True, kw_only=True)
 class PendingView:
-    """A suspended run as a page shows it: the stored request and its window, where its
-    forms post, and its arguments as edit-form controls."""
+    """One pending call of a suspended run as a page shows it: the stored call and its
+    window, where its forms post, and its arguments as edit-form controls; or, once it is
+    decided, its decision (and no form)."""
 
     run: Run
+    call: Pending
     mine: bool
     left: str
     target: Target
@@ -158,33 +160,119 @@ class PendingView:
     # False when the viewer is the owner and the call's tool wants someone else to decide
     # it (four eyes): the request is shown waiting, with no form.
     decides: bool = True
+    # The call's recorded decision, ``{"decision", "by", "at"}``, while the turn waits for
+    # its other calls (reference §15); None while undecided.
+    decided: dict[str, Any] | None = None
+
+
+def _open(run: Run | None, now: float) -> bool:
+    """Whether ``run`` is suspended inside its window (judged by the database's clock)."""
+    if run is None or run.state is not RunState.SUSPENDED:
+        return False
+    return run.expires_at is not None and run.expires_at > now
 
 
 def pending_view(
-    run: Run | None, viewer: str, now: float, *, agent: Agent, token: str | None = None
+    run: Run | None,
+    viewer: str,
+    now: float,
+    *,
+    agent: Agent,
+    token: str | None = None,
+    call: Pending | None = None,
 ) -> PendingView | None:
-    """The run's pending request as ``viewer`` sees it (its forms posting to ``token``'s
-    link if given, else to the run); None unless it is suspended and its window (judged by
-    the database's clock, ``now``) is still open."""
-    if run is None or run.state is not RunState.SUSPENDED:
+    """The run's pending ``call`` (default: the first of its turn still undecided) as
+    ``viewer`` sees it, its forms posting to ``token``'s link if given, else to the run;
+    None unless the run is suspended inside its window, on such a call."""
+    if run is None or not _open(run, now):
         return None
-    if run.pending is None or run.expires_at is None or run.expires_at <= now:
+    undecided = run.undecided_calls()
+    if call is None:
+        call = undecided[0] if undecided else None
+    elif run.pending_calls and call.tool_call_id not in {c.tool_call_id for c in undecided}:
+        return None  # decided meanwhile (a read without the calls trusts the caller's)
+    if call is None:
         return None
-    pending = run.pending
+    return _call_view(run, call, viewer, now, agent=agent, token=token)
+
+
+def undecided_call(run: Run | None, tool_call_id: str) -> Pending | None:
+    """The undecided call ``tool_call_id`` of ``run``'s suspension, if it has one."""
+    calls = run.undecided_calls() if run is not None else ()
+    return next((c for c in calls if c.tool_call_id == tool_call_id), None)
+
+
+def _call_view(
+    run: Run,
+    pending: Pending,
+    viewer: str,
+    now: float,
+    *,
+    agent: Agent,
+    token: str | None = None,
+    position: int = 0,
+    decided: dict[str, Any] | None = None,
+) -> PendingView:
     parameters = tool_parameters(agent, pending.tool)
     fields = edit_fields(parameters, pending.arguments) if parameters is not None else ()
     if token is not None:
         target = token_target(token)
     else:
-        target = run_target(run.id, pending.tool_call_id, pending.digest or "")
+        target = run_target(run.id, pending.tool_call_id, pending.digest or "", position)
+    assert run.expires_at is not None
     return PendingView(
         run=run,
+        call=pending,
         mine=run.user_id == viewer,
         left=time_left(run.expires_at - now),
         target=target,
         fields=fields,
         decides=agent.may_decide_call(pending.tool, run.user_id, viewer),
+        decided=decided,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnView:
+    """A suspended run's turn as a page shows it (reference §15): every call its suspension
+    waits on, in call order, each with its own form or its decision; and, when the viewer
+    decides two or more of the undecided ones, a form that decides them all at once."""
+
+    run: Run
+    calls: tuple[PendingView, ...]
+    mine: bool
+    left: str
+
+    @property
+    def waiting(self) -> int:
+        """How many calls of the turn have no decision yet."""
+        return sum(1 for view in self.calls if view.decided is None)
+
+    @property
+    def first(self) -> PendingView:
+        """The first call still undecided (a turn view has one)."""
+        return next(view for view in self.calls if view.decided is None)
+
+    @property
+    def batch(self) -> tuple[PendingView, ...]:
+        """The undecided calls the viewer decides, for the decide-all form (none unless
+        there are two or more)."""
+        mine = tuple(view for view in self.calls if view.decided is None and view.decides)
+        return mine if len(mine) > 1 else ()
+
+
+def turn_view(run: Run | None, viewer: str, now: float, *, agent: Agent) -> TurnView | None:
+    """Every call of the run's suspension as ``viewer`` sees it; None unless the run is
+    suspended inside its window with a call still undecided."""
+    if run is None or not _open(run, now) or not run.undecided_calls():
+        return None
+    calls = tuple(
+        _call_view(run, c.pending, viewer, now, agent=agent, position=index, decided=c.decided)
+        for index, c in enumerate(run.suspension_calls())
+    )
+    assert run.expires_at is not None
+    left = time_left(run.expires_at - now)
+    return TurnView(run=run, calls=calls, mine=run.user_id == viewer, left=left)
 
 
 # -- pages -------------------------------------------------------------------------------
