@@ -209,8 +209,8 @@ class Reads(StoreBase):
     ) -> Snapshot | None:
         """The run (with its suspension's calls), its messages and the decisions its
         suspensions' calls carry: two queries, one transaction (so the messages belong to
-        the run row read). With ``history``, the second reads the thread's conversation through the run instead (its earlier
-        runs' messages, then the run's own), in one statement; with ``compacts`` (its
+        the run row read). With ``history``, the second reads the thread's conversation
+        through the run instead (its earlier runs' messages, then the run's own), in one statement; with ``compacts`` (its
         agent compacts), the compaction state of that conversation is read with it (so a
         resumption on any worker hands the model what it saw before)."""
         with self.engine.begin() as conn:
