@@ -210,9 +210,10 @@ class Reads(StoreBase):
         """The run (with its suspension's calls), its messages and the decisions its
         suspensions' calls carry: two queries, one transaction (so the messages belong to
         the run row read). With ``history``, the second reads the thread's conversation
-        through the run instead (its earlier runs' messages, then the run's own), in one statement; with ``compacts`` (its
-        agent compacts), the compaction state of that conversation is read with it (so a
-        resumption on any worker hands the model what it saw before)."""
+        through the run instead (its earlier runs' messages, then the run's own), in one
+        statement; with ``compacts`` (its agent compacts), the compaction state of that
+        conversation is read with it (so a resumption on any worker hands the model what
+        it saw before)."""
         with self.engine.begin() as conn:
             rows = conn.execute(_RUN_AND_DECISIONS, {"b_id": run_id}).all()
             if not rows:
