@@ -7,6 +7,7 @@ nothing for any of them."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import types
 from concurrent.futures import ThreadPoolExecutor
@@ -141,10 +142,9 @@ async def test_an_expired_token_claims_nothing_for_any_concurrent_approver(db_ur
         assert all(isinstance(r, UnknownOrExpired) for r in results), results
         after = (await engine.get_run(run_id)).run
         assert after is not None and after.state.value == "suspended"  # until the sweep
-        assert await asyncio.to_thread(engine._store.find_by_token, hash_token(token)) == (
-            after,
-            None,
-        )
+        found, used = await asyncio.to_thread(engine._store.find_by_token, hash_token(token))
+        assert used is None and found is not None  # the token still names its run, unused
+        assert dataclasses.replace(found, pending_calls=after.pending_calls) == after
     finally:
         engine.close()
 
