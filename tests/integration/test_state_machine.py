@@ -9,7 +9,8 @@ continued, cancelled, purged, and written by owners whose lease is stale. A mode
 what each run must be; after every step the store must agree with it, and the invariants
 of reference §2 that the store is responsible for must hold against what was observed
 before (legal transitions, terminal states final, append-only messages, a budget that
-only grows, fencing, one decision per token, bounded recovery, expiry, purge). A write that must be refused must also leave every table exactly as it was.
+only grows, fencing, one decision per token, bounded recovery, expiry, purge). A write
+that must be refused must also leave every table exactly as it was.
 
 Function-scoped fixtures are not reset between hypothesis examples, so each example clones
 its own database from the session's templates and drops it in teardown.
@@ -70,9 +71,9 @@ MEMORY = Path("/dev/shm")
 # Sized so that the file takes well under 40 s on a 2-core machine, both backends: an
 # example costs a fresh database (about 0.2 to 0.7 s on PostgreSQL, a file copy on SQLite)
 # and then a few milliseconds a step. Derandomized, so CI runs the same examples each time.
-EXAMPLES = {"sqlite": 40, "postgresql": 20}
+EXAMPLES = {"sqlite": 30, "postgresql": 15}
 SETTINGS = settings(
-    stateful_step_count=40,
+    stateful_step_count=60,
     deadline=None,
     derandomize=True,
     database=None,
@@ -666,7 +667,7 @@ class RunMachine(RuleBasedStateMachine):
     def crash(self, pick: int, long_ago: bool) -> None:
         """The owner dies: it forgets its lease and writes nothing more. ``long_ago``: the
         heartbeat timeout has passed since (its heartbeat is moved back by two windows,
-        the only write of this test that does not go through the store)."""
+        one of the two writes of this test that do not go through the store)."""
         lease = _pick(self.held, pick)
         self.held.remove(lease)
         if long_ago:
@@ -677,6 +678,34 @@ class RunMachine(RuleBasedStateMachine):
                     .where(runs.c.lease_epoch == lease.epoch)
                     .values(heartbeat_at=runs.c.heartbeat_at - 2 * WINDOW_S)
                 )
+
+    @precondition(lambda self: any(r.window_open for r in self._in(SUSPENDED)))
+    @rule(pick=PICK, record=st.booleans(), then=st.sampled_from(["wait", "expire", "continue"]))
+    def close_a_window(self, pick: int, record: bool, then: str) -> None:
+        """The window of a suspension passes (``record``: after a decision was recorded
+        on one of its calls, when others are undecided): its ``expires_at`` is moved back
+        by two windows, the other write of this test that does not go through the store.
+        From now on, by the database's clock, no decision lands and every token of it
+        names only that it expired, the recorded ones too. ``then``: the sweep halts it at
+        once, and its owner may continue it at once (its suspension forgotten)."""
+        run = _pick([r for r in self._in(SUSPENDED) if r.window_open], pick)
+        undecided = [a for a in run.asked if a.decision is None]
+        if record and len(undecided) > 1:
+            asked = _pick(undecided, pick)
+            owner = self._next("approval")
+            claim = self._claim(run, asked, owner, "decline", USERS[1])
+            assert self._tally(run, [owner], [(asked, "decline", USERS[1])], [claim]) is None
+        with self.store.engine.begin() as conn:
+            conn.execute(
+                sa.update(runs)
+                .where(runs.c.id == run.id, runs.c.lease_epoch == run.epoch)
+                .values(expires_at=runs.c.expires_at - 2 * WINDOW_S)
+            )
+        run.window_open = False
+        if then != "wait":
+            self.expire()
+        if then == "continue":
+            self._continue(run.id, as_owner=True, why=None)
 
     @precondition(lambda self: bool(self._stale()))
     @rule(pick=PICK, op=st.sampled_from(STALE_OPS), ms=st.integers(0, 50), same=st.booleans())
@@ -703,9 +732,14 @@ class RunMachine(RuleBasedStateMachine):
             self._leave(lease, op, HaltReason.MAX_STEPS, ms)
 
     @precondition(lambda self: bool(self._in(SUSPENDED)))
-    @rule(pick=PICK, votes=st.lists(VOTE, min_size=1, max_size=5), every=st.booleans())
+    @rule(
+        pick=PICK,
+        votes=st.lists(VOTE, min_size=1, max_size=5),
+        every=st.booleans(),
+        window_open=st.booleans(),
+    )
     def decide_concurrently(
-        self, pick: int, votes: list[tuple[int, str, str]], every: bool
+        self, pick: int, votes: list[tuple[int, str, str]], every: bool, window_open: bool
     ) -> None:
         """Approvers race on the tokens of one suspension, several votes a token, all at
         once (invariants 5 and 12; reference §15). Inside the window each token voted on
@@ -713,8 +747,10 @@ class RunMachine(RuleBasedStateMachine):
         others are undecided is recorded (the run stays suspended, one fewer undecided,
         no lease changes hands) and the one that takes the last claims the run. After the
         window closed none wins and nothing changes. ``every``: each undecided call gets
-        a vote too, so the race ends the suspension."""
-        run = _pick(self._in(SUSPENDED), pick)
+        a vote too, so the race ends the suspension. ``window_open``: a suspension whose
+        window is open (or closed), when there is one."""
+        suspended = self._in(SUSPENDED)
+        run = _pick([r for r in suspended if r.window_open is window_open] or suspended, pick)
         chosen = [(_pick(run.asked, i), decision, by) for i, decision, by in votes]
         if every:
             chosen += [(a, "approve", USERS[0]) for a in run.asked if a.decision is None]
@@ -844,7 +880,7 @@ class RunMachine(RuleBasedStateMachine):
             )
         run.state, run.owner = CANCELLED, None
 
-    @precondition(lambda self: bool(self._in(SUSPENDED)))
+    @precondition(lambda self: any(r.window_open for r in self._in(SUSPENDED)))
     @rule(pick=PICK, deliver=st.sampled_from(["none", "one", "all"]))
     def reissue_lost_notices(self, pick: int, deliver: str) -> None:
         """Each undecided call of a suspension whose notice was never delivered gets one
@@ -887,13 +923,14 @@ class RunMachine(RuleBasedStateMachine):
             assert [c.token_hash for c in got.pending_calls] == [a.token for a in exp.asked]
 
     @precondition(lambda self: bool(self.tokens))
-    @rule(pick=PICK, owner=st.sampled_from(WORKERS))
-    def claim_a_spent_token(self, pick: int, owner: str) -> None:
+    @rule(pick=PICK, owner=st.sampled_from(WORKERS), of_expired=st.booleans())
+    def claim_a_spent_token(self, pick: int, owner: str, of_expired: bool) -> None:
         """A token that was used (its decision recorded, claiming or not), expired,
         superseded, re-issued, purged, or never issued claims nothing and changes
         nothing, and a decision with it is told the decision that used it. Once its
         suspension's window closed, every token of it names only that it expired, the
-        recorded ones too (reference §15)."""
+        recorded ones too (reference §15). ``of_expired``: a token of such a suspension,
+        when there is one."""
         live = {
             a.token
             for r in self._in(SUSPENDED)
@@ -902,7 +939,8 @@ class RunMachine(RuleBasedStateMachine):
             if a.decision is None
         }
         spent = [t for t in self.tokens if t not in live] + ["0" * 64]
-        token = _pick(spent, pick)
+        expired = [t for r in self.runs.values() if self._expired_suspension(r) for t in r.tokens()]
+        token = _pick(expired if of_expired and expired else spent, pick)
         run_id = self.tokens.get(token, "never-made")
         before = self._dump()
         claim = self.store.claim_decision(
