@@ -70,7 +70,9 @@ MEMORY = Path("/dev/shm")
 
 # Sized so that the file takes well under 40 s on a 2-core machine, both backends: an
 # example costs a fresh database (about 0.2 to 0.7 s on PostgreSQL, a file copy on SQLite)
-# and then a few milliseconds a step. Derandomized, so CI runs the same examples each time.
+# and then a few milliseconds a step (more with a race), so fewer, longer examples: a
+# suspension's calls are decided, expire or are re-issued over several steps.
+# Derandomized, so CI runs the same examples each time.
 EXAMPLES = {"sqlite": 30, "postgresql": 15}
 SETTINGS = settings(
     stateful_step_count=60,
@@ -87,7 +89,7 @@ USERS = ("dana", "miguel")
 # Few owner names, reused: fencing must tell leases apart by epoch, not by name alone.
 WORKERS = ("w1", "w2")
 REAPERS = ("r1", "r2")
-WINDOW_S = 3600.0  # an approval window that cannot close during an example
+WINDOW_S = 3600.0  # an approval window that passes during an example only by close_a_window
 MAX_RUNS = 4  # unfinished runs at once
 PICK = st.integers(min_value=0, max_value=1 << 16)
 HALTS = [r for r in HaltReason if r is not HaltReason.SUSPENSION_EXPIRED]
