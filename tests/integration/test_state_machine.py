@@ -2,13 +2,15 @@
 
 Hypothesis drives random interleavings of what happens to runs: created, claimed, written
 by their owner (assistant turns with tool-call intents, tool results), suspended (with a
-window, or with a TTL of 0 so it is expired at once), decided by concurrent approvers,
-crashed, reaped, expired, continued, cancelled, purged, and written by owners whose lease
-is stale. A model says what each run must be; after every step the store must agree with
-it, and the invariants of reference §2 that the store is responsible for must hold against
-what was observed before (legal transitions, terminal states final, append-only messages,
-a budget that only grows, fencing, one decision per token, bounded recovery, expiry,
-purge). A write that must be refused must also leave every table exactly as it was.
+window, or with a TTL of 0 so it is expired at once) on one to three calls of a turn,
+each with its own token, decided call by call by concurrent approvers (the decision that
+takes the last undecided call claims the run, reference §15), crashed, reaped, expired,
+continued, cancelled, purged, and written by owners whose lease is stale. A model says
+what each run must be; after every step the store must agree with it, and the invariants
+of reference §2 that the store is responsible for must hold against what was observed
+before (legal transitions, terminal states final, append-only messages, a budget that
+only grows, fencing, one decision per token, bounded recovery, expiry, purge). A write
+that must be refused must also leave every table exactly as it was.
 
 Function-scoped fixtures are not reset between hypothesis examples, so each example clones
 its own database from the session's templates and drops it in teardown.
@@ -58,6 +60,8 @@ from tether.runs import (
     can_transition,
 )
 from tether.store import CallStatus, Intent, Store
+from tether.store.claims import SuspensionClaim
+from tether.store.records import Decision
 from tether.store.schema import decisions, run_events, run_messages, runs, tool_calls
 
 PG_ADMIN_URL = os.environ.get("TETHER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -66,10 +70,12 @@ MEMORY = Path("/dev/shm")
 
 # Sized so that the file takes well under 40 s on a 2-core machine, both backends: an
 # example costs a fresh database (about 0.2 to 0.7 s on PostgreSQL, a file copy on SQLite)
-# and then a few milliseconds a step. Derandomized, so CI runs the same examples each time.
-EXAMPLES = {"sqlite": 40, "postgresql": 20}
+# and then a few milliseconds a step (more with a race), so fewer, longer examples: a
+# suspension's calls are decided, expire or are re-issued over several steps.
+# Derandomized, so CI runs the same examples each time.
+EXAMPLES = {"sqlite": 30, "postgresql": 15}
 SETTINGS = settings(
-    stateful_step_count=40,
+    stateful_step_count=60,
     deadline=None,
     derandomize=True,
     database=None,
@@ -83,12 +89,19 @@ USERS = ("dana", "miguel")
 # Few owner names, reused: fencing must tell leases apart by epoch, not by name alone.
 WORKERS = ("w1", "w2")
 REAPERS = ("r1", "r2")
-WINDOW_S = 3600.0  # an approval window that cannot close during an example
+WINDOW_S = 3600.0  # an approval window that passes during an example only by close_a_window
 MAX_RUNS = 4  # unfinished runs at once
 PICK = st.integers(min_value=0, max_value=1 << 16)
 HALTS = [r for r in HaltReason if r is not HaltReason.SUSPENSION_EXPIRED]
 LEAVES = ("halt", "fail", "fail_unknown", "release", "release_later")
 STALE_OPS = ("turn", "answer", "result", "suspend", "heartbeat", "scope", *LEAVES)
+# A vote on a call of a suspension: which call (its index, modulo the calls), how, by whom.
+VOTE = st.tuples(
+    st.integers(min_value=0, max_value=2),
+    st.sampled_from(["approve", "decline"]),
+    st.sampled_from(USERS),
+)
+EXPIRED = HaltReason.SUSPENSION_EXPIRED.value
 TABLES = (runs, run_messages, run_events, tool_calls, decisions)
 
 T = TypeVar("T")
@@ -127,6 +140,16 @@ class FreshDatabase:
 
 
 @dataclass
+class Asked:
+    """One call of a run's suspension, as the model knows it."""
+
+    call: str
+    token: str  # its token's hash (a re-issued notice gives it a new one)
+    decision: tuple[str, str] | None = None  # (decision, by) once one is recorded
+    notified: bool = False  # its notice was delivered (so its token is never re-issued)
+
+
+@dataclass
 class Expected:
     """What the model says one run is."""
 
@@ -139,10 +162,12 @@ class Expected:
     owner: str | None = None
     epoch: int = 0
     delayed: bool = False  # handed back with a delay that cannot pass during an example
-    token: str | None = None  # hash of the token of the current (or last) suspension
+    token: str | None = None  # its first call's token hash, of the current (or last) suspension
     window_open: bool = False  # that suspension's TTL was not 0
-    notified: bool = False  # its notice was delivered (so its token is never re-issued)
-    pending_call: str | None = None
+    # The calls of that suspension, in call order, while their rows are kept (a halted run
+    # continued forgets them).
+    asked: list[Asked] = field(default_factory=list)
+    undecided: int = 0  # how many of them have no decision yet
     halt_reason: str | None = None
     fail_reason: str | None = None
     recovery_attempts: int = 0
@@ -162,6 +187,10 @@ class Expected:
 
     def done_calls(self) -> list[str]:
         return [call for call, (_, status) in self.ledger.items() if status not in OPEN]
+
+    def tokens(self) -> list[str]:
+        """The tokens of the calls of its current (or last) suspension."""
+        return [a.token for a in self.asked]
 
     def intents(self) -> list[str]:
         return [call for call, (_, s) in self.ledger.items() if s is CallStatus.INTENT]
@@ -315,10 +344,23 @@ class RunMachine(RuleBasedStateMachine):
         self._let_go(lease)
         return None
 
-    def _claim(self, **claim: Any) -> Run | None:
-        """The run an approval's claim (``claim_decision``, as the approvals path sends
-        it) took, or None if it lost."""
-        return self.store.claim_decision(**claim).run
+    def _claim(
+        self, run: Expected, asked: Asked, owner: str, decision: str, by: str
+    ) -> SuspensionClaim:
+        """A decision on one call of a suspension by its token (``claim_decision``, as
+        the approvals path sends it)."""
+        return self.store.claim_decision(
+            run_id=run.id, token_hash=asked.token, owner=owner, decision=decision, approver=by
+        )
+
+    def _told(self, told: Decision | None, token: str) -> None:
+        """A decision that lost, or a look-up of a token, is told the decision that used
+        the token (if any, and for as long as its run is kept)."""
+        used = self.used.get(token)
+        if used is None or used[0] not in self.runs:
+            assert told is None
+        else:
+            assert told is not None and (told.run_id, told.decision, told.by) == used
 
     def _race(self, calls: Sequence[Callable[[], object]]) -> list[object]:
         """Run the calls at once, each in its own thread, released together."""
@@ -395,27 +437,39 @@ class RunMachine(RuleBasedStateMachine):
         if before in OPEN:
             applied.ledger[call] = (seq, status)
 
-    def _suspend(self, lease: Lease, call: str, ttl_s: float, ms: int) -> None:
-        token = hashlib.sha256(self._next("token").encode()).hexdigest()
-        pending = Pending(
-            tool_call_id=call, tool="send", arguments={"call": call}, preview={}, digest="d"
-        )
+    def _suspend(self, lease: Lease, calls: Sequence[str], ttl_s: float, ms: int) -> None:
+        """Suspend on ``calls``, each pending with its own token; one window for all."""
+        asked = [
+            Asked(call=call, token=hashlib.sha256(self._next("token").encode()).hexdigest())
+            for call in calls
+        ]
+        pending = [
+            (
+                Pending(
+                    tool_call_id=a.call,
+                    tool="send",
+                    arguments={"call": a.call},
+                    preview={},
+                    digest="d",
+                ),
+                a.token,
+            )
+            for a in asked
+        ]
         expires: list[float] = []
         applied = self._fenced(
             lease,
             lambda: expires.append(
-                self.store.suspend(
-                    lease, calls=[(pending, token)], ttl_s=ttl_s, elapsed_ms=ms, event={}
-                )
+                self.store.suspend(lease, calls=pending, ttl_s=ttl_s, elapsed_ms=ms, event={})
             ),
         )
         if applied is None:
             return
-        self.tokens[token] = applied.id
+        for a in asked:
+            self.tokens[a.token] = applied.id
         assert (expires[0] > self.store.now()) is (ttl_s > 0)  # the window, by the DB clock
-        applied.state, applied.owner, applied.token = SUSPENDED, None, token
-        applied.window_open, applied.pending_call = ttl_s > 0, call
-        applied.notified = False
+        applied.state, applied.owner, applied.token = SUSPENDED, None, asked[0].token
+        applied.window_open, applied.asked, applied.undecided = ttl_s > 0, asked, len(asked)
         applied.spent(ms=ms)
         self._let_go(lease)
 
@@ -567,16 +621,22 @@ class RunMachine(RuleBasedStateMachine):
         self._result(lease, call, status, counted, ms)
 
     @precondition(lambda self: bool(self.held))
-    @rule(pick=PICK, ttl_s=st.sampled_from([WINDOW_S, 0.0, WINDOW_S]), ms=st.integers(0, 50))
-    def suspend(self, pick: int, ttl_s: float, ms: int) -> None:
-        """The run suspends on a call that has not run yet; without one, the owner first
-        writes the turn that asks for it (as the loop does). A TTL of 0 is already past."""
+    @rule(
+        pick=PICK,
+        ttl_s=st.sampled_from([WINDOW_S, 0.0, WINDOW_S]),
+        ms=st.integers(0, 50),
+        calls=st.integers(min_value=1, max_value=3),
+    )
+    def suspend(self, pick: int, ttl_s: float, ms: int, calls: int) -> None:
+        """The run suspends on ``calls`` calls that have not run yet, each with its own
+        token; with fewer, the owner first writes the turn that asks for them (as the loop
+        does). A TTL of 0 is already past."""
         lease = self._owner_lease(pick)
-        if not self._calls(lease, Expected.intents):
-            self._turn(lease, 1, False, 0.125, ms)
+        if len(self._calls(lease, Expected.intents)) < calls:
+            self._turn(lease, calls, False, 0.125, ms)
         intents = self._calls(lease, Expected.intents)
         if intents and self._current(lease):
-            self._suspend(lease, intents[0], ttl_s, ms)
+            self._suspend(lease, intents[:calls], ttl_s, ms)
 
     @precondition(lambda self: bool(self.held))
     @rule(
@@ -609,7 +669,7 @@ class RunMachine(RuleBasedStateMachine):
     def crash(self, pick: int, long_ago: bool) -> None:
         """The owner dies: it forgets its lease and writes nothing more. ``long_ago``: the
         heartbeat timeout has passed since (its heartbeat is moved back by two windows,
-        the only write of this test that does not go through the store)."""
+        one of the two writes of this test that do not go through the store)."""
         lease = _pick(self.held, pick)
         self.held.remove(lease)
         if long_ago:
@@ -620,6 +680,34 @@ class RunMachine(RuleBasedStateMachine):
                     .where(runs.c.lease_epoch == lease.epoch)
                     .values(heartbeat_at=runs.c.heartbeat_at - 2 * WINDOW_S)
                 )
+
+    @precondition(lambda self: any(r.window_open for r in self._in(SUSPENDED)))
+    @rule(pick=PICK, record=st.booleans(), then=st.sampled_from(["wait", "expire", "continue"]))
+    def close_a_window(self, pick: int, record: bool, then: str) -> None:
+        """The window of a suspension passes (``record``: after a decision was recorded
+        on one of its calls, when others are undecided): its ``expires_at`` is moved back
+        by two windows, the other write of this test that does not go through the store.
+        From now on, by the database's clock, no decision lands and every token of it
+        names only that it expired, the recorded ones too. ``then``: the sweep halts it at
+        once, and its owner may continue it at once (its suspension forgotten)."""
+        run = _pick([r for r in self._in(SUSPENDED) if r.window_open], pick)
+        undecided = [a for a in run.asked if a.decision is None]
+        if record and len(undecided) > 1:
+            asked = _pick(undecided, pick)
+            owner = self._next("approval")
+            claim = self._claim(run, asked, owner, "decline", USERS[1])
+            assert self._tally(run, [owner], [(asked, "decline", USERS[1])], [claim]) is None
+        with self.store.engine.begin() as conn:
+            conn.execute(
+                sa.update(runs)
+                .where(runs.c.id == run.id, runs.c.lease_epoch == run.epoch)
+                .values(expires_at=runs.c.expires_at - 2 * WINDOW_S)
+            )
+        run.window_open = False
+        if then != "wait":
+            self.expire()
+        if then == "continue":
+            self._continue(run.id, as_owner=True, why=None)
 
     @precondition(lambda self: bool(self._stale()))
     @rule(pick=PICK, op=st.sampled_from(STALE_OPS), ms=st.integers(0, 50), same=st.booleans())
@@ -637,7 +725,7 @@ class RunMachine(RuleBasedStateMachine):
         elif op == "result":
             self._result(lease, "call-0", CallStatus.OK, True, ms)
         elif op == "suspend":
-            self._suspend(lease, "call-0", WINDOW_S, ms)
+            self._suspend(lease, ["call-0", "call-1"], WINDOW_S, ms)
         elif op == "heartbeat":
             self._heartbeat(lease)
         elif op == "scope":
@@ -648,42 +736,85 @@ class RunMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self._in(SUSPENDED)))
     @rule(
         pick=PICK,
-        votes=st.lists(
-            st.tuples(st.sampled_from(["approve", "decline"]), st.sampled_from(USERS)),
-            min_size=2,
-            max_size=4,
-        ),
+        votes=st.lists(VOTE, min_size=1, max_size=5),
+        every=st.booleans(),
+        window_open=st.booleans(),
     )
-    def decide_concurrently(self, pick: int, votes: list[tuple[str, str]]) -> None:
-        """N approvers race for one suspension: exactly one wins if its window is open,
-        none if it closed (invariants 5 and 12)."""
-        run = _pick(self._in(SUSPENDED), pick)
-        assert run.token is not None
-        owners = [self._next("approval") for _ in votes]
+    def decide_concurrently(
+        self, pick: int, votes: list[tuple[int, str, str]], every: bool, window_open: bool
+    ) -> None:
+        """Approvers race on the tokens of one suspension, several votes a token, all at
+        once (invariants 5 and 12; reference §15). Inside the window each token voted on
+        gets exactly one decision and its other votes are told it; a decision while
+        others are undecided is recorded (the run stays suspended, one fewer undecided,
+        no lease changes hands) and the one that takes the last claims the run. After the
+        window closed none wins and nothing changes. ``every``: each undecided call gets
+        a vote too, so the race ends the suspension. ``window_open``: a suspension whose
+        window is open (or closed), when there is one."""
+        suspended = self._in(SUSPENDED)
+        run = _pick([r for r in suspended if r.window_open is window_open] or suspended, pick)
+        chosen = [(_pick(run.asked, i), decision, by) for i, decision, by in votes]
+        if every:
+            chosen += [(a, "approve", USERS[0]) for a in run.asked if a.decision is None]
+        owners = [self._next("approval") for _ in chosen]
         before = self._dump()
-        results = self._race(
+        claims = self._race(
             [
-                partial(
-                    self._claim,
-                    run_id=run.id,
-                    token_hash=run.token,
-                    owner=owner,
-                    decision=decision,
-                    approver=by,
-                )
-                for owner, (decision, by) in zip(owners, votes, strict=True)
+                partial(self._claim, run, asked, owner, decision, by)
+                for owner, (asked, decision, by) in zip(owners, chosen, strict=True)
             ]
         )
-        won = [(o, v, r) for o, v, r in zip(owners, votes, results, strict=True) if r is not None]
         if not run.window_open:
-            assert won == [] and self._dump() == before
-            return
-        assert len(won) == 1
-        owner, (decision, by), claimed = won[0]
-        assert isinstance(claimed, Run) and claimed.pending is not None
-        assert claimed.pending.tool_call_id == run.pending_call
-        self._granted(claimed, owner)
-        self._decided(run.token, run.id, decision, by)
+            assert self._dump() == before
+        won = self._tally(run, owners, chosen, claims)
+        if won is not None:
+            owner, claimed = won
+            self._granted(claimed, owner)
+            snapshot = self.store.snapshot(run.id)  # what the claimer carries the turn out from
+            assert snapshot is not None
+            assert {c: (d.decision, d.by) for c, d in snapshot.decisions.items()} == {
+                a.call: a.decision for a in run.asked
+            }
+
+    def _tally(
+        self,
+        run: Expected,
+        owners: Sequence[str],
+        chosen: Sequence[tuple[Asked, str, str]],
+        claims: Sequence[object],
+    ) -> tuple[str, Run] | None:
+        """What concurrent decisions on the calls of ``run``'s suspension did, checked
+        and put in the model: at most one recorded decision a token, none after the
+        window closed; each recorded one took one off ``undecided`` (so the counts they
+        left are the last ones, in some order), and exactly the one that took the last
+        claimed the run (its owner and the run it claimed are returned). Every vote that
+        lost is told the decision that used its token, if one did."""
+        won: dict[str, tuple[str, str, str, Run]] = {}
+        for owner, (asked, decision, by), claim in zip(owners, chosen, claims, strict=True):
+            assert isinstance(claim, SuspensionClaim)
+            if claim.run is not None:
+                assert run.window_open and asked.decision is None and asked.token not in won
+                won[asked.token] = (owner, decision, by, claim.run)
+        left = sorted(claimed.undecided for *_, claimed in won.values())
+        assert left == list(range(run.undecided - len(won), run.undecided))
+        claimer = None
+        for token, (owner, decision, by, claimed) in won.items():
+            asked = next(a for a in run.asked if a.token == token)
+            asked.decision = (decision, by)
+            self._decided(token, run.id, decision, by)
+            if claimed.state is RUNNING:
+                assert claimer is None and claimed.undecided == 0
+                claimer = (owner, claimed)
+            else:  # recorded: the run waits on the others, nobody holds it
+                assert (claimed.state, claimed.owner) == (SUSPENDED, None)
+                assert claimed.lease_epoch == run.epoch
+        run.undecided -= len(won)
+        assert (claimer is not None) is (run.undecided == 0 and bool(won))
+        for (asked, _, _), claim in zip(chosen, claims, strict=True):
+            assert isinstance(claim, SuspensionClaim)
+            if claim.run is None:
+                self._told(claim.decision, asked.token)
+        return claimer
 
     def _decided(self, token: str, run_id: str, decision: str, by: str) -> None:
         """The decision that used ``token`` is recorded: what a later use of it is told."""
@@ -695,48 +826,44 @@ class RunMachine(RuleBasedStateMachine):
         assert snapshot is not None and snapshot.decisions.get(recorded.tool_call_id) == recorded
 
     @precondition(lambda self: bool(self._in(SUSPENDED)))
-    @rule(pick=PICK, claimers=st.integers(min_value=1, max_value=3))
-    def decide_while_expiring_and_cancelling(self, pick: int, claimers: int) -> None:
-        """Approvals race the expiry sweep and the owner's cancel: at most one approval
-        wins, none after the window closed, and the run ends cancelled."""
+    @rule(pick=PICK, claimers=st.lists(VOTE, min_size=1, max_size=4))
+    def decide_while_expiring_and_cancelling(
+        self, pick: int, claimers: list[tuple[int, str, str]]
+    ) -> None:
+        """Decisions on the calls of one suspension race the expiry sweep and the
+        owner's cancel: at most one decision a token, at most one claim (by the last),
+        none recorded nor claiming after the window closed by the database's clock, and
+        the run ends cancelled."""
         run = _pick(self._in(SUSPENDED), pick)
-        token = run.token or ""
         others_due = {r.id for r in self._in(SUSPENDED) if not r.window_open and r is not run}
-        owners = [self._next("approval") for _ in range(claimers)]
+        chosen = [(_pick(run.asked, i), decision, by) for i, decision, by in claimers]
+        owners = [self._next("approval") for _ in chosen]
         calls: list[Callable[[], object]] = [
-            partial(
-                self._claim,
-                run_id=run.id,
-                token_hash=token,
-                owner=owner,
-                decision="approve",
-                approver="dana",
-            )
-            for owner in owners
+            partial(self._claim, run, asked, owner, decision, by)
+            for owner, (asked, decision, by) in zip(owners, chosen, strict=True)
         ]
         calls.append(lambda: self.store.expire_suspended(batch=100))
         calls.append(lambda: self.store.cancel(run_id=run.id, user_id=run.user, by=run.user))
         *claims, expired, cancelled = self._race(calls)
-        won = [(owner, r) for owner, r in zip(owners, claims, strict=True) if r is not None]
-        assert len(won) <= 1 and (run.window_open or not won)
         assert isinstance(expired, list) and len(set(expired)) == len(expired)
         assert set(expired) - {run.id} == others_due
         assert isinstance(cancelled, Run) and cancelled.state is CANCELLED
         for run_id in others_due:
             self.runs[run_id].state = HALTED
-            self.runs[run_id].halt_reason = HaltReason.SUSPENSION_EXPIRED.value
+            self.runs[run_id].halt_reason = EXPIRED
         if run.id in expired:
             assert not run.window_open
-            run.halt_reason = HaltReason.SUSPENSION_EXPIRED.value
-        if won:
-            # Whether an approval won is up to the threads, so its lease is not kept for
+            run.halt_reason = EXPIRED
+        # Which decisions landed before the cancel is up to the threads; _tally checks
+        # them against the model and records them (a closed window: none).
+        won = self._tally(run, owners, chosen, claims)
+        if won is not None:
+            # Whether the claim won is up to the threads, so its lease is not kept for
             # later steps (the model's shape must not depend on timing): it is fenced out
             # here and now, the run being cancelled.
-            owner, claimed = won[0]
-            assert isinstance(claimed, Run) and claimed.lease_epoch == run.epoch + 1
-            assert (claimed.state, claimed.owner) == (RUNNING, owner)
+            owner, claimed = won
+            assert claimed.lease_epoch == run.epoch + 1 and claimed.owner == owner
             run.epoch = claimed.lease_epoch
-            self._decided(token, run.id, "approve", "dana")
             run.state, run.owner = CANCELLED, None
             lease = claimed.lease()
             late: Message = {"role": "assistant", "content": "too late"}
@@ -755,17 +882,25 @@ class RunMachine(RuleBasedStateMachine):
             )
         run.state, run.owner = CANCELLED, None
 
-    @precondition(lambda self: bool(self._in(SUSPENDED)))
-    @rule(pick=PICK, deliver=st.booleans())
-    def reissue_lost_notices(self, pick: int, deliver: bool) -> None:
-        """A suspension whose notice was never delivered gets a new token while its window
-        is open (the old one reached nobody and claims nothing from now on); one whose
-        notice was delivered (``deliver``: this one's, now) keeps its token."""
-        if deliver:
+    @precondition(lambda self: any(r.window_open for r in self._in(SUSPENDED)))
+    @rule(pick=PICK, deliver=st.sampled_from(["none", "one", "all"]))
+    def reissue_lost_notices(self, pick: int, deliver: str) -> None:
+        """Each undecided call of a suspension whose notice was never delivered gets one
+        fresh token while the window is open (the old one reached nobody and claims
+        nothing from now on); a call whose notice was delivered (``deliver``: one or all
+        of a suspension's, now), or that is decided, keeps its token."""
+        if deliver != "none":
             run = _pick(self._in(SUSPENDED), pick)
-            self.store.mark_notified(run.id, run.token or "")
-            run.notified = True
-        due = [r for r in self._in(SUSPENDED) if r.window_open and not r.notified]
+            for asked in run.asked if deliver == "all" else [_pick(run.asked, pick)]:
+                self.store.mark_notified(run.id, asked.token)
+                asked.notified = True
+        due = [
+            (r.id, a.call)
+            for r in self._in(SUSPENDED)
+            if r.window_open
+            for a in r.asked
+            if a.decision is None and not a.notified
+        ]
         since = [r.suspended_at for r in self.store.list_runs(limit=1000) if r.suspended_at]
         self._clock_past(max(since))
         fresh: list[str] = []
@@ -775,35 +910,61 @@ class RunMachine(RuleBasedStateMachine):
             return fresh[-1]
 
         reissued = self.store.reissue_unnotified(older_than_s=0.0, batch=100, new_hashes=new_hash)
-        assert sorted(run.id for run, _ in reissued) == sorted(r.id for r in due)
+        assert sorted((run.id, c.pending.tool_call_id) for run, c in reissued) == sorted(due)
         assert [call.token_hash for _, call in reissued] == fresh
         for got, call in reissued:
-            token = call.token_hash
-            assert (got.state, got.pending_token_hash) == (SUSPENDED, token)
-            self.runs[got.id].token = token
-            self.tokens[token] = got.id
+            exp = self.runs[got.id]
+            asked = next(a for a in exp.asked if a.call == call.pending.tool_call_id)
+            assert call.decided is None and not call.notified
+            asked.token = call.token_hash
+            self.tokens[asked.token] = got.id
+            exp.token = exp.asked[0].token
+        for got, _ in reissued:  # the run as it was left, every call re-issued
+            exp = self.runs[got.id]
+            assert (got.state, got.pending_token_hash) == (SUSPENDED, exp.token)
+            assert [c.token_hash for c in got.pending_calls] == [a.token for a in exp.asked]
 
     @precondition(lambda self: bool(self.tokens))
-    @rule(pick=PICK, owner=st.sampled_from(WORKERS))
-    def claim_a_spent_token(self, pick: int, owner: str) -> None:
-        """A token that was used, expired, superseded, purged, or never issued claims
-        nothing and changes nothing; a used one still tells the decision that used it."""
-        live = {r.token for r in self._in(SUSPENDED) if r.window_open}
+    @rule(pick=PICK, owner=st.sampled_from(WORKERS), of_expired=st.booleans())
+    def claim_a_spent_token(self, pick: int, owner: str, of_expired: bool) -> None:
+        """A token that was used (its decision recorded, claiming or not), expired,
+        superseded, re-issued, purged, or never issued claims nothing and changes
+        nothing, and a decision with it is told the decision that used it. Once its
+        suspension's window closed, every token of it names only that it expired, the
+        recorded ones too (reference §15). ``of_expired``: a token of such a suspension,
+        when there is one."""
+        live = {
+            a.token
+            for r in self._in(SUSPENDED)
+            if r.window_open
+            for a in r.asked
+            if a.decision is None
+        }
         spent = [t for t in self.tokens if t not in live] + ["0" * 64]
-        token = _pick(spent, pick)
+        expired = [t for r in self.runs.values() if self._expired_suspension(r) for t in r.tokens()]
+        token = _pick(expired if of_expired and expired else spent, pick)
         run_id = self.tokens.get(token, "never-made")
         before = self._dump()
         claim = self.store.claim_decision(
             run_id=run_id, token_hash=token, owner=owner, decision="approve", approver="dana"
         )
         assert claim.run is None and self._dump() == before
-        _, recorded = self.store.find_by_token(token)
-        assert claim.decision == recorded  # what the approver who lost is told
-        if token in self.used and run_id in self.runs:
-            assert recorded is not None
-            assert (recorded.run_id, recorded.decision, recorded.by) == self.used[token]
+        self._told(claim.decision, token)  # what the approver who lost is told
+        found = self.store.match_token(token)
+        assert found.run is None and found.call is None
+        exp = self.runs.get(run_id)
+        if exp is not None and self._expired_suspension(exp) and token in exp.tokens():
+            assert found.decision is None
+            assert found.expired is not None and found.expired.id == run_id
         else:
-            assert recorded is None
+            assert found.expired is None
+            self._told(found.decision, token)
+
+    def _expired_suspension(self, run: Expected) -> bool:
+        """Whether the run's calls are those of a suspension whose window closed."""
+        if run.state is SUSPENDED:
+            return not run.window_open
+        return run.state is HALTED and run.halt_reason == EXPIRED
 
     @precondition(lambda self: any(r.owner is not None for r in self._in(RUNNING)))
     @rule(reaper=st.sampled_from(REAPERS), stale_after_s=st.sampled_from([0.0, WINDOW_S]))
@@ -916,6 +1077,15 @@ class RunMachine(RuleBasedStateMachine):
             "budget": run.budget.to_json(),
         }
         run.state, run.halt_reason, run.limits, run.delayed = RUNNING, None, limits, False
+        # Its suspension is forgotten: its decisions no longer apply, and its tokens name
+        # no expired suspension any more (reference §15).
+        snapshot = self.store.snapshot(run_id)
+        assert snapshot is not None and snapshot.decisions == {}
+        for token in run.tokens():
+            found = self.store.match_token(token)
+            assert found.run is None and found.expired is None
+            self._told(found.decision, token)
+        run.asked = []
 
     def _cancel(self, run_id: str, *, as_owner: bool) -> None:
         """The owner cancels any run that is not finished; nobody else can."""
@@ -1023,8 +1193,16 @@ class RunMachine(RuleBasedStateMachine):
         # Only a running run has an owner: nobody may write any other (invariant 8).
         assert run.owner is None or run.state is RUNNING
         if run.state is SUSPENDED:
-            assert run.pending is not None and run.pending.tool_call_id == exp.pending_call
+            assert run.pending is not None and run.pending.tool_call_id == exp.asked[0].call
             assert run.expires_at is not None
+            # Its calls in call order, each decided or not, and how many wait (reference §15).
+            assert run.undecided == exp.undecided == sum(a.decision is None for a in exp.asked)
+            got = self.store.get_run(run.id)
+            assert got is not None
+            assert [
+                (c.pending.tool_call_id, c.token_hash, c.position, _decision(c.decided))
+                for c in got.pending_calls
+            ] == [(a.call, a.token, n, a.decision) for n, a in enumerate(exp.asked)]
         assert (run.halt_reason is not None) is (run.state is HALTED) or run.state is CANCELLED
         assert (run.fail_reason is not None) is (run.state is FAILED)
         # Bounded recovery (invariant 9).
@@ -1039,6 +1217,11 @@ class RunMachine(RuleBasedStateMachine):
             recovery_attempts=run.recovery_attempts,
             ledger=statuses,
         )
+
+
+def _decision(decided: dict[str, Any] | None) -> tuple[str, str] | None:
+    """A pending call's ``decided`` as the model keeps it."""
+    return None if decided is None else (decided["decision"], decided["by"])
 
 
 def _owner_or_other(run: Expected | None, as_owner: bool) -> str:
