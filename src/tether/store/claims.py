@@ -79,6 +79,7 @@ _CONTINUE = Transition(
     owner=None,
     halt_reason=None,
     pending=None,
+    undecided=0,  # its suspension's calls are forgotten with it (``clear_calls``)
     ready_at=None,
     updated_at=db_now(),
     **_GRANTED,
