@@ -17,7 +17,7 @@ from anthropic.types import Message as AnthropicMessage
 from anthropic.types import MessageParam, ToolParam
 
 from tether.errors import ModelError
-from tether.models.base import Message, ModelResponse, ToolSpec, Usage
+from tether.models.base import Message, ModelResponse, TextSink, ToolSpec, Usage
 from tether.models.sdk import SDKErrors, SDKModel, SDKOptions
 
 Block = dict[str, Any]
@@ -174,7 +174,9 @@ class AnthropicModel(SDKModel[anthropic.AsyncAnthropic]):
         super().__init__(model, client=client, **options)
         self.max_tokens = max_tokens
 
-    async def _call(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+    async def _call(
+        self, messages: list[Message], tools: list[ToolSpec], on_text: TextSink
+    ) -> ModelResponse:
         system, turns = to_anthropic_messages(messages)
         response = await self._client.messages.create(
             model=self.model,

@@ -9,10 +9,15 @@ results as ``{"role": "tool", "tool_call_id", "content"}``. Adapters translate a
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 Message = dict[str, Any]
+
+# Where a streaming call hands the assistant's text as it is written (reference §16): each
+# piece follows the one before it, and together they are the turn's ``content``.
+TextSink = Callable[[str], None]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +67,18 @@ class Model(ABC):
     @abstractmethod
     async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
         """Ask for the next assistant turn given the whole history and the tools."""
+
+    async def stream(
+        self, messages: list[Message], tools: list[ToolSpec], on_text: TextSink
+    ) -> ModelResponse:
+        """The same call, handing the assistant text to ``on_text`` as it is written (the
+        engine's call). A model that cannot stream hands it over in one piece once the
+        reply is complete; the returned turn is always the whole of it."""
+        response = await self.request(messages, tools)
+        text = response.message.get("content")
+        if isinstance(text, str) and text:
+            on_text(text)
+        return response
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most models hold nothing
         """Release clients the adapter holds."""

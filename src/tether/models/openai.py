@@ -19,7 +19,7 @@ from openai.types.chat import (
 )
 
 from tether.errors import ModelError
-from tether.models.base import Message, ModelResponse, ToolSpec, Usage
+from tether.models.base import Message, ModelResponse, TextSink, ToolSpec, Usage
 from tether.models.sdk import SDKErrors, SDKModel
 
 
@@ -81,7 +81,9 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
     )
     client_class = openai.AsyncOpenAI
 
-    async def _call(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+    async def _call(
+        self, messages: list[Message], tools: list[ToolSpec], on_text: TextSink
+    ) -> ModelResponse:
         completion = await self._client.chat.completions.create(
             model=self.model,
             messages=cast("list[ChatCompletionMessageParam]", messages),

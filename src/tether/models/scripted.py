@@ -9,10 +9,15 @@ Script file: ``{"model": "scripted", "turns": [{"content": "...", "tool_calls":
 An argument value ``"${TOOL.FIELD}"`` is replaced by FIELD of the latest result of a call
 to TOOL in the history (e.g. ``{"quote_id": "${draft_quote.quote_id}"}``), so a script can
 use what an earlier tool returned, as a real model would.
+
+A script may also say how its text streams (reference §16): ``"stream": {"chunk_chars":
+8, "delay_s": 0.05}`` hands each turn's text to a streaming caller in pieces of that many
+code points, one every ``delay_s`` (by default the whole text at once, with no delay).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Sequence
@@ -22,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tether.errors import ConfigError
-from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
+from tether.models.base import Message, Model, ModelResponse, TextSink, ToolSpec, Usage
 
 _REFERENCE = re.compile(r"^\$\{([A-Za-z0-9_\-]+)\.([A-Za-z0-9_\-]+)\}$")
 
@@ -45,12 +50,22 @@ class ScriptedTurn(BaseModel):
     )
 
 
+class StreamPace(BaseModel):
+    """How a scripted turn's text is handed to a streaming caller."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chunk_chars: int | None = Field(default=None, ge=1)  # None: the whole text at once
+    delay_s: float = Field(default=0.0, ge=0.0, le=60.0)  # before each piece
+
+
 class Script(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = "scripted"
     turns: list[ScriptedTurn]
     final: str = "I have nothing more to do."
+    stream: StreamPace = Field(default_factory=StreamPace)
 
 
 class ScriptedModel(Model):
@@ -62,10 +77,11 @@ class ScriptedModel(Model):
         *,
         model: str = "scripted",
         final: str = "I have nothing more to do.",
+        stream: StreamPace | dict[str, Any] | None = None,
     ) -> None:
         try:
             self.script = Script.model_validate(
-                {"model": model, "turns": list(turns), "final": final}
+                {"model": model, "turns": list(turns), "final": final, "stream": stream or {}}
             )
         except ValidationError as exc:
             raise ConfigError(f"invalid script: {exc.errors(include_url=False)}") from exc
@@ -79,7 +95,7 @@ class ScriptedModel(Model):
             script = Script.model_validate(data)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read script {path}: {exc}") from exc
-        return cls(script.turns, model=script.model, final=script.final)
+        return cls(script.turns, model=script.model, final=script.final, stream=script.stream)
 
     async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
         index = sum(1 for m in messages if m.get("role") == "assistant")
@@ -107,6 +123,22 @@ class ScriptedModel(Model):
             output_tokens=turn.usage.get("output_tokens", 0),
         )
         return ModelResponse(message=message, usage=usage, model=self.script.model)
+
+    async def stream(
+        self, messages: list[Message], tools: list[ToolSpec], on_text: TextSink
+    ) -> ModelResponse:
+        """The turn ``request`` gives, its text handed over at the script's pace."""
+        response = await self.request(messages, tools)
+        text = response.message.get("content")
+        if not isinstance(text, str) or not text:
+            return response
+        pace = self.script.stream
+        size = pace.chunk_chars or len(text)
+        for start in range(0, len(text), size):
+            if pace.delay_s:
+                await asyncio.sleep(pace.delay_s)
+            on_text(text[start : start + size])
+        return response
 
 
 def _resolve(arguments: dict[str, Any], messages: list[Message]) -> dict[str, Any]:

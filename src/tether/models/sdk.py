@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Generic, Protocol, TypedDict, TypeVar
 
 from tether.errors import ConfigError, ModelError
-from tether.models.base import Message, Model, ModelResponse, ToolSpec
+from tether.models.base import Message, Model, ModelResponse, TextSink, ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,10 @@ def model_error(exc: Exception, name: str, timeout_s: float, errors: SDKErrors) 
     return ModelError(f"{name} failed: {exc}")
 
 
+def _discard(text: str) -> None:
+    """A ``TextSink`` for a call whose text is wanted only once complete."""
+
+
 class SDKClient(Protocol):
     """What ``SDKModel`` needs of an SDK's async client; the adapter uses the rest."""
 
@@ -176,17 +180,27 @@ class SDKModel(Model, Generic[ClientT]):
         )
 
     async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
-        """One call through the SDK; whatever the SDK raises becomes ``ModelError``."""
+        """One call through the SDK (streamed, its text unused)."""
+        return await self.stream(messages, tools, _discard)
+
+    async def stream(
+        self, messages: list[Message], tools: list[ToolSpec], on_text: TextSink
+    ) -> ModelResponse:
+        """One streamed call through the SDK; whatever the SDK raises becomes
+        ``ModelError``."""
         try:
-            return await self._call(messages, tools)
+            return await self._call(messages, tools, on_text)
         except self.errors.base as exc:
             error = model_error(exc, self.name, self.timeout_s, self.errors)
             log.warning(error.message, extra={"action": "model_error", "model": self.name})
             raise error from exc
 
     @abstractmethod
-    async def _call(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
-        """The provider's call: history and tools in its format, its reply in ours."""
+    async def _call(
+        self, messages: list[Message], tools: list[ToolSpec], on_text: TextSink
+    ) -> ModelResponse:
+        """The provider's call: history and tools in its format, its reply in ours, the
+        reply's text handed to ``on_text`` as it is written."""
 
     async def aclose(self) -> None:
         """Close the HTTP client this adapter created; an injected one is the caller's."""
