@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tether import inputs
 from tether._runtime import control, creation, forks, versions
 from tether._runtime.accounts import AccountMethods
+from tether._runtime.deltas import hub_for
 from tether._runtime.feed import Feed
 from tether._runtime.heartbeat import Heartbeat
 from tether._runtime.hop import hop, hop_once
@@ -34,6 +35,7 @@ from tether.models.base import Model
 from tether.notify import LogNotifier, Notifier, Outbox
 from tether.results import (
     Accepted,
+    Delta,
     LiveEvent,
     Outcome,
     ReapReport,
@@ -96,6 +98,7 @@ class Engine(DecisionMethods, AccountMethods):
             heartbeat=Heartbeat(self._store, self.settings.heartbeat_timeout_s / 3),
             outbox=Outbox(notifier, self._store, timeout_s=self.settings.notice_timeout_s),
             approve_url=lambda token: f"{base}/approve/{token}",
+            deltas=hub_for(self._store),
         )
         self._runner = Runner(self._services, worker_id or new_worker_id(), self.open)
 
@@ -351,14 +354,19 @@ class Engine(DecisionMethods, AccountMethods):
         ]
 
     async def watch(
-        self, run_id: str, *, after: int = 0, user: str | None = None
-    ) -> AsyncIterator[LiveEvent]:
+        self, run_id: str, *, after: int = 0, user: str | None = None, deltas: bool = False
+    ) -> AsyncIterator[LiveEvent | Delta]:
         """The run's events after SEQ ``after`` as they are stored, until a terminal state
         (reference §11); ``not_found`` if missing or not ``user``'s, ``invalid_input`` for an
-        ``after`` that is not a SEQ. See ``tether._runtime.feed``."""
+        ``after`` that is not a SEQ. With ``deltas``, also the text of the step being
+        generated, as ``Delta`` items (reference §16). See ``tether._runtime.feed`` and
+        ``tether._runtime.deltas``."""
         start = after_seq(after)
+        if not isinstance(deltas, bool):
+            raise InvalidInput("deltas must be true or false")
         view = await self.get_run(run_id, user=user)
-        async for event in self._feed.watch(view.run.id, start):
+        hub = self._services.deltas if deltas else None
+        async for event in self._feed.watch(view.run.id, start, hub):
             yield event
 
     @opens

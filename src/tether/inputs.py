@@ -110,6 +110,18 @@ def after_seq(value: Any) -> int:
     raise InvalidInput(f"after must be a non-negative integer (an event's SEQ), got {value!r:.40}")
 
 
+def flag(value: Any, name: str) -> bool:
+    """A yes/no query parameter: ``1``/``true`` or ``0``/``false`` (a bool from Python);
+    anything else is ``invalid_input``."""
+    if isinstance(value, bool):
+        return value
+    if value in ("1", "true"):
+        return True
+    if value in ("0", "false"):
+        return False
+    raise InvalidInput(f"{name} must be 1, true, 0 or false, got {value!r:.40}")
+
+
 MAX_REASON_CHARS = 2000
 MAX_QUESTION_CHARS = 100_000
 

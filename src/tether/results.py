@@ -270,6 +270,28 @@ class LiveEvent:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Delta:
+    """A piece of the assistant text of the step being generated (reference §16): not a
+    stored event, so it has no SEQ. ``offset`` counts code points of the step's text; a
+    delta at 0 replaces what a watcher holds of that step (a catch-up, or a step whose
+    model call started again). ``catch_up`` marks the text so far, sent to a watcher that
+    (re)connected or fell behind (then ``dropped``: deltas it was too slow to read were
+    dropped, and this one holds them)."""
+
+    run_id: str
+    step: int
+    offset: int
+    text: str
+    catch_up: bool = False
+    dropped: bool = False
+
+    kind = "delta"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "offset": self.offset, "text": self.text}
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunView:
     """A run with its messages, as a caller reads it."""
 

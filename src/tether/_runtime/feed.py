@@ -23,11 +23,12 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from tether._runtime.deltas import DeltaHub
 from tether._runtime.hop import hop
-from tether.results import LiveEvent
+from tether.results import Delta, LiveEvent
 from tether.runs import RunState
 from tether.store import Event, Store
 from tether.store.listen import CONNECTED, EVENTS_CHANNEL, listen
@@ -67,6 +68,17 @@ class _Watcher:
         self.woken.set()
 
 
+def _waker(woken: asyncio.Event) -> Callable[[], None]:
+    """A wake-up for ``woken`` that any thread may call (deltas come from other threads)."""
+    loop = asyncio.get_running_loop()
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the watcher's loop has closed
+            loop.call_soon_threadsafe(woken.set)
+
+    return wake
+
+
 class Feed:
     """Reads the events of every run watched through one engine, in rounds; the reader and
     the listener run only while someone watches, on the watchers' event loop."""
@@ -86,25 +98,38 @@ class Feed:
         """How long the feed waits for a notice before it reads every run anyway."""
         return max(FALLBACK_S, self._poll_s) if self._listening else self._poll_s
 
-    async def watch(self, run_id: str, after: int) -> AsyncIterator[LiveEvent]:
+    async def watch(
+        self, run_id: str, after: int, deltas: DeltaHub | None = None
+    ) -> AsyncIterator[LiveEvent | Delta]:
         """The run's events after SEQ ``after``, as they are stored, until the run is in a
-        terminal state (or gone). The caller has checked the run and ``after``."""
+        terminal state (or gone). The caller has checked the run and ``after``. With a hub
+        of ``deltas``, the text of the step being generated too (reference §16): a delta of
+        a step whose ``model_turn`` it has yielded is left out (that event holds it all)."""
         watcher = _Watcher(run_id=run_id, seq=after, skip=after)
         self._watchers.add(watcher)
         self._of_run.setdefault(run_id, set()).add(watcher)
         self._start()
+        sub = None if deltas is None else deltas.subscribe(run_id, _waker(watcher.woken))
+        stored = 0  # the last step whose model_turn was yielded
         try:
             while True:
                 await watcher.woken.wait()
                 watcher.woken.clear()
                 if watcher.failed is not None:
                     raise watcher.failed
+                for delta in () if sub is None else sub.take():
+                    if delta.step > stored:
+                        yield delta
                 read, watcher.read = watcher.read, []
                 for event in read:
+                    if event.kind == "model_turn":
+                        stored = max(stored, int(event.data.get("step") or 0))
                     yield event
                 if watcher.ended:
                     return
         finally:
+            if sub is not None:
+                sub.close()
             self._watchers.discard(watcher)
             same_run = self._of_run.get(run_id, set())
             same_run.discard(watcher)

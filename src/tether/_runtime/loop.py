@@ -33,6 +33,7 @@ from tether.errors import (
 )
 from tether.failpoints import fail
 from tether.messages import ToolCall
+from tether.models.base import ModelResponse
 from tether.results import Outcome, StopKind
 from tether.runs import Run
 from tether.store import CallStatus
@@ -136,10 +137,7 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
                 MODEL_SECONDS.time(),
                 tracing.model_call(session.services.model.name, session.step + 1) as chat,
             ):
-                response = await session.services.model.request(
-                    compacting.view(session.conversation(), session.compaction),
-                    list(session.services.agent.tool_specs),
-                )
+                response = await _streamed(session)
                 chat.answered(response)
         except ModelError as exc:  # handed back with a delay, or failed (reference §10)
             return await model_failed(session, exc, failures)
@@ -169,6 +167,17 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
         if results is None:
             for call in turn.calls:  # `after_intent:TOOL` fires for a turn that calls TOOL
                 fail("after_intent", call.name)
+
+
+async def _streamed(session: RunSession) -> ModelResponse:
+    """The model's next turn, its text handed to the run's watchers as it is written."""
+    services = session.services
+    messages = compacting.view(session.conversation(), session.compaction)
+    tools = list(services.agent.tool_specs)
+    if services.deltas is None:
+        return await services.model.request(messages, tools)
+    with services.deltas.stream(session.run.id, session.step + 1) as on_text:
+        return await services.model.stream(messages, tools, on_text)
 
 
 def batches(session: RunSession, pending: list[ToolCall]) -> list[list[ToolCall]]:

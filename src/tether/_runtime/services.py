@@ -1,11 +1,13 @@
 """What every run session shares within one engine: store, agent, model, settings, the
-heartbeat of the leases it holds and the outbox of its notices."""
+heartbeat of the leases it holds, the outbox of its notices and the hub of the model's text
+as it is written."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tether._runtime.deltas import DeltaHub
 from tether._runtime.heartbeat import Heartbeat
 from tether._runtime.single_flight import InFlight
 from tether.agent import Agent
@@ -29,6 +31,8 @@ class Services:
     approve_url: Callable[[str], str] = field(default=lambda token: f"/approve/{token}")
     # Concurrent lookups and claims of one token in this process, sent once (decided_call.py).
     single_flight: InFlight = field(default_factory=InFlight)
+    # Where the model's text goes as it is written (reference §16); None: nowhere.
+    deltas: DeltaHub | None = None
 
     @property
     def versions(self) -> tuple[str, ...]:

@@ -188,8 +188,10 @@ class RunSession:
         message = self._normalized(response.message)
         calls = tool_calls_of(message)
         spend = spend_usd(response.model, response.usage, self.services.settings.prices)
+        content = message.get("content")
         event = {
             "step": self.step + 1,
+            "text": content if isinstance(content, str) else "",
             "tool_calls": [c.name for c in calls],
             "spend_usd": spend,
             "input_tokens": response.usage.input_tokens,

@@ -162,7 +162,10 @@ async def run_events(run_id: str, user: Caller, engine: EngineDep) -> dict[str, 
     "`data: {seq, at, kind, data}`, in order, after `Last-Event-ID` (which wins) or "
     "`?after=SEQ` (default 0: from the first); a `: keep-alive` comment every 15 s; the "
     "stream ends after the run reaches a terminal state. Reconnect with the last `id` "
-    "seen to miss nothing.",
+    "seen to miss nothing. With `?deltas=1`, also `event: delta`, `data: {step, offset, "
+    "text}`: the text of the step being generated as it is written (not stored, no `id:`; "
+    "a (re)connecting client first gets the step's text so far at offset 0, and a step "
+    "whose model call is repeated starts again at 0).",
     response_class=EventSourceResponse,
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "the events"},
@@ -177,8 +180,17 @@ async def run_event_stream(
         str | None, Query(description="the SEQ to start after (an integer >= 0)")
     ] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    deltas: Annotated[
+        str | None,
+        Query(
+            description="`1`/`true`: also the text of the step being generated, as it is "
+            "written (`event: delta`, no `id:`)"
+        ),
+    ] = None,
 ) -> EventSourceResponse:
-    return await event_stream(engine, run_id, user, after=after, last_event_id=last_event_id)
+    return await event_stream(
+        engine, run_id, user, after=after, last_event_id=last_event_id, deltas=deltas
+    )
 
 
 @router.post(

@@ -11,12 +11,17 @@ thread sends them, batched every ``BATCH_S``, as ``pg_notify`` on ``listen.EVENT
 on a connection of its own. A notice is a hint to read again: one for a transaction that
 rolled back, or a duplicate, costs a watcher one read; one lost (the announcer's connection
 failed) is covered by the watchers' fallback re-read.
+
+The same thread carries the model's text to watchers in other processes (reference §16,
+``tether._runtime.deltas``): a ``source`` added with ``add_source`` is asked, at each
+batch, for the notices it has ready (channel and payload), and ``poke`` says it has some.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
@@ -30,7 +35,11 @@ log = logging.getLogger(__name__)
 
 BATCH_S = 0.01  # how long the announcer gathers marks before it sends them
 _KEY = "tether.announce"
-_SEND = "SELECT pg_notify(%s, run_id) FROM unnest(%s::text[]) AS run_id"
+# Notices in the order given, in one transaction (so one commit however many).
+_SEND = "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[]) AS t(c, p)"
+
+# What a source hands over at each batch: (channel, payload) pairs, in order.
+Source = Callable[[], list[tuple[str, str]]]
 
 
 def mark(conn: Connection, *run_ids: str) -> None:
@@ -52,6 +61,7 @@ class Announcer:
     def __init__(self, dsn: str | None) -> None:
         self._dsn = dsn
         self._pending: set[str] = set()
+        self._sources: list[Source] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -63,6 +73,18 @@ class Announcer:
             return
         with self._lock:
             self._pending |= run_ids
+        self.poke()
+
+    def add_source(self, source: Source) -> None:
+        """Ask ``source`` for its notices at every batch from now on."""
+        with self._lock:
+            self._sources.append(source)
+
+    def poke(self) -> None:
+        """Send a batch soon (within about ``BATCH_S``): a source has notices ready."""
+        if self._dsn is None:
+            return
+        with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._stop.clear()
                 self._thread = threading.Thread(
@@ -100,13 +122,16 @@ class Announcer:
         import psycopg
 
         with self._lock:
-            batch, self._pending = self._pending, set()
+            runs, self._pending = self._pending, set()
+            sources = list(self._sources)
+        batch = [notice for source in sources for notice in source()]
+        batch += [(EVENTS_CHANNEL, run_id) for run_id in sorted(runs)]
         if not batch:
             return conn
         try:
             if conn is None or conn.closed:
                 conn = psycopg.connect(dsn, autocommit=True)
-            conn.execute(_SEND, (EVENTS_CHANNEL, sorted(batch)))
+            conn.execute(_SEND, ([c for c, _ in batch], [p for _, p in batch]))
             return conn
         except psycopg.Error as exc:
             log.warning("event notices not sent: %s", exc, extra={"action": "announce_failed"})

@@ -1,19 +1,29 @@
 """PostgreSQL's notification channels, and listening on them.
 
-Two channels: ``RUNS_CHANNEL``, on which a run that became ready is announced (the
+Four channels. ``RUNS_CHANNEL``, on which a run that became ready is announced (the
 dialect's ``wake``; idle workers listen), and ``EVENTS_CHANNEL``, on which a run that was
 given events is announced with its id as the payload (``announce``; live event streams
-listen). ``listen`` runs ``LISTEN`` on a connection of its own, in a thread of its own,
-calling back into the event loop with each notice's payload. psycopg is imported only
+listen); ``DELTAS_CHANNEL`` and ``WATCH_CHANNEL`` carry the model's text as it is written
+between processes (``Subscriber``, whose channels change as it runs). ``listen`` runs
+``LISTEN`` on a connection of its own, in a thread of its own, calling back into the event
+loop with each notice's payload. psycopg is imported only
 when a listener connects: SQLite stores never load it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = logging.getLogger(__name__)
 
 # A run became ready for a worker (payload empty).
 RUNS_CHANNEL = "tether_runs"
@@ -59,3 +69,96 @@ def _listen(
                     on_notice(notice.payload)
         except RuntimeError:
             return  # the event loop closed under us
+
+
+# The model's text of a step in flight, for watchers in other processes (reference §16;
+# payload: a JSON delta, ``tether._runtime.deltas``).
+DELTAS_CHANNEL = "tether_deltas"
+# A watcher's process wants a run's deltas, and its text so far (payload: the run's id).
+WATCH_CHANNEL = "tether_watch"
+
+TICK_S = 0.25  # how often the subscriber's thread looks at what it should listen to
+
+
+class Subscriber:
+    """A ``LISTEN`` connection whose channels change as it runs, in a thread of its own:
+    ``want(channels)`` sets them (the thread starts on the first channel and ends, closing
+    its connection, once none is wanted). Its callbacks run on that thread:
+    ``on_notice(channel, payload)`` for each notice, ``on_connect()`` once the wanted
+    channels are listened to after a (re)connection (notices sent before were missed), and
+    ``on_tick()`` about every ``TICK_S``. A lost connection is logged and opened again
+    after ``RELISTEN_S``."""
+
+    RELISTEN_S = 1.0
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        on_notice: Callable[[str, str], None],
+        on_connect: Callable[[], None],
+        on_tick: Callable[[], None],
+    ) -> None:
+        self._dsn = dsn
+        self._on_notice = on_notice
+        self._on_connect = on_connect
+        self._on_tick = on_tick
+        self._wanted: frozenset[str] = frozenset()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.connected = False  # listening to every wanted channel
+
+    def want(self, channels: frozenset[str]) -> None:
+        """Listen to ``channels`` from now on (within about ``TICK_S``)."""
+        with self._lock:
+            if channels != self._wanted:
+                self.connected = self.connected and channels <= self._wanted
+            self._wanted = channels
+            if channels and (self._thread is None or not self._thread.is_alive()):
+                self._thread = threading.Thread(
+                    target=self._run, name="tether-subscribe", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        import psycopg
+
+        while True:
+            try:
+                with psycopg.connect(self._dsn, autocommit=True) as conn:
+                    if not self._serve(conn):
+                        return
+            except psycopg.Error as exc:
+                log.warning("subscriber lost: %s", exc, extra={"action": "listen_lost"})
+            self.connected = False
+            time.sleep(self.RELISTEN_S)
+            with self._lock:
+                if not self._wanted:
+                    self._thread = None
+                    return
+
+    def _serve(self, conn: psycopg.Connection[Any]) -> bool:
+        """Listen on ``conn`` until nothing is wanted (False) or the connection fails."""
+        from psycopg import sql
+
+        listening: frozenset[str] = frozenset()
+        while True:
+            with self._lock:
+                wanted = self._wanted
+                if not wanted:
+                    self._thread = None
+                    self.connected = False
+                    return False
+            if wanted != listening:
+                for channel in sorted(listening - wanted):
+                    conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
+                for channel in sorted(wanted - listening):
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                added = bool(wanted - listening)
+                listening = wanted
+                self.connected = True
+                if added:
+                    self._on_connect()
+            for notice in conn.notifies(timeout=TICK_S, stop_after=1):
+                self._on_notice(notice.channel, notice.payload)
+            self._on_tick()

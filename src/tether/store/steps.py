@@ -127,8 +127,15 @@ class Steps(StoreBase):
             "b_output": output,
             "b_input": input_tokens,
         }
-        kind = "answered" if final else "model_turn"
-        traced = [(kind, event), *(("tool_result", e) for e in result_events), *events]
+        # Every stored turn has its ``model_turn`` (with its text, reference §16); a final
+        # answer's is followed by ``answered``.
+        answered = [("answered", {"step": event.get("step")})] if final else []
+        traced = [
+            ("model_turn", event),
+            *answered,
+            *(("tool_result", e) for e in result_events),
+            *events,
+        ]
         try:
             with self.begin() as conn:
                 self.dialect.write_turn(
