@@ -12,12 +12,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from tether import inputs
-from tether._runtime import control, creation, forks, versions
+from tether._runtime import control, creation, deltas, forks, versions
 from tether._runtime.accounts import AccountMethods
-from tether._runtime.deltas import hub_for
 from tether._runtime.feed import Feed
 from tether._runtime.heartbeat import Heartbeat
 from tether._runtime.hop import hop, hop_once
@@ -46,7 +45,6 @@ from tether.results import (
 )
 from tether.runs import Run
 from tether.store import CallStatus, LedgerEntry, Store, upgrade
-from tether.store.users import new_key
 
 if TYPE_CHECKING:
     from tether.sync import SyncEngine
@@ -98,8 +96,9 @@ class Engine(DecisionMethods, AccountMethods):
             heartbeat=Heartbeat(self._store, self.settings.heartbeat_timeout_s / 3),
             outbox=Outbox(notifier, self._store, timeout_s=self.settings.notice_timeout_s),
             approve_url=lambda token: f"{base}/approve/{token}",
-            deltas=hub_for(self._store),
+            deltas=deltas.hub_for(self._store),
         )
+        self._hub_released = False
         self._runner = Runner(self._services, worker_id or new_worker_id(), self.open)
 
     @classmethod
@@ -146,6 +145,9 @@ class Engine(DecisionMethods, AccountMethods):
         self._services.heartbeat.stop()
         self._services.outbox.stop()
         self._feed.stop()
+        if not self._hub_released and self._services.deltas is not None:
+            self._hub_released = True
+            deltas.release(self._services.deltas)
         self._store.close()
 
     async def aclose(self) -> None:
@@ -353,6 +355,15 @@ class Engine(DecisionMethods, AccountMethods):
             for e in entries
         ]
 
+    @overload
+    def watch(
+        self, run_id: str, *, after: int = ..., user: str | None = ..., deltas: Literal[False] = ...
+    ) -> AsyncIterator[LiveEvent]: ...
+    @overload
+    def watch(
+        self, run_id: str, *, after: int = ..., user: str | None = ..., deltas: bool
+    ) -> AsyncIterator[LiveEvent | Delta]: ...
+
     async def watch(
         self, run_id: str, *, after: int = 0, user: str | None = None, deltas: bool = False
     ) -> AsyncIterator[LiveEvent | Delta]:
@@ -421,29 +432,6 @@ class Engine(DecisionMethods, AccountMethods):
         if found is None:
             raise InvalidInput("after must name one of the user's runs (a page's last run)")
         return RunPage(runs=found[0], more=found[1])
-
-    # -- users -----------------------------------------------------------------------------
-
-    async def user_for_key(self, key: str) -> str | None:
-        """The user an API key belongs to, or None."""
-        if not isinstance(key, str) or not key or len(key) > 512:
-            return None
-        await self.open()
-        return await hop(self._store.user_for_key, key)
-
-    async def add_user(self, user: str, key: str | None = None) -> str:
-        """Create ``user`` if missing and give it a key (``key`` or a new one); returns the
-        key, which is stored only hashed. Safe twice: an existing user keeps its keys."""
-        inputs.user_id(user, "a user name")
-        key = key or new_key()
-        await self.open()
-        await hop(self._store.add_user, user, key)
-        return key
-
-    async def ensure_agent_users(self) -> None:
-        """Make sure the users the agent publishes (``Agent.users``) exist with their keys."""
-        for user, key in self.agent.users.items():
-            await self.add_user(user, key)
 
     @property
     def sync(self) -> SyncEngine:

@@ -11,13 +11,9 @@ set far beyond the test's deadline.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,54 +21,15 @@ import httpx
 import inprocess
 import processes
 import pytest
-import uvicorn
 from httpx_sse import aconnect_sse
-from waiting import until
+from served import DANA, DEADLINE_S, KEYS, serving
 
 from tether import Engine, StopKind
-from tether.api.app import create_app
 from tether.errors import InvalidInput, NotFound
 from tether.results import LiveEvent
 
-KEYS = {"dana": "key-of-dana", "miguel": "key-of-miguel"}
-DANA = {"Authorization": f"Bearer {KEYS['dana']}"}
 # Far beyond every deadline below: a watcher that wakes in time was woken by a notice.
 NO_POLL_S = 600.0
-DEADLINE_S = 30.0
-
-
-@dataclass
-class Served:
-    engine: Engine
-    base: str
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextlib.asynccontextmanager
-async def serving(url: str, **settings: Any) -> AsyncIterator[Served]:
-    """The app on a loopback port, served by uvicorn on this test's event loop."""
-    engine = inprocess.engine(url, script_name="standard", **settings)
-    for user, key in KEYS.items():
-        await engine.add_user(user, key)
-    port = _free_port()
-    config = uvicorn.Config(
-        create_app(engine), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        await until(lambda: server.started, timeout=DEADLINE_S, what="uvicorn to start")
-        yield Served(engine=engine, base=f"http://127.0.0.1:{port}")
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, DEADLINE_S)
-        engine.close()
 
 
 async def _approve(engine: Engine) -> None:

@@ -160,11 +160,29 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         {"tool_calls": [call("record", item="a")]},
         {"content": "done"},
     ],
+    # text streamed as it is written (reference §16): a turn of text and a read, then a
+    # long answer; the pace is ``PACES``'.
+    "streamed": [
+        {
+            "content": "Let me look that up for you, a few letters at a time.",
+            "tool_calls": [call("lookup", query="x")],
+        },
+        {"content": "Here is the answer, written slowly: " + "all is well. " * 12},
+    ],
 }
+
+# How the scripts of ``SCRIPTS`` named here stream their text: pieces of ``chunk_chars``
+# code points, one every ``KIT_STREAM_DELAY_S`` seconds (0.02 unless set).
+PACES: dict[str, int] = {"streamed": 4}
 
 
 def script(name: str | None = None) -> ScriptedModel:
-    return ScriptedModel(SCRIPTS[name or os.environ.get("KIT_SCRIPT", "standard")])
+    name = name or os.environ.get("KIT_SCRIPT", "standard")
+    pace = None
+    if name in PACES:
+        delay = float(os.environ.get("KIT_STREAM_DELAY_S", "0.02"))
+        pace = {"chunk_chars": PACES[name], "delay_s": delay}
+    return ScriptedModel(SCRIPTS[name], stream=pace)
 
 
 def agent() -> Agent:

@@ -10,6 +10,7 @@ import agents
 
 from tether import Engine, ScriptedModel
 from tether.config import Settings
+from tether.models.base import Model
 from tether.notify import MemoryNotifier, Notifier
 
 
@@ -19,14 +20,17 @@ def engine(
     script_name: str = "standard",
     turns: list[dict[str, Any]] | None = None,
     notifier: Notifier | None = None,
+    model: Model | None = None,
     **settings: Any,
 ) -> Engine:
-    """An in-process engine on ``url`` for the test agent. Unless told otherwise, a
+    """An in-process engine on ``url`` for the test agent (on ``model``, else the scripted
+    model of ``turns`` or of ``script_name``). Unless told otherwise, a
     notice's delivery window is the heartbeat timeout (a lost one is re-issued as soon
     as the suspension is stale)."""
     if "heartbeat_timeout_s" in settings:
         settings.setdefault("notice_timeout_s", settings["heartbeat_timeout_s"])
-    model = ScriptedModel(turns) if turns is not None else agents.script(script_name)
+    if model is None:
+        model = ScriptedModel(turns) if turns is not None else agents.script(script_name)
     return Engine(
         agent=agents.agent(),
         model=model,

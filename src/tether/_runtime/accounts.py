@@ -1,6 +1,6 @@
 """The ``Engine``'s account methods: inbox sessions (opened by a key, checked on every use,
-ended by signing out or when the key goes) and the operator's user management (list,
-remove, rotate a key). Each is one store call through one thread hop."""
+ended by signing out or when the key goes) and user management (add, list, remove, rotate
+a key, the agent's fixed users). Each is one store call through one thread hop."""
 
 from __future__ import annotations
 
@@ -73,3 +73,24 @@ class AccountMethods:
         if not await hop(self._services.store.rotate_key, user, key):
             raise NotFound(f"no user named {user!r}")
         return key
+
+    async def user_for_key(self, key: str) -> str | None:
+        """The user an API key belongs to, or None."""
+        if not isinstance(key, str) or not key or len(key) > 512:
+            return None
+        await self.open()
+        return await hop(self._services.store.user_for_key, key)
+
+    async def add_user(self, user: str, key: str | None = None) -> str:
+        """Create ``user`` if missing and give it a key (``key`` or a new one); returns the
+        key, which is stored only hashed. Safe twice: an existing user keeps its keys."""
+        inputs.user_id(user, "a user name")
+        key = key or new_key()
+        await self.open()
+        await hop(self._services.store.add_user, user, key)
+        return key
+
+    async def ensure_agent_users(self) -> None:
+        """Make sure the users the agent publishes (``Agent.users``) exist with their keys."""
+        for user, key in self._services.agent.users.items():
+            await self.add_user(user, key)

@@ -45,6 +45,7 @@ from tether.store.listen import DELTAS_CHANNEL, WATCH_CHANNEL, Subscriber
 
 INTEREST_S = 2.0  # a watching process asks again for its runs this often
 INTEREST_TTL_S = 3 * INTEREST_S + 1.0  # a carrying process sends a run's text this long after
+LINGER_S = 10.0  # a process listens to asks this long after its last model call
 MAX_QUEUED_CHARS = 65_536  # a watcher further behind than this is dropped to a catch-up
 MAX_QUEUED = 1024  # or this many deltas behind
 _ROLL_CALL = '{"roll":1}'
@@ -138,7 +139,9 @@ class DeltaHub:
         self._dirty: set[str] = set()  # local steps with text (or an end) to send
         self._asks: set[str] = set()  # runs to ask for
         self._asked_at = 0.0
-        self._streamed = False
+        self._streaming = 0  # model calls of this process in flight
+        self._streamed_at = -LINGER_S  # when the last one ended
+        self.holders = 0  # engines of this process using it (``hub_for``)
         self._roll_call = False  # ask watching processes to ask again (we listen now)
         self._announcer = Announcer(dsn)
         self._announcer.add_source(self._notices)
@@ -161,8 +164,8 @@ class DeltaHub:
         with self._lock:
             run = self._runs.setdefault(run_id, _Run(run_id))
             run.local = local
-            first = not self._streamed
-            self._streamed = True
+            first = not self._carrying()
+            self._streaming += 1
         if first:
             self._listen()
 
@@ -181,6 +184,8 @@ class DeltaHub:
             yield write
         finally:
             with self._lock:
+                self._streaming -= 1
+                self._streamed_at = time.monotonic()
                 text.ended = True
                 wanted = bool(text.length) and self._wanted.get(run_id, 0.0) > time.monotonic()
                 if wanted:
@@ -190,6 +195,14 @@ class DeltaHub:
                     self._prune(run_id)
             if wanted:
                 self._announcer.poke()
+
+    def quiet(self) -> None:
+        """Stop listening and sending (both start again on next use)."""
+        with self._lock:
+            self._streamed_at = -LINGER_S
+        if self._subscriber is not None:
+            self._subscriber.want(frozenset())
+        self._announcer.stop()
 
     # -- watchers in this process ----------------------------------------------------------
 
@@ -271,13 +284,14 @@ class DeltaHub:
     # -- other processes (PostgreSQL) --------------------------------------------------------
 
     def _listen(self) -> None:
-        """Listen to what this process needs: asks, once it carried a step; deltas, while
-        it has watchers."""
+        """Listen to what this process needs: asks while it carries steps (and for
+        ``LINGER_S`` after: a worker listens on between them); deltas while it has
+        watchers."""
         if self._subscriber is None:
             return
         with self._lock:
             channels = set()
-            if self._streamed:
+            if self._carrying():
                 channels.add(WATCH_CHANNEL)
             if any(run.watchers for run in self._runs.values()):
                 channels.add(DELTAS_CHANNEL)
@@ -335,7 +349,7 @@ class DeltaHub:
         so ask again for every run watched here, and, once it carries steps, have every
         watching process ask again (a roll call on ``DELTAS_CHANNEL``)."""
         with self._lock:
-            self._roll_call = self._streamed
+            self._roll_call = self._carrying()
         self._ask_all()
         self._announcer.poke()
 
@@ -348,9 +362,15 @@ class DeltaHub:
         if asks:
             self._announcer.poke()
 
+    def _carrying(self) -> bool:
+        """Whether this process carries steps now or did within ``LINGER_S`` (under the
+        lock, or racy harmlessly: a wrong answer costs one tick)."""
+        return bool(self._streaming) or time.monotonic() - self._streamed_at < LINGER_S
+
     def _tick(self) -> None:
         if time.monotonic() - self._asked_at >= INTEREST_S:
             self._ask_all()
+            self._listen()  # stop listening to asks once it no longer carries steps
 
     def _notices(self) -> list[tuple[str, str]]:
         """The announcer's batch: asks, then the text of the steps watched elsewhere."""
@@ -411,10 +431,23 @@ _HUBS_LOCK = threading.Lock()
 
 
 def hub_for(store: Store) -> DeltaHub:
-    """The hub of ``store``'s database in this process (one for every engine on it)."""
+    """The hub of ``store``'s database in this process (one for every engine on it), held
+    until ``release``."""
     key = store.engine.url.render_as_string(hide_password=False)
     with _HUBS_LOCK:
         hub = _HUBS.get(key)
         if hub is None:
             hub = _HUBS[key] = DeltaHub(store.listen_dsn())
+        hub.holders += 1
         return hub
+
+
+def release(hub: DeltaHub) -> None:
+    """One holder of ``hub`` is done (an engine closed): the last one stops its listening
+    and sending, so no connection stays open to a database nobody here uses. A hub used
+    again listens again."""
+    with _HUBS_LOCK:
+        hub.holders -= 1
+        last = hub.holders <= 0
+    if last:
+        hub.quiet()
