@@ -1,12 +1,17 @@
 """The agent the benchmarks' worker processes load (``--agent bench_agent:agent``):
-a read tool, a confirmation tool, and a scripted model chosen by ``BENCH_SCRIPT``."""
+a read tool, a confirmation tool, and a scripted model chosen by ``BENCH_SCRIPT``; and one
+whose model writes timed text (``--agent bench_agent:text_agent``, for ``deltas.py``)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import time
 from typing import Any
 
 from tether import Agent, Scope, ScriptedModel, ToolContext, tool
+from tether.models.base import Message, Model, ModelResponse, TextSink, ToolSpec, Usage
 
 
 @tool
@@ -48,3 +53,48 @@ def model() -> ScriptedModel:
 
 def agent() -> Agent:
     return Agent(name="bench", system_prompt="bench", tools=(fetch, publish), default_model=model)
+
+
+class TimedText(Model):
+    """10 turns (9 ``fetch`` calls, then the answer), each writing ``BENCH_PIECES`` pieces
+    of text; each piece starts with the wall-clock time it was written (``%.6f``), ends
+    with ``;`` and is ``BENCH_PIECE_CHARS`` long, so a watcher can tell each piece's lag
+    from the model to itself. ``BENCH_DELAY_S`` before each piece (0: a bare yield, the
+    pieces as fast as the process takes them); ``BENCH_STREAM=0`` writes the turn's text
+    in one piece once it is whole, as a model that cannot stream does."""
+
+    name = "timed-text"
+
+    def __init__(self) -> None:
+        self.pieces = int(os.environ.get("BENCH_PIECES", "20"))
+        self.chars = int(os.environ.get("BENCH_PIECE_CHARS", "24"))
+        self.delay_s = float(os.environ.get("BENCH_DELAY_S", "0"))
+        self.streams = os.environ.get("BENCH_STREAM", "1") != "0"
+
+    async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        return await self.stream(messages, tools, lambda piece: None)
+
+    async def stream(
+        self, messages: list[Message], tools: list[ToolSpec], on_text: TextSink
+    ) -> ModelResponse:
+        index = sum(1 for m in messages if m.get("role") == "assistant")
+        parts = []
+        for _ in range(self.pieces):
+            await asyncio.sleep(self.delay_s)
+            piece = f"{time.time():.6f}".ljust(self.chars - 1, ".") + ";"
+            parts.append(piece)
+            if self.streams:
+                on_text(piece)
+        text = "".join(parts)
+        if not self.streams:
+            on_text(text)
+        message: Message = {"role": "assistant", "content": text}
+        if index < 9:
+            call = {"name": "fetch", "arguments": json.dumps({"n": index})}
+            message["tool_calls"] = [{"id": f"c{index}", "type": "function", "function": call}]
+        return ModelResponse(message=message, usage=Usage(input_tokens=100), model="timed")
+
+
+def text_agent() -> Agent:
+    """The benchmark agent on ``TimedText`` (``--agent bench_agent:text_agent``)."""
+    return Agent(name="bench", system_prompt="bench", tools=(fetch,), default_model=TimedText)

@@ -142,13 +142,15 @@ class Engine(DecisionMethods, AccountMethods):
     def close(self) -> None:
         """Stop the heartbeat and the notice senders, and release the database
         connections."""
-        self._services.heartbeat.stop()
-        self._services.outbox.stop()
-        self._feed.stop()
-        if not self._hub_released and self._services.deltas is not None:
-            self._hub_released = True
-            deltas.release(self._services.deltas)
-        self._store.close()
+        try:
+            self._services.heartbeat.stop()
+            self._services.outbox.stop()
+            self._feed.stop()
+            if not self._hub_released and self._services.deltas is not None:
+                self._hub_released = True
+                deltas.release(self._services.deltas)
+        finally:
+            self._store.close()
 
     async def aclose(self) -> None:
         """Give queued notices a moment to go out (those that do not are re-issued by a

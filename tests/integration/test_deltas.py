@@ -30,9 +30,11 @@ from tether.results import Delta, LiveEvent
 TEXTS = [turn["content"] for turn in agents.SCRIPTS["streamed"]]
 
 
-def check_texts(items: list[LiveEvent | Delta], texts: list[str]) -> None:
+def check_texts(items: list[LiveEvent | Delta], texts: list[str], *, whole: bool = True) -> None:
     """Each step's deltas run from 0 without gap or overlap (a delta at 0 starts it again)
-    and join into its ``model_turn`` text; every stored turn has one, in order."""
+    and join into its ``model_turn`` text; every stored turn has one, in order. From
+    another process (not ``whole``) the ``model_turn`` may come before the step's last
+    deltas, which are then left out (the event holds the whole text): a prefix of it."""
     written: dict[int, str] = {}
     for item in items:
         if isinstance(item, Delta):
@@ -43,7 +45,7 @@ def check_texts(items: list[LiveEvent | Delta], texts: list[str]) -> None:
     turns = [e for e in items if isinstance(e, LiveEvent) and e.kind == "model_turn"]
     assert [(e.data["step"], e.data["text"]) for e in turns] == list(enumerate(texts, 1))
     for step, text in written.items():
-        assert text == texts[step - 1], step
+        assert text == texts[step - 1] if whole else texts[step - 1].startswith(text), step
     kinds = [e.kind for e in items if isinstance(e, LiveEvent)]
     assert kinds[-2:] == ["model_turn", "answered"]
 
@@ -183,7 +185,7 @@ async def test_a_worker_in_another_process_streams_to_watchers_here_on_postgresq
     )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = await asyncio.wait_for(watching, DEADLINE_S)
-    check_texts(seen, TEXTS)
+    check_texts(seen, TEXTS, whole=False)
     pieces = [d for d in seen if isinstance(d, Delta)]
     if db_url.startswith("postgresql"):
         assert {d.step for d in pieces} == {1, 2}
@@ -191,3 +193,33 @@ async def test_a_worker_in_another_process_streams_to_watchers_here_on_postgresq
     else:
         assert pieces == []
     engine.close()
+
+
+async def test_runs_watch_deltas_prints_the_text_as_it_comes(db_url: str, tmp_path: Path) -> None:
+    """``tether runs watch --deltas`` in its own process, a worker in another: the text
+    comes between the events as JSON lines on PostgreSQL; on SQLite the events only."""
+    engine = inprocess.engine(db_url)
+    run = await engine.start_run("dana", "tell me")
+    engine.close()
+    env = processes.tether_env(db_url, KIT_SCRIPT="streamed")
+    out = tmp_path / "watch.log"
+    watcher = processes.spawn("runs", "watch", run.id, "--deltas", env=env, log=out)
+    try:
+        await until(lambda: '"created"' in out.read_text(), what="the watcher's first line")
+        done = await asyncio.to_thread(
+            processes.tether, "worker", "--exit-when-idle", "--no-reap", env=env
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert await asyncio.to_thread(watcher.wait, DEADLINE_S) == 0, out.read_text()
+    finally:
+        watcher.kill()
+    lines = [json.loads(line) for line in out.read_text().splitlines() if line.startswith("{")]
+    items: list[LiveEvent | Delta] = [
+        Delta(run_id=run.id, step=line["step"], offset=line["offset"], text=line["text"])
+        if line["kind"] == "delta"
+        else _live(run.id, line["kind"], line)
+        for line in lines
+    ]
+    check_texts(items, TEXTS, whole=False)
+    pieces = [item for item in items if isinstance(item, Delta)]
+    assert bool(pieces) is db_url.startswith("postgresql"), pieces

@@ -243,7 +243,8 @@ def test_the_watch_example_of_the_integrations_page_prints_what_it_says(tmp_path
         "1 created",
         "2 model_turn",
         "3 tool_result",
-        "4 answered",
+        "4 model_turn",
+        "5 answered",
         "answer: done",
     ]
 

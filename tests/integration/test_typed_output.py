@@ -207,7 +207,7 @@ async def test_an_invalid_answer_goes_back_with_its_errors_in_one_write_then_val
     assert model.seen[1][-2] == {"role": "assistant", "content": json.dumps(INVALID)}
     # Two steps consumed, both spent; the rejected answer and its feedback in one write.
     assert view.run.budget.steps == 2
-    spent = [e.data["spend_usd"] for e in events if e.kind in ("model_turn", "answered")]
+    spent = [e.data["spend_usd"] for e in events if e.kind == "model_turn"]
     assert len(spent) == 2 and all(s > 0 for s in spent)
     assert view.run.budget.spend_usd == pytest.approx(sum(spent))
     assert [len(w["results"]) for w in turn_writes] == [1, 0]

@@ -108,16 +108,22 @@ def runs_show(run_id: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
 def runs_watch(
     run_id: str,
     after: Annotated[int, typer.Option(min=0, help="start after this event's SEQ")] = 0,
+    deltas: Annotated[
+        bool, typer.Option("--deltas", help="also the model's text as it is written")
+    ] = False,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
     """Print a run's events as they are stored, one JSON line each, until the run ends
-    (answered, failed or cancelled); Ctrl-C stops watching a run that waits."""
+    (answered, failed or cancelled); Ctrl-C stops watching a run that waits. With
+    ``--deltas``, the text of the step being generated comes between them as it is written,
+    one line per piece: ``{"kind": "delta", "step", "offset", "text"}`` (reference §16)."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
 
     async def go(engine: Engine) -> None:
-        async for event in engine.watch(run_id, after=after):
-            print(json.dumps(event.to_json(), default=str), flush=True)
+        async for item in engine.watch(run_id, after=after, deltas=deltas):
+            line = item.to_json() if item.kind != "delta" else {"kind": "delta", **item.to_json()}
+            print(json.dumps(line, default=str), flush=True)
 
     on_engine(agent, go)
 

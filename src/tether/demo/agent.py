@@ -61,10 +61,19 @@ ORDER = {"account_id": "4471", "sku": "SKU-4411", "quantity": 200}
 
 # The demo's scripted model: one turn per assistant message already in the history.
 DEMO_TURNS: tuple[dict[str, Any], ...] = (
-    {"tool_calls": [{"name": "find_account", "arguments": {"query": "Henderson"}}]},
+    {
+        "content": "Let me find Henderson in the CRM first.",
+        "tool_calls": [{"name": "find_account", "arguments": {"query": "Henderson"}}],
+    },
     {"tool_calls": [{"name": "get_pricing", "arguments": ORDER}]},
     {"tool_calls": [{"name": "draft_quote", "arguments": ORDER}]},
-    {"tool_calls": [{"name": "send_quote", "arguments": {"quote_id": "${draft_quote.quote_id}"}}]},
+    {
+        "content": "The quote is drafted at Henderson's tier; sending it to the customer "
+        "needs your confirmation, so I am asking you now.",
+        "tool_calls": [
+            {"name": "send_quote", "arguments": {"quote_id": "${draft_quote.quote_id}"}}
+        ],
+    },
     {
         "content": "I drafted the quote for Henderson (200 x SKU-4411) and put the send to "
         "you for confirmation; the tool results above say how it went."
@@ -215,9 +224,14 @@ def scope_resolver(crm: Crm) -> ScopeResolver:
     return resolve_scope
 
 
+# The demo model writes its text a few letters at a time, as a provider's model streams it
+# (reference §16): the first scene shows it in the terminal as it is written.
+DEMO_PACE = {"chunk_chars": 3, "delay_s": 0.012}
+
+
 def demo_model() -> ScriptedModel:
     """The scripted model of the demo story."""
-    return ScriptedModel(DEMO_TURNS)
+    return ScriptedModel(DEMO_TURNS, stream=DEMO_PACE)
 
 
 def with_crm(agent: Agent, crm: Crm) -> Agent:

@@ -1,12 +1,13 @@
 """How the demo shows what happened: the ledger, the approval notice, the grant, the
-refusals and the summary, each rendered from the stored records (never the model's prose)."""
+refusals and the summary, each rendered from the stored records (never the model's prose);
+and the model's text as it is written, labelled as the model's words."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -16,7 +17,10 @@ from tether.engine import Engine
 from tether.errors import TetherError
 from tether.models.base import Message
 from tether.notify import Notice
-from tether.results import LiveEvent
+from tether.results import Delta, LiveEvent
+
+# Where a watch of the demo's first scene ends: the run stopped (it is not terminal yet).
+_STOPS = frozenset({"suspended", "halted", "answered", "failed", "cancelled"})
 
 
 def _short(value: Any, width: int = 60) -> str:
@@ -74,6 +78,31 @@ async def ledger_table(engine: Engine, run_id: str) -> Table:
             _result_text(results[e.tool_call_id]) if e.tool_call_id in results else "",
         )
     return table
+
+
+async def stream_text(engine: Engine, run_id: str, console: Console) -> None:
+    """Print the model's text of each step of ``run_id`` as it is written (its deltas), a
+    line per step, until the run stops; a step whose text came only stored (no delta
+    reached this watcher) is printed whole from its ``model_turn``."""
+    shown: set[int] = set()
+    open_line = False
+    async for item in engine.watch(run_id, deltas=True):
+        if isinstance(item, Delta):
+            if item.offset == 0:  # a step's start (or its restart)
+                console.print("\n" if open_line else "", "[dim]model:[/dim] ", sep="", end="")
+                shown.add(item.step)
+            console.print(Text(item.text), end="", soft_wrap=True)
+            open_line = True
+        elif item.kind == "model_turn" and item.data.get("text"):
+            if item.data.get("step") not in shown:
+                shown.add(int(item.data.get("step") or 0))
+                console.print("\n" if open_line else "", "[dim]model:[/dim] ", sep="", end="")
+                console.print(Text(str(item.data["text"])), end="", soft_wrap=True)
+                open_line = True
+        elif item.kind in _STOPS:
+            break
+    if open_line:
+        console.print()
 
 
 def notice_panel(notice: Notice) -> Panel:

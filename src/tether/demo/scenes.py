@@ -14,7 +14,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.demo.render import grant_panel, ledger_table, notice_panel, refusal_panel
+from tether.demo.render import (
+    grant_panel,
+    ledger_table,
+    notice_panel,
+    refusal_panel,
+    stream_text,
+)
 from tether.demo.stage import (
     ACCOUNT,
     DEADLINE_S,
@@ -36,7 +42,9 @@ async def scene_suspend(stage: Stage) -> SceneResult:
     stage.reset_sandbox()
     run = await stage.engine.start_run("dana", QUESTION)
     say(f"run {run.id[:8]}: dana asks [italic]{QUESTION}[/italic]")
+    watching = asyncio.create_task(stream_text(stage.engine, run.id, stage.console))
     await stage.engine.run_until_stop(run.id)
+    await asyncio.wait_for(watching, DEADLINE_S)
     say(await ledger_table(stage.engine, run.id))
     notice = stage.notifier.last(run.id)
     say(notice_panel(notice))

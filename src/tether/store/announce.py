@@ -87,18 +87,21 @@ class Announcer:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._stop.clear()
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._run, args=(self._dsn,), name="tether-announce", daemon=True
                 )
-                self._thread.start()
+                thread.start()  # before it is seen: ``stop`` (any thread) joins only started ones
+                self._thread = thread
         self._wake.set()
 
     def stop(self) -> None:
         """Send what is queued and end the thread (the next ``announce`` starts one)."""
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
+            thread = self._thread
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
 
     def _run(self, dsn: str) -> None:
         conn: psycopg.Connection[Any] | None = None

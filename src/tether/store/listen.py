@@ -132,6 +132,7 @@ class Subscriber:
                 log.warning("subscriber lost: %s", exc, extra={"action": "listen_lost"})
             self.connected = False
             time.sleep(self.RELISTEN_S)
+            self._on_tick()  # its owner may no longer want anything: then it stops here
             with self._lock:
                 if not self._wanted:
                     self._thread = None
