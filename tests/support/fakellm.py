@@ -70,7 +70,8 @@ class Recorded:
 @dataclass(frozen=True, kw_only=True)
 class Reply:
     """A scripted answer; with ``hold`` the server waits for the event before answering;
-    with ``hang`` it does not answer until the server is reset or stopped."""
+    with ``hang`` it does not answer until the server is reset or stopped; with ``breaks``
+    a streamed answer breaks off after its first text (``Reply.broken``)."""
 
     status: int = 200
     body: dict[str, Any] = field(default_factory=dict)
