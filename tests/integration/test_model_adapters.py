@@ -2,9 +2,10 @@
 
 The official SDKs do the HTTP, so these tests prove what actually goes over the wire
 (tool results, system prompt, tool schemas) and how provider failures surface, transient
-or not. The servers are ``tests/support/fakellm.py``; what a run does when its model
-fails is in ``test_model_outage.py``; the translation to Anthropic's messages, which needs no
-server, is tests/unit/test_anthropic_messages.py.
+or not. The servers are ``tests/support/fakellm.py``, and every call streams; the streams
+themselves (their pieces, and streams that break off) are in ``test_model_streaming.py``;
+what a run does when its model fails is in ``test_model_outage.py``; the translation to
+Anthropic's messages, which needs no server, is tests/unit/test_anthropic_messages.py.
 """
 
 from __future__ import annotations

@@ -6,29 +6,57 @@ it gets. A reply may succeed, fail with any status in the provider's error shape
 (``Reply.failure``: 429, 500, 529, 401, ...), wait for an event before answering, or never
 answer (``Reply.hang``: the client's timeout is what ends it). A request with no reply
 scripted gets 599, so a test that asks more than it scripted sees it at once.
+
+A successful reply to a request with ``"stream": true`` is sent as each provider streams it
+(server-sent events, its text and tool arguments in several pieces, usage in the last
+chunk or event), from the same scripted body. Such a reply may break off after its first
+piece of text (``Reply.broken``): with an error in the stream, a dropped connection, a
+stall that keeps the connection open without sending anything, or a clean end that never
+sends the final event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import uvicorn
+from fakestreams import ANTHROPIC_STREAM, OPENAI_STREAM, SSE, first_text
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from waiting import poll_until
 
 READY_DEADLINE_S = 10.0
 
 OPENAI_PATH = "/v1/chat/completions"
 ANTHROPIC_PATH = "/v1/messages"
+
+# How a streamed reply breaks off after its first piece of text: an error event in the
+# provider's format, the connection closed mid-body, no more bytes on an open connection,
+# or a body that ends properly but without the stream's final event.
+Break = Literal["error", "drop", "stall", "end"]
+
+
+class DroppedConnection(Exception):
+    """Raised in a streamed body to have uvicorn close the connection mid-response."""
+
+
+class _QuietDrops(logging.Filter):
+    """Keeps uvicorn's traceback of a connection dropped on purpose out of the test logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], DroppedConnection))
+
+
+logging.getLogger("uvicorn.error").addFilter(_QuietDrops())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,13 +70,17 @@ class Recorded:
 @dataclass(frozen=True, kw_only=True)
 class Reply:
     """A scripted answer; with ``hold`` the server waits for the event before answering;
-    with ``hang`` it does not answer until the server is reset or stopped."""
+    with ``hang`` it does not answer until the server is reset or stopped; with ``breaks``
+    a streamed answer breaks off after its first text (``Reply.broken``)."""
 
     status: int = 200
     body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     hold: threading.Event | None = None
     hang: bool = False
+    # Streamed replies only: how the stream breaks off, and the error type it then sends.
+    breaks: Break | None = None
+    error_type: str = "api_error"
 
     @classmethod
     def failure(cls, status: int, message: str, **headers: str) -> Reply:
@@ -63,6 +95,13 @@ class Reply:
         """A request the server never answers: the client's timeout ends it."""
         return cls(hang=True)
 
+    @classmethod
+    def broken(cls, body: dict[str, Any], breaks: Break, error_type: str = "api_error") -> Reply:
+        """``body`` streamed up to its first piece of text, then broken off as ``breaks``
+        says; ``error_type`` is the provider's type of the error sent for ``"error"``
+        (``overloaded_error``, ``server_error``, ``invalid_request_error``, ...)."""
+        return cls(body=body, breaks=breaks, error_type=error_type)
+
 
 class FakeLLMServer:
     """A uvicorn server on a loopback port, in a thread, that answers one POST path with
@@ -74,6 +113,7 @@ class FakeLLMServer:
         self._lock = threading.Lock()
         # Set to let every hanging request go (at a reset and at stop).
         self._unhang = threading.Event()
+        self._format = ANTHROPIC_STREAM if path == ANTHROPIC_PATH else OPENAI_STREAM
         app = FastAPI()
         app.add_api_route(path, self._handle, methods=["POST"])
         app.add_api_route("/healthz", self._healthz, methods=["GET"])
@@ -112,7 +152,7 @@ class FakeLLMServer:
     async def _healthz(self) -> dict[str, bool]:
         return {"ok": True}
 
-    async def _handle(self, request: Request) -> JSONResponse:
+    async def _handle(self, request: Request) -> Response:
         body = await request.json()
         with self._lock:
             self.requests.append(Recorded(headers=dict(request.headers), body=body))
@@ -125,7 +165,28 @@ class FakeLLMServer:
             return JSONResponse({"error": {"message": "hung up"}}, status_code=599)
         if reply.hold is not None:
             await asyncio.to_thread(reply.hold.wait, READY_DEADLINE_S)
+        if body.get("stream") and reply.status == 200:
+            events = self._format.events(reply.body, body)
+            return StreamingResponse(
+                self._stream(events, reply, unhang),
+                headers=reply.headers,
+                media_type="text/event-stream",
+            )
         return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+
+    async def _stream(
+        self, events: list[SSE], reply: Reply, unhang: threading.Event
+    ) -> AsyncIterator[str]:
+        """The events of a streamed reply, broken off after the first text if scripted so."""
+        cut = first_text(events) + 1 if reply.breaks else len(events)
+        for event in events[:cut]:
+            yield event.encode()
+        if reply.breaks == "error":
+            yield self._format.error(reply.error_type).encode()
+        elif reply.breaks == "drop":
+            raise DroppedConnection
+        elif reply.breaks == "stall":
+            await asyncio.to_thread(unhang.wait, READY_DEADLINE_S)
 
     def start(self) -> None:
         self._thread.start()

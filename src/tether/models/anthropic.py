@@ -2,8 +2,10 @@
 
 tether keeps history in OpenAI chat format; this module translates it to Messages at the
 edge (system prompt apart, tool calls as ``tool_use`` blocks, tool results as
-``tool_result`` blocks in a user turn) and the reply back. Retries and timeouts are the
-SDK's own (``max_retries``, ``timeout``).
+``tool_result`` blocks in a user turn) and the reply back. Every call streams: the events
+are put back together as the message they stream (``StreamedMessage``), its text handed
+on as it arrives. Retries and timeouts are the SDK's own (``max_retries``, ``timeout``;
+the timeout also bounds the wait for each next event).
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from typing import Any, Unpack, cast
 
 import anthropic
 from anthropic.types import Message as AnthropicMessage
-from anthropic.types import MessageParam, ToolParam
+from anthropic.types import MessageParam, RawMessageStreamEvent, ToolParam
 
 from tether.errors import ModelError
 from tether.models.base import Message, ModelResponse, TextSink, ToolSpec, Usage
-from tether.models.sdk import SDKErrors, SDKModel, SDKOptions
+from tether.models.sdk import IncompleteStream, SDKErrors, SDKModel, SDKOptions
 
 Block = dict[str, Any]
 
@@ -149,6 +151,76 @@ def from_anthropic_response(response: AnthropicMessage, model: str) -> ModelResp
     )
 
 
+class StreamedMessage:
+    """A Messages stream put back together, event by event, as the message it streams:
+    id, model and input usage from ``message_start``; text and ``tool_use`` blocks from
+    their start, deltas and stop (a tool's input is the JSON of its ``input_json_delta``
+    pieces, read at its ``content_block_stop``); the stop reason and output usage from
+    ``message_delta``; complete at ``message_stop``. Text pieces go to ``on_text`` as they
+    come. Error events are raised by the SDK as it reads them."""
+
+    def __init__(self, on_text: TextSink) -> None:
+        self._on_text = on_text
+        self._start: AnthropicMessage | None = None
+        self._usage: dict[str, Any] = {}
+        self._blocks: dict[int, Block] = {}
+        self._json: dict[int, list[str]] = {}
+        self._stop_reason: str | None = None
+        self._stopped = False
+
+    def add(self, event: RawMessageStreamEvent) -> None:
+        if event.type == "message_start":
+            self._start = event.message
+            self._usage = event.message.usage.model_dump()
+        elif event.type == "content_block_start":
+            block = event.content_block
+            if block.type == "text":
+                self._blocks[event.index] = {"type": "text", "text": ""}
+                self._text(event.index, block.text)
+            elif block.type == "tool_use":
+                self._blocks[event.index] = block.model_dump()
+                self._json[event.index] = []
+        elif event.type == "content_block_delta":
+            if event.delta.type == "text_delta":
+                self._text(event.index, event.delta.text)
+            elif event.delta.type == "input_json_delta" and event.index in self._json:
+                self._json[event.index].append(event.delta.partial_json)
+        elif event.type == "content_block_stop":
+            self._read_input(event.index)
+        elif event.type == "message_delta":
+            self._stop_reason = event.delta.stop_reason
+            self._usage.update(event.usage.model_dump(exclude_none=True))
+        elif event.type == "message_stop":
+            self._stopped = True
+
+    def _text(self, index: int, text: str) -> None:
+        if index in self._blocks and text:
+            self._blocks[index]["text"] += text
+            self._on_text(text)
+
+    def _read_input(self, index: int) -> None:
+        raw = "".join(self._json.pop(index, []))
+        if not raw:
+            return
+        try:
+            self._blocks[index]["input"] = json.loads(raw)
+        except ValueError:
+            raise ModelError(f"the model sent a tool input that is not JSON: {raw!r}") from None
+
+    def message(self) -> AnthropicMessage:
+        """The message streamed, once ``message_stop`` has come."""
+        if self._start is None or not self._stopped:
+            raise IncompleteStream("the stream ended without message_stop")
+        return AnthropicMessage.construct(
+            **{
+                **self._start.model_dump(),
+                "content": [block for _, block in sorted(self._blocks.items())],
+                "stop_reason": self._stop_reason,
+                "usage": self._usage,
+            }
+        )
+
+
 class AnthropicModel(SDKModel[anthropic.AsyncAnthropic]):
     """A Claude model reached through the Messages API."""
 
@@ -157,6 +229,7 @@ class AnthropicModel(SDKModel[anthropic.AsyncAnthropic]):
     base_var = "ANTHROPIC_BASE_URL"
     errors = SDKErrors(
         base=anthropic.AnthropicError,
+        api=anthropic.APIError,
         status=anthropic.APIStatusError,
         timeout=anthropic.APITimeoutError,
         connection=anthropic.APIConnectionError,
@@ -178,11 +251,16 @@ class AnthropicModel(SDKModel[anthropic.AsyncAnthropic]):
         self, messages: list[Message], tools: list[ToolSpec], on_text: TextSink
     ) -> ModelResponse:
         system, turns = to_anthropic_messages(messages)
-        response = await self._client.messages.create(
+        stream = await self._client.messages.create(
             model=self.model,
             max_tokens=self.max_tokens,
             messages=cast("list[MessageParam]", turns),
             system=system or anthropic.omit,
             tools=cast("list[ToolParam]", to_anthropic_tools(tools)) if tools else anthropic.omit,
+            stream=True,
         )
-        return from_anthropic_response(response, self.model)
+        assembled = StreamedMessage(on_text)
+        async with stream:
+            async for event in stream:
+                assembled.add(event)
+        return from_anthropic_response(assembled.message(), self.model)

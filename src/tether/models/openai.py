@@ -1,8 +1,10 @@
 """The ``openai:`` adapter: OpenAI Chat Completions, or any server that speaks it.
 
 tether's messages are already in Chat Completions format, so requests pass through as they
-are; only the response is reduced to a plain dict the engine can store verbatim. Retries
-and timeouts are the SDK's own (``max_retries``, ``timeout``).
+are. Every call streams: the chunks are put back together as the completion they stream
+(``ChatStream``), its text handed on as it arrives, and the completion is reduced to a
+plain dict the engine can store verbatim. Retries and timeouts are the SDK's own
+(``max_retries``, ``timeout``; the timeout also bounds the wait for each next chunk).
 """
 
 from __future__ import annotations
@@ -11,16 +13,19 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import openai
+from openai.types import CompletionUsage
 from openai.types.chat import (
     ChatCompletion,
+    ChatCompletionChunk,
     ChatCompletionMessageParam,
     ChatCompletionMessageToolCallUnion,
     ChatCompletionToolUnionParam,
 )
+from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 
 from tether.errors import ModelError
 from tether.models.base import Message, ModelResponse, TextSink, ToolSpec, Usage
-from tether.models.sdk import SDKErrors, SDKModel
+from tether.models.sdk import IncompleteStream, SDKErrors, SDKModel
 
 
 def to_openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
@@ -67,6 +72,77 @@ def _tool_call_dict(call: ChatCompletionMessageToolCallUnion, model: str) -> dic
     }
 
 
+class ChatStream:
+    """A Chat Completions stream put back together, chunk by chunk, as the completion it
+    streams: the first choice's text and refusal from their pieces, each tool call from the
+    pieces of its ``index`` (id, name and type where they first appear, arguments joined),
+    the usage from the chunk that carries it. Text pieces go to ``on_text`` as they come."""
+
+    def __init__(self, on_text: TextSink) -> None:
+        self._on_text = on_text
+        self._head: dict[str, Any] = {}
+        self._content: list[str] | None = None
+        self._refusal: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._finish_reason: str | None = None
+        self._usage: CompletionUsage | None = None
+
+    def add(self, chunk: ChatCompletionChunk) -> None:
+        self._head = {"id": chunk.id, "created": chunk.created, "model": chunk.model}
+        if chunk.usage is not None:
+            self._usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.index != 0:
+                continue
+            delta = choice.delta
+            if delta.content is not None:
+                self._content = [*(self._content or []), delta.content]
+                if delta.content:
+                    self._on_text(delta.content)
+            if delta.refusal:
+                self._refusal.append(delta.refusal)
+            for call in delta.tool_calls or []:
+                self._add_call(call)
+            if choice.finish_reason is not None:
+                self._finish_reason = choice.finish_reason
+
+    def _add_call(self, piece: ChoiceDeltaToolCall) -> None:
+        call = self._calls.setdefault(
+            piece.index, {"id": None, "type": None, "name": None, "arguments": []}
+        )
+        call["id"] = call["id"] or piece.id
+        call["type"] = call["type"] or piece.type
+        if piece.function is not None:
+            call["name"] = call["name"] or piece.function.name
+            call["arguments"].append(piece.function.arguments or "")
+
+    def completion(self) -> ChatCompletion:
+        """The completion streamed, once its first choice has finished. A refusal that
+        stands for the text (``from_openai_completion``) is handed on now, in one piece."""
+        if self._finish_reason is None:
+            raise IncompleteStream("the stream ended without a finish_reason")
+        content = None if self._content is None else "".join(self._content)
+        refusal = "".join(self._refusal) or None
+        if content is None and refusal:
+            self._on_text(refusal)
+        calls = [
+            {
+                "id": call["id"] or "",
+                "type": call["type"] or "function",
+                "function": {"name": call["name"] or "", "arguments": "".join(call["arguments"])},
+            }
+            for _, call in sorted(self._calls.items())
+        ]
+        message = {"role": "assistant", "content": content, "refusal": refusal}
+        choice = {"index": 0, "finish_reason": self._finish_reason, "logprobs": None}
+        return ChatCompletion.construct(
+            **self._head,
+            object="chat.completion",
+            choices=[{**choice, "message": {**message, "tool_calls": calls or None}}],
+            usage=self._usage,
+        )
+
+
 class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
     """A model reached through the Chat Completions API (OpenAI or a compatible server)."""
 
@@ -75,6 +151,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
     base_var = "OPENAI_BASE_URL"
     errors = SDKErrors(
         base=openai.OpenAIError,
+        api=openai.APIError,
         status=openai.APIStatusError,
         timeout=openai.APITimeoutError,
         connection=openai.APIConnectionError,
@@ -84,7 +161,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
     async def _call(
         self, messages: list[Message], tools: list[ToolSpec], on_text: TextSink
     ) -> ModelResponse:
-        completion = await self._client.chat.completions.create(
+        stream = await self._client.chat.completions.create(
             model=self.model,
             messages=cast("list[ChatCompletionMessageParam]", messages),
             tools=(
@@ -92,5 +169,11 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
                 if tools
                 else openai.omit
             ),
+            stream=True,
+            stream_options={"include_usage": True},
         )
-        return from_openai_completion(completion, self.model)
+        assembled = ChatStream(on_text)
+        async with stream:
+            async for chunk in stream:
+                assembled.add(chunk)
+        return from_openai_completion(assembled.completion(), self.model)

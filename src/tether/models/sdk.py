@@ -1,9 +1,14 @@
 """What the adapters over a provider's official SDK share: ``SDKModel``.
 
 An adapter (``openai.py``, ``anthropic.py``) names its SDK's client class, environment
-variables and exception classes, and translates messages, tools and replies; ``SDKModel``
-finds the credentials, builds the client (the SDK's own retries and timeout), turns the
-SDK's exceptions into ``ModelError`` and closes the client it built.
+variables and exception classes, and translates messages, tools and the streamed reply;
+``SDKModel`` finds the credentials, builds the client (the SDK's own retries and timeout),
+turns whatever the call raises into ``ModelError`` and closes the client it built.
+
+A streamed call can also fail after its HTTP status said yes: the provider sends an error
+in the stream, the connection drops or stalls (the SDKs let the HTTP client's exceptions
+through once a stream is open), or the stream ends before its final event. These are
+classified by the same ``model_error`` as the errors before the stream.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import os
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Generic, Protocol, TypedDict, TypeVar
+
+import httpx
 
 from tether.errors import ConfigError, ModelError
 from tether.models.base import Message, Model, ModelResponse, TextSink, ToolSpec
@@ -69,35 +76,77 @@ def transient_status(status: int | None) -> bool:
     return status is not None and (status in TRANSIENT_STATUSES or 500 <= status <= 599)
 
 
+# The providers' error types for what the permanent 4xx statuses say: the request itself is
+# wrong. An error sent in the middle of a stream has no status of its own (the stream's was
+# 200), so its type decides: any other (server error, overloaded, rate limit) is transient.
+PERMANENT_ERROR_TYPES = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "request_too_large",
+    }
+)
+
+
+def error_type(body: object) -> str | None:
+    """The ``type`` of a provider's error body, wrapped in ``error`` or not."""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("type"), str):
+            return str(inner["type"])
+    return None
+
+
+class IncompleteStream(Exception):
+    """A stream that ended, cleanly at the HTTP level, before its final event: the reply
+    was cut short somewhere between the provider and us."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class SDKErrors:
-    """An SDK's exception classes: the root of all it raises, and the three we tell apart."""
+    """An SDK's exception classes: the root of all it raises, and the four we tell apart
+    (``api``: an error the API reported, in a stream too; the other three derive from it)."""
 
     base: type[Exception]
+    api: type[Exception]
     status: type[Exception]
     timeout: type[Exception]
     connection: type[Exception]
 
 
 def model_error(exc: Exception, name: str, timeout_s: float, errors: SDKErrors) -> ModelError:
-    """A ``ModelError`` naming the HTTP status and the provider's message, from an SDK
-    exception, marked ``transient`` or not (reference §13). Timeouts and connection errors are
-    transient; a reply that cannot be read is not. This is the error of the whole call,
-    after the SDK's own retries: one call."""
-    if isinstance(exc, errors.status):
-        status = getattr(exc, "status_code", None)
-        detail = provider_message(getattr(exc, "body", None)) or getattr(exc, "message", str(exc))
+    """A ``ModelError`` naming the HTTP status and the provider's message, from what a call
+    raised, marked ``transient`` or not (reference §13). Timeouts, connection errors (a
+    connection lost mid-stream too) and a stream cut short are transient; an error sent in
+    the stream is transient unless its type says the request is wrong; a reply that cannot
+    be read is not. This is the error of the whole call, after the SDK's own retries."""
+    body = getattr(exc, "body", None)
+    detail = provider_message(body) or getattr(exc, "message", str(exc))
+    status = getattr(exc, "status_code", None)
+    # A status error raised for an error event of a stream carries the stream's 200.
+    if isinstance(exc, errors.status) and isinstance(status, int) and status >= 400:
         return ModelError(
             f"{name} failed with HTTP {status}: {detail}",
             status=status,
             transient=transient_status(status),
         )
-    # The SDKs' timeout error is a connection error too: test it first.
-    if isinstance(exc, errors.timeout):
+    # The timeout errors are connection errors too: test them first.
+    if isinstance(exc, (errors.timeout, httpx.TimeoutException)):
         return ModelError(f"{name} timed out after {timeout_s:g}s", transient=True)
     if isinstance(exc, errors.connection):
-        message = f"{name} could not be reached: {getattr(exc, 'message', exc)}"
-        return ModelError(message, transient=True)
+        return ModelError(f"{name} could not be reached: {detail}", transient=True)
+    if isinstance(exc, httpx.TransportError):
+        return ModelError(f"{name} broke off its reply: {exc}", transient=True)
+    if isinstance(exc, IncompleteStream):
+        return ModelError(f"{name} ended its reply too soon: {exc}", transient=True)
+    if isinstance(exc, errors.api):
+        kind = error_type(body)
+        return ModelError(
+            f"{name} failed mid-stream ({kind or 'unknown error'}): {detail}",
+            transient=kind not in PERMANENT_ERROR_TYPES,
+        )
     return ModelError(f"{name} failed: {exc}")
 
 
@@ -186,11 +235,11 @@ class SDKModel(Model, Generic[ClientT]):
     async def stream(
         self, messages: list[Message], tools: list[ToolSpec], on_text: TextSink
     ) -> ModelResponse:
-        """One streamed call through the SDK; whatever the SDK raises becomes
-        ``ModelError``."""
+        """One streamed call through the SDK; whatever the SDK, the HTTP client under it
+        or a stream cut short raises becomes ``ModelError``."""
         try:
             return await self._call(messages, tools, on_text)
-        except self.errors.base as exc:
+        except (self.errors.base, httpx.TransportError, IncompleteStream) as exc:
             error = model_error(exc, self.name, self.timeout_s, self.errors)
             log.warning(error.message, extra={"action": "model_error", "model": self.name})
             raise error from exc
