@@ -27,7 +27,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -66,16 +66,18 @@ async def run_live(request: Request, run_id: str, after: str | None = None) -> R
 
 
 @router.get("/live")
-async def lists_live(request: Request, run: list[str] = Query(default=[])) -> Response:
-    """A signal for each event stored from now on of the viewer's runs among ``run``
-    that are not terminal; the others are left out (a list names what it shows)."""
+async def lists_live(request: Request) -> Response:
+    """A signal for each event stored from now on of the viewer's runs among those the
+    ``run`` parameters name that are not terminal; the others are left out (a list names
+    what it shows)."""
     session = await session_of(request)
     if session is None:
         return RedirectResponse(login_url("/"), status_code=303)
     engine = engine_of(request)
     # Where each run is now, read before the answer starts: a page fetched once the
     # stream is open misses nothing the stream does not signal.
-    starts = await _followed(engine, session.user, run[:FOLLOW_LIMIT])
+    named = request.query_params.getlist("run")[:FOLLOW_LIMIT]
+    starts = await _followed(engine, session.user, named)
     return EventSourceResponse(
         _signals(engine, session.user, starts),
         ping=engine.settings.keepalive_s,
