@@ -33,6 +33,7 @@ RECORD_LENGTHS = """() => {
     .observe(shown, { childList: true, characterData: true, subtree: true });
 }"""
 GREW = "(total) => new Set(window.lengths.filter((n) => n > 0 && n < total)).size >= 2"
+FETCHED = "(n) => Number(document.querySelector('.live-follow').dataset.liveFetched || 0) > n"
 
 
 @pytest.fixture
@@ -106,3 +107,34 @@ def test_the_list_of_runs_shows_a_run_s_new_state_without_a_reload(
     expect(page.locator(".live-follow")).to_have_attribute("data-live-state", "closed")
     assert page.evaluate("window.loadedOnce") is True
     shot(page, "live-runs")
+
+
+def fetched(page: Page) -> int:
+    """How many times the page's script has fetched the page again."""
+    return int(page.locator(".live-follow").get_attribute("data-live-fetched") or 0)
+
+
+def test_a_part_being_typed_in_is_left_alone_until_it_is_free_again(
+    paced: Served, page: Page
+) -> None:
+    first, _ = paced.suspend()
+    second, _ = paced.suspend()
+    sign_in(page, paced)
+    expect(page.locator(".live-follow")).to_have_attribute("data-live-state", "open")
+    reason = page.locator(f"#run-{first}").get_by_label("Reason")
+    reason.fill("typed, not sent")
+    mark_loaded(page)
+
+    before = fetched(page)
+    off_loop(lambda: paced.engine.cancel_run(second, "dana"))
+    page.wait_for_function(FETCHED, arg=before)  # the page was fetched again ...
+    expect(reason).to_have_value("typed, not sent")  # ... and what is typed stays
+    expect(page.locator(f"#run-{second}")).to_be_visible()
+
+    reason.fill("")
+    page.locator("h1").click()  # nothing typed, nothing focused: the part is free
+    off_loop(lambda: paced.engine.cancel_run(first, "dana"))
+    expect(page.locator(f"#run-{second}")).to_have_count(0)
+    expect(page.locator(f"#run-{first}")).to_have_count(0)
+    expect(page.locator(".empty")).to_have_text("Nothing is waiting for you.")
+    assert page.evaluate("window.loadedOnce") is True

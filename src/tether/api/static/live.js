@@ -12,13 +12,15 @@
 // and every [data-live-poll] seconds while the tab is visible.
 //
 // A part in which the viewer is typing (focus inside, or a field changed from what was
-// sent) is left alone until a later fetch finds it free.
+// sent) is left alone until a later fetch finds it free. A page that answers a form (a
+// refusal, with what was typed) is not followed: it is not at its own address.
 "use strict";
 
 (() => {
   const root = document.querySelector(".live-follow");
   if (!root) return;
   const page = root.dataset.livePage;
+  if (location.pathname + location.search !== page) return;
   // Stored events, by kind: the durable events of the stream are named after their kind.
   const KINDS = [
     "created", "model_turn", "answered", "output_invalid", "tool_result", "suspended",
@@ -26,10 +28,13 @@
     "released", "halted", "failed", "continued", "cancelled", "notice_reissued",
     "model_retry", "migrated", "forked", "compacted", "follow_up", "start_failed",
   ];
+  // The events after which a run's stream has nothing more to say (its terminal states).
+  const LAST = new Set(["answered", "failed", "cancelled"]);
   let source = null;
   let following = "";
   let ended = ""; // the rows whose signals ended: not followed again until they change
   let fetching = false;
+  let fetched = 0;
   let again = false;
   const afterFetch = [];
 
@@ -75,6 +80,8 @@
         if (answer.type === "opaqueredirect" || !answer.ok) { stop(); return; }
         const fresh = new DOMParser().parseFromString(await answer.text(), "text/html");
         swap(fresh);
+        fetched += 1;
+        root.dataset.liveFetched = String(fetched);
         for (const then of afterFetch.splice(0)) then(fresh);
         const freshRoot = fresh.querySelector(".live-follow");
         if (root.dataset.liveStream && !(freshRoot && freshRoot.dataset.liveStream)) stop();
@@ -143,6 +150,7 @@
       for (const kind of KINDS) {
         events.addEventListener(kind, (e) => {
           if (kind === "model_turn") stored(Number(JSON.parse(e.data).data.step || 0));
+          if (LAST.has(kind)) stop();
           refresh();
         });
       }
