@@ -12,7 +12,16 @@ from collections.abc import Iterator
 import agents
 import pytest
 from playwright.sync_api import Page, expect
-from test_inbox import Served, _serving, browser, off_loop, page, shot, sign_in
+from test_inbox import (
+    Served,
+    _serving,
+    browser,
+    off_loop,
+    own_scripts_only,
+    page,
+    shot,
+    sign_in,
+)
 
 from tether import StopKind
 from tether.runs import RunState
@@ -71,4 +80,4 @@ def test_a_follow_up_from_an_answered_runs_box_lands_on_the_new_run_in_the_same_
     expect(page).to_have_url(f"{app.url}/runs/{first}")
     expect(page.locator("ol.thread-runs li").nth(1).get_by_role("link")).to_have_text(new_id)
     expect(page.get_by_role("button", name="Send the follow-up")).to_have_count(0)
-    assert page.locator("script").count() == 0
+    own_scripts_only(page)

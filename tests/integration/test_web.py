@@ -286,7 +286,8 @@ async def test_stored_markup_is_escaped_on_every_page(db_url: str) -> None:
         for page in pages:
             assert page.status_code == 200
             assert payload not in page.text and escaped in page.text
-            assert "script-src" not in page.headers["content-security-policy"]
+            policy = page.headers["content-security-policy"]
+            assert "script-src 'self';" in policy and "unsafe" not in policy
             assert page.headers["cache-control"] == "no-store"
     finally:
         web.engine.close()

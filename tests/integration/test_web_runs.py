@@ -20,7 +20,7 @@ from inbox_web import Web, csrf_of, session_csrf, sign_in, web
 import tether.api.web.runs
 from tether.runs import RunState
 
-RUN_LINK = re.compile(r'<tr id="run-([0-9a-f]+)">')
+RUN_LINK = re.compile(r'<tr id="run-([0-9a-f]+)"')
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from tether.runs import RunState
 
 FOLLOW_UP_FORM = re.compile(r'<form method="post" action="/runs/([0-9a-f]+)/follow-up"')
 THREAD_RUN = re.compile(r'<li id="thread-run-([0-9a-f]+)"( class="current" aria-current="page")?')
-RUN_LINK = re.compile(r'<tr id="run-([0-9a-f]+)">')
+RUN_LINK = re.compile(r'<tr id="run-([0-9a-f]+)"')
 
 
 @pytest.fixture

@@ -169,11 +169,20 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         },
         {"content": "Here is the answer, written slowly: " + "all is well. " * 12},
     ],
+    # text streamed, then a confirmed send in the same turn: the run suspends once its
+    # text is written (what the inbox's run page shows live).
+    "streamed_send": [
+        {
+            "content": "I will send it once you agree; " + "writing it out slowly. " * 4,
+            "tool_calls": [call("send", item="b")],
+        },
+        {"content": "done"},
+    ],
 }
 
 # How the scripts of ``SCRIPTS`` named here stream their text: pieces of ``chunk_chars``
 # code points, one every ``KIT_STREAM_DELAY_S`` seconds (0.02 unless set).
-PACES: dict[str, int] = {"streamed": 4}
+PACES: dict[str, int] = {"streamed": 4, "streamed_send": 4}
 
 
 def script(name: str | None = None) -> ScriptedModel:

@@ -1,6 +1,7 @@
 """The approvals inbox: server-rendered pages to sign in, list pending requests, review, edit
-and decide an approval link, list one's runs, and read, continue, cancel or fork a run. No
-JavaScript: every action is a plain form.
+and decide an approval link, list one's runs, and read, continue, cancel or fork a run. Every
+action is a plain form; one small script of our own (``live``) makes a run's page and the
+lists follow runs as they go, and the pages are whole without it.
 
 A session is a signed cookie; every POST that acts carries a CSRF token bound to the
 session; a GET never changes anything; every stored string goes through Jinja's
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from tether.api.web import approvals, edits, inbox, runs, sessions, turns
+from tether.api.web import approvals, edits, inbox, live, runs, sessions, turns
 from tether.api.web.pages import templates
 
 router = APIRouter(include_in_schema=False)
@@ -21,5 +22,6 @@ router.include_router(runs.router)
 router.include_router(approvals.router)
 router.include_router(edits.router)
 router.include_router(turns.router)
+router.include_router(live.router)
 
 __all__ = ["router", "templates"]

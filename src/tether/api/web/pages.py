@@ -24,16 +24,18 @@ if TYPE_CHECKING:
 # The templates and the stylesheet live beside the API package.
 ASSETS = Path(__file__).parent.parent
 
-# No scripts at all, no framing (clickjacking the Approve button), forms only to ourselves,
-# and the token in an approval URL never leaves in a Referer.
+# Scripts only from our own files (no inline script, no eval) and connections only to
+# ourselves (the live pages' streams and fetches), no framing (clickjacking the Approve
+# button), forms only to ourselves, and the token in an approval URL never leaves in a
+# Referer.
 PAGE_HEADERS = {
     "Cache-Control": "no-store",
     "Referrer-Policy": "no-referrer",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Content-Security-Policy": (
-        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
-        "frame-ancestors 'none'; base-uri 'none'"
+        "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'self'; "
+        "img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
 }
 

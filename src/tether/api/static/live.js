@@ -1,0 +1,186 @@
+// tether inbox: pages follow runs as they go (reference §16). Every page is whole without
+// this script and its forms post as they always do; this only keeps what is shown fresh.
+//
+// A run's page ([data-live-stream]) listens to the run's stream: the model's text of the
+// step in flight is written into [data-live-text] as it comes (a delta at offset 0
+// replaces the step's text, any other appends at its offset, counted in code points), and
+// each stored event has the page ([data-live-page]) fetched again and its [data-live]
+// parts swapped in. EventSource reconnects by itself with the last event id it saw.
+//
+// A list ([data-live-list]) opens one stream of signals for the rows marked
+// [data-live-run] (the viewer's runs that are not terminal) and is fetched again on each,
+// and every [data-live-poll] seconds while the tab is visible.
+//
+// A part in which the viewer is typing (focus inside, or a field changed from what was
+// sent) is left alone until a later fetch finds it free. A page that answers a form (a
+// refusal, with what was typed) is not followed: it is not at its own address.
+"use strict";
+
+(() => {
+  const root = document.querySelector(".live-follow");
+  if (!root) return;
+  const page = root.dataset.livePage;
+  if (location.pathname + location.search !== page) return;
+  // Stored events, by kind: the durable events of the stream are named after their kind.
+  const KINDS = [
+    "created", "model_turn", "answered", "output_invalid", "tool_result", "suspended",
+    "approved", "declined", "edited", "reconciled", "reconciling", "recovering",
+    "released", "halted", "failed", "continued", "cancelled", "notice_reissued",
+    "model_retry", "migrated", "forked", "compacted", "follow_up", "start_failed",
+  ];
+  // The events after which a run's stream has nothing more to say (its terminal states).
+  const LAST = new Set(["answered", "failed", "cancelled"]);
+  let source = null;
+  let following = "";
+  let ended = ""; // the rows whose signals ended: not followed again until they change
+  let fetching = false;
+  let fetched = 0;
+  let again = false;
+  const afterFetch = [];
+
+  const status = (state) => { root.dataset.liveState = state; };
+
+  const edited = (field) => {
+    if (field.type === "hidden" || field.type === "submit") return false;
+    if (field.type === "checkbox" || field.type === "radio") {
+      return field.checked !== field.defaultChecked;
+    }
+    if (field.tagName === "SELECT") {
+      return Array.from(field.options).some((o) => o.selected !== o.defaultSelected);
+    }
+    return field.value !== field.defaultValue;
+  };
+
+  const inUse = (part) => {
+    const active = document.activeElement;
+    if (active && active !== document.body && part.contains(active)) return true;
+    return Array.from(part.querySelectorAll("input, textarea, select")).some(edited);
+  };
+
+  const swap = (fresh) => {
+    for (const part of document.querySelectorAll("[data-live]")) {
+      const name = part.dataset.live;
+      const next = Array.from(fresh.querySelectorAll("[data-live]")).find(
+        (el) => el.dataset.live === name);
+      if (!next || next.innerHTML === part.innerHTML || inUse(part)) continue;
+      part.innerHTML = next.innerHTML;
+    }
+  };
+
+  const refresh = async () => {
+    if (fetching) { again = true; return; }
+    fetching = true;
+    try {
+      do {
+        again = false;
+        const answer = await fetch(page, {
+          credentials: "same-origin", cache: "no-store", redirect: "manual",
+          headers: { Accept: "text/html" },
+        });
+        if (answer.type === "opaqueredirect" || !answer.ok) { stop(); return; }
+        const fresh = new DOMParser().parseFromString(await answer.text(), "text/html");
+        swap(fresh);
+        fetched += 1;
+        root.dataset.liveFetched = String(fetched);
+        for (const then of afterFetch.splice(0)) then(fresh);
+        const freshRoot = fresh.querySelector(".live-follow");
+        if (root.dataset.liveStream && !(freshRoot && freshRoot.dataset.liveStream)) stop();
+        if (root.dataset.liveList) followRows();
+      } while (again);
+    } catch (error) {
+      // The network failed: the next event, poll or reconnection fetches again.
+    } finally {
+      fetching = false;
+    }
+  };
+
+  const stop = () => {
+    if (source) source.close();
+    source = null;
+    status("closed");
+  };
+
+  const open = (url, listen) => {
+    if (source) source.close();
+    source = new EventSource(url);
+    status("connecting");
+    let opened = false;
+    source.addEventListener("open", () => {
+      status("open");
+      // After a reconnection (or, for a list, once the stream is there) the page is fetched
+      // again: what happened meanwhile shows.
+      if (opened || root.dataset.liveList) refresh();
+      opened = true;
+    });
+    source.addEventListener("error", () => {
+      if (source && source.readyState === EventSource.CLOSED) status("closed");
+    });
+    listen(source);
+  };
+
+  // -- a run's page ---------------------------------------------------------------------
+
+  const followRun = (url) => {
+    const box = document.querySelector("[data-live-text]");
+    const shown = box && box.querySelector("pre");
+    let step = 0;
+    let chars = [];
+    const write = (delta) => {
+      if (delta.step < step) return;
+      if (delta.step > step) { step = delta.step; chars = []; }
+      if (delta.offset > chars.length) return; // a gap: the catch-up at 0 mends it
+      chars = chars.slice(0, delta.offset).concat(Array.from(delta.text));
+      if (!shown) return;
+      shown.textContent = chars.join("");
+      box.dataset.step = String(step);
+      box.hidden = false;
+    };
+    const stored = (turn) => {
+      // The stored turn holds the whole text: once the page shows it, the draft goes.
+      if (turn < step || !box) return;
+      afterFetch.push(() => {
+        if (step > turn) return;
+        chars = [];
+        box.hidden = true;
+        shown.textContent = "";
+      });
+    };
+    open(url, (events) => {
+      events.addEventListener("delta", (e) => write(JSON.parse(e.data)));
+      for (const kind of KINDS) {
+        events.addEventListener(kind, (e) => {
+          if (kind === "model_turn") stored(Number(JSON.parse(e.data).data.step || 0));
+          if (LAST.has(kind)) stop();
+          refresh();
+        });
+      }
+    });
+  };
+
+  // -- a list ---------------------------------------------------------------------------
+
+  const followRows = () => {
+    const ids = Array.from(document.querySelectorAll("[data-live-run]"),
+      (row) => row.dataset.liveRun);
+    const wanted = Array.from(new Set(ids)).sort().join(",");
+    if (wanted === ended || (wanted === following && source)) return;
+    following = wanted;
+    if (!wanted) { if (source) stop(); return; }
+    const query = new URLSearchParams();
+    for (const id of wanted.split(",")) query.append("run", id);
+    open(root.dataset.liveList + "?" + query.toString(), (signals) => {
+      signals.addEventListener("changed", () => refresh());
+      signals.addEventListener("done", () => { ended = wanted; stop(); refresh(); });
+    });
+  };
+
+  if (root.dataset.liveStream) {
+    followRun(root.dataset.liveStream);
+  } else if (root.dataset.liveList) {
+    followRows();
+    const every = Number(root.dataset.livePoll || 0) * 1000;
+    if (every > 0) {
+      setInterval(() => { if (!document.hidden) refresh(); }, every);
+    }
+  }
+})();
