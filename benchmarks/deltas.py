@@ -9,11 +9,13 @@ was written, so a watcher can tell each piece's lag.
    one-row INSERT commit (what a durable write of each piece would cost instead).
 1. Workers' runs/s: ``--runs`` runs carried by 2 ``tether worker`` processes (concurrency
    8) on a fresh database, the pieces as fast as the process takes them (a bare yield
-   between two), in three setups per round (alternating order): streaming off (each
-   turn's text in one piece once whole), streaming on with no watchers, streaming on with
-   ``--watchers`` watchers in one other process (``engine.watch(deltas=True)``; watcher k
-   follows runs k, k + W, ...). On the database's clock, from the first step to the last
-   answer, as ``throughput.py``.
+   between two), in four setups per round (alternating order): streaming off (each
+   turn's text in one piece once whole), streaming on with no watchers, and streaming on
+   with ``--watchers`` watchers in one other process (watcher k follows runs k, k + W,
+   ...), of the stored events only (``engine.watch``), then with deltas
+   (``deltas=True``). On the database's clock, from the first step to the last
+   answer, as ``throughput.py``; and the CPU time per run of the worker processes and of
+   the watchers' process (all on the same 2 cores as PostgreSQL).
 2. Delta lag from the model's piece to a watcher in another process: the same watchers,
    the pieces paced ``--delay`` s apart as a provider's stream comes; each live piece's
    arrival minus its written time (a catch-up's old text is not counted). Median, p99.
@@ -37,6 +39,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -108,8 +111,9 @@ def notify_cost(count: int = 3000) -> None:
 # -- the watcher process -----------------------------------------------------------------------
 
 
-def _watch_role(url: str, ids_file: str, watchers: int, out_file: str) -> None:
-    """Follow the runs of ``ids_file`` with deltas; write the lags and what was seen."""
+def _watch_role(url: str, ids_file: str, watchers: int, out_file: str, deltas: bool) -> None:
+    """Follow the runs of ``ids_file`` (with deltas unless told otherwise); write the lags
+    and what was seen."""
     ids: list[str] = json.loads(Path(ids_file).read_text())
     eng = _engine(url)
     lags: list[float] = []
@@ -120,7 +124,7 @@ def _watch_role(url: str, ids_file: str, watchers: int, out_file: str) -> None:
     async def follow(k: int) -> None:
         for run_id in ids[k::watchers]:
             held = texts.setdefault(run_id, {})
-            async for item in eng.watch(run_id, deltas=True):
+            async for item in eng.watch(run_id, deltas=deltas):
                 if isinstance(item, Delta):
                     now = time.time()
                     step = str(item.step)
@@ -148,8 +152,11 @@ def _watch_role(url: str, ids_file: str, watchers: int, out_file: str) -> None:
     Path(out_file).write_text(json.dumps({"lags": lags, "problems": problems}))
 
 
-def _round(count: int, watchers: int, env: dict[str, str]) -> tuple[float, list[float], int]:
-    """(runs/s, lags, deltas checked) on a fresh database."""
+def _round(
+    count: int, watchers: int, env: dict[str, str], *, deltas: bool = True
+) -> tuple[float, list[float], float, float]:
+    """(runs/s, lags, the workers' and the watchers' process's CPU seconds per run) on a
+    fresh database."""
     name, url = throughput.fresh_database()
     try:
         eng = _engine(url)
@@ -161,24 +168,31 @@ def _round(count: int, watchers: int, env: dict[str, str]) -> tuple[float, list[
             if watchers:
                 (Path(tmp) / "ids.json").write_text(json.dumps(ids))
                 role = ["--watch-role", url, str(Path(tmp) / "ids.json"), str(watchers), out]
+                role.append("1" if deltas else "0")
                 watcher = subprocess.Popen([sys.executable, __file__, *role], cwd=throughput.ROOT)
                 deadline = time.monotonic() + 60
                 while not Path(out + ".ready").exists():
                     if watcher.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError("the watcher process did not start")
                     time.sleep(0.05)
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             _carry(url, tmp, env)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers, reaped
+            cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / count
             rate, _ = throughput.carried(eng, count)
             lags: list[float] = []
+            watching = 0.0
             if watcher is not None:
                 if watcher.wait(timeout=600) != 0:
                     raise RuntimeError("the watcher process failed")
+                end = resource.getrusage(resource.RUSAGE_CHILDREN)
+                watching = end.ru_utime + end.ru_stime - after.ru_utime - after.ru_stime
                 watched = json.loads(Path(out).read_text())
                 if watched["problems"]:
                     raise RuntimeError(f"deltas wrong: {watched['problems'][:5]}")
                 lags = watched["lags"]
         eng.close()
-        return rate, lags, len(lags)
+        return rate, lags, cpu, watching / count
     finally:
         throughput.drop_database(name)
 
@@ -210,36 +224,57 @@ def _quantiles(values: list[float]) -> tuple[float, float]:
 
 def rates(args: argparse.Namespace) -> None:
     base = {"BENCH_PIECES": str(args.pieces), "BENCH_DELAY_S": "0"}
+    on = {**base, "BENCH_STREAM": "1"}
     setups = [
-        ("off", 0, {**base, "BENCH_STREAM": "0"}),
-        ("on", 0, {**base, "BENCH_STREAM": "1"}),
-        ("watched", args.watchers, {**base, "BENCH_STREAM": "1"}),
+        ("off", 0, {**base, "BENCH_STREAM": "0"}, True),
+        ("on", 0, on, True),
+        ("events", args.watchers, on, False),
+        ("watched", args.watchers, on, True),
     ]
-    found: dict[str, list[float]] = {label: [] for label, _, _ in setups}
+    found: dict[str, list[float]] = {label: [] for label, _, _, _ in setups}
+    cpus: dict[str, list[float]] = {label: [] for label, _, _, _ in setups}
+    watching: dict[str, list[float]] = {label: [] for label, _, _, _ in setups}
     for i in range(args.repeat):
-        for label, watchers, env in setups if i % 2 == 0 else setups[::-1]:
-            rate, _, _ = _round(args.runs, watchers, env)
+        for label, watchers, env, deltas in setups if i % 2 == 0 else setups[::-1]:
+            rate, _, cpu, other = _round(args.runs, watchers, env, deltas=deltas)
             found[label].append(rate)
-            print(f"round {i + 1}, {label:>7}: {rate:.1f} runs/s", flush=True)
-    off, on, watched = (statistics.median(found[k]) for k in ("off", "on", "watched"))
+            cpus[label].append(cpu * 1000)
+            watching[label].append(other * 1000)
+            print(
+                f"round {i + 1}, {label:>7}: {rate:.1f} runs/s, workers {cpu * 1000:.1f} ms CPU"
+                f"/run, watchers {other * 1000:.1f}",
+                flush=True,
+            )
+    m_rate, m_cpu, m_other = (
+        {k: statistics.median(v[k]) for k in v} for v in (found, cpus, watching)
+    )
+    off = m_rate["off"]
     print(
         f"\n1. {args.runs} runs x 10 turns x {args.pieces} pieces, {WORKERS} workers x 8, "
         f"load average {os.getloadavg()[0]:.2f}; medians of {args.repeat} rounds"
     )
-    print(f"  runs/s, streaming off: {off:.1f}")
-    print(f"  runs/s, streaming on, no watchers: {on:.1f} ({on / off:.3f}x off)")
-    print(f"  runs/s, streaming on, {args.watchers} watchers: {watched:.1f} ({watched / off:.3f}x)")
+    labels = {
+        "off": "streaming off",
+        "on": "streaming on, no watchers",
+        "events": f"streaming on, {args.watchers} watchers of the events only",
+        "watched": f"streaming on, {args.watchers} watchers with deltas",
+    }
+    for key, label in labels.items():
+        print(
+            f"  {label}: {m_rate[key]:.1f} runs/s ({m_rate[key] / off:.3f}x off); CPU ms/run: "
+            f"workers {m_cpu[key]:.1f}, watchers' process {m_other[key]:.1f}"
+        )
 
 
 def lag(args: argparse.Namespace) -> None:
     env = {"BENCH_PIECES": str(args.pieces), "BENCH_DELAY_S": str(args.delay)}
-    rate, lags, checked = _round(args.lag_runs, args.watchers, env)
+    rate, lags, _, _ = _round(args.lag_runs, args.watchers, env)
     median, p99 = _quantiles(lags)
     print(
         f"\n2. delta lag, {args.lag_runs} runs, pieces {args.delay * 1000:.0f} ms apart, "
         f"{args.watchers} watchers in another process ({rate:.1f} runs/s)"
     )
-    print(f"  median {median * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms over {checked} pieces")
+    print(f"  median {median * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms over {len(lags)} pieces")
 
 
 # -- 3. memory with stalled watchers -----------------------------------------------------------
@@ -309,8 +344,8 @@ def memory(args: argparse.Namespace) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--watch-role":
-        url, ids_file, count, out = sys.argv[2:]
-        _watch_role(url, ids_file, int(count), out)
+        url, ids_file, count, out, deltas = sys.argv[2:]
+        _watch_role(url, ids_file, int(count), out, deltas == "1")
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--memory-role":
         url, count, stalled, out = sys.argv[2:]

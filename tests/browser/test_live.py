@@ -11,6 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import agents
 import downstream
+import processes
 import pytest
 from playwright.sync_api import Page, expect
 from test_inbox import Served, _serving, browser, off_loop, own_scripts_only, page, shot, sign_in
@@ -138,3 +139,47 @@ def test_a_part_being_typed_in_is_left_alone_until_it_is_free_again(
     expect(page.locator(f"#run-{first}")).to_have_count(0)
     expect(page.locator(".empty")).to_have_text("Nothing is waiting for you.")
     assert page.evaluate("window.loadedOnce") is True
+
+
+def _docs_client() -> str:
+    """The fetch-based client of docs/integrations.md, as written there."""
+    page = (processes.ROOT / "docs" / "integrations.md").read_text()
+    start = page.index("// follow.js")
+    return page[start : page.index("```", start)]
+
+
+FOLLOW = """({ runId, key, client }) => {
+  window.texts = [];
+  window.kinds = [];
+  const follow = new Function(`${client}; return follow;`)();
+  window.followed = follow(
+    "", runId, key,
+    (step, text) => window.texts.push([step, Array.from(text).length, text]),
+    (event) => window.kinds.push(event.kind),
+  ).then(() => "returned");
+}"""
+GREW_IN_CLIENT = """(total) => new Set(
+  window.texts.filter(([step, n]) => step === 1 && n > 0 && n < total).map(([, n]) => n)
+).size >= 2"""
+
+
+def test_the_integrations_page_s_browser_client_renders_the_text_as_it_streams(
+    paced: Served, page: Page
+) -> None:
+    """docs/integrations.md's ``follow`` with an API key (no session): in Chromium it gets
+    the text growing, the stored events, and returns once the run is terminal."""
+    run = off_loop(lambda: paced.engine.start_run("dana", "send it"))
+    page.goto(f"{paced.url}/healthz")  # the API's origin, as the page the docs have in mind
+    client = {"runId": run.id, "key": paced.keys["dana"], "client": _docs_client()}
+    page.evaluate(FOLLOW, client)
+    page.wait_for_function("() => window.kinds.includes('created')")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        assert carry(paced, run.id, pool).result(timeout=60).kind is StopKind.SUSPENDED
+    page.wait_for_function("() => window.kinds.includes('suspended')")
+    assert page.evaluate(GREW_IN_CLIENT, len(TEXT)), page.evaluate("window.texts")
+    off_loop(lambda: paced.engine.cancel_run(run.id, "dana"))
+    assert page.evaluate("window.followed") == "returned"
+    texts = page.evaluate("window.texts")
+    assert [t for step, _, t in texts if step == 1][-1] == TEXT
+    kinds = page.evaluate("window.kinds")
+    assert kinds[0] == "created" and kinds[-1] == "cancelled" and "model_turn" in kinds

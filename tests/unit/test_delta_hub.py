@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from tether._runtime import deltas
-from tether._runtime.deltas import DeltaHub
+from tether._runtime.deltas import DeltaHub, texts
 from tether.results import Delta
 
 
@@ -65,7 +64,7 @@ def test_a_repeated_model_call_of_a_step_starts_again_at_offset_0() -> None:
 def test_a_watcher_that_does_not_read_is_dropped_to_a_catch_up(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(deltas, "MAX_QUEUED_CHARS", 100)
+    monkeypatch.setattr(texts, "MAX_QUEUED_CHARS", 100)
     hub = DeltaHub(None)
     stalled = hub.subscribe("r1", lambda: None)
     reader = hub.subscribe("r1", lambda: None)
@@ -131,12 +130,32 @@ def test_a_step_watched_elsewhere_is_sent_once_asked_and_again_from_0_when_asked
 
 
 def test_a_long_text_is_split_into_notices_postgresql_accepts() -> None:
-    text = deltas._Text(step=1, gen="g")
+    text = texts.Text(step=1, gen="g")
     piece = 'é\n"' * 6000
-    payloads = deltas._payloads("r1", text, 0, piece)
+    payloads = texts.payloads("r1", text, 0, piece, ends=True)
     assert len(payloads) > 1
-    assert all(len(p.encode()) <= deltas.PAYLOAD_BYTES for p in payloads)
+    assert all(len(p.encode()) <= texts.PAYLOAD_BYTES for p in payloads)
     parts = [json.loads(p) for p in payloads]
     assert "".join(p["t"] for p in parts) == piece
     offsets = [p["o"] for p in parts]
     assert offsets == [sum(len(q["t"]) for q in parts[:i]) for i in range(len(parts))]
+    assert [p.get("e") for p in parts] == [None] * (len(parts) - 1) + [1]  # the end, last
+
+
+def test_an_ask_to_keep_the_text_coming_sends_only_what_is_new() -> None:
+    """A watching process asks again every ``INTEREST_S`` to keep a run's text coming: the
+    carrying process goes on from where it was, and sends it all again only to a first
+    ask (or a keep once the interest had lapsed)."""
+    hub = DeltaHub(None)
+    with hub.stream("r1", 1) as write:
+        write("so far")
+        hub._asked("r1", keep=True)  # nothing was sent yet: a keep is a first ask
+        first = hub._notices()
+        hub._asked("r1", keep=True)
+        idle = hub._notices()
+        write(" and more")
+        hub._asked("r1", keep=True)
+        more = hub._notices()
+    assert [(json.loads(p)["o"], json.loads(p)["t"]) for _, p in first] == [(0, "so far")]
+    assert idle == []
+    assert [(json.loads(p)["o"], json.loads(p).get("t")) for _, p in more] == [(6, " and more")]

@@ -58,8 +58,9 @@ class Announcer:
     """Sends the marked runs' notices from a thread of its own (started on first use);
     ``dsn`` None (SQLite, where streams poll) sends nothing."""
 
-    def __init__(self, dsn: str | None) -> None:
+    def __init__(self, dsn: str | None, *, batch_s: float = BATCH_S) -> None:
         self._dsn = dsn
+        self._batch_s = batch_s
         self._pending: set[str] = set()
         self._sources: list[Source] = []
         self._lock = threading.Lock()
@@ -68,7 +69,7 @@ class Announcer:
         self._thread: threading.Thread | None = None
 
     def announce(self, run_ids: set[str]) -> None:
-        """Queue ``run_ids``' notices (sent within about ``BATCH_S``)."""
+        """Queue ``run_ids``' notices (sent within about the batch's time)."""
         if self._dsn is None or not run_ids:
             return
         with self._lock:
@@ -81,7 +82,7 @@ class Announcer:
             self._sources.append(source)
 
     def poke(self) -> None:
-        """Send a batch soon (within about ``BATCH_S``): a source has notices ready."""
+        """Send a batch soon (within about the batch's time): a source has notices ready."""
         if self._dsn is None:
             return
         with self._lock:
@@ -108,7 +109,7 @@ class Announcer:
         try:
             while not self._stop.is_set():
                 if self._wake.wait(timeout=1.0):
-                    self._stop.wait(BATCH_S)  # gather the marks of a burst
+                    self._stop.wait(self._batch_s)  # gather the marks of a burst
                     self._wake.clear()
                     conn = self._flush(dsn, conn)
             conn = self._flush(dsn, conn)  # what was queued when stopped (then closed below)

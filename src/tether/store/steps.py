@@ -130,12 +130,8 @@ class Steps(StoreBase):
         # Every stored turn has its ``model_turn`` (with its text, reference §16); a final
         # answer's is followed by ``answered``.
         answered = [("answered", {"step": event.get("step")})] if final else []
-        traced = [
-            ("model_turn", event),
-            *answered,
-            *(("tool_result", e) for e in result_events),
-            *events,
-        ]
+        traced = [("model_turn", event), *answered]
+        traced += [*(("tool_result", e) for e in result_events), *events]
         try:
             with self.begin() as conn:
                 self.dialect.write_turn(

@@ -1,0 +1,27 @@
+"""The model's text as it is written, to the watchers of its run (reference §16).
+
+One ``DeltaHub`` per database in a process (``hub_for``), shared by its engines. The
+process that carries a step hands the model's text to it piece by piece (``stream``); it
+keeps the step's text so far, so a watcher that arrives mid-step first gets it as one
+delta at offset 0. Each model call is a new *generation*: a repeated call (after a crash
+or a retry) starts again at 0, and a watcher replaces that step's text. Nothing here is
+durable: the stored ``model_turn`` event carries the whole text.
+
+Watchers in this process subscribe (``subscribe``); each has a bounded queue, and one that
+falls behind is dropped to a catch-up (the text so far at offset 0 once it reads again).
+On PostgreSQL, other processes' watchers get notices, on connections of their own:
+- a watching process asks for a run on ``WATCH_CHANNEL`` (on subscribing, when its
+  listener (re)connects, every ``INTEREST_S`` while it watches, and at once when a process
+  that carries steps begins to listen: its roll call on ``DELTAS_CHANNEL``);
+- a process carrying a step of a run asked for within ``INTEREST_TTL_S`` sends its text on
+  ``DELTAS_CHANNEL`` (batched by the announcer's thread; a new ask makes it send the text
+  so far again from 0), and an end marker when the model call returns;
+- a run nobody asked for sends nothing: with no watchers a piece costs one append.
+A receiving process forwards only text that follows what its watchers hold (a repeat is
+trimmed, a gap asks again). On SQLite only watchers in the carrying process get deltas.
+"""
+
+from tether._runtime.deltas.hub import DeltaHub, hub_for, release
+from tether._runtime.deltas.texts import DeltaSubscription
+
+__all__ = ["DeltaHub", "DeltaSubscription", "hub_for", "release"]
