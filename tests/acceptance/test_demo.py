@@ -217,6 +217,8 @@ def test_tether_demo_exits_zero_well_within_a_minute() -> None:
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert elapsed < 60
+    # The first scene shows the model's text as it was written (its deltas), one line a step.
+    assert "model: Let me find Henderson in the CRM first.\n" in done.stdout
 
 
 # The README's "As a service" walkthrough, word for word.

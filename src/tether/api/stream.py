@@ -37,8 +37,11 @@ async def event_stream(
     after: str | None,
     last_event_id: str | None,
     deltas: str | bool | None = None,
+    named: bool = True,
 ) -> EventSourceResponse:
-    """The stream of ``user``'s run ``run_id``; ``not_found`` / ``invalid_input`` first."""
+    """The stream of ``user``'s run ``run_id``; ``not_found`` / ``invalid_input`` first.
+    Without ``named`` a stored event goes without its ``event:`` line (a browser's
+    ``EventSource`` then gets every kind as a ``message``, its kind in its data)."""
     raw = last_event_id if last_event_id is not None else after
     start = 0 if raw is None else after_seq(raw)
     with_deltas = False if deltas is None else inputs.flag(deltas, "deltas")
@@ -52,7 +55,8 @@ async def event_stream(
                     yield ServerSentEvent(comment=_DROPPED, sep=_SEP)
                 yield ServerSentEvent(data=data, event="delta", sep=_SEP)
             else:
-                yield ServerSentEvent(data=data, event=item.kind, id=str(item.seq), sep=_SEP)
+                kind = item.kind if named else None
+                yield ServerSentEvent(data=data, event=kind, id=str(item.seq), sep=_SEP)
 
     return EventSourceResponse(
         events(),

@@ -21,13 +21,6 @@
   if (!root) return;
   const page = root.dataset.livePage;
   if (location.pathname + location.search !== page) return;
-  // Stored events, by kind: the durable events of the stream are named after their kind.
-  const KINDS = [
-    "created", "model_turn", "answered", "output_invalid", "tool_result", "suspended",
-    "approved", "declined", "edited", "reconciled", "reconciling", "recovering",
-    "released", "halted", "failed", "continued", "cancelled", "notice_reissued",
-    "model_retry", "migrated", "forked", "compacted", "follow_up", "start_failed",
-  ];
   // The events after which a run's stream has nothing more to say (its terminal states).
   const LAST = new Set(["answered", "failed", "cancelled"]);
   let source = null;
@@ -147,13 +140,13 @@
     };
     open(url, (events) => {
       events.addEventListener("delta", (e) => write(JSON.parse(e.data)));
-      for (const kind of KINDS) {
-        events.addEventListener(kind, (e) => {
-          if (kind === "model_turn") stored(Number(JSON.parse(e.data).data.step || 0));
-          if (LAST.has(kind)) stop();
-          refresh();
-        });
-      }
+      // Every stored event comes unnamed (a "message"), its kind in its data.
+      events.addEventListener("message", (e) => {
+        const event = JSON.parse(e.data);
+        if (event.kind === "model_turn") stored(Number(event.data.step || 0));
+        if (LAST.has(event.kind)) stop();
+        refresh();
+      });
     });
   };
 

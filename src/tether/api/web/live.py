@@ -2,7 +2,8 @@
 stays whole without its script (``/static/live.js``), and its forms post as they always do.
 
 - ``GET /runs/{id}/live`` is the run's own stream, the one ``/v1`` serves
-  (``tether.api.stream``) with the model's text as it is written, for the run's owner: the
+  (``tether.api.stream``) with the model's text as it is written, its stored events
+  unnamed (``EventSource`` gets each kind as a ``message``), for the run's owner: the
   run page's script writes the text of the step in flight into the page and, on each
   stored event, fetches the page again and swaps in its ``data-live`` parts (state,
   pending calls with their forms, actions, timeline, messages).
@@ -57,7 +58,13 @@ async def run_live(request: Request, run_id: str, after: str | None = None) -> R
     last = request.headers.get("last-event-id")
     try:
         return await event_stream(
-            engine_of(request), run_id, session.user, after=after, last_event_id=last, deltas=True
+            engine_of(request),
+            run_id,
+            session.user,
+            after=after,
+            last_event_id=last,
+            deltas=True,
+            named=False,
         )
     except NotFound:
         return no_such_run(request, session)
