@@ -129,6 +129,11 @@ class Subscriber:
                     if not self._serve(conn):
                         return
             except psycopg.Error as exc:
+                with self._lock:
+                    if not self._wanted:  # let go of meanwhile (its database may be gone)
+                        self._thread = None
+                        self.connected = False
+                        return
                 log.warning("subscriber lost: %s", exc, extra={"action": "listen_lost"})
             self.connected = False
             time.sleep(self.RELISTEN_S)
