@@ -169,12 +169,7 @@ def _round(
                 (Path(tmp) / "ids.json").write_text(json.dumps(ids))
                 role = ["--watch-role", url, str(Path(tmp) / "ids.json"), str(watchers), out]
                 role.append("1" if deltas else "0")
-                watcher = subprocess.Popen([sys.executable, __file__, *role], cwd=throughput.ROOT)
-                deadline = time.monotonic() + 60
-                while not Path(out + ".ready").exists():
-                    if watcher.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError("the watcher process did not start")
-                    time.sleep(0.05)
+                watcher = throughput.start_role(__file__, role, out + ".ready")
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             _carry(url, tmp, env)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers, reaped
@@ -200,19 +195,7 @@ def _round(
 def _carry(url: str, tmp: str, env: dict[str, str]) -> None:
     command = [sys.executable, "-m", "tether", "worker", "--exit-when-idle", "--no-reap"]
     command += ["--concurrency", "8", "--agent", "bench_agent:text_agent"]
-    procs = [
-        subprocess.Popen(
-            command,
-            env=_env(url, **env),
-            cwd=throughput.ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=open(Path(tmp) / f"w{w}.log", "w"),
-        )
-        for w in range(WORKERS)
-    ]
-    for proc in procs:
-        if proc.wait(timeout=900) != 0:
-            raise RuntimeError((Path(tmp) / "w0.log").read_text()[-2000:])
+    throughput.run_workers(command, _env(url, **env), tmp, WORKERS)
 
 
 def _quantiles(values: list[float]) -> tuple[float, float]:

@@ -151,6 +151,38 @@ def carried(eng: Engine, count: int) -> tuple[float, float]:
     return count / seconds, seconds
 
 
+def run_workers(
+    command: list[str], env: dict[str, str], tmp: str, workers: int = 2, timeout: float = 900
+) -> None:
+    """``workers`` processes of ``command`` (a ``tether worker --exit-when-idle``) to their
+    end, their stderr in ``tmp``; the first one's log if one failed."""
+    procs = [
+        subprocess.Popen(
+            command,
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=open(Path(tmp) / f"w{w}.log", "w"),
+        )
+        for w in range(workers)
+    ]
+    for proc in procs:
+        if proc.wait(timeout=timeout) != 0:
+            raise RuntimeError((Path(tmp) / "w0.log").read_text()[-2000:])
+
+
+def start_role(script: str, role: list[str], ready: str) -> subprocess.Popen[bytes]:
+    """``script`` in a process of its own with ``role``'s arguments, once it has created
+    the file ``ready`` (within 60 s)."""
+    proc = subprocess.Popen([sys.executable, script, *role], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not Path(ready).exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the process of {role[0]} did not start")
+        time.sleep(0.05)
+    return proc
+
+
 def approval_latencies(rounds: int, concurrent: int = 50) -> tuple[list[float], int]:
     """Per-call latencies (ms) of ``concurrent`` simultaneous approvals of one token, over
     ``rounds`` tokens; and how many calls won (must equal ``rounds``)."""

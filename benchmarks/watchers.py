@@ -28,7 +28,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -81,12 +80,7 @@ def _round(count: int, watchers: int, *, notices: bool = True) -> tuple[float, l
             if watchers:
                 (Path(tmp) / "ids.json").write_text(json.dumps(ids))
                 role = ["--watch-role", url, str(Path(tmp) / "ids.json"), str(watchers), out]
-                watcher = subprocess.Popen([sys.executable, __file__, *role], cwd=throughput.ROOT)
-                deadline = time.monotonic() + 60
-                while not Path(out + ".ready").exists():
-                    if watcher.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError("the watcher process did not start")
-                    time.sleep(0.05)
+                watcher = throughput.start_role(__file__, role, out + ".ready")
             rate, _ = _carry(url, count, tmp, notices=notices)
             lags: list[float] = []
             if watcher is not None:
@@ -113,20 +107,7 @@ def _carry(url: str, count: int, tmp: str, *, notices: bool) -> tuple[float, flo
     start = ["-m", "tether"] if notices else ["-c", _SILENT]
     command = [sys.executable, *start, "worker", "--exit-when-idle", "--no-reap"]
     command += ["--concurrency", "8", "--agent", "bench_agent:agent"]
-    env = throughput.worker_env(url)
-    procs = [
-        subprocess.Popen(
-            command,
-            env=env,
-            cwd=throughput.ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=open(Path(tmp) / f"w{w}.log", "w"),
-        )
-        for w in range(WORKERS)
-    ]
-    for proc in procs:
-        if proc.wait(timeout=600) != 0:
-            raise RuntimeError((Path(tmp) / "w0.log").read_text()[-2000:])
+    throughput.run_workers(command, throughput.worker_env(url), tmp, WORKERS, timeout=600)
     eng = throughput.engine(url, "ten")
     try:
         return throughput.carried(eng, count)
