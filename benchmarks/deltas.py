@@ -163,13 +163,10 @@ def _round(
         limits = {"max_steps": 50, "max_tool_calls": 50}
         ids = [eng.sync.start_run("bench", f"job {i}", limits=limits).id for i in range(count)]
         with tempfile.TemporaryDirectory() as tmp:
-            watcher = None
-            out = str(Path(tmp) / "watched.json")
+            watcher, out = None, ""
             if watchers:
-                (Path(tmp) / "ids.json").write_text(json.dumps(ids))
-                role = ["--watch-role", url, str(Path(tmp) / "ids.json"), str(watchers), out]
-                role.append("1" if deltas else "0")
-                watcher = throughput.start_role(__file__, role, out + ".ready")
+                flag = "1" if deltas else "0"
+                watcher, out = throughput.start_watchers(__file__, url, ids, watchers, tmp, flag)
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             _carry(url, tmp, env)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers, reaped

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import os
 import statistics
 import subprocess
@@ -169,6 +170,17 @@ def run_workers(
     for proc in procs:
         if proc.wait(timeout=timeout) != 0:
             raise RuntimeError((Path(tmp) / "w0.log").read_text()[-2000:])
+
+
+def start_watchers(
+    script: str, url: str, ids: list[str], watchers: int, tmp: str, *extra: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``script``'s ``--watch-role`` process following ``ids`` with ``watchers`` watchers
+    (and ``extra`` arguments), once it is ready; and the file it writes what it saw to."""
+    ids_file, out = str(Path(tmp) / "ids.json"), str(Path(tmp) / "watched.json")
+    Path(ids_file).write_text(json.dumps(ids))
+    role = ["--watch-role", url, ids_file, str(watchers), out, *extra]
+    return start_role(script, role, out + ".ready"), out
 
 
 def start_role(script: str, role: list[str], ready: str) -> subprocess.Popen[bytes]:

@@ -75,12 +75,9 @@ def _round(count: int, watchers: int, *, notices: bool = True) -> tuple[float, l
         limits = {"max_steps": 50, "max_tool_calls": 50}
         ids = [eng.sync.start_run("bench", f"job {i}", limits=limits).id for i in range(count)]
         with tempfile.TemporaryDirectory() as tmp:
-            watcher = None
-            out = str(Path(tmp) / "watched.json")
+            watcher, out = None, ""
             if watchers:
-                (Path(tmp) / "ids.json").write_text(json.dumps(ids))
-                role = ["--watch-role", url, str(Path(tmp) / "ids.json"), str(watchers), out]
-                watcher = throughput.start_role(__file__, role, out + ".ready")
+                watcher, out = throughput.start_watchers(__file__, url, ids, watchers, tmp)
             rate, _ = _carry(url, count, tmp, notices=notices)
             lags: list[float] = []
             if watcher is not None:

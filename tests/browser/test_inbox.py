@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import re
-import socket
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ import processes
 import pytest
 import uvicorn
 from playwright.sync_api import Browser, Page, expect, sync_playwright
+from served import free_port
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from waiting import poll_until, run_sync
 
@@ -151,13 +151,6 @@ def off_loop(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return pool.submit(lambda: run_sync(make())).result(timeout=60)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def _serving(url: str, agent: Agent, model: ScriptedModel) -> Iterator[Served]:
     """The app for ``agent``, served by uvicorn in a thread until the block ends."""
@@ -166,7 +159,7 @@ def _serving(url: str, agent: Agent, model: ScriptedModel) -> Iterator[Served]:
         agent=agent, model=model, settings=Settings(database_url=url), notifier=notifier
     )
     posts = DecisionPosts(create_app(engine))
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
             posts, host="127.0.0.1", port=port, log_level="warning", lifespan="off", ws="none"
