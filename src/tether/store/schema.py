@@ -116,12 +116,29 @@ runs = sa.Table(
     # migration 0011): each decision takes one off in the conditional UPDATE that records
     # it, and the one that takes the last claims the run in that same UPDATE.
     sa.Column("undecided", sa.Integer, nullable=False, server_default="0"),
+    # Flow control (reference §17, migration 0012): the claim order (higher first, then the
+    # oldest), the time of the database's clock before which the run stays ``queued``
+    # (NULL: none), and the schedule whose tick created it (NULL: asked).
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("start_at", sa.Float, nullable=True),
+    sa.Column("schedule_id", sa.String(64), nullable=True),
 )
 
 # Partial indexes: the reaper, the worker queue, expiry and retention each scan only the
 # rows in their state, so their cost does not grow with the number of finished runs.
 _partial(runs, "runs_orphan_scan", "heartbeat_at", where=f"{_RUNNING} AND owner IS NOT NULL")
-_partial(runs, "runs_ready", "updated_at", where=f"{_RUNNING} AND owner IS NULL")
+# The claim's order (reference §17): by priority, highest first, then by age. A user's
+# own ready runs in that order serve the claim past users at their cap (``user_load``).
+_READY = f"{_RUNNING} AND owner IS NULL"
+_CLAIM_ORDER = (runs.c.priority.desc(), runs.c.updated_at)
+sa.Index("runs_ready", *_CLAIM_ORDER, postgresql_where=sa.text(_READY), sqlite_where=sa.text(_READY))
+sa.Index(
+    "runs_ready_user",
+    runs.c.user_id,
+    *_CLAIM_ORDER,
+    postgresql_where=sa.text(_READY),
+    sqlite_where=sa.text(_READY),
+)
 _partial(runs, "runs_suspended_expiry", "expires_at", where=_SUSPENDED)
 _partial(runs, "runs_unnotified", "suspended_at", where=f"{_SUSPENDED} AND notified_at IS NULL")
 _partial(runs, "runs_retention", "updated_at", where=_RETAINED)
@@ -130,7 +147,10 @@ sa.Index("runs_thread", runs.c.thread_id, runs.c.thread_pos)
 # A thread is busy while one of its runs is in a ``BUSY`` state: the check of a follow-up
 # and the claim of a queued run read only these rows.
 _partial(runs, "runs_thread_busy", "thread_id", "thread_pos", where=_BUSY)
-_partial(runs, "runs_queued", "updated_at", where=_QUEUED)
+sa.Index(
+    "runs_queued", *_CLAIM_ORDER, postgresql_where=sa.text(_QUEUED), sqlite_where=sa.text(_QUEUED)
+)
+sa.Index("runs_schedule", runs.c.schedule_id)
 # A user's key names one run: a second creation with it conflicts here.
 _partial(runs, "runs_request_key", "user_id", "request_key", where=REQUESTED, unique=True)
 sa.Index("runs_forked_from", runs.c.forked_from_run)
@@ -326,3 +346,59 @@ workers = sa.Table(
     sa.Column("tools", sa.JSON, nullable=True),
 )
 sa.Index("workers_version", workers.c.version, workers.c.heartbeat_at)
+
+# How many runs of each user a worker carries now (running under an owner, reference §17,
+# migration 0012), kept by triggers on ``runs`` (written in migration 0012) on every
+# change of a run's state or owner, whichever statement makes it, so no path can forget
+# it. A claim that honours ``TETHER_MAX_ACTIVE_PER_USER`` locks the user's row: claims of
+# one user's runs are serialised, and each sees the count the one before left.
+user_load = sa.Table(
+    "user_load",
+    metadata,
+    sa.Column("user_id", sa.String(128), primary_key=True),
+    sa.Column("carried", sa.Integer, nullable=False, server_default="0"),
+)
+
+# The model's requests and tokens, fleet-wide (reference §17, migration 0012): each row is
+# a lease of ``requests`` request starts taken at ``at`` (the database's clock), or the
+# ``tokens`` requests reported when they ended at ``at``. The limiter sums the rows of the
+# last minute; ``gates`` holds the row a lease locks, so leases are taken one at a time.
+model_usage = sa.Table(
+    "model_usage",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("requests", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("tokens", sa.BigInteger, nullable=False, server_default="0"),
+)
+sa.Index("model_usage_at", model_usage.c.at)
+
+# Rows locked to serialise one fleet-wide decision each (``FOR UPDATE`` on PostgreSQL;
+# SQLite serialises writers anyway): ``model`` for leases of model capacity.
+gates = sa.Table(
+    "gates",
+    metadata,
+    sa.Column("name", sa.String(32), primary_key=True),
+)
+
+# Schedules (reference §17, migration 0012): a cron expression in a timezone, the
+# question each tick asks as the schedule's user, and the next tick due (epoch seconds).
+# A tick is claimed by moving ``next_at`` on in a conditional UPDATE, in the transaction
+# that creates its run, so each tick starts exactly one run, fleet-wide.
+schedules = sa.Table(
+    "schedules",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("user_id", sa.String(128), nullable=False),
+    sa.Column("cron", sa.String(255), nullable=False),
+    sa.Column("timezone", sa.String(64), nullable=False),
+    sa.Column("question", sa.Text, nullable=False),
+    sa.Column("limits", sa.JSON, nullable=True),
+    sa.Column("next_at", sa.Float, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("last_fired_at", sa.Float, nullable=True),
+    sa.Column("fired", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("missed", sa.Integer, nullable=False, server_default="0"),
+)
+sa.Index("schedules_due", schedules.c.next_at)
+sa.Index("schedules_user", schedules.c.user_id, schedules.c.created_at)
