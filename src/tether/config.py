@@ -88,6 +88,9 @@ class Settings:
     # Whether the log notifier (no webhook) writes each notice's approval link, with its
     # token (TETHER_LOG_APPROVAL_LINKS). Off: the log names the run and the tool only.
     log_approval_links: bool = False
+    # Runs of one user carried at once, fleet-wide (TETHER_MAX_ACTIVE_PER_USER, reference
+    # §17); None: no limit.
+    max_active_per_user: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "default_limits", self.default_limits.at_most(self.max_limits))
@@ -146,6 +149,7 @@ class Settings:
             http_header_timeout_s=_positive(env, "TETHER_HTTP_HEADER_TIMEOUT_S", 10.0),
             http_body_timeout_s=_positive(env, "TETHER_HTTP_BODY_TIMEOUT_S", 30.0),
             shutdown_timeout_s=int(_positive(env, "TETHER_SHUTDOWN_TIMEOUT_S", 30, whole=True)),
+            max_active_per_user=_at_most(env, "TETHER_MAX_ACTIVE_PER_USER"),
         )
 
 
@@ -207,6 +211,13 @@ def _versions(raw: str) -> tuple[str, ...]:
         if len(version) > 128:
             raise ConfigError(f"TETHER_ACCEPT_VERSIONS: {version[:40]!r}… is over 128 characters")
     return versions
+
+
+def _at_most(env: Mapping[str, str], name: str) -> int | None:
+    """A limit that is off unless set: None, or a positive whole number."""
+    if not (env.get(name) or "").strip():
+        return None
+    return int(_positive(env, name, 0, whole=True))
 
 
 def _positive(env: Mapping[str, str], name: str, default: float, *, whole: bool = False) -> float:

@@ -17,6 +17,7 @@ from tether.budget import Limits
 from tether.errors import IllegalTransition, InvalidInput, LeaseLost
 from tether.runs import FailReason, HaltReason, Lease, Pending, Run, RunState
 from tether.store import Store, claim_statements, upkeep
+from tether.store.claim_order import pick_next
 from tether.store.reads import _COUNT_BY_STATE
 from tether.store.schema import runs
 from tether.store.served import served
@@ -287,8 +288,16 @@ def test_a_malformed_key_resolves_to_nobody_and_cannot_be_added(store: Store, ke
 
 # The scans that claim take only the versions served (reference §12): one, as a worker has.
 _ONE = served(["t@1"])
+_CLAIM = {"b_cap": None, **_ONE}
 SCANS: dict[str, tuple[Any, dict[str, Any], str]] = {
-    "ready runs": (claim_statements.READY_CANDIDATE, _ONE, "runs_ready"),
+    "ready runs": (lambda d: pick_next(d.candidates, capped=False), _CLAIM, "runs_ready"),
+    "queued runs": (lambda d: pick_next(d.candidates, capped=False), _CLAIM, "runs_queued"),
+    "starting runs": (lambda d: pick_next(d.candidates, capped=False), _CLAIM, "runs_starting"),
+    "ready runs per user": (
+        lambda d: pick_next(d.candidates, capped=True),
+        {**_CLAIM, "b_cap": 2},
+        "runs_ready_user",
+    ),
     "orphans": (
         claim_statements.ORPHANS,
         {"b_stale": 10.0, "b_batch": 5, **_ONE},
@@ -308,6 +317,8 @@ SCANS: dict[str, tuple[Any, dict[str, Any], str]] = {
 @pytest.mark.parametrize("scan", sorted(SCANS))
 def test_each_scan_of_the_store_uses_its_index(store: Store, scan: str) -> None:
     statement, params, index = SCANS[scan]
+    if callable(statement):  # built for the store's dialect
+        statement = statement(store.dialect)
     for _ in range(20):
         _reach(store, "cancelled")  # finished runs the scans must not read
     assert index in _plan(store, statement, params)

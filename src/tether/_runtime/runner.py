@@ -76,6 +76,7 @@ class Runner:
             self.worker_id,
             wanted,
             versions=self.services.versions,
+            cap=self.services.settings.max_active_per_user,
         )
 
     async def carry(self, run: Run, *, stopping: asyncio.Event | None = None) -> Outcome:

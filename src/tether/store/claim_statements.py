@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from tether.runs import BUSY, FailReason, RunState
 from tether.store.clock import db_now
-from tether.store.schema import decisions, pending_calls, runs
+from tether.store.schema import decisions, pending_calls, runs, user_load
 from tether.store.served import SERVED
 from tether.store.transitions import Transition, state_in
 
@@ -34,19 +34,12 @@ CLAIMED: dict[str, Any] = {
 # Waiting for a worker: running, no owner (the ready-runs partial index's predicate, so
 # the index serves the pick), and not held back by a delay, judged by the DB clock.
 _NOT_DELAYED = sa.or_(runs.c.ready_at.is_(None), runs.c.ready_at <= db_now())
-READY_CANDIDATE = (
-    sa.select(runs.c.id)
-    .where(state_in([RUNNING]), runs.c.owner.is_(None), _NOT_DELAYED, SERVED)
-    .order_by(runs.c.updated_at)
-    .limit(1)
-)
-CLAIM_READY = Transition(
-    RUNNING, RUNNING, ID, runs.c.owner.is_(None), _NOT_DELAYED, SERVED, **CLAIMED
-)
+_READY = sa.and_(state_in([RUNNING]), runs.c.owner.is_(None), _NOT_DELAYED)
 
-# A queued follow-up (reference §14) starts once no earlier run of its thread is running,
-# suspended or queued: its claim re-checks that in the same conditional UPDATE, so it
-# starts once, in its thread's order, however many workers race for it.
+# A queued run (reference §14, §17) starts once no earlier run of its thread is running,
+# suspended or queued, and once its start time has come by the database's clock: its
+# claim re-checks both in the same conditional UPDATE, so it starts once, in its thread's
+# order, however many workers race for it.
 _EARLIER = runs.alias("earlier")
 _BLOCKED = (
     sa.select(_EARLIER.c.id)
@@ -57,14 +50,22 @@ _BLOCKED = (
     )
     .exists()
 )
-QUEUED_CANDIDATE = (
-    sa.select(runs.c.id)
-    .where(state_in([RunState.QUEUED]), ~_BLOCKED, SERVED)
-    .order_by(runs.c.updated_at)
-    .limit(1)
+_STARTED = sa.or_(runs.c.start_at.is_(None), runs.c.start_at <= db_now())
+_DUE = sa.and_(state_in([RunState.QUEUED]), ~_BLOCKED, _STARTED)
+# At most ``b_cap`` runs of a user carried at once (reference §17), by ``user_load``.
+CAP = sa.bindparam("b_cap", type_=sa.Integer)
+_UNDER_CAP = (
+    sa.select(user_load.c.user_id)
+    .where(user_load.c.user_id == runs.c.user_id, user_load.c.carried < CAP)
+    .exists()
 )
-CLAIM_QUEUED = Transition(RunState.QUEUED, RUNNING, ID, ~_BLOCKED, SERVED, **CLAIMED)
-
+# The claim of a given run: ready, or queued and due.
+CLAIM_GIVEN = Transition(
+    [RUNNING, RunState.QUEUED], RUNNING, ID, sa.or_(_READY, _DUE), SERVED, **CLAIMED
+)
+CLAIM_GIVEN_CAPPED = Transition(
+    [RUNNING, RunState.QUEUED], RUNNING, ID, sa.or_(_READY, _DUE), SERVED, _UNDER_CAP, **CLAIMED
+)
 # A decision on one call of a suspension (reference §15), by its token, while the window
 # is open by the database's clock: the suspension is the one its token was issued in (the
 # lease epoch it suspended at: every claim moves it on) and the token is not used yet. It

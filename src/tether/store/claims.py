@@ -21,13 +21,12 @@ from tether.budget import Limits
 from tether.models.base import Message
 from tether.runs import Run, RunState, can_transition
 from tether.store.base import StoreBase
+from tether.store.claim_order import claim_next
 from tether.store.claim_statements import (
-    CLAIM_QUEUED,
-    CLAIM_READY,
+    CLAIM_GIVEN,
+    CLAIM_GIVEN_CAPPED,
     ID,
     NO_CUTOFF,
-    QUEUED_CANDIDATE,
-    READY_CANDIDATE,
     RUNNING,
     STALE,
 )
@@ -215,33 +214,34 @@ class Claims(StoreBase):
             )
 
     def claim_ready(
-        self, owner: str, run_id: str | None = None, *, versions: Sequence[str] | None = None
+        self,
+        owner: str,
+        run_id: str | None = None,
+        *,
+        versions: Sequence[str] | None = None,
+        cap: int | None = None,
     ) -> Run | None:
-        """Take the lease of a run of ``versions`` (None: any) that waits for a worker
-        (running, no owner, not delayed past the database's clock), or else of a queued
-        follow-up whose thread's earlier runs have all stopped: the given one, or the one
-        waiting longest. None if there is none to take.
+        """Take the lease of a run of ``versions`` (None: any) that waits for a worker: the
+        given one, or the best by priority then age (``claim_order``) of those ready
+        (running, no owner, not delayed past the database's clock), those queued whose
+        thread's earlier runs have all stopped and those whose start time has come. With
+        ``cap``, only a run of a user with fewer than ``cap`` runs carried. None if there is
+        none to take.
 
-        Safe to race: the claim is conditional on ``owner IS NULL`` (on the thread being
-        idle before it, for a queued run), and the dialect locks the candidate (SKIP LOCKED
-        on PostgreSQL) so concurrent workers pick different runs.
+        One conditional UPDATE picks and claims, so it is safe to race: the claim is
+        conditional on ``owner IS NULL`` (on the thread being idle and the start time
+        past, for a queued run), and on PostgreSQL the pick skips rows other claimers
+        hold, so concurrent workers pick different runs.
         """
-        which = served(versions)
+        params: dict[str, Any] = {"b_owner": owner, "b_cap": cap, **served(versions)}
+        if run_id is not None:
+            claim = CLAIM_GIVEN if cap is None else CLAIM_GIVEN_CAPPED
+            params["b_id"] = run_id
+        else:
+            claim = claim_next(self.dialect.candidates, capped=cap is not None)
         with self.begin() as conn:
-            if run_id is not None:
-                params = {"b_id": run_id, "b_owner": owner, **which}
-                row = CLAIM_READY.one(conn, params) or CLAIM_QUEUED.one(conn, params)
-                return Run.from_row(row._mapping) if row else None
-            for candidate, claim in (
-                (READY_CANDIDATE, CLAIM_READY),
-                (QUEUED_CANDIDATE, CLAIM_QUEUED),
-            ):
-                found = conn.execute(self.dialect.candidates(candidate), which).scalar()
-                if found is None:
-                    continue
-                row = claim.one(conn, {"b_id": found, "b_owner": owner, **which})
-                return Run.from_row(row._mapping) if row else None
-            return None
+            row = claim.one(conn, params)
+            return Run.from_row(row._mapping) if row else None
 
     def claim_decision(
         self,

@@ -24,7 +24,20 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 # The revisions of migrations/versions, oldest first; the last is this code's head.
 # tests/integration/test_migrations.py checks this against Alembic's own chain.
-REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012")
+REVISIONS = (
+    "0001",
+    "0002",
+    "0003",
+    "0004",
+    "0005",
+    "0006",
+    "0007",
+    "0008",
+    "0009",
+    "0010",
+    "0011",
+    "0012",
+)
 _VERSION = sa.text("SELECT version_num FROM alembic_version")
 
 

@@ -131,7 +131,9 @@ _partial(runs, "runs_orphan_scan", "heartbeat_at", where=f"{_RUNNING} AND owner 
 # own ready runs in that order serve the claim past users at their cap (``user_load``).
 _READY = f"{_RUNNING} AND owner IS NULL"
 _CLAIM_ORDER = (runs.c.priority.desc(), runs.c.updated_at)
-sa.Index("runs_ready", *_CLAIM_ORDER, postgresql_where=sa.text(_READY), sqlite_where=sa.text(_READY))
+sa.Index(
+    "runs_ready", *_CLAIM_ORDER, postgresql_where=sa.text(_READY), sqlite_where=sa.text(_READY)
+)
 sa.Index(
     "runs_ready_user",
     runs.c.user_id,
@@ -147,9 +149,17 @@ sa.Index("runs_thread", runs.c.thread_id, runs.c.thread_pos)
 # A thread is busy while one of its runs is in a ``BUSY`` state: the check of a follow-up
 # and the claim of a queued run read only these rows.
 _partial(runs, "runs_thread_busy", "thread_id", "thread_pos", where=_BUSY)
+# Queued runs: those waiting on their thread in the claim's order, those with a start time
+# by it (the due ones are the index's first rows, whatever waits for later).
+_WAITS_THREAD = f"{_QUEUED} AND start_at IS NULL"
+_WAITS_START = f"{_QUEUED} AND start_at IS NOT NULL"
 sa.Index(
-    "runs_queued", *_CLAIM_ORDER, postgresql_where=sa.text(_QUEUED), sqlite_where=sa.text(_QUEUED)
+    "runs_queued",
+    *_CLAIM_ORDER,
+    postgresql_where=sa.text(_WAITS_THREAD),
+    sqlite_where=sa.text(_WAITS_THREAD),
 )
+_partial(runs, "runs_starting", "start_at", where=_WAITS_START)
 sa.Index("runs_schedule", runs.c.schedule_id)
 # A user's key names one run: a second creation with it conflicts here.
 _partial(runs, "runs_request_key", "user_id", "request_key", where=REQUESTED, unique=True)
@@ -347,16 +357,19 @@ workers = sa.Table(
 )
 sa.Index("workers_version", workers.c.version, workers.c.heartbeat_at)
 
-# How many runs of each user a worker carries now (running under an owner, reference §17,
-# migration 0012), kept by triggers on ``runs`` (written in migration 0012) on every
-# change of a run's state or owner, whichever statement makes it, so no path can forget
-# it. A claim that honours ``TETHER_MAX_ACTIVE_PER_USER`` locks the user's row: claims of
-# one user's runs are serialised, and each sees the count the one before left.
+# Per user (reference §17, migration 0012): how many runs a worker carries now (running
+# under an owner) and how many wait for one (running, no owner), kept by triggers on
+# ``runs`` (written in migration 0012) on every change of a run's state or owner,
+# whichever statement makes it, so no path can forget them. A claim under
+# ``TETHER_MAX_ACTIVE_PER_USER`` walks the users with ready runs and locks the row of the
+# one it claims for, so claims of one user's runs are serialised and each sees the count
+# the one before left.
 user_load = sa.Table(
     "user_load",
     metadata,
     sa.Column("user_id", sa.String(128), primary_key=True),
     sa.Column("carried", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("ready", sa.Integer, nullable=False, server_default="0"),
 )
 
 # The model's requests and tokens, fleet-wide (reference §17, migration 0012): each row is

@@ -27,27 +27,52 @@ depends_on = None
 
 _READY = sa.text("state = 'running' AND owner IS NULL")
 _QUEUED = sa.text("state = 'queued'")
+_WAITS_THREAD = sa.text("state = 'queued' AND start_at IS NULL")
+_WAITS_START = sa.text("state = 'queued' AND start_at IS NOT NULL")
 _ORDER = [sa.text("priority DESC"), "updated_at"]
 
-# A run is carried while it is running under an owner; the triggers add what a change of
-# ``runs`` does to that, per user. The INSERT trigger always writes the user's row, so a
-# claim finds a row to lock for every user with a run.
-_CARRIED_NEW = "(NEW.state = 'running' AND NEW.owner IS NOT NULL)"
-_CARRIED_OLD = "(OLD.state = 'running' AND OLD.owner IS NOT NULL)"
+# A run is carried while it is running under an owner, and ready while it is running with
+# none (a worker may claim it); the triggers add what a change of ``runs`` does to both
+# counts, per user. The INSERT trigger always writes the user's row, so a claim finds a
+# row to lock for every user with a run.
+_CARRIED = "({row}.state = 'running' AND {row}.owner IS NOT NULL)"
+_READY_ROW = "({row}.state = 'running' AND {row}.owner IS NULL)"
+
+
+def _flag(test: str, row: str) -> str:
+    return f"CASE WHEN {test.format(row=row)} THEN 1 ELSE 0 END"
+
+
+def _delta(test: str) -> str:
+    """How a row's change moves the count of rows ``test`` holds of (NEW minus OLD)."""
+    return f"({_flag(test, 'NEW')} - {_flag(test, 'OLD')})"
+
+
+_CHANGED = (
+    f"{_CARRIED.format(row='OLD')} IS DISTINCT FROM {_CARRIED.format(row='NEW')} OR "
+    f"{_READY_ROW.format(row='OLD')} IS DISTINCT FROM {_READY_ROW.format(row='NEW')}"
+)
+_ADD = (
+    "INSERT INTO user_load (user_id, carried, ready) VALUES ({who}, {carried}, {ready}) "
+    "ON CONFLICT (user_id) DO UPDATE SET carried = user_load.carried + excluded.carried, "
+    "ready = user_load.ready + excluded.ready;"
+)
+_INSERTED = _ADD.format(
+    who="NEW.user_id", carried=_flag(_CARRIED, "NEW"), ready=_flag(_READY_ROW, "NEW")
+)
+_UPDATED = _ADD.format(who="NEW.user_id", carried=_delta(_CARRIED), ready=_delta(_READY_ROW))
+_DELETED = _ADD.format(
+    who="OLD.user_id", carried=f"-{_flag(_CARRIED, 'OLD')}", ready=f"-{_flag(_READY_ROW, 'OLD')}"
+)
+_COUNTED = f"{_CARRIED.format(row='OLD')} OR {_READY_ROW.format(row='OLD')}"
 
 _PG = [
     f"""
     CREATE FUNCTION tether_user_load() RETURNS trigger LANGUAGE plpgsql AS $$
-    DECLARE
-      delta integer := 0;
-      who text;
     BEGIN
-      IF TG_OP <> 'INSERT' AND {_CARRIED_OLD} THEN delta := delta - 1; END IF;
-      IF TG_OP <> 'DELETE' AND {_CARRIED_NEW} THEN delta := delta + 1; END IF;
-      IF TG_OP = 'DELETE' THEN who := OLD.user_id; ELSE who := NEW.user_id; END IF;
-      IF delta <> 0 OR TG_OP = 'INSERT' THEN
-        INSERT INTO user_load (user_id, carried) VALUES (who, delta)
-        ON CONFLICT (user_id) DO UPDATE SET carried = user_load.carried + EXCLUDED.carried;
+      IF TG_OP = 'INSERT' THEN {_INSERTED}
+      ELSIF TG_OP = 'UPDATE' THEN {_UPDATED}
+      ELSE {_DELETED}
       END IF;
       RETURN NULL;
     END $$
@@ -58,36 +83,20 @@ _PG = [
     """,
     f"""
     CREATE TRIGGER runs_user_load_update AFTER UPDATE OF state, owner ON runs
-    FOR EACH ROW WHEN ({_CARRIED_OLD} IS DISTINCT FROM {_CARRIED_NEW})
-    EXECUTE FUNCTION tether_user_load()
+    FOR EACH ROW WHEN ({_CHANGED}) EXECUTE FUNCTION tether_user_load()
     """,
     f"""
     CREATE TRIGGER runs_user_load_delete AFTER DELETE ON runs
-    FOR EACH ROW WHEN {_CARRIED_OLD} EXECUTE FUNCTION tether_user_load()
+    FOR EACH ROW WHEN ({_COUNTED}) EXECUTE FUNCTION tether_user_load()
     """,
 ]
-
-_UPSERT = (
-    "INSERT INTO user_load (user_id, carried) VALUES ({who}, {delta}) "
-    "ON CONFLICT (user_id) DO UPDATE SET carried = carried + excluded.carried;"
-)
 _SQLITE = [
-    f"""
-    CREATE TRIGGER runs_user_load_insert AFTER INSERT ON runs BEGIN
-      {_UPSERT.format(who="NEW.user_id", delta=f"CASE WHEN {_CARRIED_NEW} THEN 1 ELSE 0 END")}
-    END
-    """,
+    f"CREATE TRIGGER runs_user_load_insert AFTER INSERT ON runs BEGIN {_INSERTED} END",
     f"""
     CREATE TRIGGER runs_user_load_update AFTER UPDATE OF state, owner ON runs
-    WHEN {_CARRIED_OLD} IS NOT {_CARRIED_NEW} BEGIN
-      {_UPSERT.format(who="NEW.user_id", delta=f"CASE WHEN {_CARRIED_NEW} THEN 1 ELSE -1 END")}
-    END
+    WHEN {_CHANGED.replace("IS DISTINCT FROM", "IS NOT")} BEGIN {_UPDATED} END
     """,
-    f"""
-    CREATE TRIGGER runs_user_load_delete AFTER DELETE ON runs WHEN {_CARRIED_OLD} BEGIN
-      {_UPSERT.format(who="OLD.user_id", delta="-1")}
-    END
-    """,
+    f"CREATE TRIGGER runs_user_load_delete AFTER DELETE ON runs WHEN {_COUNTED} BEGIN {_DELETED} END",
 ]
 
 
@@ -105,16 +114,27 @@ def upgrade() -> None:
         postgresql_where=_READY,
         sqlite_where=_READY,
     )
-    op.create_index("runs_queued", "runs", _ORDER, postgresql_where=_QUEUED, sqlite_where=_QUEUED)
+    op.create_index(
+        "runs_queued", "runs", _ORDER, postgresql_where=_WAITS_THREAD, sqlite_where=_WAITS_THREAD
+    )
+    op.create_index(
+        "runs_starting",
+        "runs",
+        ["start_at"],
+        postgresql_where=_WAITS_START,
+        sqlite_where=_WAITS_START,
+    )
     op.create_index("runs_schedule", "runs", ["schedule_id"])
     op.create_table(
         "user_load",
         sa.Column("user_id", sa.String(128), primary_key=True),
         sa.Column("carried", sa.Integer(), nullable=False, server_default="0"),
+        sa.Column("ready", sa.Integer(), nullable=False, server_default="0"),
     )
     op.execute(
-        "INSERT INTO user_load (user_id, carried) SELECT user_id, "
-        "SUM(CASE WHEN state = 'running' AND owner IS NOT NULL THEN 1 ELSE 0 END) "
+        "INSERT INTO user_load (user_id, carried, ready) SELECT user_id, "
+        "SUM(CASE WHEN state = 'running' AND owner IS NOT NULL THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN state = 'running' AND owner IS NULL THEN 1 ELSE 0 END) "
         "FROM runs GROUP BY user_id"
     )
     for statement in _PG if op.get_bind().dialect.name == "postgresql" else _SQLITE:
@@ -152,19 +172,25 @@ def downgrade() -> None:
     op.drop_table("gates")
     op.drop_table("model_usage")
     for trigger in ("insert", "update", "delete"):
-        op.execute(f"DROP TRIGGER IF EXISTS runs_user_load_{trigger}" + (
-            " ON runs" if op.get_bind().dialect.name == "postgresql" else ""
-        ))
+        op.execute(
+            f"DROP TRIGGER IF EXISTS runs_user_load_{trigger}"
+            + (" ON runs" if op.get_bind().dialect.name == "postgresql" else "")
+        )
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP FUNCTION IF EXISTS tether_user_load()")
     op.drop_table("user_load")
     op.drop_index("runs_schedule", table_name="runs")
+    op.drop_index("runs_starting", table_name="runs")
     op.drop_index("runs_queued", table_name="runs")
     op.drop_index("runs_ready_user", table_name="runs")
     op.drop_index("runs_ready", table_name="runs")
     ready = sa.text("state = 'running' AND owner IS NULL")
-    op.create_index("runs_ready", "runs", ["updated_at"], postgresql_where=ready, sqlite_where=ready)
-    op.create_index("runs_queued", "runs", ["updated_at"], postgresql_where=_QUEUED, sqlite_where=_QUEUED)
+    op.create_index(
+        "runs_ready", "runs", ["updated_at"], postgresql_where=ready, sqlite_where=ready
+    )
+    op.create_index(
+        "runs_queued", "runs", ["updated_at"], postgresql_where=_QUEUED, sqlite_where=_QUEUED
+    )
     with op.batch_alter_table("runs") as batch:
         batch.drop_column("schedule_id")
         batch.drop_column("start_at")

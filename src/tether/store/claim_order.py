@@ -1,0 +1,129 @@
+"""The claim of the next run (reference §17): one conditional UPDATE whose WHERE picks the
+run, by priority (highest first), then by how long it has waited, so no candidate is read
+before it is claimed.
+
+Three kinds of run wait for a worker, each read through its own index in the claim's
+order, and the best of the three is claimed:
+
+- a ready run (running, no owner, not delayed): ``runs_ready``, in priority then age;
+- a queued run whose thread is free: ``runs_queued``, in priority then age;
+- a queued run whose start time has come: ``runs_starting``, the earliest due first (a
+  delayed run's age is its start time), so the runs waiting for later are never read.
+
+Under ``TETHER_MAX_ACTIVE_PER_USER`` the ready runs are read per user instead: for each
+user with ready runs and fewer than ``b_cap`` carried (``user_load``), that user's best
+ready run (``runs_ready_user``), so a claim reads one row per such user however long a
+user's backlog; among equal priorities the user with the fewest runs carried goes first,
+so one user's thousand runs never keep another's one waiting. The queued kinds skip the
+runs of users at their cap.
+
+On PostgreSQL each kind's pick locks its rows with SKIP LOCKED (the user's ``user_load``
+row with them, where the cap applies), so concurrent claimers pick different runs and
+different users, and the lock re-checks the count on the row as last committed: two
+claims for one user are serialised, and the second sees the first's run carried.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.sql.util import ClauseAdapter
+
+from tether.runs import RunState
+from tether.store.claim_statements import _DUE, _READY, CAP, CLAIMED, RUNNING
+from tether.store.schema import runs, user_load
+from tether.store.served import SERVED
+from tether.store.transitions import Transition
+
+Lock = Callable[[sa.Select[Any]], sa.Select[Any]]
+
+
+def _kind(
+    where: sa.ColumnElement[bool], since: sa.ColumnElement[Any], *, capped: bool
+) -> sa.Select[Any]:
+    """One kind of waiting run in its index's order, with what the claims compare: the
+    priority, since when it waits, and its user's carried runs (0 without a cap)."""
+    query = sa.select(
+        runs.c.id,
+        runs.c.priority,
+        since.label("since"),
+        (user_load.c.carried if capped else sa.literal(0)).label("carried"),
+    ).where(where, SERVED)
+    if capped:
+        query = query.join_from(runs, user_load, user_load.c.user_id == runs.c.user_id).where(
+            user_load.c.carried < CAP
+        )
+    return query
+
+
+def _heads() -> sa.Select[Any]:
+    """Each user's best ready run, for the users with ready runs under their cap, fewest
+    carried first among equal priorities."""
+    head = runs.alias("head")
+    best = (
+        sa.select(runs.c.id)
+        .where(runs.c.user_id == user_load.c.user_id, _READY, SERVED)
+        .order_by(runs.c.priority.desc(), runs.c.updated_at)
+        .limit(1)
+        .correlate(user_load)
+        .scalar_subquery()
+    )
+    # The head's own state is checked too, so a lock that waited re-checks it as committed.
+    ready = ClauseAdapter(head).traverse(_READY)
+    return (
+        sa.select(
+            head.c.id,
+            head.c.priority,
+            head.c.updated_at.label("since"),
+            user_load.c.carried,
+        )
+        .join_from(user_load, head, head.c.id == best)
+        .where(user_load.c.ready > 0, user_load.c.carried < CAP, ready)
+        .order_by(head.c.priority.desc(), user_load.c.carried, head.c.updated_at)
+        .limit(1)
+    )
+
+
+def _first(query: sa.Select[Any], *order: Any) -> sa.Select[Any]:
+    return query.order_by(*order).limit(1)
+
+
+def pick_next(lock: Lock, *, capped: bool) -> sa.Select[Any]:
+    """The id of the best waiting run, its candidates locked by ``lock`` (the dialect's
+    ``candidates``), honouring ``b_cap`` when ``capped``."""
+    ready = (
+        _heads()
+        if capped
+        else _first(
+            _kind(_READY, runs.c.updated_at, capped=False),
+            runs.c.priority.desc(),
+            runs.c.updated_at,
+        )
+    )
+    free = _first(
+        _kind(_DUE & runs.c.start_at.is_(None), runs.c.updated_at, capped=capped),
+        runs.c.priority.desc(),
+        runs.c.updated_at,
+    )
+    starting = _first(
+        _kind(_DUE & runs.c.start_at.is_not(None), runs.c.start_at, capped=capped),
+        runs.c.start_at,
+    )
+    kinds = sa.union_all(*(sa.select(lock(q).subquery()) for q in (ready, free, starting)))
+    best = kinds.subquery("waiting")
+    return (
+        sa.select(best.c.id).order_by(best.c.priority.desc(), best.c.carried, best.c.since).limit(1)
+    )
+
+
+@functools.cache
+def claim_next(lock: Lock, *, capped: bool) -> Transition:
+    """The claim of the run ``pick_next`` picks, re-checked as it is claimed."""
+    pick = pick_next(lock, capped=capped).scalar_subquery()
+    conditions = [sa.or_(_READY, _DUE), SERVED]
+    return Transition(
+        [RUNNING, RunState.QUEUED], RUNNING, runs.c.id == pick, *conditions, **CLAIMED
+    )
