@@ -96,7 +96,10 @@ _SQLITE = [
     CREATE TRIGGER runs_user_load_update AFTER UPDATE OF state, owner ON runs
     WHEN {_CHANGED.replace("IS DISTINCT FROM", "IS NOT")} BEGIN {_UPDATED} END
     """,
-    f"CREATE TRIGGER runs_user_load_delete AFTER DELETE ON runs WHEN {_COUNTED} BEGIN {_DELETED} END",
+    f"""
+    CREATE TRIGGER runs_user_load_delete AFTER DELETE ON runs WHEN {_COUNTED}
+    BEGIN {_DELETED} END
+    """,
 ]
 
 
