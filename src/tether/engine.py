@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -186,6 +187,8 @@ class Engine(DecisionMethods, AccountMethods):
         thread_id: str | None = None,
         if_busy: str = "reject",
         idempotency_key: str | None = None,
+        priority: int | None = None,
+        start_at: datetime | str | None = None,
     ) -> Run:
         """Create a run for ``user`` asking ``question``; it waits for a worker (or for
         ``run_until_stop``). Its scope is resolved now and stored as a snapshot.
@@ -198,9 +201,14 @@ class Engine(DecisionMethods, AccountMethods):
 
         With ``idempotency_key`` (1-255 printable ASCII characters) a repeat by ``user``
         with the same arguments, concurrent or not, returns the first call's run (as it
-        is now) and creates nothing; other arguments are ``idempotency_mismatch``."""
+        is now) and creates nothing; other arguments are ``idempotency_mismatch``.
+
+        ``priority`` (-10 to 10, default 0) orders the claims, highest first; ``start_at``
+        (an aware ``datetime`` or ISO-8601 with a UTC offset) keeps the run ``queued``
+        until then by the database's clock (reference §17)."""
         given: dict[str, Any] = {"limits": limits, "route": route, "thread_id": thread_id}
         given.update(if_busy=if_busy, idempotency_key=idempotency_key)
+        given.update(priority=priority, start_at=start_at)
         return (await self.accept_run(user, question, **given)).run
 
     async def accept_run(
@@ -214,6 +222,8 @@ class Engine(DecisionMethods, AccountMethods):
         if_busy: str = "reject",
         idempotency_key: str | None = None,
         body: Any = None,
+        priority: int | None = None,
+        start_at: datetime | str | None = None,
     ) -> Accepted:
         """``start_run`` answered as a creation request (``Accepted``): the run and the
         answer first given for its ``idempotency_key``. ``body`` is the request as its
@@ -230,6 +240,8 @@ class Engine(DecisionMethods, AccountMethods):
             if_busy=if_busy,
             idempotency_key=idempotency_key,
             body=body,
+            priority=priority,
+            start_at=start_at,
         )
 
     async def run_until_stop(self, run_id: str) -> Outcome:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 from typing import Any
 
 from tether.errors import (
@@ -52,6 +53,40 @@ def if_busy(value: Any) -> bool:
 
 # An Idempotency-Key (reference §14): printable ASCII, space included.
 IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,255}")
+
+
+# Claim order (reference §17): higher first.
+PRIORITIES = range(-10, 11)
+
+
+def priority(value: Any) -> int:
+    """A run's priority: a whole number from -10 to 10 (not a bool, a float or a string);
+    None is the default, 0."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value not in PRIORITIES:
+        raise InvalidInput("priority must be a whole number from -10 to 10")
+    return value
+
+
+def start_at(value: Any) -> float | None:
+    """When a run may start, as epoch seconds: an ISO-8601 time with a UTC offset (a
+    string, or an aware ``datetime``); None: at once. A naive time is refused, since no
+    clock here may guess its zone."""
+    if value is None:
+        return None
+    when = value
+    if isinstance(value, str):
+        try:
+            when = datetime.fromisoformat(value) if len(value) <= 64 else None
+        except ValueError:
+            when = None
+    if not isinstance(when, datetime) or when.utcoffset() is None:
+        raise InvalidInput(
+            "start_at must be an ISO-8601 time with a UTC offset, such as "
+            "2026-12-07T09:00:00+01:00 or 2026-12-07T08:00:00Z"
+        )
+    return when.timestamp()
 
 
 def idempotency_key(value: Any) -> str:

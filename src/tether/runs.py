@@ -203,6 +203,11 @@ class Run:
     base_count: int = 0
     # How many calls of the current suspension have no decision yet (reference §15).
     undecided: int = 0
+    # Flow control (reference §17): the claim order (higher first), when a ``queued`` run
+    # may start (epoch seconds; None: at once), the schedule whose tick created it.
+    priority: int = 0
+    start_at: float | None = None
+    schedule_id: str | None = None
     # The calls of the current suspension in call order, when the read that made this
     # record loaded them (a suspended run's ``get_run``); empty otherwise.
     pending_calls: tuple[PendingCall, ...] = ()
@@ -255,6 +260,9 @@ class Run:
             thread_pos=row["thread_pos"],
             base_count=row["base_count"],
             undecided=row["undecided"],
+            priority=row["priority"],
+            start_at=row["start_at"],
+            schedule_id=row["schedule_id"],
         )
 
     def suspension_calls(self) -> tuple[PendingCall, ...]:
@@ -323,6 +331,9 @@ def run_to_json(run: Run) -> dict[str, Any]:
         "forked_from": run.forked_from,
         "dry_run": run.dry_run,
         "thread_id": run.thread_id,
+        "priority": run.priority,
+        "start_at": iso(run.start_at) if run.start_at is not None else None,
+        "schedule_id": run.schedule_id,
         "created_at": iso(run.started_at),
         # State changes set updated_at; a running run's progress shows in its heartbeat.
         "updated_at": iso(max(run.updated_at, run.heartbeat_at or 0.0)),

@@ -33,6 +33,8 @@ async def start_run(
     if_busy: str,
     idempotency_key: str | None,
     body: Any,
+    priority: int | None = None,
+    start_at: Any = None,
 ) -> Accepted:
     """Create a run for ``user`` (see ``Engine.start_run``). With ``idempotency_key`` the
     request is ``body`` (by default these arguments): a key ``user`` used before answers
@@ -47,6 +49,7 @@ async def start_run(
     inputs.user_id(user)
     inputs.text(question, "question", inputs.MAX_QUESTION_CHARS)
     enqueue = inputs.if_busy(if_busy)
+    order = {"priority": inputs.priority(priority), "start_at": inputs.start_at(start_at)}
     if thread_id is not None:
         thread_id = inputs.thread_id(thread_id)
     run_limits = parse_limits(limits, services.settings.default_limits)
@@ -57,6 +60,8 @@ async def start_run(
             given = limits.to_json() if isinstance(limits, Limits) else limits
             body = {"question": question, "limits": given, "thread_id": thread_id}
             body["if_busy"] = if_busy
+            # Named only when given, so a key's digest from before §17 still matches.
+            body.update({name: value for name, value in order.items() if value})
         request = (inputs.idempotency_key(idempotency_key), json_digest(body))
     agent = services.agent
     scope = await agent.resolve_scope(user)
@@ -76,6 +81,7 @@ async def start_run(
             "thread_id": thread_id,  # None: a new thread, of the run's id
             "follow_up": thread_id is not None,
             "enqueue": enqueue,
+            **order,
         }
         if request is None:
             run = await hop(services.store.create_run, **fields)

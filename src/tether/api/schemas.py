@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
 
 from tether.budget import LimitsInput
 from tether.inputs import DIGEST, MAX_QUESTION_CHARS, MAX_REASON_CHARS
@@ -99,6 +99,17 @@ class StartRunIn(BaseModel):
         default="reject",
         description="a follow-up to a busy thread: `reject` (409 `thread_busy`) or "
         "`enqueue` (accepted `queued`, started when the runs before it stop)",
+    )
+    priority: Annotated[StrictInt, Field(ge=-10, le=10)] | None = Field(
+        default=None,
+        description="-10 to 10 (null or absent: 0): workers claim higher priorities first, "
+        "then the runs that waited longest (§17)",
+    )
+    start_at: str | None = Field(
+        default=None,
+        max_length=64,
+        description="ISO-8601 with a UTC offset: the run is `queued` until then, by the "
+        "database's clock; a past time starts it at once",
     )
 
 
@@ -257,6 +268,13 @@ class RunOut(BaseModel):
     )
     dry_run: bool = Field(default=False, description="a dry run never executes a write")
     thread_id: str = Field(description="the thread (conversation) the run belongs to (§14)")
+    priority: int = Field(default=0, description="claimed before lower priorities (§17)")
+    start_at: str | None = Field(
+        default=None, description="ISO-8601, UTC: it stays `queued` until then; or null"
+    )
+    schedule_id: str | None = Field(
+        default=None, description="the schedule whose tick created it (§17), or null"
+    )
     created_at: str = Field(description="ISO-8601, UTC")
     updated_at: str = Field(description="ISO-8601, UTC")
 

@@ -95,6 +95,8 @@ async def start_run(
         limits=limits,
         thread_id=body.thread_id,
         if_busy=body.if_busy,
+        priority=body.priority,
+        start_at=body.start_at,
         idempotency_key=idempotency_key,
         # Compared as parsed JSON between repeats of the key (read by BoundedJsonRoute).
         body=await request.json() if idempotency_key is not None else None,

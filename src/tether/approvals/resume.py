@@ -174,6 +174,7 @@ async def _claim(
             digest=ask.digest,
             event=event,
             versions=services.versions,
+            cap=services.settings.max_active_per_user,
         ),
     )
     if mine and claim.run is not None:
@@ -233,15 +234,16 @@ async def _claim_then_decide(
     claim = await _claim(services, owner, run, call, ask)
     claimed = claim.run
     assert claimed is not None
-    if not claim.claimed:  # others of the turn are undecided: nothing runs yet
+    if not claim.claimed:  # others of the turn are undecided, or the user is at the cap
         log.info(
             "recorded", extra={"run_id": run.id, "action": "record", "state": ask.choice.value}
         )
-        fail("after_decision_recorded")
+        if not claim.claimed_or_ready:
+            fail("after_decision_recorded")
         return ApprovalResult(
             run_id=run.id,
             decision=ask.choice,
-            state=RunState.SUSPENDED,
+            state=claimed.state,  # running: a worker carries it out once a slot frees
             outcome=CallVerdict.RECORDED,
             waiting_for=claimed.undecided,
         )

@@ -48,11 +48,19 @@ def ask(
     if_busy: Annotated[
         str, typer.Option("--if-busy", help="reject | enqueue: what a busy thread does")
     ] = "reject",
+    priority: Annotated[
+        int | None, typer.Option("--priority", help="-10 to 10, higher claimed first (0)")
+    ] = None,
+    start_at: Annotated[
+        str | None,
+        typer.Option("--start-at", help="ISO-8601 with a UTC offset: queued until then"),
+    ] = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
     """Start a run asking QUESTION, in a new thread or (``--thread``) as a follow-up, and
-    print its ``{"id", "state", "thread_id"}``; a worker carries it. Exit 1 with the code
-    when refused (``thread_busy`` names the run the thread waits on)."""
+    print its ``{"id", "state", "thread_id"}``; a worker carries it, by ``--priority`` and
+    not before ``--start-at``. Exit 1 with the code when refused (``thread_busy`` names
+    the run the thread waits on)."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
 
@@ -62,7 +70,8 @@ def ask(
             if thread is None:
                 raise InvalidInput("a new thread has no owner yet: name whose run it is with --as")
             user = (await engine.get_thread(thread)).user_id
-        run = await engine.start_run(user, question, thread_id=thread, if_busy=if_busy)
+        order = {"priority": priority, "start_at": start_at}
+        run = await engine.start_run(user, question, thread_id=thread, if_busy=if_busy, **order)
         return {"id": run.id, "state": run.state.value, "thread_id": run.thread_id}
 
     try:

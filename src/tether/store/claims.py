@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 
 from tether.budget import Limits
 from tether.models.base import Message
-from tether.runs import Run, RunState, can_transition
+from tether.runs import Run, RunState, can_transition, iso
 from tether.store.base import StoreBase
 from tether.store.claim_order import claim_next
 from tether.store.claim_statements import (
@@ -33,7 +33,7 @@ from tether.store.claim_statements import (
 from tether.store.clock import db_now
 from tether.store.dialect import Dialect
 from tether.store.records import Decision
-from tether.store.schema import decisions, runs
+from tether.store.schema import decisions, runs, user_load
 from tether.store.served import served
 from tether.store.statements import INSERT_MESSAGE, add_event
 from tether.store.suspensions import clear_calls
@@ -46,6 +46,7 @@ _DECISION_OF_TOKEN = sa.select(decisions).where(
 # A claim's event by its decision: an edit approved without the digest of its preview
 # (``edit``) is recorded ``edited``, never ``approved`` (reference §9).
 _EVENT_OF = {"decline": "declined", "edit": "edited"}
+_LATER_THAN_NOW = sa.select(sa.bindparam("b_at", type_=sa.Float) > db_now())
 _CENSUS = sa.select(db_now(), sa.select(runs.c.id).where(state_in([RUNNING]), STALE).exists())
 
 
@@ -62,6 +63,12 @@ class SuspensionClaim:
 
     @property
     def claimed(self) -> bool:
+        return self.claimed_or_ready and self.run is not None and self.run.owner is not None
+
+    @property
+    def claimed_or_ready(self) -> bool:
+        """The suspension is decided: the run is claimed, or (its user at the cap) ready
+        for a worker."""
         return self.run is not None and self.run.state is RunState.RUNNING
 
 
@@ -114,6 +121,9 @@ def insert_run(
     follow_up: bool = False,
     enqueue: bool = False,
     request: tuple[str, str] | None = None,
+    priority: int = 0,
+    start_at: float | None = None,
+    schedule_id: str | None = None,
 ) -> Run:
     """Insert a new run with its first messages and the W3C trace context its spans
     continue (``tracing.py``), in the thread ``thread_id`` (by default a new thread of
@@ -123,11 +133,16 @@ def insert_run(
     ``enqueue``, else ``ThreadBusy`` (``threads.place_run``); its messages are written
     when it starts. ``request`` is the user's ``Idempotency-Key`` and the digest of the
     request's body, stored with the run (the user's key naming a run already is an
-    ``IntegrityError`` of the unique index ``runs_request_key``)."""
+    ``IntegrityError`` of the unique index ``runs_request_key``). A run whose ``start_at``
+    (epoch seconds) is still ahead by the database's clock is ``queued`` until then
+    (reference §17); ``priority`` orders the claims; ``schedule_id`` is the schedule whose
+    tick created it."""
     thread_id = thread_id or run_id
     state, place = place_run(
         conn, dialect, thread_id=thread_id, user_id=user_id, follow_up=follow_up, enqueue=enqueue
     )
+    if start_at is not None and conn.execute(_LATER_THAN_NOW, {"b_at": start_at}).scalar():
+        state = RunState.QUEUED
     # With a key, a conflict on the user's key (or on the run's id: a retried creation
     # whose first COMMIT landed) is an IntegrityError, which the caller answers.
     keyed = {} if request is None else _keyed(request, state)
@@ -148,6 +163,9 @@ def insert_run(
             agent_version=agent_version,
             message_count=len(messages),
             trace_context=trace_context,
+            priority=priority,
+            start_at=start_at,
+            schedule_id=schedule_id,
             started_at=db_now(),
             updated_at=db_now(),
             **keyed,
@@ -159,12 +177,30 @@ def insert_run(
             INSERT_MESSAGE,
             [{"run_id": run_id, "seq": i, "message": m} for i, m in enumerate(messages)],
         )
-    queued = {"queued": True} if state is RunState.QUEUED else {}
-    created = {"user_id": user_id, "limits": limits.to_json(), "thread_id": thread_id}
-    add_event(conn, run_id, "created", {**created, **queued})
+    created: dict[str, Any] = {"user_id": user_id, "limits": limits.to_json()}
+    created.update(thread_id=thread_id, priority=priority)
+    if state is RunState.QUEUED:
+        created["queued"] = True
+    if start_at is not None:
+        created["start_at"] = iso(start_at)
+    if schedule_id is not None:
+        created["schedule_id"] = schedule_id
+    add_event(conn, run_id, "created", created)
     if state is RUNNING:
         dialect.wake(conn)
     return Run.from_row(row._mapping)
+
+
+_USER_LOAD_OF_RUN = sa.select(user_load.c.carried).where(
+    user_load.c.user_id == sa.select(runs.c.user_id).where(ID).scalar_subquery()
+)
+
+
+def _has_slot(conn: Connection, dialect: Dialect, run_id: str, cap: int) -> bool:
+    """Whether the user of ``run_id`` carries fewer than ``cap`` runs, their row locked
+    until the transaction ends (so no claim for them slips in meanwhile)."""
+    carried = conn.execute(dialect.lock(_USER_LOAD_OF_RUN), {"b_id": run_id}).scalar()
+    return carried is None or carried < cap
 
 
 def _keyed(request: tuple[str, str], state: RunState) -> dict[str, Any]:
@@ -175,43 +211,11 @@ def _keyed(request: tuple[str, str], state: RunState) -> dict[str, Any]:
 class Claims(StoreBase):
     """Creating runs, claiming them, continuing and cancelling them."""
 
-    def create_run(
-        self,
-        *,
-        run_id: str,
-        user_id: str,
-        question: str,
-        route: dict[str, Any],
-        limits: Limits,
-        scope: dict[str, Any],
-        versions: dict[str, Any],
-        agent_version: str,
-        messages: Sequence[Message],
-        trace_context: dict[str, str] | None = None,
-        thread_id: str | None = None,
-        follow_up: bool = False,
-        enqueue: bool = False,
-    ) -> Run:
-        """Insert a new run (``insert_run``) in a transaction of its own. With an
-        ``Idempotency-Key`` a creation is ``requests.Requests.create_requested_run``."""
+    def create_run(self, **fields: Any) -> Run:
+        """Insert a new run (``insert_run`` of ``fields``) in a transaction of its own.
+        With an ``Idempotency-Key`` a creation is ``requests.Requests.create_requested_run``."""
         with self.begin() as conn:
-            return insert_run(
-                conn,
-                self.dialect,
-                run_id=run_id,
-                user_id=user_id,
-                question=question,
-                route=route,
-                limits=limits,
-                scope=scope,
-                versions=versions,
-                agent_version=agent_version,
-                messages=messages,
-                trace_context=trace_context,
-                thread_id=thread_id,
-                follow_up=follow_up,
-                enqueue=enqueue,
-            )
+            return insert_run(conn, self.dialect, **fields)
 
     def claim_ready(
         self,
@@ -256,6 +260,7 @@ class Claims(StoreBase):
         digest: str | None = None,
         event: dict[str, Any] | None = None,
         versions: Sequence[str] | None = None,
+        cap: int | None = None,
     ) -> SuspensionClaim:
         """The one write of a decision (invariant 5): conditional on the token's
         suspension being the run's current one (the lease epoch it began at), on the
@@ -273,7 +278,13 @@ class Claims(StoreBase):
         lost to a concurrent decision of the same token in another process meets the
         decisions' primary key and is answered the same way. Only a run of ``versions``
         (None: any) is decided; the caller tells a run of another version apart
-        (``wrong_version``)."""
+        (``wrong_version``).
+
+        With ``cap`` (reference §17), the run's user's row of ``user_load`` is locked
+        first; when the user already has ``cap`` runs carried, the last decision leaves
+        the run ready for a worker (running, no owner) instead of claiming it: the
+        decision is recorded, and the worker that claims the run once a slot frees
+        carries it out, with every re-check an approval makes."""
         params = {
             **served(versions),
             "b_id": run_id,
@@ -289,9 +300,13 @@ class Claims(StoreBase):
         }
         try:
             with self.begin() as conn:
+                if cap is not None and not _has_slot(conn, self.dialect, run_id, cap):
+                    params["b_owner"] = None  # ready for a worker once the user has a slot
                 won = self.dialect.claim_suspension(conn, params)
                 if won is not None:
                     run, recorded = won
+                    if run.state is RUNNING and run.owner is None:
+                        self.dialect.wake(conn)
                     return SuspensionClaim(run=run, decision=recorded)
                 used = conn.execute(_DECISION_OF_TOKEN, params).first()
         except sa.exc.IntegrityError:  # the same token, decided meanwhile elsewhere

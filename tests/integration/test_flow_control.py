@@ -1,0 +1,261 @@
+"""Flow control (reference §17) on both backends: claims by priority then age, runs that
+wait for their start time, and at most ``TETHER_MAX_ACTIVE_PER_USER`` runs of a user
+carried at once, with the users behind nobody's backlog; through the store, the API and
+the Python API."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from test_api import DANA, MIGUEL, fingerprint, refused, serving
+
+from tether import StopKind
+from tether.budget import Limits
+from tether.errors import InvalidInput
+from tether.runs import RunState
+from tether.store import Store
+from tether.store.schema import runs, user_load
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    opened = Store(db_url)
+    yield opened
+    opened.close()
+
+
+def _new(store: Store, user: str = "dana", **order: Any) -> str:
+    run_id = uuid.uuid4().hex
+    store.create_run(
+        run_id=run_id,
+        user_id=user,
+        question="q",
+        route={},
+        limits=Limits(),
+        scope={},
+        versions={},
+        agent_version="t@1",
+        messages=[{"role": "user", "content": "q"}],
+        **order,
+    )
+    return run_id
+
+
+def _claims(store: Store, n: int, **kwargs: Any) -> list[str | None]:
+    taken = [store.claim_ready(f"w{i}", **kwargs) for i in range(n)]
+    return [run.id if run else None for run in taken]
+
+
+def _load(store: Store) -> dict[str, tuple[int, int]]:
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(user_load)).all()
+    return {r.user_id: (r.carried, r.ready) for r in rows if (r.carried, r.ready) != (0, 0)}
+
+
+def _truth(store: Store) -> dict[str, tuple[int, int]]:
+    """What ``user_load`` should say, counted from the runs themselves."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(runs.c.user_id, runs.c.state, runs.c.owner)).all()
+    counts: dict[str, list[int]] = {}
+    for r in rows:
+        seen = counts.setdefault(r.user_id, [0, 0])
+        if r.state == "running":
+            seen[0 if r.owner else 1] += 1
+    return {user: (c[0], c[1]) for user, c in counts.items() if c != [0, 0]}
+
+
+# -- priority and age -------------------------------------------------------------------------
+
+
+def test_workers_claim_the_highest_priority_first_then_the_oldest(store: Store) -> None:
+    low = _new(store, priority=-3)
+    first = _new(store)
+    high = _new(store, priority=5)
+    second = _new(store)
+    assert _claims(store, 5) == [high, first, second, low, None]
+
+
+def test_a_queued_follow_up_and_a_due_start_are_claimed_in_priority_order(store: Store) -> None:
+    past = (datetime.now(UTC) - timedelta(minutes=1)).timestamp()
+    ready = _new(store)
+    due = _new(store, priority=2, start_at=past)  # a past start: ready at once, by priority
+    assert _claims(store, 3) == [due, ready, None]
+
+
+# -- start times --------------------------------------------------------------------------------
+
+
+def test_a_run_waits_queued_until_its_start_time_by_the_databases_clock(store: Store) -> None:
+    later = (datetime.now(UTC) + timedelta(hours=1)).timestamp()
+    run_id = _new(store, start_at=later)
+    run = store.get_run(run_id)
+    assert run is not None and run.state is RunState.QUEUED and run.start_at == later
+    assert store.claim_ready("w1") is None and store.claim_ready("w1", run_id) is None
+    with store.begin() as conn:  # its time comes (as if an hour passed)
+        conn.execute(runs.update().where(runs.c.id == run_id).values(start_at=1.0))
+    claimed = store.claim_ready("w1")
+    assert claimed is not None and claimed.id == run_id and claimed.state is RunState.RUNNING
+
+
+def test_a_start_time_past_already_starts_the_run_at_once(store: Store) -> None:
+    run_id = _new(store, start_at=1.0)
+    run = store.get_run(run_id)
+    assert run is not None and run.state is RunState.RUNNING
+    assert _claims(store, 1) == [run_id]
+
+
+# -- the per-user cap ---------------------------------------------------------------------------
+
+
+def test_the_cap_holds_a_users_runs_back_and_claims_others_past_them(store: Store) -> None:
+    backlog = [_new(store, "ana") for _ in range(5)]
+    late = _new(store, "bo")  # arrives last, behind ana's whole backlog
+    assert _claims(store, 4, cap=2) == [backlog[0], late, backlog[1], None]
+    assert _load(store)["ana"] == (2, 3)
+    assert store.cancel(run_id=backlog[0], user_id="ana", by="ana") is not None
+    assert _claims(store, 2, cap=2) == [backlog[2], None]  # the slot freed: ana's next
+    assert _claims(store, 1) == [backlog[3]]  # without a cap nothing holds it back
+    assert _load(store) == _truth(store)
+
+
+def test_among_equal_priorities_the_user_with_fewer_runs_carried_goes_first(
+    store: Store,
+) -> None:
+    ana = [_new(store, "ana") for _ in range(3)]
+    bo = _new(store, "bo")
+    urgent = _new(store, "ana", priority=1)
+    # urgent first (its priority); then ana carries one and bo none: bo's goes before
+    # ana's older ones.
+    assert _claims(store, 3, cap=5) == [urgent, bo, ana[0]]
+
+
+def test_a_given_run_of_a_user_at_the_cap_is_not_claimed(store: Store) -> None:
+    first, second = _new(store, "ana"), _new(store, "ana")
+    assert store.claim_ready("w1", first, cap=1) is not None
+    assert store.claim_ready("w2", second, cap=1) is None
+    assert store.claim_ready("w2", second, cap=2) is not None
+
+
+def test_the_user_counts_follow_every_change_of_state_and_owner(store: Store) -> None:
+    ids = [_new(store, user) for user in ("ana", "ana", "bo", "bo", "cy")]
+    _claims(store, 3)
+    assert _load(store) == _truth(store)
+    claimed = [r for r in (store.get_run(i) for i in ids) if r is not None and r.owner]
+    store.release(claimed[0].lease(), elapsed_ms=0)  # handed back: ready again
+    store.cancel(run_id=claimed[1].id, user_id=claimed[1].user_id, by="x")
+    assert _load(store) == _truth(store)
+    with store.begin() as conn:
+        conn.execute(runs.delete().where(runs.c.id == ids[-1]))
+    assert _load(store) == _truth(store)
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_concurrent_claims_never_carry_more_than_the_cap_of_a_user(store: Store) -> None:
+    for _ in range(12):
+        _new(store, "ana")
+    for _ in range(4):
+        _new(store, "bo")
+    start = threading.Barrier(8)
+    taken: list[str] = []
+
+    def claimer(worker: int) -> None:
+        start.wait()
+        for _ in range(4):
+            run = store.claim_ready(f"w{worker}", cap=3)
+            if run is not None:
+                taken.append(run.user_id)
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(taken) == ["ana"] * 3 + ["bo"] * 3
+    assert _load(store) == _truth(store) == {"ana": (3, 9), "bo": (3, 1)}
+
+
+# -- through the API ----------------------------------------------------------------------------
+
+
+async def test_the_api_takes_priority_and_start_at_and_shows_them(db_url: str) -> None:
+    async with serving(db_url) as api:
+        later = (datetime.now(UTC) + timedelta(hours=2)).replace(microsecond=0)
+        stamp = later.astimezone(UTC).isoformat().replace("+00:00", "+01:00")
+        waiting = await api.start(priority=-2, start_at=stamp)
+        body = await api.run(waiting)
+        assert body["state"] == "queued" and body["priority"] == -2
+        assert datetime.fromisoformat(body["start_at"]) == later - timedelta(hours=1)
+        asked = await api.start()
+        plain = await api.run(asked)
+        assert (plain["priority"], plain["start_at"], plain["schedule_id"]) == (0, None, None)
+        assert plain["state"] == "running"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"priority": "1"},
+        {"priority": 1.0},
+        {"priority": True},
+        {"priority": 11},
+        {"priority": -11},
+        {"start_at": "2030-01-01T09:00:00"},  # no UTC offset
+        {"start_at": "next monday"},
+        {"start_at": 1893456000},
+    ],
+)
+async def test_a_bad_priority_or_start_time_is_invalid_input_and_stores_nothing(
+    db_url: str, bad: dict[str, Any]
+) -> None:
+    async with serving(db_url) as api:
+        before = await fingerprint(api.engine)
+        response = await api.client.post("/v1/runs", json={"question": "q", **bad}, headers=DANA)
+        refused(response, 422, "invalid_input")
+        assert await fingerprint(api.engine) == before
+
+
+async def test_the_python_api_validates_priority_and_start_at(db_url: str) -> None:
+    async with serving(db_url) as api:
+        with pytest.raises(InvalidInput, match="priority"):
+            await api.engine.start_run("dana", "q", priority=20)
+        with pytest.raises(InvalidInput, match="UTC offset"):
+            await api.engine.start_run("dana", "q", start_at=datetime(2030, 1, 1))
+        run = await api.engine.start_run(
+            "dana", "q", priority=3, start_at=datetime.now(UTC) + timedelta(days=1)
+        )
+        assert run.state is RunState.QUEUED and run.priority == 3
+
+
+async def test_an_approval_past_the_cap_is_recorded_and_carried_once_a_slot_frees(
+    db_url: str,
+) -> None:
+    async with serving(db_url) as api:
+        run_id, token = await api.suspended()
+        blocker = await api.start(MIGUEL)  # another user's run does not count against dana's
+        dana_other = await api.start()
+        settings = api.engine._services.settings
+        object.__setattr__(settings, "max_active_per_user", 1)
+        store = api.engine._store
+        assert store.claim_ready("elsewhere", dana_other, cap=1) is not None  # dana at cap
+        response = await api.decide(token)
+        assert response.status_code == 200, response.text
+        assert response.json()["outcome"] == "recorded" and response.json()["waiting_for"] == 0
+        run = store.get_run(run_id)
+        assert run is not None and (run.state, run.owner) == (RunState.RUNNING, None)
+        assert store.claim_ready("w", cap=1) is not None  # miguel's, never dana's
+        assert store.claim_ready("w", cap=1) is None
+        held = store.get_run(dana_other)
+        assert held is not None
+        store.release(held.lease(), elapsed_ms=0)
+        store.cancel(run_id=dana_other, user_id="dana", by="dana")
+        outcome = await api.engine.run_until_stop(run_id)  # carries the decision out
+        assert outcome.kind is StopKind.ANSWERED
+        kinds = [e.kind for e in await api.engine.events(run_id)]
+        assert kinds.count("approved") == 1 and "tool_result" in kinds
+        assert store.get_run(blocker).owner == "w"  # type: ignore[union-attr]
