@@ -428,6 +428,12 @@ class Engine(DecisionMethods, AccountMethods):
         return await hop(self._store.count_by_state)
 
     @opens
+    async def counts_waiting(self) -> dict[str, int]:
+        """How many runs wait, fleet-wide, by why (reference §17): their thread, their
+        start time, their user's cap (this engine's ``max_active_per_user``)."""
+        return await hop(self._store.count_waiting, self._services.settings.max_active_per_user)
+
+    @opens
     async def runs_page(
         self, user: str, *, state: str | None = None, after: str | None = None, limit: int = 50
     ) -> RunPage:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from test_api import DANA, MIGUEL, fingerprint, refused, serving
+from test_api import DANA, MIGUEL, _samples, fingerprint, refused, serving
 
 from tether import StopKind
 from tether.budget import Limits
@@ -259,3 +259,22 @@ async def test_an_approval_past_the_cap_is_recorded_and_carried_once_a_slot_free
         kinds = [e.kind for e in await api.engine.events(run_id)]
         assert kinds.count("approved") == 1 and "tool_result" in kinds
         assert store.get_run(blocker).owner == "w"  # type: ignore[union-attr]
+
+
+async def test_metrics_count_the_waiting_runs_by_why(db_url: str) -> None:
+    async with serving(db_url) as api:
+        settings = api.engine._services.settings
+        object.__setattr__(settings, "max_active_per_user", 1)
+        later = datetime.now(UTC) + timedelta(hours=1)
+        await api.start(start_at=later.isoformat())
+        first, _ = await api.suspended()
+        thread = (await api.run(first))["thread_id"]
+        await api.start(thread_id=thread, if_busy="enqueue")
+        carried, held = await api.start(MIGUEL), await api.start(MIGUEL)
+        assert api.engine._store.claim_ready("w", carried, cap=1) is not None
+        text = (await api.client.get("/metrics")).text
+        waiting = _samples(text, "tether_runs_waiting")
+        assert waiting[(("reason", "start_time"),)] == 1
+        assert waiting[(("reason", "thread"),)] == 1
+        assert waiting[(("reason", "user_cap"),)] == 1  # miguel's second, behind his first
+        assert held

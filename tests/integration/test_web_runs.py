@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import agents
 import downstream
@@ -247,3 +248,25 @@ async def test_an_approver_opens_the_run_behind_a_request_exactly_while_they_may
         missing_for_eve = await client.get("/runs/no-such-run")
     assert stranger.status_code == 404 and stranger.text == missing_for_eve.text
     assert "dana" not in stranger.text
+
+
+async def test_the_runs_pages_say_why_a_queued_run_waits(app: Web) -> None:
+    later = datetime.now(UTC) + timedelta(hours=3)
+    timed = await app.engine.start_run("dana", "script:answer hi", start_at=later, priority=4)
+    first, _ = await app.suspended("script:send b")
+    behind = await app.engine.start_run(
+        "dana", "script:answer hi", thread_id=(await app.run(first)).thread_id, if_busy="enqueue"
+    )
+    async with app.client() as client:
+        await sign_in(client, app.keys["dana"])
+        queued = await client.get("/runs", params={"state": "queued"})
+        page = await client.get(f"/runs/{timed.id}")
+    assert sorted(listed(queued.text)) == sorted([timed.id, behind.id])
+    rows = {
+        run_id: queued.text.split(f'id="run-{run_id}"')[1].split("</tr>")[0]
+        for run_id in (timed.id, behind.id)
+    }
+    assert "waits for its start time" in rows[timed.id] and "priority 4" in rows[timed.id]
+    assert "the runs before it in its thread" in rows[behind.id]
+    assert "its start time" not in rows[behind.id]
+    assert "waits for its start time" in page.text and "priority 4" in page.text

@@ -42,9 +42,10 @@ __all__ = [
 class _Scrape(Collector):
     """One scrape: this process's metrics plus the runs-by-state gauge counted just now."""
 
-    def __init__(self, by_state: dict[str, int], stranded: int) -> None:
+    def __init__(self, by_state: dict[str, int], stranded: int, waiting: dict[str, int]) -> None:
         self.by_state = by_state
         self.stranded = stranded
+        self.waiting = waiting
 
     def collect(self) -> Iterable[Metric]:
         return self._metrics()
@@ -60,6 +61,15 @@ class _Scrape(Collector):
             "Runs waiting on an agent version no live worker serves, fleet-wide.",
             value=self.stranded,
         )
+        waits = GaugeMetricFamily(
+            "tether_runs_waiting",
+            "Runs waiting, by why: their thread, their start time, their user's cap "
+            "(fleet-wide), the model's rate limit (this process).",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.waiting.items()):
+            waits.add_metric([reason], count)
+        yield waits
 
 
 async def render(engine: Engine) -> tuple[bytes, str]:
@@ -67,5 +77,6 @@ async def render(engine: Engine) -> tuple[bytes, str]:
     # Every state is exported, zero when no run is in it, so a series never disappears.
     by_state = {state.value: 0 for state in RunState} | await engine.counts_by_state()
     scrape = CollectorRegistry(auto_describe=False)
-    scrape.register(_Scrape(by_state, await engine.count_stranded()))
+    waiting = await engine.counts_waiting()
+    scrape.register(_Scrape(by_state, await engine.count_stranded(), waiting))
     return generate_latest(scrape), CONTENT_TYPE_LATEST

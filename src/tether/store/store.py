@@ -15,6 +15,7 @@ from tether.store.threads import Threads
 from tether.store.upkeep import Upkeep
 from tether.store.users import Users
 from tether.store.versions import Versions
+from tether.store.waiting import Waiting
 
 
 class Store(
@@ -30,6 +31,7 @@ class Store(
     Users,
     Sessions,
     Versions,
+    Waiting,
 ):
     """The synchronous store for a database URL: SQLite or PostgreSQL, whose differences
     are the hooks of its ``dialect`` (``dialect.Dialect``, picked by ``dialect_for``).
@@ -42,7 +44,7 @@ class Store(
     place in its conversation, reading, listing and deleting threads; ``upkeep``: expiry,
     notices, retention; ``reads``; ``users``; ``sessions``: the inbox's sessions;
     ``versions``: the worker registry, stranded runs, migrating a run to another agent
-    version.
+    version; ``waiting``: why runs wait, counted.
     Each method is one transaction; the engine's async API reaches each through one
     thread hop. Every state change is a ``transitions.Transition``, checked against
     ``tether.runs.TRANSITIONS``."""
