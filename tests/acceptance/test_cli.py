@@ -388,6 +388,32 @@ def test_ask_starts_a_thread_and_follow_ups_refused_or_queued_while_it_is_busy(
         store.close()
 
 
+def test_ask_takes_a_priority_and_a_start_time_and_refuses_bad_ones(db_url: str) -> None:
+    env = processes.tether_env(db_url)
+    asked = processes.tether(
+        "ask",
+        "q",
+        "--as",
+        "dana",
+        "--priority",
+        "7",
+        "--start-at",
+        "2999-01-01T09:00:00+01:00",
+        env=env,
+    )
+    assert asked.returncode == 0, asked.stderr
+    assert _json(asked.stdout)["state"] == "queued"
+    for bad in (("--priority", "11"), ("--start-at", "2999-01-01T09:00:00")):
+        refused = processes.tether("ask", "q", "--as", "dana", *bad, env=env)
+        assert refused.returncode == 1 and "error invalid_input:" in refused.stderr, bad
+    store = Store(db_url)
+    try:
+        (run,) = store.list_runs(None, 10)
+        assert (run.priority, run.start_at) == (7, 32472172800.0)
+    finally:
+        store.close()
+
+
 def test_threads_list_show_and_delete_as_the_owner_and_delete_is_refused_while_busy(
     db_url: str,
 ) -> None:
