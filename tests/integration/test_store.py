@@ -290,11 +290,11 @@ def test_a_malformed_key_resolves_to_nobody_and_cannot_be_added(store: Store, ke
 _ONE = served(["t@1"])
 _CLAIM = {"b_cap": None, **_ONE}
 SCANS: dict[str, tuple[Any, dict[str, Any], str]] = {
-    "ready runs": (lambda d: pick_next(d.candidates, capped=False), _CLAIM, "runs_ready"),
-    "queued runs": (lambda d: pick_next(d.candidates, capped=False), _CLAIM, "runs_queued"),
-    "starting runs": (lambda d: pick_next(d.candidates, capped=False), _CLAIM, "runs_starting"),
+    "ready runs": (lambda d: pick_next(type(d), capped=False), _CLAIM, "runs_ready"),
+    "queued runs": (lambda d: pick_next(type(d), capped=False), _CLAIM, "runs_queued"),
+    "starting runs": (lambda d: pick_next(type(d), capped=False), _CLAIM, "runs_starting"),
     "ready runs per user": (
-        lambda d: pick_next(d.candidates, capped=True),
+        lambda d: pick_next(type(d), capped=True),
         {**_CLAIM, "b_cap": 2},
         "runs_ready_user",
     ),

@@ -26,7 +26,6 @@ claims for one user are serialised, and the second sees the first's run carried.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -34,11 +33,10 @@ from sqlalchemy.sql.util import ClauseAdapter
 
 from tether.runs import RunState
 from tether.store.claim_statements import _DUE, _READY, CAP, CLAIMED, RUNNING
+from tether.store.dialect import Dialect
 from tether.store.schema import runs, user_load
 from tether.store.served import SERVED
 from tether.store.transitions import Transition
-
-Lock = Callable[[sa.Select[Any]], sa.Select[Any]]
 
 
 def _kind(
@@ -59,48 +57,57 @@ def _kind(
     return query
 
 
-def _heads() -> sa.Select[Any]:
+def _heads(dialect: type[Dialect]) -> sa.Select[Any]:
     """Each user's best ready run, for the users with ready runs under their cap, fewest
-    carried first among equal priorities."""
-    head = runs.alias("head")
+    carried first among equal priorities; locked (with the dialect's ``candidates``) by
+    the user's ``user_load`` row. With LATERAL (PostgreSQL) each user's best run is one
+    probe of ``runs_ready_user``; else it is a correlated subquery joined back by id."""
     best = (
-        sa.select(runs.c.id)
+        sa.select(runs.c.id, runs.c.priority, runs.c.updated_at)
         .where(runs.c.user_id == user_load.c.user_id, _READY, SERVED)
         .order_by(runs.c.priority.desc(), runs.c.updated_at)
         .limit(1)
-        .correlate(user_load)
-        .scalar_subquery()
     )
-    # The head's own state is checked too, so a lock that waited re-checks it as committed.
-    ready = ClauseAdapter(head).traverse(_READY)
-    return (
-        sa.select(
-            head.c.id,
-            head.c.priority,
-            head.c.updated_at.label("since"),
-            user_load.c.carried,
+    under = (user_load.c.ready > 0, user_load.c.carried < CAP)
+    if dialect.laterals:
+        head: Any = best.lateral("head")
+        joined = user_load.join(head, sa.true())
+        where: tuple[sa.ColumnElement[bool], ...] = under
+    else:
+        head = runs.alias("head")
+        joined = user_load.join(
+            head,
+            head.c.id == best.with_only_columns(runs.c.id).correlate(user_load).scalar_subquery(),
         )
-        .join_from(user_load, head, head.c.id == best)
-        .where(user_load.c.ready > 0, user_load.c.carried < CAP, ready)
+        # The head's own state too, so a lock that waited re-checks it as committed.
+        where = (*under, ClauseAdapter(head).traverse(_READY))
+    query = (
+        sa.select(head.c.id, head.c.priority, head.c.updated_at.label("since"), user_load.c.carried)
+        .select_from(joined)
+        .where(*where)
         .order_by(head.c.priority.desc(), user_load.c.carried, head.c.updated_at)
         .limit(1)
     )
+    return dialect().candidates(query, of=user_load)
 
 
 def _first(query: sa.Select[Any], *order: Any) -> sa.Select[Any]:
     return query.order_by(*order).limit(1)
 
 
-def pick_next(lock: Lock, *, capped: bool) -> sa.Select[Any]:
-    """The id of the best waiting run, its candidates locked by ``lock`` (the dialect's
-    ``candidates``), honouring ``b_cap`` when ``capped``."""
+def pick_next(dialect: type[Dialect], *, capped: bool) -> sa.Select[Any]:
+    """The id of the best waiting run, its candidates locked by the dialect's
+    ``candidates``, honouring ``b_cap`` when ``capped``."""
+    lock = dialect().candidates
     ready = (
-        _heads()
+        _heads(dialect)
         if capped
-        else _first(
-            _kind(_READY, runs.c.updated_at, capped=False),
-            runs.c.priority.desc(),
-            runs.c.updated_at,
+        else lock(
+            _first(
+                _kind(_READY, runs.c.updated_at, capped=False),
+                runs.c.priority.desc(),
+                runs.c.updated_at,
+            )
         )
     )
     free = _first(
@@ -112,7 +119,7 @@ def pick_next(lock: Lock, *, capped: bool) -> sa.Select[Any]:
         _kind(_DUE & runs.c.start_at.is_not(None), runs.c.start_at, capped=capped),
         runs.c.start_at,
     )
-    kinds = sa.union_all(*(sa.select(lock(q).subquery()) for q in (ready, free, starting)))
+    kinds = sa.union_all(*(sa.select(q.subquery()) for q in (ready, lock(free), lock(starting))))
     best = kinds.subquery("waiting")
     return (
         sa.select(best.c.id).order_by(best.c.priority.desc(), best.c.carried, best.c.since).limit(1)
@@ -120,9 +127,9 @@ def pick_next(lock: Lock, *, capped: bool) -> sa.Select[Any]:
 
 
 @functools.cache
-def claim_next(lock: Lock, *, capped: bool) -> Transition:
+def claim_next(dialect: type[Dialect], *, capped: bool) -> Transition:
     """The claim of the run ``pick_next`` picks, re-checked as it is claimed."""
-    pick = pick_next(lock, capped=capped).scalar_subquery()
+    pick = pick_next(dialect, capped=capped).scalar_subquery()
     conditions = [sa.or_(_READY, _DUE), SERVED]
     return Transition(
         [RUNNING, RunState.QUEUED], RUNNING, runs.c.id == pick, *conditions, **CLAIMED

@@ -57,8 +57,12 @@ class Dialect:
     # Whether a ready run is announced (so workers may LISTEN instead of polling).
     notifies: ClassVar[bool] = False
 
-    def candidates(self, query: Query) -> Query:
-        """Lock the rows a claim picks, so concurrent claimers pick different ones."""
+    # Whether the claim may read each user's best run with a LATERAL join (``claim_order``).
+    laterals: ClassVar[bool] = False
+
+    def candidates(self, query: Query, of: Any = None) -> Query:
+        """Lock the rows a claim picks (of the tables ``of``, default all it reads), so
+        concurrent claimers pick different ones."""
         return query
 
     def lock(self, query: Query) -> Query:

@@ -320,8 +320,10 @@ class PostgresDialect(Dialect):
     name: ClassVar[str] = "postgresql"
     notifies: ClassVar[bool] = True
 
-    def candidates(self, query: Query) -> Query:
-        return query.with_for_update(skip_locked=True)
+    laterals: ClassVar[bool] = True
+
+    def candidates(self, query: Query, of: Any = None) -> Query:
+        return query.with_for_update(skip_locked=True, of=of)
 
     def lock(self, query: Query) -> Query:
         return query.with_for_update()
