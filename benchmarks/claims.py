@@ -13,7 +13,7 @@ at once so the next claim meets the same queue:
   and one slot frees: how many claims it takes before the new user's run is claimed
   (the goal: the first, within one claim round).
 
-Prints the median and p99 of each, their ratios (goal: capped ≤ 1.2 × baseline), and the
+Prints the median and p99 of each, their ratios (goal: capped at most 1.2 times baseline), and the
 late user's claim count. Figures, not assertions.
 
 Run: .venv/bin/python benchmarks/claims.py [--runs 10000] [--users 100] [--claims 300]
@@ -27,6 +27,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -106,7 +107,7 @@ def _summary(took: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1e3, ordered[int(len(ordered) * 0.99) - 1] * 1e3
 
 
-def _round(backend: str, args: argparse.Namespace) -> dict[str, object]:
+def _round(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     with fresh_database(backend) as db:
         store = Store(db.url)
         upgrade(store.engine)
@@ -154,8 +155,8 @@ def main() -> None:
     print(f"{'backend':<11} {'round':<9} {'median ms':>10} {'p99 ms':>8} {'ratio':>12}")
     for backend in args.backends.split(","):
         got = _round(backend, args)
-        base_med, base_p99 = got["baseline"]  # type: ignore[misc]
-        cap_med, cap_p99 = got["capped"]  # type: ignore[misc]
+        base_med, base_p99 = got["baseline"]
+        cap_med, cap_p99 = got["capped"]
         print(f"{backend:<11} {'baseline':<9} {base_med:>10.3f} {base_p99:>8.3f}")
         ratio = f"{cap_med / base_med:.2f}/{cap_p99 / base_p99:.2f}"
         print(f"{backend:<11} {'capped':<9} {cap_med:>10.3f} {cap_p99:>8.3f} {ratio:>12}")

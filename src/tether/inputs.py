@@ -66,7 +66,7 @@ def priority(value: Any) -> int:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or value not in PRIORITIES:
         raise InvalidInput("priority must be a whole number from -10 to 10")
-    return value
+    return int(value)
 
 
 def start_at(value: Any) -> float | None:

@@ -70,8 +70,9 @@ def ask(
             if thread is None:
                 raise InvalidInput("a new thread has no owner yet: name whose run it is with --as")
             user = (await engine.get_thread(thread)).user_id
-        order = {"priority": priority, "start_at": start_at}
-        run = await engine.start_run(user, question, thread_id=thread, if_busy=if_busy, **order)
+        run = await engine.start_run(
+            user, question, thread_id=thread, if_busy=if_busy, priority=priority, start_at=start_at
+        )
         return {"id": run.id, "state": run.state.value, "thread_id": run.thread_id}
 
     try:

@@ -33,7 +33,7 @@ from sqlalchemy.sql.util import ClauseAdapter
 
 from tether.runs import RunState
 from tether.store.claim_statements import _DUE, _READY, CAP, CLAIMED, RUNNING
-from tether.store.dialect import Dialect
+from tether.store.dialect import Dialect, dialect_for
 from tether.store.schema import runs, user_load
 from tether.store.served import SERVED
 from tether.store.transitions import Transition
@@ -127,9 +127,10 @@ def pick_next(dialect: type[Dialect], *, capped: bool) -> sa.Select[Any]:
 
 
 @functools.cache
-def claim_next(dialect: type[Dialect], *, capped: bool) -> Transition:
-    """The claim of the run ``pick_next`` picks, re-checked as it is claimed."""
-    pick = pick_next(dialect, capped=capped).scalar_subquery()
+def claim_next(backend: str, *, capped: bool) -> Transition:
+    """The claim of the run ``pick_next`` picks, re-checked as it is claimed, for the
+    dialect of ``backend`` (``Dialect.name``), built once."""
+    pick = pick_next(type(dialect_for(backend)), capped=capped).scalar_subquery()
     conditions = [sa.or_(_READY, _DUE), SERVED]
     return Transition(
         [RUNNING, RunState.QUEUED], RUNNING, runs.c.id == pick, *conditions, **CLAIMED

@@ -242,7 +242,7 @@ class Claims(StoreBase):
             claim = CLAIM_GIVEN if cap is None else CLAIM_GIVEN_CAPPED
             params["b_id"] = run_id
         else:
-            claim = claim_next(type(self.dialect), capped=cap is not None)
+            claim = claim_next(self.dialect.name, capped=cap is not None)
         with self.begin() as conn:
             row = claim.one(conn, params)
             return Run.from_row(row._mapping) if row else None

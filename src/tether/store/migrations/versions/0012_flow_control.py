@@ -29,7 +29,7 @@ _READY = sa.text("state = 'running' AND owner IS NULL")
 _QUEUED = sa.text("state = 'queued'")
 _WAITS_THREAD = sa.text("state = 'queued' AND start_at IS NULL")
 _WAITS_START = sa.text("state = 'queued' AND start_at IS NOT NULL")
-_ORDER = [sa.text("priority DESC"), "updated_at"]
+_ORDER: list[str | sa.TextClause] = [sa.text("priority DESC"), "updated_at"]
 
 # A run is carried while it is running under an owner, and ready while it is running with
 # none (a worker may claim it); the triggers add what a change of ``runs`` does to both
