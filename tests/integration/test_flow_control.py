@@ -245,7 +245,8 @@ async def test_an_approval_past_the_cap_is_recorded_and_carried_once_a_slot_free
         assert store.claim_ready("elsewhere", dana_other, cap=1) is not None  # dana at cap
         response = await api.decide(token)
         assert response.status_code == 200, response.text
-        assert response.json()["outcome"] == "recorded" and response.json()["waiting_for"] == 0
+        answer = response.json()
+        assert (answer["outcome"], answer["waiting_for"], answer["state"]) == ("recorded", 0, "running")
         run = store.get_run(run_id)
         assert run is not None and (run.state, run.owner) == (RunState.RUNNING, None)
         assert store.claim_ready("w", cap=1) is not None  # miguel's, never dana's
