@@ -163,9 +163,20 @@ class Worker:
             if exit_when_idle and idle:
                 return
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s)
+                await asyncio.wait_for(self._wake.wait(), timeout=await self._idle_for())
             except TimeoutError:
                 self._runs_waiting = True  # the poll: a run may have come meanwhile
+
+    async def _idle_for(self) -> float:
+        """How long an idle claim loop waits unless woken: its poll interval, or less when
+        a queued run's start time comes sooner (reference §17)."""
+        if self._free() <= 0:
+            return self.poll_s
+        try:
+            due = await self._runner.next_start_in()
+        except Exception:  # the database went away: the next claim says so
+            return self.poll_s
+        return self.poll_s if due is None else min(self.poll_s, max(due, 0.01))
 
     def _free(self) -> int:
         return self.concurrency - len(self._tasks) - self._reserved

@@ -5,6 +5,7 @@ the Python API."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from test_api import DANA, MIGUEL, _samples, fingerprint, refused, serving
+from test_worker import tiny_engine
+from waiting import until
 
 from tether import StopKind
 from tether.budget import Limits
@@ -21,6 +24,7 @@ from tether.errors import InvalidInput
 from tether.runs import RunState
 from tether.store import Store
 from tether.store.schema import runs, user_load
+from tether.worker import Worker
 
 
 @pytest.fixture
@@ -246,7 +250,11 @@ async def test_an_approval_past_the_cap_is_recorded_and_carried_once_a_slot_free
         response = await api.decide(token)
         assert response.status_code == 200, response.text
         answer = response.json()
-        assert (answer["outcome"], answer["waiting_for"], answer["state"]) == ("recorded", 0, "running")
+        assert (answer["outcome"], answer["waiting_for"], answer["state"]) == (
+            "recorded",
+            0,
+            "running",
+        )
         run = store.get_run(run_id)
         assert run is not None and (run.state, run.owner) == (RunState.RUNNING, None)
         assert store.claim_ready("w", cap=1) is not None  # miguel's, never dana's
@@ -279,3 +287,32 @@ async def test_metrics_count_the_waiting_runs_by_why(db_url: str) -> None:
         assert waiting[(("reason", "thread"),)] == 1
         assert waiting[(("reason", "user_cap"),)] == 1  # miguel's second, behind his first
         assert held
+
+
+async def test_an_idle_worker_starts_a_run_when_its_start_time_comes_not_at_its_poll(
+    db_url: str,
+) -> None:
+    engine = tiny_engine(db_url)
+    try:
+        soon = datetime.now(UTC) + timedelta(seconds=1.5)
+        run = await engine.start_run("dana", "q", start_at=soon)
+        assert run.state is RunState.QUEUED
+        worker = Worker(engine, concurrency=2, poll_s=120.0)  # only the start time wakes it
+        task = asyncio.create_task(worker.run(reap=False))
+        try:
+            answered = await until(
+                lambda: _state_is(engine, run.id, RunState.ANSWERED), timeout=30, what="answer"
+            )
+            assert answered
+        finally:
+            worker.stop()
+            await task
+        events = await engine.events(run.id)
+        claimed = next(e for e in events if e.kind not in ("created",))
+        assert claimed.at >= soon.timestamp() - 0.05  # not before its time (database clock)
+    finally:
+        engine.close()
+
+
+async def _state_is(engine: Any, run_id: str, state: RunState) -> bool:
+    return (await engine.get_run(run_id)).run.state is state  # type: ignore[no-any-return]

@@ -79,6 +79,12 @@ class Runner:
             cap=self.services.settings.max_active_per_user,
         )
 
+    async def next_start_in(self) -> float | None:
+        """Seconds until a queued run's start time comes, by the database's clock (None:
+        no run waits for one), so an idle worker wakes for it rather than at its poll."""
+        await self._opened()
+        return await hop(self.services.store.next_start_in)
+
     async def carry(self, run: Run, *, stopping: asyncio.Event | None = None) -> Outcome:
         """Carry a run this process claimed to its next stop (see ``loop.carry``)."""
         return await carry(self.services, run, stopping=stopping)

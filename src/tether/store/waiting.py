@@ -17,6 +17,8 @@ _QUEUED = state_in([RunState.QUEUED])
 _LATER = sa.and_(runs.c.start_at.is_not(None), runs.c.start_at > db_now())
 _BY_START = sa.select(sa.func.count()).where(_QUEUED, _LATER)
 _BY_THREAD = sa.select(sa.func.count()).where(_QUEUED, ~_LATER)
+# The earliest start time still ahead, by the ``runs_starting`` index's first row.
+_NEXT_START = sa.select(sa.func.min(runs.c.start_at) - db_now()).where(_QUEUED, _LATER)
 _BY_CAP = sa.select(sa.func.coalesce(sa.func.sum(user_load.c.ready), 0)).where(
     user_load.c.ready > 0, user_load.c.carried >= sa.bindparam("b_cap", type_=sa.Integer)
 )
@@ -38,3 +40,10 @@ class Waiting(StoreBase):
             if cap is not None:
                 counts["user_cap"] = int(conn.execute(_BY_CAP, {"b_cap": cap}).scalar_one())
         return counts
+
+    def next_start_in(self) -> float | None:
+        """Seconds until the earliest start time of a queued run that is still ahead, by
+        the database's clock; None when no run waits for one."""
+        with self.engine.connect() as conn:
+            due = conn.execute(_NEXT_START).scalar()
+        return None if due is None else max(0.0, float(due))
