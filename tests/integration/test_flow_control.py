@@ -18,7 +18,7 @@ from test_api import DANA, MIGUEL, _samples, fingerprint, refused, serving
 from test_worker import tiny_engine
 from waiting import until
 
-from tether import StopKind
+from tether import Engine, StopKind
 from tether.budget import Limits
 from tether.errors import InvalidInput
 from tether.runs import RunState
@@ -314,5 +314,5 @@ async def test_an_idle_worker_starts_a_run_when_its_start_time_comes_not_at_its_
         engine.close()
 
 
-async def _state_is(engine: Any, run_id: str, state: RunState) -> bool:
-    return (await engine.get_run(run_id)).run.state is state  # type: ignore[no-any-return]
+async def _state_is(engine: Engine, run_id: str, state: RunState) -> bool:
+    return bool((await engine.get_run(run_id)).run.state is state)
