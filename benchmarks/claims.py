@@ -6,9 +6,12 @@ one conditional UPDATE that picks and claims, and its COMMIT), each claimed run 
 at once so the next claim meets the same queue:
 
 - baseline: no cap, one ready run at each claim (created just before it, not timed);
-- capped: ``--runs`` (10,000) waiting runs of ``--users`` (100) users, created in one
-  user's block after another (the worst order for an age-ordered scan), cap ``--cap``,
-  each user already carrying ``--cap`` - 1 runs;
+- capped: ``--runs`` (10,000) waiting runs of ``--users`` (100) users, cap ``--cap``, the
+  fleet carrying ``--slots`` (16) runs, ``--cap`` for each of the first users; the waiting
+  runs created in two orders: ``interleaved`` (the users' runs arriving together) and
+  ``blocks`` (one user's whole batch after another's, the users at the cap first: the
+  claim's cheap look at the first ready runs finds only theirs and compares every
+  user's best run instead);
 - late user: every user carrying ``--cap`` runs, then one run of a new user arrives last
   and one slot frees: how many claims it takes before the new user's run is claimed
   (the goal: the first, within one claim round).
@@ -40,12 +43,15 @@ from tether.store import Store, upgrade  # noqa: E402
 from tether.store.schema import runs  # noqa: E402
 
 
-def _rows(n: int, user: str) -> list[dict[str, object]]:
+def _rows(n: int, users: int, *, blocks: bool) -> list[dict[str, object]]:
+    """``n`` ready runs of ``users`` users, in one user's block after another's or
+    interleaved, each a little younger than the one before."""
     now = time.time()
+    per_user = n // users
     return [
         {
             "id": uuid.uuid4().hex,
-            "user_id": user,
+            "user_id": f"user{(i // per_user if blocks else i % users):03d}",
             "question": "q",
             "route": {},
             "state": "running",
@@ -107,40 +113,47 @@ def _summary(took: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1e3, ordered[int(len(ordered) * 0.99) - 1] * 1e3
 
 
+def _capped(store: Store, args: argparse.Namespace, *, blocks: bool) -> list[float]:
+    with store.begin() as conn:
+        conn.execute(runs.delete())
+        conn.execute(runs.insert(), _rows(args.runs, args.users, blocks=blocks))
+    for u in range(args.slots // args.cap):
+        _carry(store, f"user{u:03d}", args.cap)
+    return _timed_claims(store, args.claims, args.cap, refill=False)
+
+
+def _late(store: Store, args: argparse.Namespace) -> int | None:
+    """Everyone at the cap, a new user's run arrives, a slot frees: the claims it takes."""
+    for u in range(args.slots // args.cap, args.users):
+        _carry(store, f"user{u:03d}", args.cap)
+    late = _one(store, "late")
+    with store.engine.connect() as conn:
+        one = conn.execute(
+            sa.select(runs.c.id).where(runs.c.user_id == "user000", runs.c.owner == "busy")
+        ).first()
+    assert one is not None
+    store.cancel(run_id=one.id, user_id="user000", by="bench")
+    for claims in range(1, 51):
+        run = store.claim_ready("w-late", cap=args.cap)
+        if run is None:
+            return None
+        if run.id == late:
+            return claims
+    return None
+
+
 def _round(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     with fresh_database(backend) as db:
         store = Store(db.url)
         upgrade(store.engine)
-        baseline = _timed_claims(store, args.claims, None, refill=True)
-        per_user = args.runs // args.users
-        with store.begin() as conn:
-            for u in range(args.users):
-                conn.execute(runs.insert(), _rows(per_user, f"user{u:03d}"))
-        for u in range(args.users):
-            _carry(store, f"user{u:03d}", args.cap - 1)
-        capped = _timed_claims(store, args.claims, args.cap, refill=False)
-        # The late user: everyone at the cap, a new user's run arrives, a slot frees.
-        for u in range(args.users):
-            _carry(store, f"user{u:03d}", 1)
-        late = _one(store, "late")
-        with store.engine.connect() as conn:
-            one = conn.execute(
-                sa.select(runs.c.id).where(runs.c.user_id == "user000", runs.c.owner == "busy")
-            ).first()
-        assert one is not None
-        store.cancel(run_id=one.id, user_id="user000", by="bench")
-        claims_until_late = 0
-        while True:
-            claims_until_late += 1
-            run = store.claim_ready("w-late", cap=args.cap)
-            if run is None or run.id == late or claims_until_late > 50:
-                break
+        got: dict[str, Any] = {
+            "baseline": _summary(_timed_claims(store, args.claims, None, refill=True))
+        }
+        got["interleaved"] = _summary(_capped(store, args, blocks=False))
+        got["blocks"] = _summary(_capped(store, args, blocks=True))
+        got["late"] = _late(store, args)
         store.close()
-    return {
-        "baseline": _summary(baseline),
-        "capped": _summary(capped),
-        "late": claims_until_late if run is not None and run.id == late else None,
-    }
+    return got
 
 
 def main() -> None:
@@ -148,21 +161,25 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--users", type=int, default=100)
     parser.add_argument("--cap", type=int, default=2)
+    parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--claims", type=int, default=300)
     parser.add_argument("--backends", default="postgresql,sqlite")
     args = parser.parse_args()
-    print(f"{args.runs} waiting runs of {args.users} users, cap {args.cap}, {args.claims} claims")
-    print(f"{'backend':<11} {'round':<9} {'median ms':>10} {'p99 ms':>8} {'ratio':>12}")
+    print(
+        f"{args.runs} waiting runs of {args.users} users, cap {args.cap}, "
+        f"{args.slots} carried, {args.claims} claims"
+    )
+    print(f"{'backend':<11} {'round':<12} {'median ms':>10} {'p99 ms':>8} {'ratio':>12}")
     for backend in args.backends.split(","):
         got = _round(backend, args)
         base_med, base_p99 = got["baseline"]
-        cap_med, cap_p99 = got["capped"]
-        print(f"{backend:<11} {'baseline':<9} {base_med:>10.3f} {base_p99:>8.3f}")
-        ratio = f"{cap_med / base_med:.2f}/{cap_p99 / base_p99:.2f}"
-        print(f"{backend:<11} {'capped':<9} {cap_med:>10.3f} {cap_p99:>8.3f} {ratio:>12}")
-        print(
-            f"{backend:<11} late user's run claimed by claim no. {got['late']} after a slot freed"
-        )
+        print(f"{backend:<11} {'baseline':<12} {base_med:>10.3f} {base_p99:>8.3f}")
+        for order in ("interleaved", "blocks"):
+            med, p99 = got[order]
+            ratio = f"{med / base_med:.2f}/{p99 / base_p99:.2f}"
+            print(f"{backend:<11} {order:<12} {med:>10.3f} {p99:>8.3f} {ratio:>12}")
+        late = got["late"]
+        print(f"{backend:<11} late user's run claimed by claim no. {late} after a slot freed")
 
 
 if __name__ == "__main__":
