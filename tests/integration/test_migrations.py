@@ -201,3 +201,24 @@ async def test_migration_0007_keeps_registered_workers_with_their_tools_unknown(
     finally:
         engine.close()
         store.close()
+
+
+@pytest.mark.parametrize("empty_url", ["sqlite", "postgresql"], indirect=True)
+def test_migration_0012_counts_the_runs_in_flight_per_user(empty_url: str) -> None:
+    store = Store(empty_url)
+    cfg = alembic_config(store.engine)
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0011")
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(_OLD_RUN))  # ready
+        conn.execute(sa.text(_OLD_RUN.replace("'r1'", "'r2'")))
+        conn.execute(sa.text("UPDATE runs SET owner = 'w0' WHERE id = 'r2'"))  # carried
+    upgrade(store.engine)
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT user_id, carried, ready FROM user_load")).all()
+    assert [tuple(r) for r in rows] == [("dana", 1, 1)]
+    run = store.claim_ready("w1", cap=2)
+    assert run is not None and run.id == "r1" and run.priority == 0 and run.start_at is None
+    assert store.claim_ready("w2", cap=2) is None  # nothing left, and dana is at the cap
+    store.close()
