@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
-from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from tether import inputs
-from tether._runtime import control, creation, deltas, forks, versions
+from tether._runtime import control, deltas, forks, versions
 from tether._runtime.accounts import AccountMethods
 from tether._runtime.feed import Feed
 from tether._runtime.heartbeat import Heartbeat
@@ -24,6 +23,7 @@ from tether._runtime.hop import hop, hop_once
 from tether._runtime.opening import opens
 from tether._runtime.runner import Runner, new_worker_id
 from tether._runtime.services import Services
+from tether._runtime.starting import CreationMethods
 from tether.agent import Agent
 from tether.approvals.methods import DecisionMethods
 from tether.budget import Limits
@@ -34,7 +34,6 @@ from tether.messages import tool_results
 from tether.models.base import Model
 from tether.notify import LogNotifier, Notifier, Outbox
 from tether.results import (
-    Accepted,
     Delta,
     LiveEvent,
     Outcome,
@@ -54,7 +53,7 @@ if TYPE_CHECKING:
 NOTICE_DRAIN_S = 5.0
 
 
-class Engine(DecisionMethods, AccountMethods):
+class Engine(DecisionMethods, AccountMethods, CreationMethods):
     """Runs an agent durably on a store; one engine carries many runs concurrently.
 
     ``migrate=True`` builds the schema in an empty database; otherwise an empty, older or
@@ -176,73 +175,6 @@ class Engine(DecisionMethods, AccountMethods):
         await self.open()
 
     # -- starting and driving runs ---------------------------------------------------------
-
-    async def start_run(
-        self,
-        user: str,
-        question: str,
-        *,
-        limits: Limits | dict[str, Any] | None = None,
-        route: dict[str, Any] | None = None,
-        thread_id: str | None = None,
-        if_busy: str = "reject",
-        idempotency_key: str | None = None,
-        priority: int | None = None,
-        start_at: datetime | str | None = None,
-    ) -> Run:
-        """Create a run for ``user`` asking ``question``; it waits for a worker (or for
-        ``run_until_stop``). Its scope is resolved now and stored as a snapshot.
-
-        Without ``thread_id`` it starts a new thread; with one of ``user``'s threads it is
-        a follow-up, and the model sees the thread's conversation, then ``question``
-        (reference §14). A follow-up to a busy thread is ``thread_busy`` (naming the run it
-        would wait on), or with ``if_busy="enqueue"`` it is ``queued`` and starts once the
-        runs before it have stopped. ``not_found`` for a thread that is not ``user``'s.
-
-        With ``idempotency_key`` (1-255 printable ASCII characters) a repeat by ``user``
-        with the same arguments, concurrent or not, returns the first call's run (as it
-        is now) and creates nothing; other arguments are ``idempotency_mismatch``.
-
-        ``priority`` (-10 to 10, default 0) orders the claims, highest first; ``start_at``
-        (an aware ``datetime`` or ISO-8601 with a UTC offset) keeps the run ``queued``
-        until then by the database's clock (reference §17)."""
-        given: dict[str, Any] = {"limits": limits, "route": route, "thread_id": thread_id}
-        given.update(if_busy=if_busy, idempotency_key=idempotency_key)
-        given.update(priority=priority, start_at=start_at)
-        return (await self.accept_run(user, question, **given)).run
-
-    async def accept_run(
-        self,
-        user: str,
-        question: str,
-        *,
-        limits: Limits | dict[str, Any] | None = None,
-        route: dict[str, Any] | None = None,
-        thread_id: str | None = None,
-        if_busy: str = "reject",
-        idempotency_key: str | None = None,
-        body: Any = None,
-        priority: int | None = None,
-        start_at: datetime | str | None = None,
-    ) -> Accepted:
-        """``start_run`` answered as a creation request (``Accepted``): the run and the
-        answer first given for its ``idempotency_key``. ``body`` is the request as its
-        caller sent it, compared as parsed JSON between repeats of the key (by default
-        the arguments): the HTTP layer passes the request's JSON body."""
-        await self.open()
-        return await creation.start_run(
-            self._services,
-            user,
-            question,
-            limits=limits,
-            route=route,
-            thread_id=thread_id,
-            if_busy=if_busy,
-            idempotency_key=idempotency_key,
-            body=body,
-            priority=priority,
-            start_at=start_at,
-        )
 
     async def run_until_stop(self, run_id: str) -> Outcome:
         """Claim ``run_id`` (it must be waiting for a worker) and carry it to its next stop:

@@ -132,19 +132,16 @@ def insert_run(
     (``NotFound`` otherwise): ready at once when the thread is idle, else ``queued`` if
     ``enqueue``, else ``ThreadBusy`` (``threads.place_run``); its messages are written
     when it starts. ``request`` is the user's ``Idempotency-Key`` and the digest of the
-    request's body, stored with the run (the user's key naming a run already is an
-    ``IntegrityError`` of the unique index ``runs_request_key``). A run whose ``start_at``
-    (epoch seconds) is still ahead by the database's clock is ``queued`` until then
-    (reference §17); ``priority`` orders the claims; ``schedule_id`` is the schedule whose
-    tick created it."""
+    request's body, stored with the run (a key naming a run already is an
+    ``IntegrityError`` of ``runs_request_key``). A ``start_at`` (epoch seconds) still ahead
+    by the database's clock keeps it ``queued`` until then (reference §17)."""
     thread_id = thread_id or run_id
     state, place = place_run(
         conn, dialect, thread_id=thread_id, user_id=user_id, follow_up=follow_up, enqueue=enqueue
     )
     if start_at is not None and conn.execute(_LATER_THAN_NOW, {"b_at": start_at}).scalar():
         state = RunState.QUEUED
-    # With a key, a conflict on the user's key (or on the run's id: a retried creation
-    # whose first COMMIT landed) is an IntegrityError, which the caller answers.
+    # A conflict on the key (or the id: a retried creation whose COMMIT landed) is answered.
     keyed = {} if request is None else _keyed(request, state)
     row = conn.execute(
         runs.insert()
@@ -172,23 +169,32 @@ def insert_run(
         )
         .returning(runs)
     ).one()
+    run = Run.from_row(row._mapping)
+    _first_writes(conn, dialect, run, messages, limits)
+    return run
+
+
+def _first_writes(
+    conn: Connection, dialect: Dialect, run: Run, messages: Sequence[Message], limits: Limits
+) -> None:
+    """What a new run's row is written with: its first messages, its ``created`` event
+    (who, the limits, its thread and its order), and a wake-up when it is ready."""
     if messages:
         conn.execute(
             INSERT_MESSAGE,
-            [{"run_id": run_id, "seq": i, "message": m} for i, m in enumerate(messages)],
+            [{"run_id": run.id, "seq": i, "message": m} for i, m in enumerate(messages)],
         )
-    created: dict[str, Any] = {"user_id": user_id, "limits": limits.to_json()}
-    created.update(thread_id=thread_id, priority=priority)
-    if state is RunState.QUEUED:
+    created: dict[str, Any] = {"user_id": run.user_id, "limits": limits.to_json()}
+    created.update(thread_id=run.thread_id, priority=run.priority)
+    if run.state is RunState.QUEUED:
         created["queued"] = True
-    if start_at is not None:
-        created["start_at"] = iso(start_at)
-    if schedule_id is not None:
-        created["schedule_id"] = schedule_id
-    add_event(conn, run_id, "created", created)
-    if state is RUNNING:
+    if run.start_at is not None:
+        created["start_at"] = iso(run.start_at)
+    if run.schedule_id is not None:
+        created["schedule_id"] = run.schedule_id
+    add_event(conn, run.id, "created", created)
+    if run.state is RUNNING:
         dialect.wake(conn)
-    return Run.from_row(row._mapping)
 
 
 _USER_LOAD_OF_RUN = sa.select(user_load.c.carried).where(
