@@ -142,6 +142,21 @@ async def test_approving_acts_once_and_a_second_post_shows_who_decided(web: Web)
     assert [d["decision"] for d in await web.decisions(run_id)] == ["approve"]
 
 
+async def test_an_approval_past_the_owners_cap_says_it_waits_for_a_slot(web: Web) -> None:
+    run_id, token = await web.suspended()
+    other = await web.engine.start_run("dana", "send b")
+    object.__setattr__(web.engine._services.settings, "max_active_per_user", 1)
+    assert web.engine._store.claim_ready("elsewhere", other.id, cap=1) is not None
+    async with web.client() as client:
+        await sign_in(client, web.keys["dana"])
+        csrf = await session_csrf(client)
+        page = await client.post(f"/approve/{token}", data={"decision": "approve", "csrf": csrf})
+    assert page.status_code == 200 and "Recorded" in page.text
+    assert "recorded held" in page.text and "waits for one of them to end" in page.text
+    assert downstream.effects() == []  # nothing carried out yet
+    assert [d["decision"] for d in await web.decisions(run_id)] == ["approve"]
+
+
 async def test_an_allowed_approver_sees_the_request_in_the_inbox_and_decides_it(web: Web) -> None:
     run_id, token = await web.suspended()
     async with web.client() as client:

@@ -65,6 +65,8 @@ async def decide_all(request: Request, run_id: str) -> Response:
     except NotFound:  # purged meanwhile
         owner = None
     context = {"answers": shown, "run_id": run_id, "waiting": waiting or 0, "owner": owner}
+    # Every call decided, yet none carried out: its user is at the cap (reference §17).
+    context["held"] = last is not None and last.outcome is CallVerdict.RECORDED and not waiting
     return outcome(request, session, 200, "decisions", **context)
 
 
