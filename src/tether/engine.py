@@ -22,6 +22,7 @@ from tether._runtime.heartbeat import Heartbeat
 from tether._runtime.hop import hop, hop_once
 from tether._runtime.opening import opens
 from tether._runtime.runner import Runner, new_worker_id
+from tether._runtime.schedules import ScheduleMethods
 from tether._runtime.services import Services
 from tether._runtime.starting import CreationMethods
 from tether.agent import Agent
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 NOTICE_DRAIN_S = 5.0
 
 
-class Engine(DecisionMethods, AccountMethods, CreationMethods):
+class Engine(DecisionMethods, AccountMethods, CreationMethods, ScheduleMethods):
     """Runs an agent durably on a store; one engine carries many runs concurrently.
 
     ``migrate=True`` builds the schema in an empty database; otherwise an empty, older or

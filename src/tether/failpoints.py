@@ -34,6 +34,7 @@ POINTS: tuple[str, ...] = (
     "after_resume_execute",  # an approved call's result is durable; the run not handed back
     "after_outcome_found",  # reconciling learnt a write's outcome; nothing of it is stored
     "after_reconcile",  # the reaper appended a reconciled result; the run not handed back
+    "after_tick_claim",  # a schedule's tick claimed, its run not inserted (one transaction)
     "after_run_end",  # a run stopped; its thread's next queued run is not started yet
 )
 ACTIONS = ("crash", "error")

@@ -127,6 +127,7 @@ class Worker:
         if reap:
             side["reaper"] = self._reaper
             side["notices"] = self._notices
+            side["schedules"] = self._schedules
         listener = self._runner.listener(self._announced)
         if listener is not None:
             side["listener"] = listener
@@ -323,6 +324,29 @@ class Worker:
                     },
                 )
             await self._pause(self._runner.settings.reaper_interval_s)
+
+    async def _schedules(self) -> None:
+        """Fire the schedules' due ticks (reference §17), then sleep until the next tick
+        by the database's clock, at most one reaper interval (a catch-up after downtime
+        starts within one), or until this process adds a schedule."""
+        added = self._runner.services.schedules_added
+        while not self.stopping.is_set():
+            added.clear()
+            _, next_in = await self._runner.fire_schedules()
+            wait = self._runner.settings.reaper_interval_s
+            if next_in is not None:
+                wait = min(wait, next_in)
+            with contextlib.suppress(asyncio.TimeoutError):
+                stop = asyncio.ensure_future(self.stopping.wait())
+                woken = asyncio.ensure_future(added.wait())
+                try:
+                    await asyncio.wait_for(
+                        asyncio.wait({stop, woken}, return_when=asyncio.FIRST_COMPLETED),
+                        timeout=max(wait, 0.01),
+                    )
+                finally:
+                    stop.cancel()
+                    woken.cancel()
 
     async def _recover_orphans(self) -> int:
         """One reaper pass over the orphans: batches claimed into the slots as they free

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from tether import inputs
-from tether._runtime import recovery, upkeep
+from tether._runtime import recovery, schedules, upkeep
 from tether._runtime.hop import hop
 from tether._runtime.loop import carry
 from tether._runtime.recovery import OrphanClaim
@@ -84,6 +84,13 @@ class Runner:
         no run waits for one), so an idle worker wakes for it rather than at its poll."""
         await self._opened()
         return await hop(self.services.store.next_start_in)
+
+    async def fire_schedules(self) -> tuple[int, float | None]:
+        """Fire the schedules due now (``schedules.fire_due``): the runs started, and the
+        seconds until the next tick of any schedule (None: there is none)."""
+        await self._opened()
+        fired = await schedules.fire_due(self.services)
+        return fired, await hop(self.services.store.next_tick_in)
 
     async def carry(self, run: Run, *, stopping: asyncio.Event | None = None) -> Outcome:
         """Carry a run this process claimed to its next stop (see ``loop.carry``)."""

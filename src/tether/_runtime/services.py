@@ -4,6 +4,7 @@ as it is written."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,6 +34,8 @@ class Services:
     single_flight: InFlight = field(default_factory=InFlight)
     # Where the model's text goes as it is written (reference §16); None: nowhere.
     deltas: DeltaHub | None = None
+    # Set when this process adds a schedule, so its ticking wakes for it (reference §17).
+    schedules_added: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def versions(self) -> tuple[str, ...]:

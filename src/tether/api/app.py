@@ -100,7 +100,7 @@ def _too_slow(timeout_s: float) -> JSONResponse:
 
 def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
     """The app for ``engine``. ``public_url`` prefixes approval links in notices."""
-    from tether.api import metrics, threads, v1, web
+    from tether.api import metrics, schedules, threads, v1, web
 
     app = FastAPI(title="tether", version="0.1.0", summary="Agent runs that survive interruption")
     app.state.engine = engine
@@ -163,5 +163,6 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
 
     app.include_router(v1.router, prefix="/v1")
     app.include_router(threads.router, prefix="/v1")
+    app.include_router(schedules.router, prefix="/v1")
     app.include_router(web.router)
     return app

@@ -113,6 +113,25 @@ class StartRunIn(BaseModel):
     )
 
 
+class ScheduleIn(BaseModel):
+    """A schedule (§17): each tick of ``cron`` starts a run of the caller asking ``question``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cron: str = Field(
+        max_length=255,
+        description="five fields (minute hour day-of-month month day-of-week) or @hourly, "
+        "@daily, @weekly, @monthly",
+    )
+    question: Annotated[
+        str, Field(min_length=1, max_length=MAX_QUESTION_CHARS), AfterValidator(_question)
+    ]
+    limits: LimitsInput | None = None
+    timezone: str = Field(
+        default="UTC", max_length=64, description="an IANA timezone name, such as Europe/Paris"
+    )
+
+
 Decision = Literal["approve", "decline"]
 DECISIONS: tuple[str, ...] = get_args(Decision)
 
@@ -292,6 +311,31 @@ class RunListOut(BaseModel):
 class AcceptedOut(BaseModel):
     id: str
     state: RunState
+
+
+class ScheduleCreatedOut(BaseModel):
+    id: str
+    next_at: str = Field(description="the first tick, ISO-8601, UTC")
+
+
+class ScheduleOut(BaseModel):
+    """A schedule (§17) with its next tick and what it fired."""
+
+    id: str
+    user_id: str
+    cron: str
+    timezone: str
+    question: str
+    limits: dict[str, Any] | None
+    next_at: str = Field(description="ISO-8601, UTC")
+    created_at: str = Field(description="ISO-8601, UTC")
+    last_fired_at: str | None = Field(description="ISO-8601, UTC, or null before the first tick")
+    fired: int = Field(description="ticks that started a run")
+    missed: int = Field(description="ticks that passed while no worker ran (no run of their own)")
+
+
+class ScheduleListOut(BaseModel):
+    items: list[ScheduleOut]
 
 
 class ThreadRunOut(BaseModel):

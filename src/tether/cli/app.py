@@ -14,6 +14,7 @@ import typer
 
 from tether.cli.approvals import approvals_app
 from tether.cli.runs import runs_app
+from tether.cli.schedules import schedules_app
 from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, named, out, say_error
 from tether.cli.threads import ask, threads_app
 from tether.cli.users import users_app
@@ -32,6 +33,7 @@ sandbox_app = typer.Typer(help="The demo business system.", no_args_is_help=True
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(runs_app, name="runs")
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(schedules_app, name="schedules")
 app.add_typer(threads_app, name="threads")
 app.add_typer(users_app, name="users")
 

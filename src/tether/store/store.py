@@ -8,6 +8,7 @@ from tether.store.compactions import Compactions
 from tether.store.forks import Forks
 from tether.store.reads import Reads
 from tether.store.requests import Requests
+from tether.store.schedules import Schedules
 from tether.store.sessions import Sessions
 from tether.store.steps import Steps
 from tether.store.suspensions import Suspensions
@@ -32,6 +33,7 @@ class Store(
     Sessions,
     Versions,
     Waiting,
+    Schedules,
 ):
     """The synchronous store for a database URL: SQLite or PostgreSQL, whose differences
     are the hooks of its ``dialect`` (``dialect.Dialect``, picked by ``dialect_for``).
@@ -44,7 +46,8 @@ class Store(
     place in its conversation, reading, listing and deleting threads; ``upkeep``: expiry,
     notices, retention; ``reads``; ``users``; ``sessions``: the inbox's sessions;
     ``versions``: the worker registry, stranded runs, migrating a run to another agent
-    version; ``waiting``: why runs wait, counted.
+    version; ``waiting``: why runs wait, counted; ``schedules``: cron schedules and
+    their ticks, each claimed with the run it creates.
     Each method is one transaction; the engine's async API reaches each through one
     thread hop. Every state change is a ``transitions.Transition``, checked against
     ``tether.runs.TRANSITIONS``."""

@@ -53,3 +53,10 @@ EXPIRIES = Counter(
     "Suspended runs halted because their approval window passed.",
     registry=REGISTRY,
 )
+
+SCHEDULE_TICKS = Counter(
+    "tether_schedule_ticks",
+    "Schedule ticks, by outcome: fired (a run started) or missed (skipped while no worker ran).",
+    ["outcome"],
+    registry=REGISTRY,
+)
