@@ -90,6 +90,7 @@ class Worker:
         self._wake = asyncio.Event()  # a run may be waiting, or a slot freed
         self._freed = asyncio.Event()  # a slot freed (the reaper waits on it)
         self._reaped = asyncio.Event()  # the first reaper pass was attempted
+        self._ticked = asyncio.Event()  # the first pass over the schedules was attempted
 
     def stop(self) -> None:
         """Stop claiming; runs in hand are handed back at their next step boundary."""
@@ -102,6 +103,7 @@ class Worker:
         waits and none is in hand, after a first reaper pass)."""
         if not reap:
             self._reaped.set()
+            self._ticked.set()
         registration = self._runner.registration()
         side = self._side_tasks(reap)
         side["registry"] = lambda: self._beat(registration)
@@ -161,6 +163,7 @@ class Worker:
                 continue
             delay = RESTART_FIRST_S
             idle = not self._tasks and not self._reserved and self._reaped.is_set()
+            idle = idle and self._ticked.is_set()
             if exit_when_idle and idle:
                 return
             try:
@@ -332,7 +335,14 @@ class Worker:
         added = self._runner.services.schedules_added
         while not self.stopping.is_set():
             added.clear()
-            _, next_in = await self._runner.fire_schedules()
+            try:
+                fired, next_in = await self._runner.fire_schedules()
+            finally:
+                if not self._ticked.is_set():
+                    self._ticked.set()
+                    self._wake.set()  # an idle ``exit_when_idle`` loop may exit now
+            if fired:
+                self._wake.set()  # their runs wait for a slot here too
             wait = self._runner.settings.reaper_interval_s
             if next_in is not None:
                 wait = min(wait, next_in)

@@ -414,6 +414,41 @@ def test_ask_takes_a_priority_and_a_start_time_and_refuses_bad_ones(db_url: str)
         store.close()
 
 
+def test_schedules_add_list_and_delete_and_refuse_bad_ones(db_url: str) -> None:
+    env = processes.tether_env(db_url)
+    add = ("schedules", "add", "0 9 * * 1", "weekly report", "--as", "dana")
+    added = processes.tether(*add, "--timezone", "Europe/Paris", env=env)
+    assert added.returncode == 0, added.stderr
+    first = _json(added.stdout)
+    assert set(first) == {"id", "next_at"}
+    for bad, code in (
+        (("schedules", "add", "* * * * * *", "q", "--as", "dana"), "invalid_input"),
+        (
+            ("schedules", "add", "@daily", "q", "--as", "dana", "--timezone", "Nowhere/X"),
+            "invalid_input",
+        ),
+        (("schedules", "delete", first["id"], "--as", "miguel"), "not_found"),
+        (("schedules", "delete", "no-such-schedule"), "not_found"),
+    ):
+        answer = processes.tether(*bad, env=env)
+        assert answer.returncode == 1 and f"error {code}:" in answer.stderr, bad
+    listed = processes.tether("schedules", "list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    (shown,) = _json(listed.stdout)["items"]
+    assert (shown["id"], shown["user_id"], shown["timezone"]) == (
+        first["id"],
+        "dana",
+        "Europe/Paris",
+    )
+    table = processes.tether("schedules", "list", env=env)
+    assert first["id"] in table.stdout and "0 9 * * 1" in table.stdout
+    mine = processes.tether("schedules", "list", "--as", "miguel", "--json", env=env)
+    assert _json(mine.stdout)["items"] == []
+    deleted = processes.tether("schedules", "delete", first["id"], env=env)  # as the owner
+    assert deleted.returncode == 0, deleted.stderr
+    assert _json(processes.tether("schedules", "list", "--json", env=env).stdout)["items"] == []
+
+
 def test_threads_list_show_and_delete_as_the_owner_and_delete_is_refused_while_busy(
     db_url: str,
 ) -> None:

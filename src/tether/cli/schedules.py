@@ -53,8 +53,6 @@ def schedules_list(
     """Schedules, oldest first: id, user, cron and timezone, next tick, ticks fired and
     missed (``--json``: each as ``GET /v1/schedules`` shows it)."""
     configure("WARNING")
-    from rich.table import Table
-
     from tether.cli.wiring import on_engine
 
     found = [s.to_json() for s in on_engine(agent, lambda e: e.list_schedules(as_user))]
@@ -64,11 +62,11 @@ def schedules_list(
     if not found:
         out.print("No schedules.")
         return
-    table = Table("id", "user", "cron", "timezone", "next tick", "fired", "missed")
+    # One line each, never cut: the ids are typed back.
     for s in found:
-        cells = (s["id"], s["user_id"], s["cron"], s["timezone"], s["next_at"])
-        table.add_row(*cells, str(s["fired"]), str(s["missed"]))
-    out.print(table)
+        line = f"{s['id']}  {s['user_id']}  {s['cron']} ({s['timezone']})  next {s['next_at']}"
+        line += f"  fired {s['fired']}  missed {s['missed']}"
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @schedules_app.command("delete")
