@@ -88,6 +88,12 @@ class Settings:
     # Whether the log notifier (no webhook) writes each notice's approval link, with its
     # token (TETHER_LOG_APPROVAL_LINKS). Off: the log names the run and the tool only.
     log_approval_links: bool = False
+    # The model's requests and tokens per minute, fleet-wide (reference §17,
+    # TETHER_MODEL_RPM / TETHER_MODEL_TPM); None: no limit. ``model_rate_window_s`` is the
+    # minute (TETHER_MODEL_RATE_WINDOW_S: for tests, which need a short one).
+    model_rpm: int | None = None
+    model_tpm: int | None = None
+    model_rate_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "default_limits", self.default_limits.at_most(self.max_limits))
@@ -100,6 +106,10 @@ class Settings:
                 "the first model retry delay must be positive and at most "
                 f"{self.model_retry_max_s:g}s, got {self.model_retry_first_s:g}s"
             )
+        for name in ("model_rpm", "model_tpm"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be a positive whole number, got {value}")
 
     @property
     def suspension_ttl_s(self) -> float:
@@ -146,6 +156,9 @@ class Settings:
             http_header_timeout_s=_positive(env, "TETHER_HTTP_HEADER_TIMEOUT_S", 10.0),
             http_body_timeout_s=_positive(env, "TETHER_HTTP_BODY_TIMEOUT_S", 30.0),
             shutdown_timeout_s=int(_positive(env, "TETHER_SHUTDOWN_TIMEOUT_S", 30, whole=True)),
+            model_rpm=_per_minute(env, "TETHER_MODEL_RPM"),
+            model_tpm=_per_minute(env, "TETHER_MODEL_TPM"),
+            model_rate_window_s=_positive(env, "TETHER_MODEL_RATE_WINDOW_S", 60.0),
         )
 
 
@@ -207,6 +220,14 @@ def _versions(raw: str) -> tuple[str, ...]:
         if len(version) > 128:
             raise ConfigError(f"TETHER_ACCEPT_VERSIONS: {version[:40]!r}… is over 128 characters")
     return versions
+
+
+def _per_minute(env: Mapping[str, str], name: str) -> int | None:
+    """``TETHER_MODEL_RPM`` / ``TETHER_MODEL_TPM``: a positive whole number, or unset (no
+    limit)."""
+    if not (env.get(name) or "").strip():
+        return None
+    return int(_positive(env, name, 0, whole=True))
 
 
 def _positive(env: Mapping[str, str], name: str, default: float, *, whole: bool = False) -> float:

@@ -21,6 +21,7 @@ from tether._runtime.feed import Feed
 from tether._runtime.heartbeat import Heartbeat
 from tether._runtime.hop import hop, hop_once
 from tether._runtime.opening import opens
+from tether._runtime.rate_limit import RateLimiter
 from tether._runtime.runner import Runner, new_worker_id
 from tether._runtime.services import Services
 from tether.agent import Agent
@@ -97,6 +98,7 @@ class Engine(DecisionMethods, AccountMethods):
             outbox=Outbox(notifier, self._store, timeout_s=self.settings.notice_timeout_s),
             approve_url=lambda token: f"{base}/approve/{token}",
             deltas=deltas.hub_for(self._store),
+            limiter=RateLimiter.of(self._store, self.settings),
         )
         self._hub_released = False
         self._runner = Runner(self._services, worker_id or new_worker_id(), self.open)
@@ -144,6 +146,7 @@ class Engine(DecisionMethods, AccountMethods):
         connections."""
         try:
             self._services.heartbeat.stop()
+            self._services.limiter.close()
             self._services.outbox.stop()
             self._feed.stop()
             if not self._hub_released and self._services.deltas is not None:

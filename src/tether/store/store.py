@@ -6,6 +6,7 @@ from __future__ import annotations
 from tether.store.claims import Claims
 from tether.store.compactions import Compactions
 from tether.store.forks import Forks
+from tether.store.rates import Rates
 from tether.store.reads import Reads
 from tether.store.requests import Requests
 from tether.store.sessions import Sessions
@@ -30,6 +31,7 @@ class Store(
     Users,
     Sessions,
     Versions,
+    Rates,
 ):
     """The synchronous store for a database URL: SQLite or PostgreSQL, whose differences
     are the hooks of its ``dialect`` (``dialect.Dialect``, picked by ``dialect_for``).
@@ -42,7 +44,7 @@ class Store(
     place in its conversation, reading, listing and deleting threads; ``upkeep``: expiry,
     notices, retention; ``reads``; ``users``; ``sessions``: the inbox's sessions;
     ``versions``: the worker registry, stranded runs, migrating a run to another agent
-    version.
+    version; ``rates``: leases of the fleet's model capacity (reference §17).
     Each method is one transaction; the engine's async API reaches each through one
     thread hop. Every state change is a ``transitions.Transition``, checked against
     ``tether.runs.TRANSITIONS``."""

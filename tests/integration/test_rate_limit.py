@@ -1,0 +1,188 @@
+"""The fleet's model rate (reference §17), on both backends: engines on one database share
+``TETHER_MODEL_RPM`` / ``TETHER_MODEL_TPM``, through the real ``openai:`` adapter talking
+HTTP to a fake server that records when each request arrived.
+
+The window is shortened (``model_rate_window_s``) so a test takes seconds; every wait
+polls with a deadline, and no assertion is about how long something took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import inprocess
+import pytest
+import sqlalchemy as sa
+from fakellm import OPENAI_PATH, FakeLLMServer, Reply, openai_completion, running
+from waiting import until
+
+from tether import Engine, StopKind
+from tether.models import from_spec
+from tether.results import LiveEvent
+from tether.store import Store
+from tether.store.schema import model_usage
+from tether.telemetry.metrics import REGISTRY
+
+WINDOW_S = 2.0
+VALID_S = 1.0  # rate_limit.VALID_S: how long a leased slot is good for
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeLLMServer]:
+    with running(OPENAI_PATH) as fake:
+        yield fake
+
+
+@pytest.fixture(autouse=True)
+def provider_env(server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    server.reset()
+    monkeypatch.setenv("OPENAI_BASE_URL", f"{server.url}/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+
+
+@pytest.fixture
+async def opened() -> AsyncIterator[list[Engine]]:
+    engines: list[Engine] = []
+    yield engines
+    for engine in engines:
+        await engine.aclose()
+
+
+def engine_on(engines: list[Engine], url: str, **settings: Any) -> Engine:
+    """An engine on ``url`` whose model is ``openai:test-model`` (the fake server)."""
+    settings.setdefault("model_rate_window_s", WINDOW_S)
+    engine = inprocess.engine(url, model=from_spec("openai:test-model"), **settings)
+    engines.append(engine)
+    return engine
+
+
+def answers(count: int, **usage: int) -> list[Reply]:
+    return [Reply(body=openai_completion(content=f"answer {i}", **usage)) for i in range(count)]
+
+
+def most_in_any_window(arrivals: list[float], window_s: float) -> int:
+    """The most arrivals in any ``window_s`` seconds (each arrival opening a window)."""
+    times = sorted(arrivals)
+    return max((sum(1 for t in times if s <= t < s + window_s) for s in times), default=0)
+
+
+async def of_kind(engine: Engine, run_id: str, kind: str) -> list[LiveEvent]:
+    return [e for e in await engine.events(run_id) if e.kind == kind]
+
+
+def usage_rows(url: str) -> list[tuple[float, int, int]]:
+    store = Store(url)
+    try:
+        with store.engine.connect() as conn:
+            query = sa.select(model_usage.c.at, model_usage.c.requests, model_usage.c.tokens)
+            return [(float(a), int(r), int(t)) for a, r, t in conn.execute(query)]
+    finally:
+        store.close()
+
+
+def fill(url: str, *, requests: int = 0, tokens: int = 0) -> None:
+    """Use up capacity as another worker would have just now."""
+    store = Store(url)
+    try:
+        store.lease_capacity(
+            requests=requests,
+            rpm=requests or None,
+            tpm=None,
+            window_s=WINDOW_S,
+            valid_s=VALID_S,
+            tokens=tokens,
+        )
+    finally:
+        store.close()
+
+
+async def test_two_engines_never_start_more_than_rpm_requests_in_any_window(
+    db_url: str, server: FakeLLMServer, opened: list[Engine]
+) -> None:
+    server.script(*answers(7))
+    first = engine_on(opened, db_url, model_rpm=3)
+    second = engine_on(opened, db_url, model_rpm=3)
+    run_ids = [(await first.start_run("dana", f"q{i}")).id for i in range(7)]
+
+    outcomes = await asyncio.gather(
+        *((first if i % 2 else second).run_until_stop(rid) for i, rid in enumerate(run_ids))
+    )
+
+    assert [o.kind for o in outcomes] == [StopKind.ANSWERED] * 7
+    assert server.count() == 7
+    assert most_in_any_window(server.arrivals(), WINDOW_S) <= 3
+    waited = 0
+    for run_id in run_ids:
+        events = await of_kind(first, run_id, "rate_limited")
+        assert len(events) <= 1  # at most once per step (each run is one step)
+        for event in events:
+            assert event.data["limit"] == "rpm" and event.data["wait_s"] > 0
+            assert event.data["step"] == 1
+        waited += len(events)
+    assert waited >= 4  # 7 runs, 3 starts per window: at least 4 had to wait
+    stored_failures = [first._store.get_run(r) for r in run_ids]
+    assert all(r is not None and r.model_failures == 0 for r in stored_failures)
+
+
+async def test_waiting_is_neither_a_model_failure_nor_active_time(
+    db_url: str, server: FakeLLMServer, opened: list[Engine]
+) -> None:
+    server.script(*answers(1))
+    fill(db_url, requests=1)  # another worker just took the only slot
+    engine = engine_on(opened, db_url, model_rpm=1, heartbeat_timeout_s=0.6)
+    run_id = (await engine.start_run("dana", "q")).id
+    limiter = engine._services.limiter
+
+    carried = asyncio.create_task(engine.run_until_stop(run_id))
+    await until(lambda: limiter.waiting == 1, what="the run to wait for capacity")
+    assert REGISTRY.get_sample_value("tether_rate_limited_runs") == 1
+    outcome = await carried
+
+    assert outcome.kind is StopKind.ANSWERED
+    assert limiter.waiting == 0
+    (event,) = await of_kind(engine, run_id, "rate_limited")
+    assert event.data["limit"] == "rpm"
+    # The slot taken just before comes free when it leaves the window and its margin.
+    assert event.data["wait_s"] > WINDOW_S / 2
+    run = engine._store.get_run(run_id)
+    assert run is not None
+    assert run.model_failures == 0 and run.recovery_attempts == 0
+    assert run.lease_epoch == 1  # the lease was kept the whole time (heartbeats went on)
+    assert run.budget.elapsed_ms < event.data["wait_s"] * 1000
+    assert await of_kind(engine, run_id, "model_retry") == []
+
+
+async def test_tpm_holds_a_request_while_the_last_windows_tokens_reach_it(
+    db_url: str, server: FakeLLMServer, opened: list[Engine]
+) -> None:
+    server.script(*answers(3, prompt_tokens=10, completion_tokens=5))  # 15 tokens a call
+    engine = engine_on(opened, db_url, model_tpm=20)
+    run_ids = [(await engine.start_run("dana", f"q{i}")).id for i in range(3)]
+
+    for run_id in run_ids:  # one after the other: the second starts below 20, the third not
+        assert (await engine.run_until_stop(run_id)).kind is StopKind.ANSWERED
+
+    assert await of_kind(engine, run_ids[0], "rate_limited") == []
+    assert await of_kind(engine, run_ids[1], "rate_limited") == []
+    (event,) = await of_kind(engine, run_ids[2], "rate_limited")
+    assert event.data["limit"] == "tpm"
+    first, second, third = server.arrivals()
+    assert third - first >= WINDOW_S  # the first call's tokens had left the window
+    reported = sum(tokens for _, _, tokens in usage_rows(db_url))
+    assert reported >= 30  # the first two calls' tokens were recorded (the third's maybe later)
+
+
+async def test_without_a_limit_nothing_is_stored_and_the_store_is_not_asked(
+    db_url: str, server: FakeLLMServer, opened: list[Engine]
+) -> None:
+    server.script(*answers(2))
+    engine = engine_on(opened, db_url)
+    leases = inprocess.count_calls(engine, "lease_capacity")
+    for i in range(2):
+        run_id = (await engine.start_run("dana", f"q{i}")).id
+        assert (await engine.run_until_stop(run_id)).kind is StopKind.ANSWERED
+
+    assert leases == []
+    assert usage_rows(db_url) == []
