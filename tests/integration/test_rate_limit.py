@@ -9,6 +9,7 @@ polls with a deadline, and no assertion is about how long something took.
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -21,8 +22,8 @@ from waiting import until
 from tether import Engine, StopKind
 from tether.models import from_spec
 from tether.results import LiveEvent
-from tether.store import Store
-from tether.store.schema import model_usage
+from tether.store import Grant, Store
+from tether.store.schema import gates, model_usage
 from tether.telemetry.metrics import REGISTRY
 
 WINDOW_S = 2.0
@@ -186,3 +187,58 @@ async def test_without_a_limit_nothing_is_stored_and_the_store_is_not_asked(
 
     assert leases == []
     assert usage_rows(db_url) == []
+
+
+# -- the store's leases ----------------------------------------------------------------------
+
+
+def lease(store: Store, requests: int, **kwargs: Any) -> Grant:
+    kwargs.setdefault("rpm", 3)
+    kwargs.setdefault("tpm", None)
+    return store.lease_capacity(requests=requests, window_s=WINDOW_S, valid_s=VALID_S, **kwargs)
+
+
+def test_a_lease_grants_what_the_window_leaves_and_says_when_more_is_due(db_url: str) -> None:
+    store = Store(db_url)
+    try:
+        first = lease(store, 2)
+        assert first.granted == 2 and first.lease_id is not None and first.next_at is None
+        second = lease(store, 2)
+        assert second.granted == 1 and second.limit == "rpm"
+        # The oldest slot must leave the window and its validity margin.
+        assert second.next_at == pytest.approx(first.at + WINDOW_S + VALID_S)
+        full = lease(store, 1)
+        assert full.granted == 0 and full.lease_id is None and full.next_at == second.next_at
+        lease(store, 0, give_back=[(first.lease_id, 2)])  # unused: back to the fleet
+        assert lease(store, 3).granted == 2
+    finally:
+        store.close()
+
+
+def test_tokens_are_recorded_with_a_lease_and_old_rows_are_purged(db_url: str) -> None:
+    store = Store(db_url)
+    try:
+        long_ago = store.now() - 1000
+        with store.engine.begin() as conn:
+            conn.execute(model_usage.insert().values(at=long_ago, requests=5))
+        reported = lease(store, 1, rpm=None, tpm=100, tokens=100, purge=True)
+        assert reported.granted == 0 and reported.limit == "tpm"  # at TPM: none
+        assert reported.next_at == pytest.approx(reported.at + WINDOW_S)
+        assert [(r, t) for _, r, t in usage_rows(db_url)] == [(0, 100)]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("gate", ["kept", "deleted"])
+def test_concurrent_leases_of_the_fleet_never_grant_more_than_rpm(db_url: str, gate: str) -> None:
+    stores = [Store(db_url) for _ in range(4)]
+    if gate == "deleted":  # the migration's row is gone: the first lease puts it back
+        with stores[0].engine.begin() as conn:
+            conn.execute(gates.delete())
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            grants = list(pool.map(lambda i: lease(stores[i % 4], 1, rpm=5).granted, range(16)))
+        assert sum(grants) == 5
+    finally:
+        for store in stores:
+            store.close()

@@ -143,7 +143,11 @@ class Rates(StoreBase):
         out, never capacity used twice."""
         span = window(window_s, valid_s)
         with self.engine.begin() as conn:
-            conn.execute(self.dialect.lock(_GATE)).first()
+            if conn.execute(self.dialect.lock(_GATE)).first() is None:
+                # The migration's row is gone (a restore without it): put it back, so that
+                # leases are still decided one at a time, never side by side unlocked.
+                conn.execute(self.dialect.insert_new(gates).values(name="model"))
+                conn.execute(self.dialect.lock(_GATE)).one()
             now = float(conn.execute(_NOW).scalar_one())
             for row_id, count in give_back:
                 conn.execute(_GIVE_BACK, {"b_id": row_id, "b_n": count})
