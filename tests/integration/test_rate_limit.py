@@ -139,6 +139,14 @@ async def test_waiting_is_neither_a_model_failure_nor_active_time(
     carried = asyncio.create_task(engine.run_until_stop(run_id))
     await until(lambda: limiter.waiting == 1, what="the run to wait for capacity")
     assert REGISTRY.get_sample_value("tether_rate_limited_runs") == 1
+    waiting = engine._store.get_run(run_id)
+    assert waiting is not None and waiting.owner is not None
+    await until(  # its heartbeat goes on while it waits: it keeps its lease
+        lambda: (r := engine._store.get_run(run_id)) is not None
+        and (r.heartbeat_at or 0) > (waiting.heartbeat_at or 0)
+        and limiter.waiting == 1,
+        what="a heartbeat during the wait",
+    )
     outcome = await carried
 
     assert outcome.kind is StopKind.ANSWERED
@@ -150,7 +158,7 @@ async def test_waiting_is_neither_a_model_failure_nor_active_time(
     run = engine._store.get_run(run_id)
     assert run is not None
     assert run.model_failures == 0 and run.recovery_attempts == 0
-    assert run.lease_epoch == 1  # the lease was kept the whole time (heartbeats went on)
+    assert run.lease_epoch == 1  # the lease was kept the whole time
     assert run.budget.elapsed_ms < event.data["wait_s"] * 1000
     assert await of_kind(engine, run_id, "model_retry") == []
 
