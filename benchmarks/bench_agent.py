@@ -118,7 +118,7 @@ def counted_agent() -> Agent:
         return lease(self, **kwargs)
 
     counting.counted = counted  # type: ignore[attr-defined]
-    Store.lease_capacity = counting  # type: ignore[method-assign]
+    Store.lease_capacity = counting  # type: ignore[method-assign,assignment]
     path = os.environ["BENCH_LEASES_FILE"]
     atexit.register(lambda: open(path, "w").write(json.dumps(counted)))
     return agent()

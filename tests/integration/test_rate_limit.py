@@ -9,8 +9,8 @@ polls with a deadline, and no assertion is about how long something took.
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import inprocess
@@ -59,8 +59,17 @@ def engine_on(engines: list[Engine], url: str, **settings: Any) -> Engine:
     return engine
 
 
-def answers(count: int, **usage: int) -> list[Reply]:
-    return [Reply(body=openai_completion(content=f"answer {i}", **usage)) for i in range(count)]
+def answers(count: int, *, prompt_tokens: int = 10, completion_tokens: int = 5) -> list[Reply]:
+    return [
+        Reply(
+            body=openai_completion(
+                content=f"answer {i}",
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+            )
+        )
+        for i in range(count)
+    ]
 
 
 def most_in_any_window(arrivals: list[float], window_s: float) -> int:
@@ -177,7 +186,7 @@ async def test_tpm_holds_a_request_while_the_last_windows_tokens_reach_it(
     assert await of_kind(engine, run_ids[1], "rate_limited") == []
     (event,) = await of_kind(engine, run_ids[2], "rate_limited")
     assert event.data["limit"] == "tpm"
-    first, second, third = server.arrivals()
+    first, _, third = server.arrivals()
     assert third - first >= WINDOW_S  # the first call's tokens had left the window
     reported = sum(tokens for _, _, tokens in usage_rows(db_url))
     assert reported >= 30  # the first two calls' tokens were recorded (the third's maybe later)

@@ -177,7 +177,8 @@ def _fingerprint(conn: psycopg.Connection[tuple[object, ...]]) -> str:
 def _empty(conn: psycopg.Connection[tuple[object, ...]]) -> None:
     """Delete every row but the migration version, restart the sequences and put back the
     migrations' seeded rows. DELETE, not TRUNCATE: on tables this small it takes
-    milliseconds where TRUNCATE takes hundreds (new files per table). Foreign keys are not checked meanwhile (every row goes)."""
+    milliseconds where TRUNCATE takes hundreds (new files per table). Foreign keys are
+    not checked meanwhile (every row goes)."""
     tables = [str(row[0]) for row in conn.execute(TABLES)]
     sequences = [str(row[0]) for row in conn.execute(SEQUENCES)]
     with conn.transaction():
