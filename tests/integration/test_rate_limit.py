@@ -9,18 +9,25 @@ polls with a deadline, and no assertion is about how long something took.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
+import json
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import agents
 import inprocess
 import pytest
 import sqlalchemy as sa
 from fakellm import OPENAI_PATH, FakeLLMServer, Reply, openai_completion, running
 from waiting import until
 
-from tether import Engine, StopKind
+from tether import Compaction, Engine, MemoryNotifier, StopKind
+from tether._runtime.compacting import SUMMARY_INSTRUCTION
+from tether.config import Settings
 from tether.models import from_spec
+from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
 from tether.results import LiveEvent
 from tether.store import Grant, Store
 from tether.store.schema import gates, model_usage
@@ -259,3 +266,66 @@ def test_concurrent_leases_of_the_fleet_never_grant_more_than_rpm(db_url: str, g
     finally:
         for store in stores:
             store.close()
+
+
+# -- every model request of a step goes through it: a compaction's summary too ---------------
+
+
+class Summarising(Model):
+    """Two turns that call ``lookup``, the second reporting many input tokens (so the
+    third step compacts first), the summary when asked for one, then the answer; the
+    order of the requests."""
+
+    name = "summarising"
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        if not tools and messages[0].get("content") == SUMMARY_INSTRUCTION:
+            self.asked.append("summary")
+            summary: Message = {"role": "assistant", "content": "the summary"}
+            return ModelResponse(message=summary, usage=Usage(output_tokens=3), model="x")
+        self.asked.append("turn")
+        turn = self.asked.count("turn")
+        if turn <= 2:
+            call = {
+                "id": f"c{turn}",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": json.dumps({"query": "x"})},
+            }
+            message: Message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            tokens = 5000 if turn == 2 else 50
+            return ModelResponse(message=message, usage=Usage(input_tokens=tokens), model="x")
+        done: Message = {"role": "assistant", "content": "done"}
+        return ModelResponse(message=done, usage=Usage(), model="x")
+
+
+async def test_a_compactions_summary_waits_too_and_its_step_shows_one_rate_limited_event(
+    db_url: str, opened: list[Engine]
+) -> None:
+    model = Summarising()
+    compaction = Compaction(max_input_tokens=1000, keep_last_turns=1)
+    agent = dataclasses.replace(agents.agent(), compaction=compaction)
+    engine = Engine(
+        agent=agent,
+        model=model,
+        settings=Settings(database_url=db_url, model_rpm=1, model_rate_window_s=WINDOW_S),
+        notifier=MemoryNotifier(),
+    )
+    opened.append(engine)
+    run_id = (await engine.start_run("dana", "look it up")).id
+
+    outcome = await engine.run_until_stop(run_id)
+
+    assert outcome.kind is StopKind.ANSWERED
+    assert model.asked == ["turn", "turn", "summary", "turn"]  # four requests, a slot each
+    assert [e.kind for e in await engine.events(run_id) if e.kind == "compacted"] == ["compacted"]
+    # Step 2 waited for its turn; step 3 twice (for its summary, then for its turn): one
+    # event each.
+    events = await of_kind(engine, run_id, "rate_limited")
+    assert [e.data["step"] for e in events] == [2, 3]
+    granted = [(at, n) for at, n, _ in sorted(usage_rows(db_url)) if n]
+    assert len(granted) == 4
+    for (before, _), (after, _) in itertools.pairwise(granted):
+        assert after - before >= WINDOW_S + VALID_S  # RPM 1: one start per window and margin
