@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 
+import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
+from waiting import until
 
 from tether._runtime.rate_limit import RateLimiter
 from tether.store import Store
 from tether.store.rates import free_at, granted, window
+from tether.store.schema import model_usage
 
 W = 60.0
 V = 1.0
@@ -125,3 +128,30 @@ async def test_a_full_fleet_waits_once_then_the_stopping_worker_gives_up(sqlite_
     finally:
         limiter.close()
         store.close()
+
+
+async def test_reported_tokens_reach_the_store_by_the_timer_when_no_lease_comes(
+    sqlite_url: str,
+) -> None:
+    store = Store(sqlite_url)
+    limiter = RateLimiter(store, tpm=100, window_s=W, flush_s=0.05)
+    try:
+        limiter.report(40)
+        limiter.report(2)
+
+        def recorded() -> int:
+            with store.engine.connect() as conn:
+                return int(conn.execute(sa.select(sa.func.sum(model_usage.c.tokens))).scalar() or 0)
+
+        assert await until(recorded, what="the tokens flushed") == 42
+        assert limiter.leases == 0  # no lease was needed for it
+    finally:
+        limiter.close()
+        store.close()
+
+
+def test_nothing_is_sent_without_a_limit() -> None:
+    limiter = RateLimiter.off()
+    limiter.report(1000)
+    limiter.close()
+    assert not limiter.enabled and limiter.leases == 0

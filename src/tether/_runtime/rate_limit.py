@@ -130,6 +130,7 @@ class RateLimiter:
         slept = False
         with self._lock:
             self._wanting += 1
+            self._closed = False  # an engine used again after its close limits again
         try:
             while True:
                 check()
@@ -173,9 +174,9 @@ class RateLimiter:
                 self._timer.cancel()
                 self._timer = None
             self._give_back_expired(float("inf"))
-        self._flush()
-        with self._lock:
-            self._closed = True
+            self._closed = True  # no timer is armed from now on
+            tokens, returns = self._pending()
+        self._send(tokens, returns)
 
     # -- inside ----------------------------------------------------------------------------
 
@@ -267,13 +268,22 @@ class RateLimiter:
         self._flush()
 
     def _flush(self) -> None:
-        """Send the noted tokens and give-backs in a lease of no request (in a thread)."""
+        """Send the noted tokens and give-backs (in the timer's thread); kept for the next
+        lease or timer when the database cannot take them now."""
         with self._lock:
-            if self._closed or self.store is None:
+            if self._closed:
                 return
             tokens, returns = self._pending()
-        if not tokens and not returns:
-            return
+        if not self._send(tokens, returns):
+            with self._lock:
+                self._tokens += tokens
+                self._returns.extend(returns)
+                self._arm(self.flush_s)
+
+    def _send(self, tokens: int, returns: list[tuple[int, int]]) -> bool:
+        """One lease of no request carrying ``tokens`` and ``returns``; whether it went."""
+        if self.store is None or not (tokens or returns):
+            return True
         try:
             self.store.lease_capacity(
                 requests=0,
@@ -286,7 +296,5 @@ class RateLimiter:
             )
         except Exception:
             log.warning("model usage not recorded", exc_info=True, extra={"action": "rate_flush"})
-            with self._lock:
-                self._tokens += tokens
-                self._returns.extend(returns)
-                self._arm(self.flush_s)
+            return False
+        return True
