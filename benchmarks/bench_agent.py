@@ -98,3 +98,27 @@ class TimedText(Model):
 def text_agent() -> Agent:
     """The benchmark agent on ``TimedText`` (``--agent bench_agent:text_agent``)."""
     return Agent(name="bench", system_prompt="bench", tools=(fetch,), default_model=TimedText)
+
+
+def counted_agent() -> Agent:
+    """``agent`` in a worker that counts its model-rate lease transactions
+    (``Store.lease_capacity``) and writes the count to ``BENCH_LEASES_FILE`` at exit (for
+    ``rate_limit.py``)."""
+    import atexit
+
+    from tether.store import Store
+
+    if hasattr(Store.lease_capacity, "counted"):
+        return agent()  # counted already
+    counted = {"leases": 0}
+    lease = Store.lease_capacity
+
+    def counting(self: Store, **kwargs: Any) -> Any:
+        counted["leases"] += 1
+        return lease(self, **kwargs)
+
+    counting.counted = counted  # type: ignore[attr-defined]
+    Store.lease_capacity = counting  # type: ignore[method-assign,assignment]
+    path = os.environ["BENCH_LEASES_FILE"]
+    atexit.register(lambda: open(path, "w").write(json.dumps(counted)))
+    return agent()

@@ -91,6 +91,12 @@ class Settings:
     # Runs of one user carried at once, fleet-wide (TETHER_MAX_ACTIVE_PER_USER, reference
     # §17); None: no limit.
     max_active_per_user: int | None = None
+    # The model's requests and tokens per minute, fleet-wide (reference §17,
+    # TETHER_MODEL_RPM / TETHER_MODEL_TPM); None: no limit. ``model_rate_window_s`` is the
+    # minute (TETHER_MODEL_RATE_WINDOW_S: for tests, which need a short one).
+    model_rpm: int | None = None
+    model_tpm: int | None = None
+    model_rate_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "default_limits", self.default_limits.at_most(self.max_limits))
@@ -103,6 +109,10 @@ class Settings:
                 "the first model retry delay must be positive and at most "
                 f"{self.model_retry_max_s:g}s, got {self.model_retry_first_s:g}s"
             )
+        for name in ("model_rpm", "model_tpm"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be a positive whole number, got {value}")
 
     @property
     def suspension_ttl_s(self) -> float:
@@ -150,6 +160,9 @@ class Settings:
             http_body_timeout_s=_positive(env, "TETHER_HTTP_BODY_TIMEOUT_S", 30.0),
             shutdown_timeout_s=int(_positive(env, "TETHER_SHUTDOWN_TIMEOUT_S", 30, whole=True)),
             max_active_per_user=_at_most(env, "TETHER_MAX_ACTIVE_PER_USER"),
+            model_rpm=_at_most(env, "TETHER_MODEL_RPM"),
+            model_tpm=_at_most(env, "TETHER_MODEL_TPM"),
+            model_rate_window_s=_positive(env, "TETHER_MODEL_RATE_WINDOW_S", 60.0),
         )
 
 

@@ -21,6 +21,7 @@ from tether._runtime.feed import Feed
 from tether._runtime.heartbeat import Heartbeat
 from tether._runtime.hop import hop, hop_once
 from tether._runtime.opening import opens
+from tether._runtime.rate_limit import RateLimiter
 from tether._runtime.runner import Runner, new_worker_id
 from tether._runtime.schedules import ScheduleMethods
 from tether._runtime.services import Services
@@ -98,6 +99,7 @@ class Engine(DecisionMethods, AccountMethods, CreationMethods, ScheduleMethods):
             outbox=Outbox(notifier, self._store, timeout_s=self.settings.notice_timeout_s),
             approve_url=lambda token: f"{base}/approve/{token}",
             deltas=deltas.hub_for(self._store),
+            limiter=RateLimiter.of(self._store, self.settings),
         )
         self._hub_released = False
         self._runner = Runner(self._services, worker_id or new_worker_id(), self.open)
@@ -145,6 +147,7 @@ class Engine(DecisionMethods, AccountMethods, CreationMethods, ScheduleMethods):
         connections."""
         try:
             self._services.heartbeat.stop()
+            self._services.limiter.close()
             self._services.outbox.stop()
             self._feed.stop()
             if not self._hub_released and self._services.deltas is not None:
@@ -362,9 +365,12 @@ class Engine(DecisionMethods, AccountMethods, CreationMethods, ScheduleMethods):
 
     @opens
     async def counts_waiting(self) -> dict[str, int]:
-        """How many runs wait, fleet-wide, by why (reference §17): their thread, their
-        start time, their user's cap (this engine's ``max_active_per_user``)."""
-        return await hop(self._store.count_waiting, self._services.settings.max_active_per_user)
+        """How many runs wait by why (reference §17): fleet-wide, their thread, their start
+        time, their user's cap (this engine's ``max_active_per_user``); in this process,
+        the model's rate limit (``rate_limit``)."""
+        cap = self._services.settings.max_active_per_user
+        counts = await hop(self._store.count_waiting, cap)
+        return {**counts, "rate_limit": self._services.limiter.waiting}
 
     @opens
     async def runs_page(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from typing import Any
 
 import agents
 import downstream
@@ -419,7 +420,7 @@ def test_schedules_add_list_and_delete_and_refuse_bad_ones(db_url: str) -> None:
     add = ("schedules", "add", "0 9 * * 1", "weekly report", "--as", "dana")
     added = processes.tether(*add, "--timezone", "Europe/Paris", env=env)
     assert added.returncode == 0, added.stderr
-    first = _json(added.stdout)
+    first: dict[str, Any] = json.loads(added.stdout)
     assert set(first) == {"id", "next_at"}
     for bad, code in (
         (("schedules", "add", "* * * * * *", "q", "--as", "dana"), "invalid_input"),
@@ -434,7 +435,7 @@ def test_schedules_add_list_and_delete_and_refuse_bad_ones(db_url: str) -> None:
         assert answer.returncode == 1 and f"error {code}:" in answer.stderr, bad
     listed = processes.tether("schedules", "list", "--json", env=env)
     assert listed.returncode == 0, listed.stderr
-    (shown,) = _json(listed.stdout)["items"]
+    (shown,) = json.loads(listed.stdout)["items"]
     assert (shown["id"], shown["user_id"], shown["timezone"]) == (
         first["id"],
         "dana",

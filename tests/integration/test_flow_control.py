@@ -286,6 +286,7 @@ async def test_metrics_count_the_waiting_runs_by_why(db_url: str) -> None:
         assert waiting[(("reason", "start_time"),)] == 1
         assert waiting[(("reason", "thread"),)] == 1
         assert waiting[(("reason", "user_cap"),)] == 1  # miguel's second, behind his first
+        assert waiting[(("reason", "rate_limit"),)] == 0
         assert held
 
 

@@ -34,7 +34,7 @@ def _past(engine: Engine, schedule_id: str, seconds_ago: float) -> None:
 
 def _runs_of(engine: Engine, schedule_id: str) -> list[Any]:
     with engine._store.engine.connect() as conn:
-        return conn.execute(sa.select(runs).where(runs.c.schedule_id == schedule_id)).all()
+        return list(conn.execute(sa.select(runs).where(runs.c.schedule_id == schedule_id)))
 
 
 async def test_a_schedule_is_added_listed_and_deleted_by_its_owner_only(db_url: str) -> None:

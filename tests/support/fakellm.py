@@ -21,6 +21,7 @@ import asyncio
 import logging
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -61,10 +62,12 @@ logging.getLogger("uvicorn.error").addFilter(_QuietDrops())
 
 @dataclass(frozen=True, kw_only=True)
 class Recorded:
-    """One request the fake server received."""
+    """One request the fake server received, and when it arrived (``time.monotonic()``
+    of the server's process)."""
 
     headers: dict[str, str]
     body: dict[str, Any]
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,6 +151,11 @@ class FakeLLMServer:
         """How many requests arrived so far."""
         with self._lock:
             return len(self.requests)
+
+    def arrivals(self) -> list[float]:
+        """When each request arrived so far, in order (``time.monotonic()``)."""
+        with self._lock:
+            return [request.at for request in self.requests]
 
     async def _healthz(self) -> dict[str, bool]:
         return {"ok": True}

@@ -10,7 +10,8 @@ an earlier test of this process used, made as good as new when it was given back
   constraints, triggers, functions, the migration version), and it accepts connections
   and holds no prepared transaction; a database that fails a check is dropped, never
   reused;
-- every table but ``alembic_version`` is emptied and the sequences restarted;
+- every table but ``alembic_version`` is emptied and the sequences restarted, and the rows
+  the migrations seed (``SEEDED``: the ``gates`` rows) are put back;
 - it is renamed: each checkout has a name never handed out before, so a process a test
   left behind cannot reach the next test's data through the URL it was given.
 
@@ -64,6 +65,8 @@ TABLES = """
 SELECT tablename FROM pg_tables
  WHERE schemaname = 'public' AND tablename <> 'alembic_version' ORDER BY tablename
 """
+# Rows the migrations insert, which a database as good as new has.
+SEEDED = ("INSERT INTO gates (name) VALUES ('model')",)
 SEQUENCES = "SELECT sequencename FROM pg_sequences WHERE schemaname = 'public'"
 TERMINATE = """
 SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
@@ -172,9 +175,10 @@ def _fingerprint(conn: psycopg.Connection[tuple[object, ...]]) -> str:
 
 
 def _empty(conn: psycopg.Connection[tuple[object, ...]]) -> None:
-    """Delete every row but the migration version and restart the sequences. DELETE, not
-    TRUNCATE: on tables this small it takes milliseconds where TRUNCATE takes hundreds
-    (new files per table). Foreign keys are not checked meanwhile (every row goes)."""
+    """Delete every row but the migration version, restart the sequences and put back the
+    migrations' seeded rows. DELETE, not TRUNCATE: on tables this small it takes
+    milliseconds where TRUNCATE takes hundreds (new files per table). Foreign keys are
+    not checked meanwhile (every row goes)."""
     tables = [str(row[0]) for row in conn.execute(TABLES)]
     sequences = [str(row[0]) for row in conn.execute(SEQUENCES)]
     with conn.transaction():
@@ -183,3 +187,5 @@ def _empty(conn: psycopg.Connection[tuple[object, ...]]) -> None:
             conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(table)))
         for sequence in sequences:
             conn.execute(sql.SQL("ALTER SEQUENCE {} RESTART").format(sql.Identifier(sequence)))
+        for statement in SEEDED:
+            conn.execute(statement)

@@ -113,3 +113,22 @@ def test_tether_max_limits_is_the_cap_of_every_run_and_defaults_to_the_continuat
 def test_a_malformed_tether_max_limits_fails_settings_at_start_up(raw: str) -> None:
     with pytest.raises(ConfigError, match="TETHER_MAX_LIMITS"):
         Settings.from_env({"TETHER_MAX_LIMITS": raw})
+
+
+def test_the_model_rate_limits_are_positive_whole_numbers_or_unset() -> None:
+    settings = Settings.from_env({"TETHER_MODEL_RPM": "300", "TETHER_MODEL_TPM": " "})
+    assert settings.model_rpm == 300 and settings.model_tpm is None
+    assert Settings.from_env({}).model_rpm is None
+    assert Settings.from_env({"TETHER_MODEL_RATE_WINDOW_S": "2.5"}).model_rate_window_s == 2.5
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "1.5", "many"])
+@pytest.mark.parametrize("name", ["TETHER_MODEL_RPM", "TETHER_MODEL_TPM"])
+def test_a_bad_model_rate_limit_fails_settings_at_start_up(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        Settings.from_env({name: raw})
+
+
+def test_a_model_rate_limit_set_in_code_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="model_tpm"):
+        Settings(model_tpm=0)

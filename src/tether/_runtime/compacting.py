@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tether._runtime.capacity import model_capacity, model_ended
 from tether._runtime.model_failures import model_failed
 from tether._runtime.session import RunSession
 from tether.compaction import Compaction
@@ -138,6 +139,8 @@ async def compact_if_due(session: RunSession, failures: int) -> Outcome | None:
         return await session.halt(reason)
     session.check_held()
     covered = to_summarise(conversation, session.compaction, through)
+    if config.summarize is None and not await model_capacity(session):
+        return await session.release("worker stopping")
     try:
         summary, tokens, spend = await _summarise(session, config, covered)
     except ModelError as exc:
@@ -170,6 +173,7 @@ async def _summarise(
     model = session.services.model
     with MODEL_SECONDS.time():
         response = await model.request(summary_request(covered), [])
+    model_ended(session, response.usage)
     text = response.message.get("content")
     if not isinstance(text, str) or not text.strip():
         raise ModelError("the model gave no summary to compact the conversation with")

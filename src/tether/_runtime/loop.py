@@ -20,6 +20,7 @@ import time
 
 from tether import output
 from tether._runtime import compacting, parallel, tool_call
+from tether._runtime.capacity import model_capacity, model_ended
 from tether._runtime.decided_call import Resolution, decide
 from tether._runtime.hop import hop
 from tether._runtime.model_failures import model_failed
@@ -130,6 +131,8 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
             return await session.halt(reason)
         fail("before_model_call")
         session.check_held()
+        if not await model_capacity(session):  # the wait for it is not active time
+            return await session.release("worker stopping")
         step_started = time.monotonic()
         steps.open(session.step + 1)
         try:
@@ -139,6 +142,7 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
             ):
                 response = await _streamed(session)
                 chat.answered(response)
+            model_ended(session, response.usage)
         except ModelError as exc:  # handed back with a delay, or failed (reference §10)
             return await model_failed(session, exc, failures)
         failures = 0  # the stored turn resets the stored count too

@@ -1,6 +1,6 @@
 """What every run session shares within one engine: store, agent, model, settings, the
-heartbeat of the leases it holds, the outbox of its notices and the hub of the model's text
-as it is written."""
+heartbeat of the leases it holds, the outbox of its notices, the hub of the model's text
+as it is written and the limiter of the fleet's model rate."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from tether._runtime.deltas import DeltaHub
 from tether._runtime.heartbeat import Heartbeat
+from tether._runtime.rate_limit import RateLimiter
 from tether._runtime.single_flight import InFlight
 from tether.agent import Agent
 from tether.config import Settings
@@ -36,6 +37,8 @@ class Services:
     deltas: DeltaHub | None = None
     # Set when this process adds a schedule, so its ticking wakes for it (reference §17).
     schedules_added: asyncio.Event = field(default_factory=asyncio.Event)
+    # The fleet's model rate (reference §17, ``rate_limit.py``); off: no limit, no cost.
+    limiter: RateLimiter = field(default_factory=RateLimiter.off)
 
     @property
     def versions(self) -> tuple[str, ...]:

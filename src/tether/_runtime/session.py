@@ -146,8 +146,7 @@ class RunSession:
         return pending_tool_calls(self.messages)
 
     def take_decision(self, call_id: str) -> Decision | None:
-        """The human decision on ``call_id``, once: after it is carried out the call has a
-        result, so it must never be applied again."""
+        """The human decision on ``call_id``, once: once carried out it is never applied again."""
         return self._decisions.pop(call_id, None)
 
     def asked(self, call_id: str) -> Pending | None:
@@ -163,8 +162,7 @@ class RunSession:
         return call_id in self._decisions
 
     def take_recovering(self) -> bool:
-        """Whether the next call (or group of calls run together) is the first processed
-        after a takeover (once)."""
+        """Whether the next call (or group run together) is the first after a takeover (once)."""
         recovering, self._recovering = self._recovering, False
         return recovering
 
@@ -405,7 +403,7 @@ class RunSession:
         self._held.check()
 
     def close(self) -> None:
-        """Let go of the run: its lease is no longer kept alive by this process."""
+        """Let go of the run: this process no longer keeps its lease alive."""
         self.services.heartbeat.drop(self._held)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -438,6 +436,10 @@ class RunSession:
             fixed.append({**raw, "id": call_id, "type": raw.get("type", "function")})
         out["tool_calls"] = fixed
         return out
+
+    def idle(self, seconds: float) -> None:
+        """Leave ``seconds`` just spent waiting for model capacity out of the active time."""
+        self._mark += seconds
 
     def _elapsed(self) -> int:
         """Active milliseconds since the last durable write, folded into the budget."""

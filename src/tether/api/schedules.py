@@ -6,12 +6,56 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from tether.api.routes import AUTH, INVALID, TOO_LARGE, Caller, EngineDep, json_router, responses
-from tether.api.schemas import ScheduleCreatedOut, ScheduleIn, ScheduleListOut
+from tether.api.schemas import Question
+from tether.budget import LimitsInput
 from tether.runs import iso
 
 router = json_router()
+
+
+class ScheduleIn(BaseModel):
+    """A schedule (§17): each tick of ``cron`` starts a run of the caller asking ``question``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cron: str = Field(
+        max_length=255,
+        description="five fields (minute hour day-of-month month day-of-week) or @hourly, "
+        "@daily, @weekly, @monthly",
+    )
+    question: Question
+    limits: LimitsInput | None = None
+    timezone: str = Field(
+        default="UTC", max_length=64, description="an IANA timezone name, such as Europe/Paris"
+    )
+
+
+class ScheduleCreatedOut(BaseModel):
+    id: str
+    next_at: str = Field(description="the first tick, ISO-8601, UTC")
+
+
+class ScheduleOut(BaseModel):
+    """A schedule (§17) with its next tick and what it fired."""
+
+    id: str
+    user_id: str
+    cron: str
+    timezone: str
+    question: str
+    limits: dict[str, Any] | None
+    next_at: str = Field(description="ISO-8601, UTC")
+    created_at: str = Field(description="ISO-8601, UTC")
+    last_fired_at: str | None = Field(description="ISO-8601, UTC, or null before the first tick")
+    fired: int = Field(description="ticks that started a run")
+    missed: int = Field(description="ticks that passed while no worker ran (no run of their own)")
+
+
+class ScheduleListOut(BaseModel):
+    items: list[ScheduleOut]
 
 
 @router.post(

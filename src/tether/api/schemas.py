@@ -78,14 +78,18 @@ def _question(value: str) -> str:
     return _text(value)
 
 
+# A question for the agent: what a run, or each tick of a schedule, asks.
+Question = Annotated[
+    str, Field(min_length=1, max_length=MAX_QUESTION_CHARS), AfterValidator(_question)
+]
+
+
 class StartRunIn(BaseModel):
     """A question for the agent, with optional limits over the configured defaults."""
 
     model_config = ConfigDict(extra="forbid")
 
-    question: Annotated[
-        str, Field(min_length=1, max_length=MAX_QUESTION_CHARS), AfterValidator(_question)
-    ]
+    question: Question
     limits: LimitsInput | None = None
     thread_id: str | None = Field(
         default=None,
@@ -110,25 +114,6 @@ class StartRunIn(BaseModel):
         max_length=64,
         description="ISO-8601 with a UTC offset: the run is `queued` until then, by the "
         "database's clock; a past time starts it at once",
-    )
-
-
-class ScheduleIn(BaseModel):
-    """A schedule (§17): each tick of ``cron`` starts a run of the caller asking ``question``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    cron: str = Field(
-        max_length=255,
-        description="five fields (minute hour day-of-month month day-of-week) or @hourly, "
-        "@daily, @weekly, @monthly",
-    )
-    question: Annotated[
-        str, Field(min_length=1, max_length=MAX_QUESTION_CHARS), AfterValidator(_question)
-    ]
-    limits: LimitsInput | None = None
-    timezone: str = Field(
-        default="UTC", max_length=64, description="an IANA timezone name, such as Europe/Paris"
     )
 
 
@@ -288,12 +273,8 @@ class RunOut(BaseModel):
     dry_run: bool = Field(default=False, description="a dry run never executes a write")
     thread_id: str = Field(description="the thread (conversation) the run belongs to (§14)")
     priority: int = Field(default=0, description="claimed before lower priorities (§17)")
-    start_at: str | None = Field(
-        default=None, description="ISO-8601, UTC: it stays `queued` until then; or null"
-    )
-    schedule_id: str | None = Field(
-        default=None, description="the schedule whose tick created it (§17), or null"
-    )
+    start_at: str | None = Field(default=None, description="ISO-8601, UTC; queued till then")
+    schedule_id: str | None = Field(default=None, description="the schedule that made it")
     created_at: str = Field(description="ISO-8601, UTC")
     updated_at: str = Field(description="ISO-8601, UTC")
 
@@ -311,31 +292,6 @@ class RunListOut(BaseModel):
 class AcceptedOut(BaseModel):
     id: str
     state: RunState
-
-
-class ScheduleCreatedOut(BaseModel):
-    id: str
-    next_at: str = Field(description="the first tick, ISO-8601, UTC")
-
-
-class ScheduleOut(BaseModel):
-    """A schedule (§17) with its next tick and what it fired."""
-
-    id: str
-    user_id: str
-    cron: str
-    timezone: str
-    question: str
-    limits: dict[str, Any] | None
-    next_at: str = Field(description="ISO-8601, UTC")
-    created_at: str = Field(description="ISO-8601, UTC")
-    last_fired_at: str | None = Field(description="ISO-8601, UTC, or null before the first tick")
-    fired: int = Field(description="ticks that started a run")
-    missed: int = Field(description="ticks that passed while no worker ran (no run of their own)")
-
-
-class ScheduleListOut(BaseModel):
-    items: list[ScheduleOut]
 
 
 class ThreadRunOut(BaseModel):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from tether.store.compactions import CompactionRecord
 from tether.store.migrate import SchemaStatus, ensure_schema, schema_status, upgrade
+from tether.store.rates import Grant
 from tether.store.reads import Snapshot
 from tether.store.records import CallStatus, Decision, Event, LedgerEntry
 from tether.store.steps import Intent, idempotency_key
@@ -17,6 +18,7 @@ __all__ = [
     "CompactionRecord",
     "Decision",
     "Event",
+    "Grant",
     "Intent",
     "LedgerEntry",
     "SchemaStatus",

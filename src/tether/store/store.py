@@ -6,6 +6,7 @@ from __future__ import annotations
 from tether.store.claims import Claims
 from tether.store.compactions import Compactions
 from tether.store.forks import Forks
+from tether.store.rates import Rates
 from tether.store.reads import Reads
 from tether.store.requests import Requests
 from tether.store.schedules import Schedules
@@ -34,6 +35,7 @@ class Store(
     Versions,
     Waiting,
     Schedules,
+    Rates,
 ):
     """The synchronous store for a database URL: SQLite or PostgreSQL, whose differences
     are the hooks of its ``dialect`` (``dialect.Dialect``, picked by ``dialect_for``).
@@ -47,7 +49,8 @@ class Store(
     notices, retention; ``reads``; ``users``; ``sessions``: the inbox's sessions;
     ``versions``: the worker registry, stranded runs, migrating a run to another agent
     version; ``waiting``: why runs wait, counted; ``schedules``: cron schedules and
-    their ticks, each claimed with the run it creates.
+    their ticks, each claimed with the run it creates; ``rates``: leases of the fleet's
+    model capacity.
     Each method is one transaction; the engine's async API reaches each through one
     thread hop. Every state change is a ``transitions.Transition``, checked against
     ``tether.runs.TRANSITIONS``."""

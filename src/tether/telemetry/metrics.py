@@ -8,7 +8,7 @@ import it without a cycle; ``tether.api.metrics`` renders it with the runs-by-st
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -58,5 +58,23 @@ SCHEDULE_TICKS = Counter(
     "tether_schedule_ticks",
     "Schedule ticks, by outcome: fired (a run started) or missed (skipped while no worker ran).",
     ["outcome"],
+    registry=REGISTRY,
+)
+RATE_LIMITED_WAITS = Counter(
+    "tether_rate_limited_waits",
+    "Model calls that waited for the fleet's model capacity (reference §17), by the limit "
+    "that held them (rpm or tpm).",
+    ["limit"],
+    registry=REGISTRY,
+)
+RATE_LIMITED_WAIT_SECONDS = Histogram(
+    "tether_rate_limited_wait_seconds",
+    "How long a model call that waited for the fleet's model capacity waited.",
+    buckets=_BUCKETS,
+    registry=REGISTRY,
+)
+RATE_LIMITED_RUNS = Gauge(
+    "tether_rate_limited_runs",
+    "Runs of this process waiting for the fleet's model capacity now.",
     registry=REGISTRY,
 )
