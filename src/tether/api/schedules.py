@@ -97,7 +97,9 @@ async def list_schedules(user: Caller, engine: EngineDep) -> dict[str, Any]:
     status_code=204,
     tags=["schedules"],
     summary="Delete a schedule (its runs stay)",
-    responses=responses((401, AUTH), (404, "`not_found`: no such schedule, or not the caller's")),
+    responses=responses(
+        (401, AUTH), (404, "`not_found`: no such schedule, or not the caller's"), (422, INVALID)
+    ),
 )
 async def delete_schedule(schedule_id: str, user: Caller, engine: EngineDep) -> Response:
     await engine.delete_schedule(schedule_id, user=user)
