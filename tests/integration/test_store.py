@@ -319,6 +319,11 @@ def test_each_scan_of_the_store_uses_its_index(store: Store, scan: str) -> None:
     statement, params, index = SCANS[scan]
     if callable(statement):  # built for the store's dialect
         statement = statement(store.dialect)
+    if index == "runs_ready_user" and store.dialect.name == "postgresql":
+        # Statistics an earlier test left on this pooled database (many users) would plan
+        # for tables that are gone: they are read afresh, as autovacuum would.
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE user_load")
     for _ in range(20):
         _reach(store, "cancelled")  # finished runs the scans must not read
     assert index in _plan(store, statement, params)

@@ -17,6 +17,7 @@ back after downtime starts one catch-up run per schedule.
 from __future__ import annotations
 
 import logging
+import random
 import uuid
 from collections.abc import Mapping
 from datetime import datetime
@@ -172,6 +173,9 @@ async def fire_due(services: Services) -> int:
     fired = 0
     while True:
         now, due = await hop(services.store.due_schedules, BATCH)
+        # In an order of its own, so workers racing for one batch mostly fire different
+        # ticks rather than queue on the same rows.
+        random.shuffle(due)
         for schedule in due:
             if await _fire(services, schedule, now) is not None:
                 fired += 1
