@@ -25,15 +25,8 @@ VALID_S = 1.0  # rate_limit.VALID_S
 def worker(url: str, log: Path, **env: str) -> int:
     """Run a ``tether worker`` (RPM 1 in a short window) until it is idle, or a failpoint
     exits it; its exit code."""
-    environment = processes.tether_env(
-        url,
-        KIT_SCRIPT="answer",
-        TETHER_MODEL_RPM="1",
-        TETHER_MODEL_RATE_WINDOW_S=str(WINDOW_S),
-        **env,
-    )
-    proc = processes.spawn("worker", "--exit-when-idle", env=environment, log=log)
-    return proc.wait(timeout=120)
+    limited = {"TETHER_MODEL_RPM": "1", "TETHER_MODEL_RATE_WINDOW_S": str(WINDOW_S)}
+    return processes.worker_until_idle(url, log, **limited, **env)
 
 
 def leases(store: Store) -> list[tuple[float, int]]:

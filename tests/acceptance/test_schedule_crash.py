@@ -15,12 +15,7 @@ from tether.runs import RunState
 from tether.store import Store
 from tether.store.schema import runs, schedules
 
-
-def worker(url: str, log: Path, **env: str) -> int:
-    """Run a ``tether worker`` until it is idle (or a failpoint exits it); its exit code."""
-    environment = processes.tether_env(url, KIT_SCRIPT="answer", **env)
-    proc = processes.spawn("worker", "--exit-when-idle", env=environment, log=log)
-    return proc.wait(timeout=120)
+worker = processes.worker_until_idle
 
 
 def test_a_worker_killed_between_a_ticks_claim_and_its_run_leaves_the_tick_to_the_next(

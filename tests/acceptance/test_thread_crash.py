@@ -21,12 +21,7 @@ from waiting import poll_until, run_sync
 from tether.runs import RunState
 from tether.store import Store
 
-
-def worker(url: str, log: Path, **env: str) -> int:
-    """Run a ``tether worker`` until it is idle (or a failpoint exits it); its exit code."""
-    environment = processes.tether_env(url, KIT_SCRIPT="answer", **env)
-    proc = processes.spawn("worker", "--exit-when-idle", env=environment, log=log)
-    return proc.wait(timeout=120)
+worker = processes.worker_until_idle
 
 
 def test_a_worker_killed_after_a_run_ended_leaves_its_queued_follow_up_to_the_next(

@@ -59,6 +59,14 @@ def spawn(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen[str]:
     return spawn_agent(*args, agent=AGENT, env=env, log=log)
 
 
+def worker_until_idle(url: str, log: Path, **env: str) -> int:
+    """Run a ``tether worker --exit-when-idle`` of the test agent playing the ``answer``
+    script (unless ``env`` names another) until it is idle or a failpoint exits it; its
+    exit code (137 for a crash failpoint)."""
+    environment = tether_env(url, **{"KIT_SCRIPT": "answer", **env})
+    return spawn("worker", "--exit-when-idle", env=environment, log=log).wait(timeout=120)
+
+
 def tether(
     *args: str, env: dict[str, str], timeout: float = 60, agent: str = AGENT
 ) -> subprocess.CompletedProcess[str]:
