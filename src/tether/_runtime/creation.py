@@ -76,7 +76,7 @@ async def start_run(
             "scope": scope.to_json(),
             "versions": agent.versions(),
             "agent_version": agent.agent_version,
-            "messages": _first_messages(agent, question, follow_up=thread_id is not None),
+            "messages": first_messages(agent, question, follow_up=thread_id is not None),
             "trace_context": span.carrier(),  # the run's later spans continue this trace
             "thread_id": thread_id,  # None: a new thread, of the run's id
             "follow_up": thread_id is not None,
@@ -91,7 +91,7 @@ async def start_run(
         return _answer(stored, digest)
 
 
-def _first_messages(agent: Agent, question: str, *, follow_up: bool) -> list[Message]:
+def first_messages(agent: Agent, question: str, *, follow_up: bool) -> list[Message]:
     """What a new run stores now: a new thread's first run, the system message and its
     question; a follow-up nothing (its messages are written when it starts, once its
     thread's calls left without a result are answered)."""

@@ -27,6 +27,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 
 from tether import inputs
+from tether._runtime.creation import first_messages
 from tether._runtime.hop import hop
 from tether._runtime.opening import opens
 from tether.budget import Limits, parse_limits, within_cap
@@ -198,10 +199,7 @@ async def _fire(services: Services, schedule: ScheduleRecord, now: float) -> Run
         "scope": scope.to_json(),
         "versions": agent.versions(),
         "agent_version": agent.agent_version,
-        "messages": [
-            {"role": "system", "content": agent.instructions},
-            {"role": "user", "content": schedule.question},
-        ],
+        "messages": first_messages(agent, schedule.question, follow_up=False),
     }
     started = await hop(
         services.store.fire_tick,
