@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +26,13 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import sqlalchemy as sa  # noqa: E402
-from throughput import drop_database, engine, fresh_database, worker_env  # noqa: E402
+from throughput import (  # noqa: E402
+    drop_database,
+    engine,
+    fresh_database,
+    start_workers,
+    worker_env,
+)
 
 from tether.store.schema import runs, schedules  # noqa: E402
 
@@ -50,16 +55,7 @@ def main() -> None:
         env["TETHER_REAPER_INTERVAL_S"] = "60"
         command = [sys.executable, "-m", "tether", "worker", "--agent", "bench_agent:agent"]
         with tempfile.TemporaryDirectory() as logs:
-            procs = [
-                subprocess.Popen(
-                    command,
-                    env=env,
-                    cwd=ROOT,
-                    stdout=subprocess.DEVNULL,
-                    stderr=open(Path(logs) / f"w{w}.log", "w"),
-                )
-                for w in range(args.workers)
-            ]
+            procs = start_workers(command, env, logs, args.workers)
             last_tick = first_tick + 60 * (args.ticks - 1)
             while eng._store.now() < last_tick + 10:
                 time.sleep(0.5)

@@ -157,7 +157,16 @@ def run_workers(
 ) -> None:
     """``workers`` processes of ``command`` (a ``tether worker --exit-when-idle``) to their
     end, their stderr in ``tmp``; the first one's log if one failed."""
-    procs = [
+    for proc in start_workers(command, env, tmp, workers):
+        if proc.wait(timeout=timeout) != 0:
+            raise RuntimeError((Path(tmp) / "w0.log").read_text()[-2000:])
+
+
+def start_workers(
+    command: list[str], env: dict[str, str], tmp: str, workers: int
+) -> list[subprocess.Popen[bytes]]:
+    """``workers`` processes of ``command`` started, each with its stderr in ``tmp``."""
+    return [
         subprocess.Popen(
             command,
             env=env,
@@ -167,9 +176,6 @@ def run_workers(
         )
         for w in range(workers)
     ]
-    for proc in procs:
-        if proc.wait(timeout=timeout) != 0:
-            raise RuntimeError((Path(tmp) / "w0.log").read_text()[-2000:])
 
 
 def start_watchers(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,11 +14,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from test_api import DANA, MIGUEL, _samples, fingerprint, refused, serving
+from test_store import new_run
 from test_worker import tiny_engine
 from waiting import until
 
 from tether import Engine, StopKind
-from tether.budget import Limits
 from tether.errors import InvalidInput
 from tether.runs import RunState
 from tether.store import Store
@@ -32,23 +31,6 @@ def store(db_url: str) -> Iterator[Store]:
     opened = Store(db_url)
     yield opened
     opened.close()
-
-
-def _new(store: Store, user: str = "dana", **order: Any) -> str:
-    run_id = uuid.uuid4().hex
-    store.create_run(
-        run_id=run_id,
-        user_id=user,
-        question="q",
-        route={},
-        limits=Limits(),
-        scope={},
-        versions={},
-        agent_version="t@1",
-        messages=[{"role": "user", "content": "q"}],
-        **order,
-    )
-    return run_id
 
 
 def _claims(store: Store, n: int, **kwargs: Any) -> list[str | None]:
@@ -78,17 +60,17 @@ def _truth(store: Store) -> dict[str, tuple[int, int]]:
 
 
 def test_workers_claim_the_highest_priority_first_then_the_oldest(store: Store) -> None:
-    low = _new(store, priority=-3)
-    first = _new(store)
-    high = _new(store, priority=5)
-    second = _new(store)
+    low = new_run(store, priority=-3)
+    first = new_run(store)
+    high = new_run(store, priority=5)
+    second = new_run(store)
     assert _claims(store, 5) == [high, first, second, low, None]
 
 
 def test_a_queued_follow_up_and_a_due_start_are_claimed_in_priority_order(store: Store) -> None:
     past = (datetime.now(UTC) - timedelta(minutes=1)).timestamp()
-    ready = _new(store)
-    due = _new(store, priority=2, start_at=past)  # a past start: ready at once, by priority
+    ready = new_run(store)
+    due = new_run(store, priority=2, start_at=past)  # a past start: ready at once, by priority
     assert _claims(store, 3) == [due, ready, None]
 
 
@@ -97,7 +79,7 @@ def test_a_queued_follow_up_and_a_due_start_are_claimed_in_priority_order(store:
 
 def test_a_run_waits_queued_until_its_start_time_by_the_databases_clock(store: Store) -> None:
     later = (datetime.now(UTC) + timedelta(hours=1)).timestamp()
-    run_id = _new(store, start_at=later)
+    run_id = new_run(store, start_at=later)
     run = store.get_run(run_id)
     assert run is not None and run.state is RunState.QUEUED and run.start_at == later
     assert store.claim_ready("w1") is None and store.claim_ready("w1", run_id) is None
@@ -108,7 +90,7 @@ def test_a_run_waits_queued_until_its_start_time_by_the_databases_clock(store: S
 
 
 def test_a_start_time_past_already_starts_the_run_at_once(store: Store) -> None:
-    run_id = _new(store, start_at=1.0)
+    run_id = new_run(store, start_at=1.0)
     run = store.get_run(run_id)
     assert run is not None and run.state is RunState.RUNNING
     assert _claims(store, 1) == [run_id]
@@ -118,8 +100,8 @@ def test_a_start_time_past_already_starts_the_run_at_once(store: Store) -> None:
 
 
 def test_the_cap_holds_a_users_runs_back_and_claims_others_past_them(store: Store) -> None:
-    backlog = [_new(store, "ana") for _ in range(5)]
-    late = _new(store, "bo")  # arrives last, behind ana's whole backlog
+    backlog = [new_run(store, "ana") for _ in range(5)]
+    late = new_run(store, "bo")  # arrives last, behind ana's whole backlog
     assert _claims(store, 4, cap=2) == [backlog[0], late, backlog[1], None]
     assert _load(store)["ana"] == (2, 3)
     assert store.cancel(run_id=backlog[0], user_id="ana", by="ana") is not None
@@ -131,23 +113,23 @@ def test_the_cap_holds_a_users_runs_back_and_claims_others_past_them(store: Stor
 def test_among_equal_priorities_the_user_with_fewer_runs_carried_goes_first(
     store: Store,
 ) -> None:
-    ana = [_new(store, "ana") for _ in range(3)]
-    bo = _new(store, "bo")
-    urgent = _new(store, "ana", priority=1)
+    ana = [new_run(store, "ana") for _ in range(3)]
+    bo = new_run(store, "bo")
+    urgent = new_run(store, "ana", priority=1)
     # urgent first (its priority); then ana carries one and bo none: bo's goes before
     # ana's older ones.
     assert _claims(store, 3, cap=5) == [urgent, bo, ana[0]]
 
 
 def test_a_given_run_of_a_user_at_the_cap_is_not_claimed(store: Store) -> None:
-    first, second = _new(store, "ana"), _new(store, "ana")
+    first, second = new_run(store, "ana"), new_run(store, "ana")
     assert store.claim_ready("w1", first, cap=1) is not None
     assert store.claim_ready("w2", second, cap=1) is None
     assert store.claim_ready("w2", second, cap=2) is not None
 
 
 def test_the_user_counts_follow_every_change_of_state_and_owner(store: Store) -> None:
-    ids = [_new(store, user) for user in ("ana", "ana", "bo", "bo", "cy")]
+    ids = [new_run(store, user) for user in ("ana", "ana", "bo", "bo", "cy")]
     _claims(store, 3)
     assert _load(store) == _truth(store)
     claimed = [r for r in (store.get_run(i) for i in ids) if r is not None and r.owner]
@@ -162,9 +144,9 @@ def test_the_user_counts_follow_every_change_of_state_and_owner(store: Store) ->
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_concurrent_claims_never_carry_more_than_the_cap_of_a_user(store: Store) -> None:
     for _ in range(12):
-        _new(store, "ana")
+        new_run(store, "ana")
     for _ in range(4):
-        _new(store, "bo")
+        new_run(store, "bo")
     start = threading.Barrier(8)
     taken: list[str] = []
 

@@ -32,7 +32,8 @@ def store(db_url: str) -> Iterator[Store]:
     opened.close()
 
 
-def _new_run(store: Store, user: str = "dana") -> str:
+def new_run(store: Store, user: str = "dana", **order: Any) -> str:
+    """A ready run of ``user`` (``order``: its ``priority``, ``start_at``), its id."""
     run_id = uuid.uuid4().hex
     store.create_run(
         run_id=run_id,
@@ -44,12 +45,13 @@ def _new_run(store: Store, user: str = "dana") -> str:
         versions={},
         agent_version="t@1",
         messages=[{"role": "user", "content": "q"}],
+        **order,
     )
     return run_id
 
 
 def _claimed(store: Store, owner: str = "w1") -> Lease:
-    run = store.claim_ready(owner, _new_run(store))
+    run = store.claim_ready(owner, new_run(store))
     assert run is not None
     return run.lease()
 
@@ -231,7 +233,7 @@ def test_the_snapshot_carries_the_decision_of_the_current_token_only(store: Stor
 def test_counts_by_state_name_every_state(store: Store) -> None:
     assert store.count_by_state() == {state.value: 0 for state in RunState}
     _claimed(store)
-    _new_run(store)
+    new_run(store)
     _reach(store, "cancelled")
     counts = store.count_by_state()
     assert set(counts) == {state.value for state in RunState}
