@@ -19,16 +19,25 @@ from tether import Engine
 from tether.store.schema import runs, schedules
 from tether.worker import Worker
 
+# Once a tick fires, the schedule's next tick must not come due while a test still
+# watches: a minute's cron would fire again whenever a test straddles a minute's start.
+YEARLY = "0 0 1 1 *"
 
-def _past(engine: Engine, schedule_id: str, seconds_ago: float) -> None:
-    """Make the schedule's tick due ``seconds_ago`` (as if no worker ran meanwhile)."""
+
+def _past(
+    engine: Engine, schedule_id: str, seconds_ago: float, *, whole_minute: bool = False
+) -> None:
+    """Make the schedule's tick due ``seconds_ago`` (as if no worker ran meanwhile), from
+    the start of the current minute if ``whole_minute`` (so the ticks since are counted
+    the same whatever the second the test runs at)."""
     store = engine._store
     now = store.now()
+    base = now // 60 * 60 if whole_minute else now
     with store.begin() as conn:
         conn.execute(
             schedules.update()
             .where(schedules.c.id == schedule_id)
-            .values(next_at=now - seconds_ago)
+            .values(next_at=base - seconds_ago)
         )
 
 
@@ -89,7 +98,7 @@ async def test_a_bad_schedule_is_invalid_input_and_stores_nothing(
 async def test_a_due_tick_starts_exactly_one_run_however_many_workers_race(db_url: str) -> None:
     engines = [tiny_engine(db_url) for _ in range(3)]
     try:
-        added = await engines[0].add_schedule("dana", "* * * * *", "tick", limits={"max_steps": 3})
+        added = await engines[0].add_schedule("dana", YEARLY, "tick", limits={"max_steps": 3})
         _past(engines[0], added.id, 1.0)
         fired = await asyncio.gather(*(e._runner.fire_schedules() for e in engines))
         assert sum(count for count, _ in fired) == 1
@@ -110,7 +119,7 @@ async def test_ticks_missed_while_no_worker_ran_start_one_catch_up_run(db_url: s
     engine = tiny_engine(db_url)
     try:
         added = await engine.add_schedule("dana", "* * * * *", "catch up")
-        _past(engine, added.id, 5 * 60 + 1)  # five minutes with no worker: six ticks due
+        _past(engine, added.id, 5 * 60, whole_minute=True)  # five minutes idle: six ticks due
         fired, next_in = await engine._runner.fire_schedules()
         assert fired == 1 and len(_runs_of(engine, added.id)) == 1
         after = await engine.get_schedule(added.id)
@@ -123,7 +132,7 @@ async def test_ticks_missed_while_no_worker_ran_start_one_catch_up_run(db_url: s
 async def test_a_worker_fires_a_due_tick_and_carries_its_run(db_url: str) -> None:
     engine = tiny_engine(db_url, reaper_interval_s=0.5)
     try:
-        added = await engine.add_schedule("dana", "* * * * *", "from the worker")
+        added = await engine.add_schedule("dana", YEARLY, "from the worker")
         worker = Worker(engine, concurrency=2)
         task = asyncio.create_task(worker.run())
         try:
