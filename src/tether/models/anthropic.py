@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, Unpack, cast
+from typing import Any, Unpack
 
 import anthropic
 from anthropic.types import Message as AnthropicMessage
-from anthropic.types import MessageParam, RawMessageStreamEvent, ToolParam
+from anthropic.types import RawMessageStreamEvent
 
 from tether.errors import ModelError
 from tether.models.base import Message, ModelResponse, TextSink, ToolSpec, Usage
@@ -251,13 +251,25 @@ class AnthropicModel(SDKModel[anthropic.AsyncAnthropic]):
         self, messages: list[Message], tools: list[ToolSpec], on_text: TextSink
     ) -> ModelResponse:
         system, turns = to_anthropic_messages(messages)
-        stream = await self._client.messages.create(
-            model=self.model,
-            max_tokens=self.max_tokens,
-            messages=cast("list[MessageParam]", turns),
-            system=system or anthropic.omit,
-            tools=cast("list[ToolParam]", to_anthropic_tools(tools)) if tools else anthropic.omit,
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "messages": turns,
+            "stream": True,
+        }
+        if system:
+            body["system"] = system
+        if tools:
+            body["tools"] = to_anthropic_tools(tools)
+        # The client's own ``post``, as the OpenAI adapter does and for the same reason:
+        # the SDK's typed transform of ``messages.create`` walks the whole history and
+        # changes nothing in it (its one format, base64, applies to file objects only).
+        stream = await self._client.post(
+            "/v1/messages",
+            body=body,
+            cast_to=AnthropicMessage,
             stream=True,
+            stream_cls=anthropic.AsyncStream[RawMessageStreamEvent],
         )
         assembled = StreamedMessage(on_text)
         async with stream:
