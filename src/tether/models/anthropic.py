@@ -234,6 +234,7 @@ class AnthropicModel(SDKModel[anthropic.AsyncAnthropic]):
         timeout=anthropic.APITimeoutError,
         connection=anthropic.APIConnectionError,
     )
+    http_client_class = anthropic.DefaultAioHttpClient
     client_class = anthropic.AsyncAnthropic
 
     def __init__(

@@ -156,6 +156,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
         timeout=openai.APITimeoutError,
         connection=openai.APIConnectionError,
     )
+    http_client_class = openai.DefaultAioHttpClient
     client_class = openai.AsyncOpenAI
 
     async def _call(

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Generic, Protocol, TypedDict, TypeVar
 
@@ -132,6 +134,8 @@ def model_error(exc: Exception, name: str, timeout_s: float, errors: SDKErrors) 
             status=status,
             transient=transient_status(status),
         )
+    if _not_connected(exc):
+        return ModelError(f"{name} could not be reached: {detail}", transient=True)
     # The timeout errors are connection errors too: test them first.
     if isinstance(exc, (errors.timeout, httpx.TimeoutException)):
         return ModelError(f"{name} timed out after {timeout_s:g}s", transient=True)
@@ -148,6 +152,25 @@ def model_error(exc: Exception, name: str, timeout_s: float, errors: SDKErrors) 
             transient=kind not in PERMANENT_ERROR_TYPES,
         )
     return ModelError(f"{name} failed: {exc}")
+
+
+def _not_connected(exc: BaseException) -> bool:
+    """Whether ``exc`` came of a connection that could not be made (refused, no route, a
+    name that does not resolve). aiohttp's transport reports those as a connect timeout
+    (``httpx_aiohttp`` maps every ``ClientConnectionError`` so), which they are not; its
+    own ``ClientConnectorError`` is in the chain. Looked up, not imported: aiohttp is
+    loaded only once a request went through it."""
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is None:
+        return False
+    seen: BaseException | None = exc
+    for _ in range(8):  # the SDK's error, httpx's, aiohttp's: a short chain
+        if seen is None:
+            return False
+        if isinstance(seen, aiohttp.ClientConnectorError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _discard(text: str) -> None:
@@ -168,8 +191,19 @@ class ClientClass(Protocol[ClientT_co]):
     """An SDK's client constructor, as both SDKs spell it."""
 
     def __call__(
-        self, *, api_key: str | None, base_url: str | None, timeout: float, max_retries: int
+        self,
+        *,
+        api_key: str | None,
+        base_url: str | None,
+        timeout: float,
+        max_retries: int,
+        http_client: httpx.AsyncClient,
     ) -> ClientT_co: ...
+
+
+# The connections an adapter's HTTP client may hold: no cap of its own (a worker's
+# ``--concurrency`` bounds the requests in flight), kept alive between a run's steps.
+CONNECTIONS = httpx.Limits(max_connections=100_000, max_keepalive_connections=100_000)
 
 
 class SDKOptions(TypedDict, total=False):
@@ -194,6 +228,11 @@ class SDKModel(Model, Generic[ClientT]):
     base_var: ClassVar[str]
     errors: ClassVar[SDKErrors]
     client_class: ClientClass[ClientT]
+    # The SDK's HTTP client on aiohttp (its ``aiohttp`` extra), which both SDKs offer "for
+    # improved concurrency": httpx's connection pool walks every connection for each
+    # request, so a worker with 1,000 runs in flight spent more on the pool than on the
+    # requests (benchmarks/capacity.py).
+    http_client_class: ClassVar[Callable[..., httpx.AsyncClient]]
 
     def __init__(
         self,
@@ -226,6 +265,7 @@ class SDKModel(Model, Generic[ClientT]):
             base_url=resolved_base,
             timeout=self.timeout_s,
             max_retries=max_retries,
+            http_client=self.http_client_class(timeout=self.timeout_s, limits=CONNECTIONS),
         )
 
     async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
