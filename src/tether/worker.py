@@ -56,6 +56,9 @@ RESTART_MAX_S = 30.0
 # ends its pass after the batch in flight, so that orphans it claimed are recovered, not
 # left to go stale.
 CANCEL_ON_STOP = frozenset({"notices", "listener"})
+# The most runs one claim takes (one transaction): a worker with a thousand free slots
+# fills them in tens of claims, not a thousand (benchmarks/capacity.py).
+CLAIM_BATCH = 32
 
 
 class Worker:
@@ -200,22 +203,25 @@ class Worker:
         return max(0, room)
 
     async def _fill(self) -> bool:
-        """Claim runs into the free slots (leaving a reaper pass its share); True if any.
-        Finding none waiting lets a reaper pass have every free slot."""
+        """Claim runs into the free slots (leaving a reaper pass its share), up to
+        ``CLAIM_BATCH`` in each transaction; True if any. Finding none waiting lets a
+        reaper pass have every free slot."""
         claimed = False
-        while self._room_for_runs() > 0 and not self.stopping.is_set():
-            self._reserved += 1  # the slot is taken while the claim is in flight
+        while (room := self._room_for_runs()) > 0 and not self.stopping.is_set():
+            limit = min(room, CLAIM_BATCH)
+            self._reserved += limit  # the slots are taken while the claim is in flight
             try:
-                run = await self._runner.claim()
+                runs = await self._runner.claim_many(limit)
             finally:
-                self._reserved -= 1
-            if run is None:
+                self._reserved -= limit
+            for run in runs:
+                claimed = True
+                self._spawn(self._carry(run), run)
+            if not runs:
                 self._runs_waiting = False
                 self._freed.set()
                 break
             self._runs_waiting = True
-            claimed = True
-            self._spawn(self._carry(run), run)
         return claimed
 
     def _spawn(self, work: Coroutine[Any, Any, None], run: Run) -> None:

@@ -79,6 +79,19 @@ class Runner:
             cap=self.services.settings.max_active_per_user,
         )
 
+    async def claim_many(self, limit: int) -> list[Run]:
+        """Take the leases of up to ``limit`` of the runs that wait longest (best first, as
+        ``claim`` takes one) for a worker of a version this process serves, in one
+        transaction; under ``TETHER_MAX_ACTIVE_PER_USER`` one at most."""
+        await self._opened()
+        return await hop(
+            self.services.store.claim_waiting,
+            self.worker_id,
+            limit,
+            versions=self.services.versions,
+            cap=self.services.settings.max_active_per_user,
+        )
+
     async def next_start_in(self) -> float | None:
         """Seconds until a queued run's start time comes, by the database's clock (None:
         no run waits for one), so an idle worker wakes for it rather than at its poll."""

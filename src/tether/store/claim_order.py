@@ -126,14 +126,21 @@ def _ready_capped(dialect: type[Dialect]) -> sa.Select[Any]:
     )
 
 
-def _first(query: sa.Select[Any], *order: Any) -> sa.Select[Any]:
-    return query.order_by(*order).limit(1)
+# How many runs a claim without a cap takes at most: ``b_limit``.
+LIMIT = sa.bindparam("b_limit", type_=sa.Integer)
 
 
 def pick_next(dialect: type[Dialect], *, capped: bool) -> sa.Select[Any]:
-    """The id of the best waiting run, its candidates locked by the dialect's
-    ``candidates``, honouring ``b_cap`` when ``capped``."""
+    """The ids of the best waiting runs, their candidates locked by the dialect's
+    ``candidates``: at most ``b_limit`` of them, or, honouring ``b_cap`` when ``capped``,
+    one (a second run of a user could take the user past the cap; each claim re-reads
+    the user's count)."""
     lock = dialect().candidates
+    count: Any = 1 if capped else LIMIT
+
+    def _first(query: sa.Select[Any], *order: Any) -> sa.Select[Any]:
+        return query.order_by(*order).limit(count)
+
     ready = (
         _ready_capped(dialect)
         if capped
@@ -157,16 +164,20 @@ def pick_next(dialect: type[Dialect], *, capped: bool) -> sa.Select[Any]:
     kinds = sa.union_all(*(sa.select(q.subquery()) for q in (ready, lock(free), lock(starting))))
     best = kinds.subquery("waiting")
     return (
-        sa.select(best.c.id).order_by(best.c.priority.desc(), best.c.carried, best.c.since).limit(1)
+        sa.select(best.c.id)
+        .order_by(best.c.priority.desc(), best.c.carried, best.c.since)
+        .limit(count)
     )
 
 
 @functools.cache
 def claim_next(backend: str, *, capped: bool) -> Transition:
-    """The claim of the run ``pick_next`` picks, re-checked as it is claimed, for the
-    dialect of ``backend`` (``Dialect.name``), built once."""
-    pick = pick_next(type(dialect_for(backend)), capped=capped).scalar_subquery()
+    """The claim of the runs ``pick_next`` picks, each re-checked as it is claimed, for
+    the dialect of ``backend`` (``Dialect.name``), built once. A queued run of a thread
+    whose earlier run is in the same pick cannot be due (that run is still queued), so a
+    batch never starts two runs of one thread."""
+    pick = pick_next(type(dialect_for(backend)), capped=capped)
     conditions = [sa.or_(_READY, _DUE), SERVED]
     return Transition(
-        [RUNNING, RunState.QUEUED], RUNNING, runs.c.id == pick, *conditions, **CLAIMED
+        [RUNNING, RunState.QUEUED], RUNNING, runs.c.id.in_(pick), *conditions, **CLAIMED
     )

@@ -243,15 +243,33 @@ class Claims(StoreBase):
         past, for a queued run), and on PostgreSQL the pick skips rows other claimers
         hold, so concurrent workers pick different runs.
         """
+        if run_id is None:
+            claimed = self.claim_waiting(owner, 1, versions=versions, cap=cap)
+            return claimed[0] if claimed else None
         params: dict[str, Any] = {"b_owner": owner, "b_cap": cap, **served(versions)}
-        if run_id is not None:
-            claim = CLAIM_GIVEN if cap is None else CLAIM_GIVEN_CAPPED
-            params["b_id"] = run_id
-        else:
-            claim = claim_next(self.dialect.name, capped=cap is not None)
+        params["b_id"] = run_id
+        claim = CLAIM_GIVEN if cap is None else CLAIM_GIVEN_CAPPED
         with self.begin() as conn:
             row = claim.one(conn, params)
             return Run.from_row(row._mapping) if row else None
+
+    def claim_waiting(
+        self,
+        owner: str,
+        limit: int,
+        *,
+        versions: Sequence[str] | None = None,
+        cap: int | None = None,
+    ) -> list[Run]:
+        """Take the leases of up to ``limit`` of the best runs that wait for a worker, as
+        ``claim_ready`` picks one, in one conditional UPDATE: a worker filling many free
+        slots claims them together rather than one transaction (and one thread hop) each.
+        With ``cap``, at most one, each claim re-reading its user's count."""
+        params: dict[str, Any] = {"b_owner": owner, "b_cap": cap, **served(versions)}
+        params["b_limit"] = max(1, limit)
+        claim = claim_next(self.dialect.name, capped=cap is not None)
+        with self.begin() as conn:
+            return [Run.from_row(row._mapping) for row in claim.many(conn, params)]
 
     def claim_decision(
         self,
