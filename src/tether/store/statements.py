@@ -106,6 +106,20 @@ OPENING = (
 )
 
 HEARTBEAT = runs.update().where(LEASE).values(heartbeat_at=db_now())
+# Many leases' heartbeats in one statement (``b_ids`` their runs, for the primary key;
+# ``b_leases`` each (run, owner, epoch)); the leases it refreshed come back.
+HEARTBEATS = (
+    runs.update()
+    .where(
+        runs.c.id.in_(sa.bindparam("b_ids", expanding=True)),
+        sa.tuple_(runs.c.id, runs.c.owner, runs.c.lease_epoch).in_(
+            sa.bindparam("b_leases", expanding=True)
+        ),
+        state_in([RUNNING]),
+    )
+    .values(heartbeat_at=db_now())
+    .returning(runs.c.id, runs.c.owner, runs.c.lease_epoch)
+)
 
 # Letting go of a run for the reapers to recover, without a state change: the owner stays,
 # its heartbeat is made stale at once (the oldest there can be), the active time is added.

@@ -23,6 +23,7 @@ from tether.store.statements import (
     HALT,
     HAND_OVER,
     HEARTBEAT,
+    HEARTBEATS,
     INSERT_MESSAGE,
     LANDED,
     LEASE_HELD,
@@ -58,6 +59,10 @@ UNRECONCILABLE = {
     "error": FailReason.UNRECONCILABLE.value,
     "message": "whether this call took effect could not be learnt; a person must look",
 }
+
+
+# The most leases one heartbeat statement refreshes.
+HEARTBEAT_CHUNK = 500
 
 
 def idempotency_key(run_id: str, tool_call_id: str) -> str:
@@ -229,10 +234,20 @@ class Steps(StoreBase):
             return conn.execute(HEARTBEAT, lease_params(lease)).rowcount == 1
 
     def heartbeat_many(self, leases: Sequence[Lease]) -> list[bool]:
-        """Refresh the heartbeat of every lease in one transaction; for each, whether it
+        """Refresh the heartbeat of every lease in one transaction, a statement for each
+        ``HEARTBEAT_CHUNK`` of them (a thousand runs in flight are a few round trips, and
+        their rows are locked for as long, not a round trip each); for each, whether it
         is still held (False: another owner took the run)."""
+        held: set[tuple[str, str, int]] = set()
         with self.begin() as conn:
-            return [conn.execute(HEARTBEAT, lease_params(lease)).rowcount == 1 for lease in leases]
+            for at in range(0, len(leases), HEARTBEAT_CHUNK):
+                chunk = leases[at : at + HEARTBEAT_CHUNK]
+                params = {
+                    "b_ids": [lease.run_id for lease in chunk],
+                    "b_leases": [(lease.run_id, lease.owner, lease.epoch) for lease in chunk],
+                }
+                held.update(tuple(row) for row in conn.execute(HEARTBEATS, params))
+        return [(lease.run_id, lease.owner, lease.epoch) in held for lease in leases]
 
     def lease_held(self, lease: Lease) -> bool:
         """Whether ``lease`` still owns the run (checked before a write tool runs)."""
