@@ -46,9 +46,10 @@ class StoreBase:
     @property
     def executor(self) -> ThreadPoolExecutor:
         """The threads async callers reach the store through (``tether._runtime.hop``): one per
-        connection the pool can open, so 50 concurrent approvals do not queue behind the
-        event loop's default executor (min(32, cores + 4) threads, shared with every other
-        ``to_thread``). Threads start on first use."""
+        connection the pool keeps, so 50 concurrent approvals do not queue behind the event
+        loop's default executor (min(32, cores + 4) threads, shared with every other
+        ``to_thread``), and no call through them opens a connection the pool then closes.
+        Threads start on first use."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
                 max_workers=_connections(self.engine), thread_name_prefix="tether-store"
@@ -80,8 +81,5 @@ class StoreBase:
 
 
 def _connections(engine: Engine) -> int:
-    """How many connections ``engine``'s pool may open at once."""
-    pool = engine.pool
-    size = getattr(pool, "size", lambda: 5)()
-    overflow = max(0, getattr(pool, "_max_overflow", 0))
-    return max(1, int(size) + int(overflow))
+    """How many connections ``engine``'s pool keeps open."""
+    return max(1, int(getattr(engine.pool, "size", lambda: 5)()))

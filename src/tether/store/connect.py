@@ -17,6 +17,9 @@ from sqlalchemy.engine import Engine
 from tether.errors import ConfigError
 from tether.store.faults import name_refusals, track_commits
 
+# The connections a store keeps open to PostgreSQL, and the threads it reaches them through.
+POOL_SIZE = 20
+
 
 def normalize_url(url: str) -> str:
     """Map the URLs users write (``postgresql://``) to the driver we ship (psycopg 3)."""
@@ -44,11 +47,15 @@ def create_db_engine(url: str) -> Engine:
         # No pre-ping: it would cost a round trip before every transaction. A pooled
         # connection that died meanwhile fails at its first statement, before any COMMIT,
         # and ``tether._runtime.hop`` tries the call again on a fresh one (the pool drops every
-        # connection older than the failure).
+        # connection older than the failure). The store's threads are as many as the pool
+        # keeps (``StoreBase.executor``), so calls through them never open a connection
+        # beyond it: an overflow connection is closed when it is given back, and a busy
+        # worker opened and closed one per step, at several ms of the server's CPU each
+        # (benchmarks/capacity.py). The overflow serves callers outside those threads.
         engine = sa.create_engine(
             url,
-            pool_size=10,
-            max_overflow=20,
+            pool_size=POOL_SIZE,
+            max_overflow=10,
             pool_timeout=10,
             connect_args={"options": "-c synchronous_commit=on", "connect_timeout": 5},
         )
