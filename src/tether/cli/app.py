@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 # The demo's entry points, named like the default ``--agent``.
 DEMO_STORY = "tether.demo.story:main"
 SANDBOX_SERVE = "tether.demo.sandbox.server:serve"
+# The most runs one worker may carry at once: a guard against a typo, not a tuning (a run
+# waiting on its model costs a few KB; benchmarks/capacity.py measures thousands).
+MAX_CONCURRENCY = 100_000
 
 app = typer.Typer(help="tether: agent runs that survive interruption.", no_args_is_help=True)
 sandbox_app = typer.Typer(help="The demo business system.", no_args_is_help=True)
@@ -53,7 +56,9 @@ def main() -> None:
 @app.command()
 def worker(
     agent: AgentOpt = DEFAULT_AGENT,
-    concurrency: Annotated[int, typer.Option(min=1, max=1000, help="runs carried at once")] = 8,
+    concurrency: Annotated[
+        int, typer.Option(min=1, max=MAX_CONCURRENCY, help="runs carried at once")
+    ] = 8,
     exit_when_idle: Annotated[
         bool, typer.Option(help="exit once no run waits and none is in hand")
     ] = False,
@@ -91,7 +96,7 @@ def serve(
         ),
     ] = None,
     concurrency: Annotated[
-        int, typer.Option(min=1, max=1000, help="runs each worker carries at once")
+        int, typer.Option(min=1, max=MAX_CONCURRENCY, help="runs each worker carries at once")
     ] = 8,
 ) -> None:
     """Serve the HTTP API and the approvals pages, with workers in the same process, all on
