@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from typing import Any, Unpack
 
 import anthropic
-from anthropic.types import Message as AnthropicMessage
-from anthropic.types import RawMessageStreamEvent
 
 from tether.errors import ModelError
 from tether.models.base import Message, ModelResponse, TextSink, ToolSpec, Usage
 from tether.models.sdk import IncompleteStream, SDKErrors, SDKModel, SDKOptions
 
 Block = dict[str, Any]
+# The stream's events as the SDK decodes them, each a JSON object (``StreamedMessage``).
+_EVENTS = anthropic.AsyncStream[object]
 
 
 def to_anthropic_messages(messages: Sequence[Message]) -> tuple[str, list[dict[str, Any]]]:
@@ -116,86 +116,71 @@ def to_anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
     ]
 
 
-def from_anthropic_response(response: AnthropicMessage, model: str) -> ModelResponse:
-    """A Messages reply as a plain OpenAI-format assistant message with its usage.
-
-    Input tokens include cache reads and writes: the price table has no cache rates, so
-    spend errs high and budgets still hold. ``model`` is the name that was requested.
-    """
-    texts: list[str] = []
-    tool_calls: list[dict[str, Any]] = []
-    for block in response.content:
-        if block.type == "text":
-            texts.append(block.text)
-        elif block.type == "tool_use":
-            tool_calls.append(
-                {
-                    "id": block.id,
-                    "type": "function",
-                    "function": {"name": block.name, "arguments": json.dumps(block.input)},
-                }
-            )
-    message: Message = {"role": "assistant", "content": "".join(texts) if texts else None}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    usage = response.usage
+def _usage(reported: dict[str, Any]) -> Usage:
+    """The usage a stream reported. Input tokens include cache reads and writes: the price
+    table has no cache rates, so spend errs high and budgets still hold."""
     input_tokens = (
-        usage.input_tokens
-        + (usage.cache_creation_input_tokens or 0)
-        + (usage.cache_read_input_tokens or 0)
+        int(reported.get("input_tokens") or 0)
+        + int(reported.get("cache_creation_input_tokens") or 0)
+        + int(reported.get("cache_read_input_tokens") or 0)
     )
-    return ModelResponse(
-        message=message,
-        usage=Usage(input_tokens=input_tokens, output_tokens=usage.output_tokens),
-        model=model,
-    )
+    return Usage(input_tokens=input_tokens, output_tokens=int(reported.get("output_tokens") or 0))
 
 
 class StreamedMessage:
     """A Messages stream put back together, event by event, as the message it streams:
-    id, model and input usage from ``message_start``; text and ``tool_use`` blocks from
-    their start, deltas and stop (a tool's input is the JSON of its ``input_json_delta``
-    pieces, read at its ``content_block_stop``); the stop reason and output usage from
-    ``message_delta``; complete at ``message_stop``. Text pieces go to ``on_text`` as they
-    come. Error events are raised by the SDK as it reads them."""
+    input usage from ``message_start``; text and ``tool_use`` blocks from their start,
+    deltas and stop (a tool's input is the JSON of its ``input_json_delta`` pieces, read at
+    its ``content_block_stop``); output usage from ``message_delta``; complete at
+    ``message_stop``. Text pieces go to ``on_text`` as they come. Error events are raised
+    by the SDK as it reads them.
 
-    def __init__(self, on_text: TextSink) -> None:
+    The events are the JSON objects the SDK's stream decodes (``AsyncStream[object]``), as
+    the OpenAI adapter's chunks are, and for the same reason: no typed model per event."""
+
+    def __init__(self, on_text: TextSink, model: str) -> None:
         self._on_text = on_text
-        self._start: AnthropicMessage | None = None
+        self._model = model
+        self._started = False
         self._usage: dict[str, Any] = {}
-        self._blocks: dict[int, Block] = {}
+        self._texts: dict[int, list[str]] = {}
+        self._calls: dict[int, Block] = {}
         self._json: dict[int, list[str]] = {}
-        self._stop_reason: str | None = None
         self._stopped = False
 
-    def add(self, event: RawMessageStreamEvent) -> None:
-        if event.type == "message_start":
-            self._start = event.message
-            self._usage = event.message.usage.model_dump()
-        elif event.type == "content_block_start":
-            block = event.content_block
-            if block.type == "text":
-                self._blocks[event.index] = {"type": "text", "text": ""}
-                self._text(event.index, block.text)
-            elif block.type == "tool_use":
-                self._blocks[event.index] = block.model_dump()
-                self._json[event.index] = []
-        elif event.type == "content_block_delta":
-            if event.delta.type == "text_delta":
-                self._text(event.index, event.delta.text)
-            elif event.delta.type == "input_json_delta" and event.index in self._json:
-                self._json[event.index].append(event.delta.partial_json)
-        elif event.type == "content_block_stop":
-            self._read_input(event.index)
-        elif event.type == "message_delta":
-            self._stop_reason = event.delta.stop_reason
-            self._usage.update(event.usage.model_dump(exclude_none=True))
-        elif event.type == "message_stop":
+    def add(self, event: Any) -> None:
+        if not isinstance(event, dict):
+            return
+        kind = event.get("type")
+        index = int(event.get("index") or 0)
+        if kind == "message_start":
+            self._started = True
+            self._usage = dict((event.get("message") or {}).get("usage") or {})
+        elif kind == "content_block_start":
+            block = event.get("content_block") or {}
+            if block.get("type") == "text":
+                self._texts[index] = []
+                self._text(index, block.get("text") or "")
+            elif block.get("type") == "tool_use":
+                self._calls[index] = block
+                self._json[index] = []
+        elif kind == "content_block_delta":
+            delta = event.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                self._text(index, delta.get("text") or "")
+            elif delta.get("type") == "input_json_delta" and index in self._json:
+                self._json[index].append(delta.get("partial_json") or "")
+        elif kind == "content_block_stop":
+            self._read_input(index)
+        elif kind == "message_delta":
+            usage = event.get("usage") or {}
+            self._usage.update({k: v for k, v in usage.items() if v is not None})
+        elif kind == "message_stop":
             self._stopped = True
 
     def _text(self, index: int, text: str) -> None:
-        if index in self._blocks and text:
-            self._blocks[index]["text"] += text
+        if index in self._texts and text:
+            self._texts[index].append(text)
             self._on_text(text)
 
     def _read_input(self, index: int) -> None:
@@ -203,22 +188,31 @@ class StreamedMessage:
         if not raw:
             return
         try:
-            self._blocks[index]["input"] = json.loads(raw)
+            self._calls[index]["input"] = json.loads(raw)
         except ValueError:
             raise ModelError(f"the model sent a tool input that is not JSON: {raw!r}") from None
 
-    def message(self) -> AnthropicMessage:
-        """The message streamed, once ``message_stop`` has come."""
-        if self._start is None or not self._stopped:
+    def response(self) -> ModelResponse:
+        """The message streamed, once ``message_stop`` has come, as a plain OpenAI-format
+        assistant message with its usage (``model``: the name that was requested)."""
+        if not self._started or not self._stopped:
             raise IncompleteStream("the stream ended without message_stop")
-        return AnthropicMessage.construct(
-            **{
-                **self._start.model_dump(),
-                "content": [block for _, block in sorted(self._blocks.items())],
-                "stop_reason": self._stop_reason,
-                "usage": self._usage,
+        texts = ["".join(pieces) for _, pieces in sorted(self._texts.items())]
+        message: Message = {"role": "assistant", "content": "".join(texts) if texts else None}
+        calls = [
+            {
+                "id": block.get("id"),
+                "type": "function",
+                "function": {
+                    "name": block.get("name"),
+                    "arguments": json.dumps(block.get("input")),
+                },
             }
-        )
+            for _, block in sorted(self._calls.items())
+        ]
+        if calls:
+            message["tool_calls"] = calls
+        return ModelResponse(message=message, usage=_usage(self._usage), model=self._model)
 
 
 class AnthropicModel(SDKModel[anthropic.AsyncAnthropic]):
@@ -268,12 +262,12 @@ class AnthropicModel(SDKModel[anthropic.AsyncAnthropic]):
         stream = await self._client.post(
             "/v1/messages",
             body=body,
-            cast_to=AnthropicMessage,
+            cast_to=object,
             stream=True,
-            stream_cls=anthropic.AsyncStream[RawMessageStreamEvent],
+            stream_cls=_EVENTS,
         )
-        assembled = StreamedMessage(on_text)
+        assembled = StreamedMessage(on_text, self.model)
         async with stream:
             async for event in stream:
                 assembled.add(event)
-        return from_anthropic_response(assembled.message(), self.model)
+        return assembled.response()

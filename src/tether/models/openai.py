@@ -13,17 +13,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import openai
-from openai.types import CompletionUsage
-from openai.types.chat import (
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionMessageToolCallUnion,
-)
-from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 
 from tether.errors import ModelError
 from tether.models.base import Message, ModelResponse, TextSink, ToolSpec, Usage
 from tether.models.sdk import IncompleteStream, SDKErrors, SDKModel
+
+# The stream's chunks as the SDK decodes them, each a JSON object (``ChatStream``).
+_CHUNKS = openai.AsyncStream[object]
 
 
 def to_openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
@@ -31,116 +27,101 @@ def to_openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
     return [tool.to_openai() for tool in tools]
 
 
-def from_openai_completion(completion: ChatCompletion, model: str) -> ModelResponse:
-    """The first choice of ``completion`` as a plain OpenAI-format assistant message.
-
-    ``model`` is the name that was requested, so price lookups do not depend on the dated
-    name a provider echoes back.
-    """
-    if not completion.choices:
-        raise ModelError(f"openai:{model} returned no choices")
-    reply = completion.choices[0].message
-    content = reply.content
-    if content is None and reply.refusal:
-        # A refusal is the model's answer; surface it as text rather than an empty turn.
-        content = reply.refusal
-    message: Message = {"role": "assistant", "content": content}
-    tool_calls = [_tool_call_dict(call, model) for call in reply.tool_calls or []]
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    usage = completion.usage
-    return ModelResponse(
-        message=message,
-        usage=Usage(
-            input_tokens=usage.prompt_tokens if usage else 0,
-            output_tokens=usage.completion_tokens if usage else 0,
-        ),
-        model=model,
+def _usage(reported: Any) -> Usage:
+    """The usage a stream's last chunk reports (absent: none reported)."""
+    if not isinstance(reported, dict):
+        return Usage()
+    return Usage(
+        input_tokens=int(reported.get("prompt_tokens") or 0),
+        output_tokens=int(reported.get("completion_tokens") or 0),
     )
 
 
-def _tool_call_dict(call: ChatCompletionMessageToolCallUnion, model: str) -> dict[str, Any]:
-    if call.type != "function":
-        # tether only declares function tools; anything else is a provider surprise.
-        raise ModelError(f"openai:{model} returned an unsupported tool call type {call.type!r}")
-    return {
-        "id": call.id,
-        "type": "function",
-        "function": {"name": call.function.name, "arguments": call.function.arguments},
-    }
-
-
 class ChatStream:
-    """A Chat Completions stream put back together, chunk by chunk, as the completion it
-    streams: the first choice's text and refusal from their pieces, each tool call from the
-    pieces of its ``index`` (id, name and type where they first appear, arguments joined),
-    the usage from the chunk that carries it. Text pieces go to ``on_text`` as they come."""
+    """A Chat Completions stream put back together, chunk by chunk, as the assistant
+    message it streams: the first choice's text and refusal from their pieces, each tool
+    call from the pieces of its ``index`` (id, name and type where they first appear,
+    arguments joined), the usage from the chunk that carries it. Text pieces go to
+    ``on_text`` as they come.
 
-    def __init__(self, on_text: TextSink) -> None:
+    The chunks are the JSON objects the SDK's stream decodes (``AsyncStream[object]``):
+    building its typed chunk for each of them took a fifth of a worker's CPU
+    (benchmarks/capacity.py), and the message is a plain dict in the end anyway."""
+
+    def __init__(self, on_text: TextSink, model: str) -> None:
         self._on_text = on_text
-        self._head: dict[str, Any] = {}
+        self._model = model
         self._content: list[str] | None = None
         self._refusal: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}
         self._finish_reason: str | None = None
-        self._usage: CompletionUsage | None = None
+        self._usage: Any = None
 
-    def add(self, chunk: ChatCompletionChunk) -> None:
-        self._head = {"id": chunk.id, "created": chunk.created, "model": chunk.model}
-        if chunk.usage is not None:
-            self._usage = chunk.usage
-        for choice in chunk.choices:
-            if choice.index != 0:
+    def add(self, chunk: Any) -> None:
+        if not isinstance(chunk, dict):
+            return
+        if chunk.get("usage"):
+            self._usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
                 continue
-            delta = choice.delta
-            if delta.content is not None:
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
+            if content is not None:
                 if self._content is None:
                     self._content = []
-                self._content.append(delta.content)
-                if delta.content:
-                    self._on_text(delta.content)
-            if delta.refusal:
-                self._refusal.append(delta.refusal)
-            for call in delta.tool_calls or []:
+                self._content.append(content)
+                if content:
+                    self._on_text(content)
+            if delta.get("refusal"):
+                self._refusal.append(delta["refusal"])
+            for call in delta.get("tool_calls") or ():
                 self._add_call(call)
-            if choice.finish_reason is not None:
-                self._finish_reason = choice.finish_reason
+            if choice.get("finish_reason") is not None:
+                self._finish_reason = choice["finish_reason"]
 
-    def _add_call(self, piece: ChoiceDeltaToolCall) -> None:
+    def _add_call(self, piece: dict[str, Any]) -> None:
         call = self._calls.setdefault(
-            piece.index, {"id": None, "type": None, "name": None, "arguments": []}
+            int(piece.get("index") or 0), {"id": None, "type": None, "name": None, "arguments": []}
         )
-        call["id"] = call["id"] or piece.id
-        call["type"] = call["type"] or piece.type
-        if piece.function is not None:
-            call["name"] = call["name"] or piece.function.name
-            call["arguments"].append(piece.function.arguments or "")
+        call["id"] = call["id"] or piece.get("id")
+        call["type"] = call["type"] or piece.get("type")
+        function = piece.get("function")
+        if function:
+            call["name"] = call["name"] or function.get("name")
+            call["arguments"].append(function.get("arguments") or "")
 
-    def completion(self) -> ChatCompletion:
-        """The completion streamed, once its first choice has finished. A refusal that
-        stands for the text (``from_openai_completion``) is handed on now, in one piece."""
+    def response(self) -> ModelResponse:
+        """The assistant message streamed, once its first choice has finished, as a plain
+        OpenAI-format message with its usage. A refusal stands for the text when there is
+        none (the model's answer all the same), handed on now in one piece."""
         if self._finish_reason is None:
             raise IncompleteStream("the stream ended without a finish_reason")
         content = None if self._content is None else "".join(self._content)
         refusal = "".join(self._refusal) or None
         if content is None and refusal:
             self._on_text(refusal)
-        calls = [
-            {
-                "id": call["id"] or "",
-                "type": call["type"] or "function",
-                "function": {"name": call["name"] or "", "arguments": "".join(call["arguments"])},
-            }
-            for _, call in sorted(self._calls.items())
-        ]
-        message = {"role": "assistant", "content": content, "refusal": refusal}
-        choice = {"index": 0, "finish_reason": self._finish_reason, "logprobs": None}
-        return ChatCompletion.construct(
-            **self._head,
-            object="chat.completion",
-            choices=[{**choice, "message": {**message, "tool_calls": calls or None}}],
-            usage=self._usage,
-        )
+            content = refusal
+        message: Message = {"role": "assistant", "content": content}
+        calls = [self._call(call) for _, call in sorted(self._calls.items())]
+        if calls:
+            message["tool_calls"] = calls
+        # ``model`` is the name that was requested, so price lookups do not depend on the
+        # dated name a provider echoes back.
+        return ModelResponse(message=message, usage=_usage(self._usage), model=self._model)
+
+    def _call(self, call: dict[str, Any]) -> dict[str, Any]:
+        kind = call["type"] or "function"
+        if kind != "function":
+            # tether only declares function tools; anything else is a provider surprise.
+            raise ModelError(
+                f"openai:{self._model} returned an unsupported tool call type {kind!r}"
+            )
+        return {
+            "id": call["id"] or "",
+            "type": "function",
+            "function": {"name": call["name"] or "", "arguments": "".join(call["arguments"])},
+        }
 
 
 class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
@@ -177,12 +158,12 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
         stream = await self._client.post(
             "/chat/completions",
             body=body,
-            cast_to=ChatCompletion,
+            cast_to=object,
             stream=True,
-            stream_cls=openai.AsyncStream[ChatCompletionChunk],
+            stream_cls=_CHUNKS,
         )
-        assembled = ChatStream(on_text)
+        assembled = ChatStream(on_text, self.model)
         async with stream:
             async for chunk in stream:
                 assembled.add(chunk)
-        return from_openai_completion(assembled.completion(), self.model)
+        return assembled.response()
