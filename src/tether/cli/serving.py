@@ -57,12 +57,23 @@ def serve_api(
     asyncio.run(_serve(agent, host, port, public_url, slots, own_url))
 
 
+# The collector's thresholds in a serving process (Python's are 700, 10, 10).
+GC_THRESHOLDS = (20_000, 20, 10)
+
+
 def _started() -> None:
     """Start-up is over: what it built (modules, the agent, the engine, the app) lives as
     long as the process, so it leaves the garbage collector's generations. A full
     collection then walks only what runs and requests allocate: it took 50-126 ms with
-    them, the whole tail of 50 concurrent approvals' latency (benchmarks/README.md)."""
+    them, the whole tail of 50 concurrent approvals' latency (benchmarks/README.md).
+
+    The young generations are made larger: a model request's objects (the SDK's and the
+    HTTP client's, in reference cycles) live as long as the request, a second or more,
+    and with Python's thresholds they were promoted to the oldest generation before they
+    died, so that a worker carrying 1,000 runs made a full collection of its whole heap
+    (about 200 ms, every run waiting) every two seconds (benchmarks/capacity.py)."""
     gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 async def _serve(
