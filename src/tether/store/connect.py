@@ -97,38 +97,59 @@ def _sqlite_engine(url: str) -> Engine:
         cur.execute("PRAGMA busy_timeout=30000")
         cur.close()
 
-    writer = _writer_lock(engine)
-    held = threading.local()
+    writer = _writer(engine)
+
+    @sa.event.listens_for(engine, "checkout")
+    def _on_checkout(_dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+        writer.checked_out(+1)
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
-        if not getattr(held, "lock", False):
-            writer.acquire()
-            held.lock = True
+        writer.enter()
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     @sa.event.listens_for(engine, "checkin")
     def _on_checkin(_dbapi_conn: Any, _record: Any) -> None:
-        if getattr(held, "lock", False):
-            held.lock = False
-            writer.release()
+        writer.checked_out(-1)
 
     return engine
 
 
-# One lock per SQLite file in this process (``_writer_lock``).
-_WRITERS: dict[str, threading.Lock] = {}
+class _Writer:
+    """The lock this process's transactions on one SQLite file take before ``BEGIN
+    IMMEDIATE``, held by a thread until it has given back every connection it checked out.
+
+    SQLite lets one writer in at a time. Threads that met its lock held waited in SQLite's
+    busy handler, which sleeps 1, 2, 5, 10 ... 100 ms between tries rather than waking when
+    the lock frees: with a thousand runs in flight a worker made 316 steps a second with
+    half its CPU idle (benchmarks/capacity.py). On a lock of our own a thread goes in as
+    soon as the one before is done; other processes still meet SQLite's lock and its
+    handler. A thread that opens a second transaction while it holds the lock (another
+    engine on the same file, say) goes on holding it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mine = threading.local()
+
+    def checked_out(self, change: int) -> None:
+        depth = getattr(self._mine, "depth", 0) + change
+        self._mine.depth = depth
+        if depth <= 0 and getattr(self._mine, "held", False):
+            self._mine.held = False
+            self._lock.release()
+
+    def enter(self) -> None:
+        if not getattr(self._mine, "held", False):
+            self._lock.acquire()
+            self._mine.held = True
+
+
+# One writer lock per SQLite file in this process, whichever engines open it.
+_WRITERS: dict[str, _Writer] = {}
 _WRITERS_GUARD = threading.Lock()
 
 
-def _writer_lock(engine: Engine) -> threading.Lock:
-    """The lock this process's transactions on ``engine``'s file take before ``BEGIN
-    IMMEDIATE``, held until their connection is given back. SQLite lets one writer in at a
-    time; threads that met its lock held waited in SQLite's busy handler, which sleeps 1,
-    2, 5, 10 ... 100 ms between tries rather than waking when the lock frees: with a
-    thousand runs in flight a worker made 316 steps a second with half its CPU idle
-    (benchmarks/capacity.py). Waiting on a lock of our own, a thread goes in as soon as
-    the one before is done; other processes still meet SQLite's lock and its handler."""
+def _writer(engine: Engine) -> _Writer:
     path = str(sqlite_file(engine) or id(engine))
     with _WRITERS_GUARD:
-        return _WRITERS.setdefault(path, threading.Lock())
+        return _WRITERS.setdefault(path, _Writer())
