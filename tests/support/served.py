@@ -45,7 +45,12 @@ async def serving(
         await engine.add_user(user, key)
     port = free_port()
     config = uvicorn.Config(
-        create_app(engine), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+        create_app(engine),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        ws="none",
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

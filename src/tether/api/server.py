@@ -86,6 +86,8 @@ def server_config(app: Any, host: str, port: int, settings: Settings) -> uvicorn
         port=port,
         log_config=None,
         http=protocol,
+        # tether serves no WebSocket: none is loaded, whatever else is installed beside it.
+        ws="none",
         timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=settings.shutdown_timeout_s,
     )
