@@ -43,6 +43,15 @@ class StoreBase:
             finally:
                 self.announcer.announce(take(conn))
 
+    @contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """A connection for reads that write nothing: on PostgreSQL outside any transaction
+        (autocommit), so a one-statement read is one round trip, without the BEGIN and the
+        ROLLBACK around it; on SQLite in a deferred transaction (``READ``), which neither
+        waits for a writer nor holds one up, and gives its statements one view."""
+        with self.engine.connect() as conn:
+            yield conn.execution_options(**self.dialect.read_options)
+
     @property
     def executor(self) -> ThreadPoolExecutor:
         """The threads async callers reach the store through (``tether._runtime.hop``): one per

@@ -18,6 +18,9 @@ from sqlalchemy.engine import Engine
 from tether.errors import ConfigError
 from tether.store.faults import name_refusals, track_commits
 
+# The execution option of a SQLite connection that only reads (``StoreBase.reading``).
+READ = "tether_read"
+
 # The connections a store keeps open to PostgreSQL, and the threads it reaches them through.
 POOL_SIZE = 20
 
@@ -105,6 +108,9 @@ def _sqlite_engine(url: str) -> Engine:
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
+        if conn.get_execution_options().get(READ):
+            conn.exec_driver_sql("BEGIN")  # deferred: a reader in WAL mode waits for no one
+            return
         writer.enter()
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 

@@ -11,6 +11,8 @@ subclasses do):
   ``listen.RUNS_CHANNEL``, or nothing: they poll), and ``listen_dsn``, the DSN a
   ``LISTEN`` connection uses;
 - ``insert_new``: an INSERT that skips existing keys;
+- ``read_run``: a run's state to carry it on, in one statement where a statement is a
+  round trip (``snapshots``);
 - ``write_turn`` / ``write_result``: the two step writes;
 - ``claim_suspension`` / ``claim_orphans``: the claims of a suspension (with its decision)
   and of a batch of orphans.
@@ -42,6 +44,7 @@ from tether.store.claim_statements import (
 from tether.store.clock import db_now
 from tether.store.records import Decision
 from tether.store.schema import decisions
+from tether.store.snapshots import Loaded, read_portable
 from tether.store.statements import add_event
 
 # A SELECT a lock hook returns as it came, with its locking clause.
@@ -60,6 +63,9 @@ class Dialect:
     # Whether the claim may read each user's best run with a LATERAL join (``claim_order``).
     laterals: ClassVar[bool] = False
 
+    # The execution options of a connection that only reads (``StoreBase.reading``).
+    read_options: ClassVar[dict[str, Any]] = {"isolation_level": "AUTOCOMMIT"}
+
     def candidates(self, query: Query, of: Any = None) -> Query:
         """Lock the rows a claim picks (of the tables ``of``, default all it reads), so
         concurrent claimers pick different ones."""
@@ -71,6 +77,11 @@ class Dialect:
 
     def wake(self, conn: Connection) -> None:
         """Tell idle workers a run became ready (sent at commit)."""
+
+    def read_run(self, conn: Connection, run_id: str, *, history: bool) -> Loaded | None:
+        """A run's state to carry it on (``snapshots``): here plain statements, in the
+        caller's read transaction."""
+        return read_portable(conn, run_id, history=history)
 
     def listen_dsn(self, url: URL) -> str | None:
         """The libpq DSN a ``LISTEN`` connection should use; None without notifications."""

@@ -57,6 +57,7 @@ from tether.store.schema import (
     runs,
     tool_calls,
 )
+from tether.store.snapshots import Loaded, read_in_one
 from tether.store.statements import RESULT, TURN, TURN_FINAL
 from tether.store.transitions import Transition
 
@@ -330,6 +331,9 @@ class PostgresDialect(Dialect):
 
     def wake(self, conn: Connection) -> None:
         conn.execute(_NOTIFY)
+
+    def read_run(self, conn: Connection, run_id: str, *, history: bool) -> Loaded | None:
+        return read_in_one(conn, run_id, history=history)
 
     def listen_dsn(self, url: URL) -> str | None:
         return url.set(drivername="postgresql").render_as_string(hide_password=False)

@@ -6,7 +6,6 @@ knows the chat format, the store does not).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,15 +20,12 @@ from tether.store.records import Decision, Event, LedgerEntry
 from tether.store.schema import (
     COUNTABLE,
     decisions,
-    pending_calls,
     run_events,
     run_messages,
     runs,
     tool_calls,
 )
-from tether.store.statements import SELECT_MESSAGES
 from tether.store.suspensions import (
-    CALL_COLUMNS,
     asked_of_rows,
     calls_of_rows,
     decision_of,
@@ -38,21 +34,8 @@ from tether.store.suspensions import (
 from tether.store.transitions import state_in
 
 _NOW = sa.select(db_now())
-_DECISION_COLUMNS = [c.label(f"d_{c.name}") for c in decisions.c]
 
 _RUN = sa.select(runs).where(runs.c.id == sa.bindparam("b_id"))
-
-# The run with the decisions its suspensions' calls carry, in one query (one row per
-# call row of the run; the run's columns repeat).
-_RUN_AND_DECISIONS = (
-    sa.select(runs, *_DECISION_COLUMNS, *CALL_COLUMNS)
-    .select_from(
-        runs.outerjoin(pending_calls, pending_calls.c.run_id == runs.c.id).outerjoin(
-            decisions, decisions.c.token_hash == pending_calls.c.token_hash
-        )
-    )
-    .where(runs.c.id == sa.bindparam("b_id"))
-)
 
 # Open suspensions (suspended, inside their window): their owners, a page of them soonest
 # expiry first, and how many there are, each of everyone's or of some owners' only.
@@ -141,17 +124,6 @@ _MESSAGES_FROM = (
     )
     .order_by(run_messages.c.seq)
 )
-# A thread's conversation through place ``b_pos``: each message with its run's place. The
-# message comes as its stored JSON text, decoded once by ``snapshot``: a follow-up late in
-# a long thread reads hundreds of messages here, and the per-value JSON hooks of the
-# driver (psycopg) and of SQLAlchemy cost a quarter to a third of the read on top of the
-# decoding itself (``benchmarks/threads.py``).
-_THROUGH = (
-    sa.select(runs.c.thread_pos, sa.cast(run_messages.c.message, sa.Text))
-    .select_from(run_messages.join(runs, runs.c.id == run_messages.c.run_id))
-    .where(runs.c.thread_id == sa.bindparam("b_thread"), runs.c.thread_pos <= sa.bindparam("b_pos"))
-    .order_by(runs.c.thread_pos, run_messages.c.seq)
-)
 _STATE = sa.select(runs.c.state).where(runs.c.id == sa.bindparam("b_id"))
 _LEDGER = (
     sa.select(tool_calls)
@@ -193,7 +165,7 @@ class Reads(StoreBase):
             return float(conn.execute(_NOW).scalar_one())
 
     def get_run(self, run_id: str) -> Run | None:
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             row = conn.execute(_RUN, {"b_id": run_id}).first()
             return with_calls(conn, [Run.from_row(row._mapping)])[0] if row else None
 
@@ -208,36 +180,29 @@ class Reads(StoreBase):
         self, run_id: str, *, history: bool = False, compacts: bool = False
     ) -> Snapshot | None:
         """The run (with its suspension's calls), its messages and the decisions its
-        suspensions' calls carry: two queries, one transaction (so the messages belong to
-        the run row read). With ``history``, the second reads the thread's conversation
-        through the run instead (its earlier runs' messages, then the run's own), in one
-        statement; with ``compacts`` (its agent compacts), the compaction state of that
-        conversation is read with it (so a resumption on any worker hands the model what
-        it saw before)."""
-        with self.engine.begin() as conn:
-            rows = conn.execute(_RUN_AND_DECISIONS, {"b_id": run_id}).all()
-            if not rows:
+        suspensions' calls carry, in one read (``snapshots``: one statement on
+        PostgreSQL), so the messages belong to the run row read. With ``history``, the
+        thread's conversation before the run too (its earlier runs' messages); with
+        ``compacts`` (its agent compacts), the compaction state of that conversation, in a
+        second statement (so a resumption on any worker hands the model what it saw
+        before)."""
+        with self.reading() as conn:
+            loaded = self.dialect.read_run(conn, run_id, history=history)
+            if loaded is None:
                 return None
+            rows = loaded.rows
             row = rows[0]
             run = calls_of_rows(Run.from_row(row._mapping), rows)
             made = sorted(filter(None, map(decision_of, rows)), key=lambda d: d.at)
-            earlier: list[Message] = []
-            if history and run.thread_pos > 1:
-                params = {"b_thread": run.thread_id, "b_pos": run.thread_pos}
-                through = conn.execute(_THROUGH, params).tuples().all()
-                earlier = [json.loads(m) for pos, m in through if pos < run.thread_pos]
-                own = [json.loads(m) for pos, m in through if pos == run.thread_pos]
-            else:
-                own = [dict(m) for m in conn.execute(SELECT_MESSAGES, {"b_id": run_id}).scalars()]
             compaction, tokens = None, 0
             if compacts:
                 compaction, tokens = compaction_state(conn, run, row.last_input_tokens)
             return Snapshot(
                 run=run,
-                messages=own,
+                messages=loaded.messages,
                 decisions={d.tool_call_id: d for d in made},
                 asked=asked_of_rows(rows),
-                history=earlier,
+                history=loaded.earlier,
                 compaction=compaction,
                 input_tokens=tokens,
             )

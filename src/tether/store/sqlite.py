@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from tether.errors import LeaseLost
+from tether.store.connect import READ
 from tether.store.dialect import Dialect
 from tether.store.statements import (
     INSERT_DONE,
@@ -94,6 +95,8 @@ class SqliteDialect(Dialect):
     """SQLite: the portable claims, no notifications, the step writes on the cursor."""
 
     name: ClassVar[str] = "sqlite"
+    # A read opens a deferred transaction (``connect.READ``), never the writers' lock.
+    read_options: ClassVar[dict[str, Any]] = {READ: True}
 
     def insert_new(self, table: sa.Table) -> sa.Insert:
         return sqlite.insert(table).on_conflict_do_nothing()

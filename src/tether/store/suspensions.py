@@ -129,8 +129,6 @@ def _matched(row: Any) -> TokenMatch:
     return TokenMatch(decision=used)
 
 
-# A call's columns beside a run's (``p_*``), for a read of the run with its calls.
-CALL_COLUMNS = [c.label(f"p_{c.name}") for c in pending_calls.c]
 
 
 def calls_of_rows(run: Run, rows: Sequence[Any]) -> Run:
