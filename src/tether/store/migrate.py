@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tether.errors import SchemaNotReady
-from tether.store.connect import make_room, sqlite_file
+from tether.store.connect import READ, make_room, sqlite_file
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -68,16 +68,30 @@ def head_revision(engine: Engine) -> str:
 
 
 def schema_status(engine: Engine) -> SchemaStatus:
-    """Compare the database's Alembic revision with this code's head."""
-    with engine.connect() as conn:
-        if not sa.inspect(conn).has_table("alembic_version"):
+    """Compare the database's Alembic revision with this code's head: one statement (a
+    database without the table is empty), outside any transaction, so a process that
+    opens a current database pays one round trip for the check."""
+    try:
+        with engine.connect().execution_options(
+            isolation_level="AUTOCOMMIT", **{READ: True}
+        ) as conn:
+            current = conn.execute(_VERSION).scalar()
+    except sa.exc.DBAPIError as exc:
+        if _no_table(exc):
             return SchemaStatus.EMPTY
-        current = conn.execute(_VERSION).scalar()
+        raise
     if current is None:
         return SchemaStatus.EMPTY
     if current == REVISIONS[-1]:
         return SchemaStatus.CURRENT
     return SchemaStatus.BEHIND if current in REVISIONS else SchemaStatus.AHEAD
+
+
+def _no_table(exc: sa.exc.DBAPIError) -> bool:
+    """Whether ``exc`` says the table read does not exist (and nothing else went wrong)."""
+    if getattr(exc.orig, "sqlstate", None) == "42P01":  # PostgreSQL's undefined_table
+        return True
+    return "no such table" in str(exc.orig)  # SQLite's
 
 
 def upgrade(engine: Engine) -> None:
