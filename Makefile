@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench browser
+.PHONY: demo test lint bench browser pgbouncer
 
 # The browser tests drive Debian's Chromium (never a browser download of Playwright's own).
 CHROMIUM := /usr/bin/chromium
@@ -32,6 +32,21 @@ $(CHROMIUM):
 
 browser: $(CHROMIUM)
 
+# The PgBouncer tests run Debian's pgbouncer as a process of their own, on a free port.
+# The package enables a system service on port 6432 where an init system runs; it is
+# stopped and disabled, so installing it leaves nothing listening.
+PGBOUNCER := /usr/sbin/pgbouncer
+
+$(PGBOUNCER):
+	@echo "pgbouncer is missing: installing Debian's package (the PgBouncer tests need it)"
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq pgbouncer && \
+	  { $$SUDO systemctl disable --now pgbouncer.service >/dev/null 2>&1; \
+	    $$SUDO service pgbouncer stop >/dev/null 2>&1; true; }
+
+pgbouncer: $(PGBOUNCER)
+
 # Bytecode is compiled once up front, and the tests write theirs (PYTHONDONTWRITEBYTECODE
 # is dropped for them): they start hundreds of `tether` processes, and pytest rewrites the
 # asserts of every test module and of its plugins' packages (all of hypothesis and
@@ -42,7 +57,7 @@ browser: $(CHROMIUM)
 # Measured on a quiet 2-core machine: 866 s serial, 618 s with -n 2, 395 s with -n 3
 # --dist worksteal. `make test TEST_WORKERS=0` runs the suite in one process.
 TEST_WORKERS ?= 3
-test: lint browser
+test: lint browser pgbouncer
 	$(PY) -m compileall -q src tests/support
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 

@@ -22,6 +22,9 @@ class Settings:
     """Everything configurable; ``from_env`` reads reference §5's variables."""
 
     database_url: str = DEFAULT_DATABASE_URL
+    # Where LISTEN connects (TETHER_LISTEN_DATABASE_URL); None: ``database_url``. Needed,
+    # reaching PostgreSQL directly, when ``database_url`` is a transaction pooler's.
+    listen_database_url: str | None = None
     model: str | None = None
     sandbox_url: str | None = None
     webhook_url: str | None = None
@@ -132,6 +135,7 @@ class Settings:
         parse(env.get("TETHER_FAILPOINTS", ""))  # a typo fails at start-up, not mid-run
         return cls(
             database_url=env.get("TETHER_DATABASE_URL") or DEFAULT_DATABASE_URL,
+            listen_database_url=env.get("TETHER_LISTEN_DATABASE_URL") or None,
             model=env.get("TETHER_MODEL") or None,
             sandbox_url=env.get("TETHER_SANDBOX_URL") or None,
             webhook_url=env.get("TETHER_WEBHOOK_URL") or None,

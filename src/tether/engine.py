@@ -62,6 +62,10 @@ class Engine(DecisionMethods, AccountMethods, CreationMethods, ScheduleMethods):
     newer schema is refused with a message that says to run ``tether migrate``.
     ``public_url`` is the base of the approval links in notices (``/approve/{token}``);
     by default ``TETHER_PUBLIC_URL`` (``settings.public_url``), else links are relative.
+    ``listen_database_url`` is where ``LISTEN`` connects (needed when ``database_url`` is
+    a transaction pooler's, docs/operations.md "Behind PgBouncer"); by default
+    ``TETHER_LISTEN_DATABASE_URL`` when the database is the settings' own, else the
+    database URL.
     Callers are named ``user`` (whose runs) and ``approver`` (who decides).
     """
 
@@ -72,14 +76,18 @@ class Engine(DecisionMethods, AccountMethods, CreationMethods, ScheduleMethods):
         model: Model,
         settings: Settings | None = None,
         database_url: str | None = None,
+        listen_database_url: str | None = None,
         notifier: Notifier | None = None,
         worker_id: str | None = None,
         migrate: bool = False,
         public_url: str | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
+        if listen_database_url is None and database_url is None:
+            listen_database_url = self.settings.listen_database_url  # of the same database
         self._store = Store(
             database_url or self.settings.database_url,
+            listen_url=listen_database_url,
             heartbeat_refresh_s=self.settings.heartbeat_timeout_s / 3,
             retry_s=self.settings.db_retry_s,
         )
@@ -166,6 +174,7 @@ class Engine(DecisionMethods, AccountMethods, CreationMethods, ScheduleMethods):
     async def migrate(self) -> None:
         """Upgrade the schema to this code's version, then make sure the agent's fixed
         users exist. Safe twice: both are no-ops the second time."""
+        await hop(self._store.check_commits)
         await hop(upgrade, self._store.engine)
         self._opened = True
         await self.ensure_agent_users()

@@ -134,7 +134,9 @@ class Announcer:
             return conn
         try:
             if conn is None or conn.closed:
-                conn = psycopg.connect(dsn, autocommit=True)
+                # Never prepared on the server: the notices may go through a transaction
+                # pooler (``store.pooling``), and one statement per batch parses cheaply.
+                conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
             conn.execute(_SEND, ([c for c, _ in batch], [p for _, p in batch]))
             return conn
         except psycopg.Error as exc:

@@ -9,28 +9,46 @@ from contextlib import contextmanager
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from tether.store import pooling
 from tether.store.announce import Announcer, take
-from tether.store.connect import create_db_engine
+from tether.store.connect import create_db_engine, normalize_url
 from tether.store.dialect import Dialect, dialect_for
 from tether.store.migrate import ensure_schema
+from tether.store.pooling import PoolMode, pool_mode
 
 
 class StoreBase:
     """The engine for a URL and its dialect. Creating one does no I/O: connections are
-    opened on first use."""
+    opened on first use. ``listen_url`` is where ``LISTEN`` connects (default ``url``);
+    it must be given, and reach PostgreSQL directly, when ``url`` says
+    ``?pool_mode=transaction`` (``store.pooling``)."""
 
-    def __init__(self, url: str, *, heartbeat_refresh_s: float = 0.0, retry_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        listen_url: str | None = None,
+        heartbeat_refresh_s: float = 0.0,
+        retry_s: float = 0.0,
+    ) -> None:
         self.url = url
         # How long ``tether._runtime.services.hop`` retries a call that met a transient database
         # error and committed nothing (``tether.store.faults``).
         self.retry_s = retry_s
         self.engine: Engine = create_db_engine(url)
         self.dialect: Dialect = dialect_for(self.engine.dialect.name)
+        given = sa.engine.make_url(normalize_url(url))
+        self.pool_mode = pool_mode(given)
+        # Where LISTEN connects: ``listen_url``, else ``url`` (not a transaction pooler's).
+        self._listen_url = pooling.listen_url(
+            given, None if listen_url is None else sa.engine.make_url(normalize_url(listen_url))
+        )
         # A step write refreshes a heartbeat older than this (a third of the timeout).
         self.heartbeat_refresh_s = heartbeat_refresh_s
         self._executor: ThreadPoolExecutor | None = None
-        # Tells live event streams of new events once their transaction has ended.
-        self.announcer = Announcer(self.dialect.listen_dsn(self.engine.url))
+        # Tells live event streams of new events once their transaction has ended; a
+        # NOTIFY is a statement of a transaction, so it goes where transactions go.
+        self.announcer = Announcer(self.notify_dsn())
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
@@ -81,11 +99,25 @@ class StoreBase:
             conn.execute(sa.select(1)).scalar_one()
 
     def ensure_schema(self, *, migrate_empty: bool) -> None:
-        """Check the schema is current (build it in an empty database if asked)."""
+        """Check commits are durable and the schema is current (build it in an empty
+        database if asked)."""
+        self.check_commits()
         ensure_schema(self.engine, migrate_empty=migrate_empty)
 
+    def check_commits(self) -> None:
+        """Behind a transaction pooler, refuse to run unless commits are synchronous
+        (``pooling.check_commits``); direct connections ask for it themselves."""
+        if self.pool_mode is PoolMode.TRANSACTION:
+            pooling.check_commits(self.engine)
+
     def listen_dsn(self) -> str | None:
-        """The libpq DSN a ``LISTEN`` connection should use (PostgreSQL), else None."""
+        """The libpq DSN a ``LISTEN`` connection should use (PostgreSQL), else None: the
+        listen URL's, which reaches PostgreSQL without a transaction pooler."""
+        return self.dialect.listen_dsn(self._listen_url)
+
+    def notify_dsn(self) -> str | None:
+        """The libpq DSN the notices are sent on (PostgreSQL), else None: the store's own,
+        through its pooler if it has one."""
         return self.dialect.listen_dsn(self.engine.url)
 
 

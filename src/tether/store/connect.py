@@ -3,7 +3,8 @@
 SQLite: WAL, ``synchronous=FULL``, a busy timeout, and every transaction opened with
 ``BEGIN IMMEDIATE`` so two writers serialise at BEGIN instead of failing at COMMIT.
 PostgreSQL: psycopg 3, ``synchronous_commit=on`` (the driver is loaded by SQLAlchemy only
-for a PostgreSQL URL). The database's clock is ``clock.db_now()``.
+for a PostgreSQL URL); behind a transaction pooler (``?pool_mode=transaction``) what the
+pooler allows instead (``store.pooling``). The database's clock is ``clock.db_now()``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sqlalchemy.engine import Engine
 
 from tether.errors import ConfigError
 from tether.store.faults import name_refusals, track_commits
+from tether.store.pooling import connect_args, pool_mode, without_pool_mode
 
 # The execution option of a SQLite connection that only reads (``StoreBase.reading``).
 READ = "tether_read"
@@ -42,7 +44,7 @@ def create_db_engine(url: str) -> Engine:
     """An engine for ``url`` with its backend's connection and transaction set-up."""
     url = normalize_url(url)
     try:
-        sa.engine.make_url(url)
+        parsed = sa.engine.make_url(url)
     except (ValueError, sa.exc.ArgumentError) as exc:  # never echo the URL: it may hold a password
         raise ConfigError(f"the database URL cannot be parsed ({exc}): check it") from exc
     if url.startswith("sqlite"):
@@ -56,12 +58,15 @@ def create_db_engine(url: str) -> Engine:
         # beyond it: an overflow connection is closed when it is given back, and a busy
         # worker opened and closed one per step, at several ms of the server's CPU each
         # (benchmarks/capacity.py). The overflow serves callers outside those threads.
+        # ``pool_mode`` is tether's, not libpq's: it says which session-level features
+        # (prepared statements, startup parameters) the connections may use.
+        mode = pool_mode(parsed)
         engine = sa.create_engine(
-            url,
+            without_pool_mode(parsed),
             pool_size=POOL_SIZE,
             max_overflow=10,
             pool_timeout=10,
-            connect_args={"options": "-c synchronous_commit=on", "connect_timeout": 5},
+            connect_args={**connect_args(mode), "connect_timeout": 5},
         )
     track_commits(engine)  # a store call is retried only if nothing of it was committed
     name_refusals(engine)  # a missing database or a wrong password is not retried

@@ -8,8 +8,8 @@ subclasses do):
   (``SKIP LOCKED`` / ``FOR UPDATE``, or nothing: SQLite serialises writers at ``BEGIN
   IMMEDIATE``);
 - ``wake``: how idle workers are told a run became ready (``pg_notify`` on
-  ``listen.RUNS_CHANNEL``, or nothing: they poll), and ``listen_dsn``, the DSN a
-  ``LISTEN`` connection uses;
+  ``listen.RUNS_CHANNEL``, or nothing: they poll), and ``listen_dsn``, the DSN of a
+  connection that listens or sends notices;
 - ``insert_new``: an INSERT that skips existing keys;
 - ``read_run``: a run's state to carry it on, in one statement where a statement is a
   round trip (``snapshots``);
@@ -84,7 +84,8 @@ class Dialect:
         return read_portable(conn, run_id, history=history)
 
     def listen_dsn(self, url: URL) -> str | None:
-        """The libpq DSN a ``LISTEN`` connection should use; None without notifications."""
+        """The libpq DSN of ``url`` for a connection that listens to notices or sends
+        them; None without notifications."""
         return None
 
     def insert_new(self, table: sa.Table) -> sa.Insert:

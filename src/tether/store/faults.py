@@ -7,7 +7,8 @@ an I/O error. Anything else (a constraint, a programming error) is not transient
 
 A *refusal* is a connection the server (or the resolver) turned down for a reason the
 next attempt meets again: a database or role that does not exist, a failed password, a
-host name that does not resolve, a malformed connection option. It is never retried:
+host name that does not resolve, a malformed connection option, a connection pooler that
+refuses a startup parameter. It is never retried:
 the engine raises ``DatabaseMisconfigured`` at once, with the server's words and what to
 change.
 
@@ -63,6 +64,12 @@ _REFUSALS = (
     (
         re.compile(r"invalid connection option|invalid \w+ value|invalid integer value"),
         "check the options in TETHER_DATABASE_URL",
+    ),
+    (
+        # PgBouncer's refusal of the startup parameter a direct connection sends.
+        re.compile(r"unsupported startup parameter"),
+        "TETHER_DATABASE_URL reaches a connection pooler: add ?pool_mode=transaction to it "
+        "(docs/operations.md, Behind PgBouncer)",
     ),
 )
 

@@ -37,7 +37,9 @@ BATCH_S = 0.025
 class DeltaHub:
     """The deltas of every run of one database in this process (see the module)."""
 
-    def __init__(self, dsn: str | None) -> None:
+    def __init__(self, dsn: str | None, notify_dsn: str | None = None) -> None:
+        """``dsn``: where it listens (PostgreSQL; None on SQLite); ``notify_dsn``: where
+        it sends (default ``dsn``), which may be a transaction pooler's."""
         self._lock = threading.Lock()
         self._runs: dict[str, RunTexts] = {}
         self._wanted: dict[str, float] = {}  # run id → until when other processes watch it
@@ -49,7 +51,7 @@ class DeltaHub:
         self._streamed_at = -LINGER_S  # when the last one ended
         self.holders = 0  # engines of this process using it (``hub_for``)
         self._roll_call = False  # ask watching processes to ask again (we listen now)
-        self._announcer = Announcer(dsn, batch_s=BATCH_S)
+        self._announcer = Announcer(notify_dsn or dsn, batch_s=BATCH_S)
         self._announcer.add_source(self._notices)
         self._subscriber = (
             None
@@ -344,7 +346,7 @@ def hub_for(store: Store) -> DeltaHub:
     with _HUBS_LOCK:
         hub = _HUBS.get(key)
         if hub is None:
-            hub = _HUBS[key] = DeltaHub(store.listen_dsn())
+            hub = _HUBS[key] = DeltaHub(store.listen_dsn(), store.notify_dsn())
         hub.holders += 1
         return hub
 
