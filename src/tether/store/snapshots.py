@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +44,7 @@ RUN_AND_DECISIONS = (
 )
 
 # The run's own messages, as stored text, in order.
-_OWN = (
+OWN = (
     sa.select(sa.cast(run_messages.c.message, sa.Text))
     .where(run_messages.c.run_id == _ID)
     .order_by(run_messages.c.seq)
@@ -58,7 +58,7 @@ def _of_run(column: sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:
     return sa.select(column).where(_OF_RUN.c.id == _ID).scalar_subquery()
 
 
-_EARLIER = (
+EARLIER = (
     sa.select(runs.c.thread_pos, run_messages.c.seq, sa.cast(run_messages.c.message, sa.Text))
     .select_from(run_messages.join(runs, runs.c.id == run_messages.c.run_id))
     .where(
@@ -95,17 +95,38 @@ class Loaded:
     earlier: list[Message]
 
 
-def read_portable(conn: Connection, run_id: str, *, history: bool) -> Loaded | None:
-    """The run's state in up to three statements, in the caller's (read) transaction."""
+# How a dialect reads the message texts of a statement of this module for a run.
+Texts = Callable[[Connection, sa.Select[Any], str], list[str]]
+
+
+def _texts(conn: Connection, statement: sa.Select[Any], run_id: str) -> list[str]:
+    return [row[-1] for row in conn.execute(statement, {"b_id": run_id})]
+
+
+def read_portable(
+    conn: Connection,
+    run_id: str,
+    *,
+    history: bool,
+    texts: Texts | None = None,
+) -> Loaded | None:
+    """The run's state in up to three statements, in the caller's (read) transaction.
+    ``texts`` reads the message texts of ``OWN`` or ``EARLIER`` (their last column), by
+    default through SQLAlchemy."""
+    read = texts or _texts
     rows = conn.execute(RUN_AND_DECISIONS, {"b_id": run_id}).all()
     if not rows:
         return None
-    own = [json.loads(text) for text in conn.execute(_OWN, {"b_id": run_id}).scalars()]
+    own = [json.loads(text) for text in read(conn, OWN, run_id)]
     earlier: list[Message] = []
     if history and rows[0].thread_pos > 1:
-        found = conn.execute(_EARLIER, {"b_id": run_id}).tuples()
-        earlier = [json.loads(text) for _pos, _seq, text in found]
+        earlier = [json.loads(text) for text in read(conn, EARLIER, run_id)]
     return Loaded(rows=list(rows), messages=own, earlier=earlier)
+
+
+def _constant(value: int) -> sa.ColumnElement[int]:
+    """An integer written into the statement (not a parameter: the planner sees it)."""
+    return sa.literal_column(str(int(value)), sa.Integer)
 
 
 @functools.cache
@@ -114,18 +135,18 @@ def _in_one(history: bool) -> sa.CompoundSelect[Any]:
     JSON, 1 its messages, 2 the conversation before it (with ``history``)."""
     joined = RUN_AND_DECISIONS.subquery("j")
     rows = sa.select(
-        sa.literal(0).label("kind"),
-        sa.literal(0).label("place"),
-        sa.literal(0).label("seq"),
+        _constant(0).label("kind"),
+        _constant(0).label("place"),
+        _constant(0).label("seq"),
         sa.cast(sa.func.row_to_json(sa.literal_column("j")), sa.Text).label("body"),
     ).select_from(joined)
     own = sa.select(
-        sa.literal(1), sa.literal(0), run_messages.c.seq, sa.cast(run_messages.c.message, sa.Text)
+        _constant(1), _constant(0), run_messages.c.seq, sa.cast(run_messages.c.message, sa.Text)
     ).where(run_messages.c.run_id == _ID)
     parts: list[sa.Select[Any]] = [rows, own]
     if history:
-        earlier = _EARLIER.order_by(None).subquery("e")
-        parts.append(sa.select(sa.literal(2), *earlier.c))
+        earlier = EARLIER.order_by(None).subquery("e")
+        parts.append(sa.select(_constant(2), *earlier.c))
     return sa.union_all(*parts).order_by(sa.text("kind"), sa.text("place"), sa.text("seq"))
 
 
