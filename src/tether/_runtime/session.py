@@ -28,7 +28,7 @@ from tether.models.pricing import spend_usd
 from tether.output import Verdict
 from tether.reasons import FailReason, HaltReason
 from tether.results import Outcome, StopKind
-from tether.runs import Lease, Pending, Run
+from tether.runs import Lease, Pending, Run, RunState
 from tether.scope import Scope
 from tether.store import CallStatus, CompactionRecord, Decision, Intent, idempotency_key
 from tether.telemetry import tracing
@@ -107,13 +107,23 @@ class RunSession:
         stopping: asyncio.Event | None = None,
     ) -> RunSession:
         """A session for a run this process just claimed: loads it, re-resolves the user's
-        scope now (invariant 7) and stores the fresh snapshot of it."""
+        scope now (invariant 7) and stores the fresh snapshot of it if it changed."""
         compacts = services.agent.compaction is not None  # else no compaction is ever stored
         snapshot = await hop(services.store.snapshot, run.id, history=True, compacts=compacts)
         if snapshot is None:
             raise LeaseLost("run vanished after its claim", run_id=run.id)
+        held = snapshot.run
+        if (held.state, held.owner, held.lease_epoch) != (
+            RunState.RUNNING,
+            run.owner,
+            run.lease_epoch,
+        ):
+            raise LeaseLost("the run was taken over after its claim", run_id=run.id)
         scope = await services.agent.resolve_scope(run.user_id)
-        await hop(services.store.refresh_scope, run.lease(), scope.to_json())
+        if scope.to_json() != snapshot.run.scope_snapshot:
+            # Stored when it changed (a write less per start when it did not): the run's
+            # next write is fenced all the same, and the snapshot is what people read.
+            await hop(services.store.refresh_scope, run.lease(), scope.to_json())
         messages = snapshot.messages
         if run.thread_pos > 1 and not messages:
             messages = await open_follow_up(services, run, snapshot.history)
