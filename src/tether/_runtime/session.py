@@ -18,7 +18,7 @@ from typing import Any
 from tether._runtime.follow_ups import open_follow_up
 from tether._runtime.hop import hop
 from tether._runtime.services import Services
-from tether._runtime.turns import Result, Turn, error_content
+from tether._runtime.turns import Result, Turn, error_content, turn_of
 from tether.budget import Budget
 from tether.errors import DatabaseUnavailable, LeaseLost, TetherError
 from tether.failpoints import fail
@@ -193,20 +193,8 @@ class RunSession:
     def turn_of(self, response: ModelResponse) -> Turn:
         """The assistant turn to store for ``response`` (tool call ids made unique in
         the run), with its spend; nothing is written yet."""
-        message = self._normalized(response.message)
-        calls = tool_calls_of(message)
         spend = spend_usd(response.model, response.usage, self.services.settings.prices)
-        content = message.get("content")
-        event = {
-            "step": self.step + 1,
-            "text": content if isinstance(content, str) else "",
-            "tool_calls": [c.name for c in calls],
-            "spend_usd": spend,
-            "input_tokens": response.usage.input_tokens,
-            "output_tokens": response.usage.output_tokens,
-        }
-        tokens = response.usage.input_tokens
-        return Turn(message=message, calls=calls, spend=spend, event=event, input_tokens=tokens)
+        return turn_of(response, step=self.step + 1, spend=spend, taken=self._call_ids)
 
     async def append_turn(
         self, turn: Turn, results: Sequence[Result] = (), *, verdict: Verdict | None = None
@@ -428,24 +416,6 @@ class RunSession:
             effect=tool.effect.value if tool is not None else "read",
             status=CallStatus.INTENT if result is None else result.status,
         )
-
-    def _normalized(self, message: Message) -> Message:
-        """The assistant message to store: role set, and every tool call with an id that
-        is unique within the run (the id is the idempotency key's second half)."""
-        out: Message = {**message, "role": "assistant"}
-        raw_calls = out.get("tool_calls") or []
-        if not raw_calls:
-            out.pop("tool_calls", None)
-            return out
-        fixed = []
-        for i, raw in enumerate(raw_calls):
-            call_id = str(raw.get("id") or f"call_{self.step}_{i}")[:100]
-            while call_id in self._call_ids:
-                call_id = f"{call_id}~{self.step}"
-            self._call_ids.add(call_id)
-            fixed.append({**raw, "id": call_id, "type": raw.get("type", "function")})
-        out["tool_calls"] = fixed
-        return out
 
     def idle(self, seconds: float) -> None:
         """Leave ``seconds`` just spent waiting for model capacity out of the active time."""

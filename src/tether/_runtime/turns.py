@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tether.messages import ToolCall
-from tether.models.base import Message
+from tether.messages import ToolCall, tool_calls_of
+from tether.models.base import Message, ModelResponse
 from tether.store import CallStatus
 
 
@@ -53,3 +53,40 @@ class Result:
             "status": self.status.value,
             **({"error": summary} if summary else {}),
         }
+
+
+def turn_of(response: ModelResponse, *, step: int, spend: float, taken: set[str]) -> Turn:
+    """The assistant turn ``step`` of ``response`` as it is to be stored, with its
+    ``spend``: its tool call ids made unique among those ``taken`` (added to it)."""
+    message = _normalized(response.message, step - 1, taken)
+    calls = tool_calls_of(message)
+    content = message.get("content")
+    event = {
+        "step": step,
+        "text": content if isinstance(content, str) else "",
+        "tool_calls": [c.name for c in calls],
+        "spend_usd": spend,
+        "input_tokens": response.usage.input_tokens,
+        "output_tokens": response.usage.output_tokens,
+    }
+    tokens = response.usage.input_tokens
+    return Turn(message=message, calls=calls, spend=spend, event=event, input_tokens=tokens)
+
+
+def _normalized(message: Message, step: int, taken: set[str]) -> Message:
+    """The assistant message to store: role set, and every tool call with an id that is
+    unique within the run's conversation (the id is the idempotency key's second half)."""
+    out: Message = {**message, "role": "assistant"}
+    raw_calls = out.get("tool_calls") or []
+    if not raw_calls:
+        out.pop("tool_calls", None)
+        return out
+    fixed = []
+    for i, raw in enumerate(raw_calls):
+        call_id = str(raw.get("id") or f"call_{step}_{i}")[:100]
+        while call_id in taken:
+            call_id = f"{call_id}~{step}"
+        taken.add(call_id)
+        fixed.append({**raw, "id": call_id, "type": raw.get("type", "function")})
+    out["tool_calls"] = fixed
+    return out
