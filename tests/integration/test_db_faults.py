@@ -482,6 +482,45 @@ async def test_a_step_write_cut_off_after_its_commit_landed_is_retried_and_appli
     assert [tool for _, tool, _ in downstream.effects()] == ["record"]
 
 
+# -- a claim whose COMMIT is cut off ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["landed", "never-arrived"])
+async def test_a_claim_cut_off_at_its_commit_is_settled_by_the_transactions_fate(
+    pg_url: str, lands: bool
+) -> None:
+    """A worker's claim whose COMMIT lost its answer (a real TCP cut) is settled at once
+    by asking PostgreSQL the transaction's fate (``txid_status``), rather than left for a
+    reaper a heartbeat timeout later: landed, the claim stands and the worker has its
+    runs; never arrived, it is tried again. Either way each run is claimed exactly once
+    and the caller sees no error."""
+    base, _, dbname = pg_url.rpartition("/")
+    with pgproxy.proxy() as cutter:
+        url = f"{base.rsplit('@', 1)[0]}@127.0.0.1:{cutter.port}/{dbname}"
+        engine = inprocess.engine(url, db_retry_s=10.0)
+        store = engine._store
+        claims: list[str] = []
+
+        @sa.event.listens_for(store.engine, "before_cursor_execute")
+        def spot(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+            if statement.lstrip().startswith("UPDATE runs") and "txid_current" in statement:
+                claims.append(statement)
+                if len(claims) == 1:
+                    cutter.arm(lands=lands)
+
+        try:
+            ids = {(await engine.start_run("dana", f"q{i}")).id for i in range(3)}
+            claimed = await hop(store.claim_waiting, "w1", 5)
+        finally:
+            engine.close()
+    assert cutter.cuts == 1, "no COMMIT was cut off: the test proved nothing"
+    assert len(claims) == (1 if lands else 2)  # settled as landed, or tried again
+    assert {run.id for run in claimed} == ids
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute("SELECT owner, lease_epoch FROM runs").fetchall()
+    assert sorted(rows) == [("w1", 1)] * 3  # each claimed once, by w1
+
+
 async def test_a_pooled_connection_that_died_while_idle_costs_one_retry(pg_url: str) -> None:
     """No pre-ping before each transaction: a connection the server dropped while it sat
     in the pool fails at its first statement (nothing was committed), and the call is

@@ -1,7 +1,9 @@
 """A TCP proxy in front of the real PostgreSQL server that can cut a connection off in
 the middle of a COMMIT: the COMMIT reaches the server (so it lands) and the connection
 is closed before the server's answer reaches the client, as when a network drops or a
-server dies right after committing. Everything else is relayed unchanged.
+server dies right after committing; or, armed with ``lands=False``, the COMMIT never
+reaches the server (which then rolls the transaction back). Either way the client sees
+the same thing: a connection lost at its COMMIT. Everything else is relayed unchanged.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ class Proxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._armed = threading.Event()
+        self._lands = True
         self._lock = threading.Lock()
         self.cuts = 0
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def arm(self) -> None:
-        """Cut off the next COMMIT that passes (once)."""
+    def arm(self, *, lands: bool = True) -> None:
+        """Cut off the next COMMIT that passes (once): after the server has it, or, with
+        ``lands=False``, before."""
+        self._lands = lands
         self._armed.set()
 
     def close(self) -> None:
@@ -53,6 +58,9 @@ class Proxy:
             while data := client.recv(65536):
                 if COMMIT in data and self._take():
                     cut.set()
+                    if not self._lands:  # the server never gets it
+                        server.shutdown(socket.SHUT_RDWR)
+                        break
                 server.sendall(data)
 
     def _down(self, server: socket.socket, client: socket.socket, cut: threading.Event) -> None:

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from tether.store import pooling
+from tether.store import faults, pooling
 from tether.store.announce import Announcer, take
 from tether.store.connect import create_db_engine, normalize_url
 from tether.store.dialect import Dialect, dialect_for
 from tether.store.migrate import ensure_schema
 from tether.store.pooling import PoolMode, pool_mode
+
+T = TypeVar("T")
 
 
 class StoreBase:
@@ -60,6 +63,31 @@ class StoreBase:
                     yield conn
             finally:
                 self.announcer.announce(take(conn))
+
+    def settled(self, write: Callable[[Connection], T], xid: Callable[[T], int | None]) -> T:
+        """``write(conn)`` in a transaction of its own, whose COMMIT, if cut off before its
+        answer came (it may have landed), is settled at once where the server can tell:
+        PostgreSQL is asked the transaction's fate by its id (``xid(result)``, read in the
+        transaction; ``Dialect.fate``). Committed: the result stands. Aborted: the call
+        failed before anything landed and may be tried again. Unknown: the caller learns
+        the outcome is unknown, as of any cut-off COMMIT (``faults``)."""
+        done = False
+        result: T
+        try:
+            with self.begin() as conn:
+                result = write(conn)
+                done = True
+            return result
+        except Exception as exc:
+            if not (done and faults.cut_at_commit(exc)):
+                raise
+            known = xid(result)
+            fate = None if known is None else self.dialect.fate(self.engine, known)
+            if fate == "committed":
+                return result
+            if fate == "aborted":
+                faults.not_committed()
+            raise
 
     @contextmanager
     def reading(self) -> Iterator[Connection]:

@@ -176,8 +176,16 @@ def claim_next(backend: str, *, capped: bool) -> Transition:
     the dialect of ``backend`` (``Dialect.name``), built once. A queued run of a thread
     whose earlier run is in the same pick cannot be due (that run is still queued), so a
     batch never starts two runs of one thread."""
-    pick = pick_next(type(dialect_for(backend)), capped=capped)
+    dialect = dialect_for(backend)
+    pick = pick_next(type(dialect), capped=capped)
     conditions = [sa.or_(_READY, _DUE), SERVED]
+    # The transaction's id with each run (PostgreSQL), to settle a COMMIT cut off.
+    returning = (runs,) if dialect.xid is None else (runs, dialect.xid)
     return Transition(
-        [RUNNING, RunState.QUEUED], RUNNING, runs.c.id.in_(pick), *conditions, **CLAIMED
+        [RUNNING, RunState.QUEUED],
+        RUNNING,
+        runs.c.id.in_(pick),
+        *conditions,
+        returning=returning,
+        **CLAIMED,
     )

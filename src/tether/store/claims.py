@@ -264,12 +264,19 @@ class Claims(StoreBase):
         """Take the leases of up to ``limit`` of the best runs that wait for a worker, as
         ``claim_ready`` picks one, in one conditional UPDATE: a worker filling many free
         slots claims them together rather than one transaction (and one thread hop) each.
-        With ``cap``, at most one, each claim re-reading its user's count."""
+        With ``cap``, at most one, each claim re-reading its user's count. A COMMIT cut
+        off is settled by asking PostgreSQL the transaction's fate."""
         params: dict[str, Any] = {"b_owner": owner, "b_cap": cap, **served(versions)}
         params["b_limit"] = max(1, limit)
         claim = claim_next(self.dialect.name, capped=cap is not None)
-        with self.begin() as conn:
-            return [Run.from_row(row._mapping) for row in claim.many(conn, params)]
+        # A COMMIT cut off would leave the runs claimed by a worker that does not know
+        # it, each taken back by a reaper a heartbeat timeout later at the cost of a
+        # recovery attempt: it is settled at once instead (``StoreBase.settled``).
+        rows = self.settled(
+            lambda conn: claim.many(conn, params),
+            lambda found: found[0].xid if found and self.dialect.xid is not None else None,
+        )
+        return [Run.from_row(row._mapping) for row in rows]
 
     def claim_decision(
         self,

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.engine import URL, Connection, Engine
 
 from tether.errors import ConfigError
 from tether.runs import FailReason, Run
@@ -77,6 +77,14 @@ class Dialect:
 
     def wake(self, conn: Connection) -> None:
         """Tell idle workers a run became ready (sent at commit)."""
+
+    # The column a write returns to name its transaction (``fate``); None: none.
+    xid: ClassVar[sa.ColumnElement[Any] | None] = None
+
+    def fate(self, engine: Engine, xid: int) -> str | None:
+        """Whether the transaction ``xid``, whose COMMIT was cut off, ``committed`` or was
+        ``aborted``; None when that cannot be told (here: never)."""
+        return None
 
     def read_run(self, conn: Connection, run_id: str, *, history: bool) -> Loaded | None:
         """A run's state to carry it on (``snapshots``): here plain statements, in the

@@ -157,6 +157,18 @@ def name_refusals(engine: Engine) -> None:
             ) from context.original_exception
 
 
+def cut_at_commit(exc: BaseException) -> bool:
+    """Whether ``exc``, raised in this thread's store call, is a transient error met after
+    a COMMIT was sent: the transaction may have landed."""
+    return bool(getattr(_local, "committing", False)) and is_transient(exc)
+
+
+def not_committed() -> None:
+    """This thread's COMMIT that was cut off is known not to have landed (the server said
+    so): the call may be tried again like one that failed before its COMMIT."""
+    _local.committing = False
+
+
 def attempt(call: Callable[[], T]) -> T:
     """Run one store call in this thread; a transient error comes out as ``Transient``."""
     _local.committing = False

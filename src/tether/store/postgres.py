@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.engine import URL, Connection, Engine
 
 from tether.errors import LeaseLost
 from tether.reasons import FailReason
@@ -57,6 +57,7 @@ from tether.store.schema import (
     runs,
     tool_calls,
 )
+from tether.store.settling import transaction_fate
 from tether.store.snapshots import Loaded, read_in_one
 from tether.store.statements import RESULT, TURN, TURN_FINAL
 from tether.store.transitions import Transition
@@ -331,6 +332,11 @@ class PostgresDialect(Dialect):
 
     def wake(self, conn: Connection) -> None:
         conn.execute(_NOTIFY)
+
+    xid: ClassVar[sa.ColumnElement[Any] | None] = sa.func.txid_current().label("xid")
+
+    def fate(self, engine: Engine, xid: int) -> str | None:
+        return transaction_fate(engine, xid)
 
     def read_run(self, conn: Connection, run_id: str, *, history: bool) -> Loaded | None:
         return read_in_one(conn, run_id, history=history)

@@ -129,8 +129,6 @@ def _matched(row: Any) -> TokenMatch:
     return TokenMatch(decision=used)
 
 
-
-
 def calls_of_rows(run: Run, rows: Sequence[Any]) -> Run:
     """``run`` with the calls of its current suspension, from rows of the run joined with
     its calls (``CALL_COLUMNS``; a row without a call has them NULL)."""
