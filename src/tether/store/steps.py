@@ -250,8 +250,9 @@ class Steps(StoreBase):
         return [(lease.run_id, lease.owner, lease.epoch) in held for lease in leases]
 
     def lease_held(self, lease: Lease) -> bool:
-        """Whether ``lease`` still owns the run (checked before a write tool runs)."""
-        with self.begin() as conn:
+        """Whether ``lease`` still owns the run (checked before a write tool runs): one
+        read, outside any write transaction (its step's writes are fenced anyway)."""
+        with self.reading() as conn:
             return conn.execute(LEASE_HELD, lease_params(lease)).first() is not None
 
     def record_edit(self, lease: Lease, *, tool_call_id: str, arguments: dict[str, Any]) -> None:
