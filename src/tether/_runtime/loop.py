@@ -133,18 +133,20 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
         session.check_held()
         if not await model_capacity(session):  # the wait for it is not active time
             return await session.release("worker stopping")
-        step_started = time.monotonic()
-        steps.open(session.step + 1)
-        try:
-            with (
-                MODEL_SECONDS.time(),
-                tracing.model_call(session.services.model.name, session.step + 1) as chat,
-            ):
-                response = await _streamed(session)
-                chat.answered(response)
-            model_ended(session, response.usage)
-        except ModelError as exc:  # handed back with a delay, or failed (reference §10)
-            return await model_failed(session, exc, failures)
+        async with session.services.pacer.request() as waited:  # the process's CPU
+            session.idle(waited)
+            step_started = time.monotonic()
+            steps.open(session.step + 1)
+            try:
+                with (
+                    MODEL_SECONDS.time(),
+                    tracing.model_call(session.services.model.name, session.step + 1) as chat,
+                ):
+                    response = await _streamed(session)
+                    chat.answered(response)
+                model_ended(session, response.usage)
+            except ModelError as exc:  # handed back with a delay, or failed (reference §10)
+                return await model_failed(session, exc, failures)
         failures = 0  # the stored turn resets the stored count too
         fail("after_model_call")
         turn = session.turn_of(response)

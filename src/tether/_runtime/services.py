@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from tether._runtime.deltas import DeltaHub
 from tether._runtime.heartbeat import Heartbeat
+from tether._runtime.pacing import Pacer
 from tether._runtime.rate_limit import RateLimiter
 from tether._runtime.single_flight import InFlight
 from tether.agent import Agent
@@ -39,6 +40,9 @@ class Services:
     schedules_added: asyncio.Event = field(default_factory=asyncio.Event)
     # The fleet's model rate (reference §17, ``rate_limit.py``); off: no limit, no cost.
     limiter: RateLimiter = field(default_factory=RateLimiter.off)
+    # The model requests in flight in this process, bounded by its event loop's lag
+    # (``pacing.py``).
+    pacer: Pacer = field(default_factory=Pacer)
 
     @property
     def versions(self) -> tuple[str, ...]:
