@@ -122,3 +122,72 @@ def counted_agent() -> Agent:
     path = os.environ["BENCH_LEASES_FILE"]
     atexit.register(lambda: open(path, "w").write(json.dumps(counted)))
     return agent()
+
+
+class LagMonitor:
+    """The event loop's lag, sampled by a task that asks to wake every ``PERIOD_S``: each
+    wake-up's delay past its due time, written each second as a JSON line (the second's
+    samples, in ms) to ``BENCH_LAG_FILE``, with the process's CPU seconds, for
+    ``capacity.py``."""
+
+    PERIOD_S = 0.01
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.task: asyncio.Task[None] | None = None
+        # The garbage collector's pauses (ms) by generation, since the last line.
+        self.gc_ms: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._gc_began = 0.0
+        self.collected = 0  # cyclic garbage the collector freed, since the last line
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+        else:
+            self.gc_ms[info["generation"]].append((time.perf_counter() - self._gc_began) * 1000)
+            self.collected += info["collected"]
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        samples: list[float] = []
+        flushed = loop.time()
+        import gc
+
+        gc.callbacks.append(self._on_gc)
+        with open(self.path, "a", buffering=1) as out:
+            while True:
+                due = loop.time() + self.PERIOD_S
+                await asyncio.sleep(self.PERIOD_S)
+                now = loop.time()
+                samples.append(max(0.0, now - due) * 1000)
+                if now - flushed >= 1.0:
+                    line = {"at": time.time(), "lag_ms": samples, "gc_ms": self.gc_ms}
+                    line["collected"] = self.collected
+                    self.collected = 0
+                    if os.environ.get("BENCH_COUNT_OBJECTS"):
+                        line["objects"] = len(gc.get_objects())
+                        line["by_gen"] = [len(gc.get_objects(g)) for g in range(3)]
+                        line["frozen"] = gc.get_freeze_count()
+                    out.write(json.dumps(line) + "\n")
+                    samples, flushed = [], now
+                    self.gc_ms = {0: [], 1: [], 2: []}
+
+
+def capacity_agent() -> Agent:
+    """The agent of ``capacity.py``'s worker: the read tool ``fetch`` (a plain function,
+    as most tools are written) and the model ``TETHER_MODEL`` names (the fake OpenAI
+    server); with ``BENCH_LAG_FILE`` set, the event loop's lag is sampled while it serves."""
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(agent: Agent) -> Any:
+        path = os.environ.get("BENCH_LAG_FILE")
+        monitor = LagMonitor(path) if path else None
+        task = asyncio.create_task(monitor.run()) if monitor else None
+        try:
+            yield agent
+        finally:
+            if task is not None:
+                task.cancel()
+
+    return Agent(name="capacity", system_prompt="bench", tools=(fetch,), lifespan=lifespan)
