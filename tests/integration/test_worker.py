@@ -391,3 +391,48 @@ async def test_memory_stays_bounded_over_thousands_of_runs(db_url: str) -> None:
     assert outcomes_at_2000 <= outcomes_at_200 + 8 and outcomes_at_2000 < 50
     assert runs_at_2000 <= runs_at_200 + 8 and runs_at_2000 < 50
     assert len(worker.counts) <= len(StopKind) + 1 and not worker.restarts
+
+
+# -- exit when idle ----------------------------------------------------------------------
+
+
+async def test_exit_when_idle_claims_again_when_a_run_ends_during_a_claim(db_url: str) -> None:
+    """A claim that read the runs while the thread's first run was still in hand finds its
+    follow-up blocked; the run ends before that claim returns. The worker must claim once
+    more, not take the empty claim for idleness and exit with the follow-up left queued."""
+    engine = tiny_engine(db_url)
+    worker = Worker(engine, concurrency=4)
+    claim_many, carry = worker._runner.claim_many, worker._runner.carry
+    gate = asyncio.Event()  # the first run is carried once a claim found nothing
+    empty_while_carrying = 0
+
+    async def held(run: Run, **kwargs: Any) -> Any:
+        await gate.wait()
+        return await carry(run, **kwargs)
+
+    async def claim_then_let_the_run_end(limit: int) -> list[Run]:
+        nonlocal empty_while_carrying
+        in_hand = set(worker._tasks)
+        claimed = await claim_many(limit)
+        if in_hand and not claimed:
+            empty_while_carrying += 1
+            # The first empty claim ends a pass that claimed; the second is a pass of its
+            # own, which claims nothing: the run ends (and frees its slot) before it returns.
+            if empty_while_carrying == 2:
+                gate.set()
+                await asyncio.wait(in_hand)
+        return claimed
+
+    worker._runner.claim_many = claim_then_let_the_run_end  # type: ignore[method-assign]
+    worker._runner.carry = held  # type: ignore[method-assign]
+    try:
+        first = await engine.start_run("dana", "first")
+        follow_up = await engine.start_run(
+            "dana", "second", thread_id=first.thread_id, if_busy="enqueue"
+        )
+        assert follow_up.state.value == "queued"
+        await asyncio.wait_for(worker.run(exit_when_idle=True, reap=False), timeout=120)
+        assert empty_while_carrying >= 2  # the race was forced
+        assert await states(engine, [first.id, follow_up.id]) == ["answered", "answered"]
+    finally:
+        engine.close()
