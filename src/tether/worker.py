@@ -166,8 +166,7 @@ class Worker:
                 continue
             delay = RESTART_FIRST_S
             idle = not self._tasks and not self._reserved and self._reaped.is_set()
-            # A run that ended while the claim was in flight may have made one due (its
-            # thread's next) after the claim's snapshot: ``_wake`` says so; claim again.
+            # A run that ended during the claim may have made another due: ``_wake`` says.
             idle = idle and self._ticked.is_set() and not self._wake.is_set()
             if exit_when_idle and idle:
                 return
