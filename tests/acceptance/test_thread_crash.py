@@ -33,7 +33,10 @@ def test_a_worker_killed_after_a_run_ended_leaves_its_queued_follow_up_to_the_ne
     engine.close()
     store = Store(db_url)
     try:
-        code = worker(db_url, tmp_path / "w1.log", TETHER_FAILPOINTS="after_run_end=crash")
+        # One slot: no claim of this worker is in flight as the first run ends (with free
+        # slots one could start the follow-up before the failpoint is reached).
+        point = "after_run_end=crash"
+        code = worker(db_url, tmp_path / "w1.log", "--concurrency", "1", TETHER_FAILPOINTS=point)
         assert code == 137, (tmp_path / "w1.log").read_text()
         ended, waiting = store.get_run(first.id), store.get_run(queued.id)
         assert ended is not None and ended.state is RunState.ANSWERED

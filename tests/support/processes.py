@@ -59,12 +59,13 @@ def spawn(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen[str]:
     return spawn_agent(*args, agent=AGENT, env=env, log=log)
 
 
-def worker_until_idle(url: str, log: Path, **env: str) -> int:
-    """Run a ``tether worker --exit-when-idle`` of the test agent playing the ``answer``
-    script (unless ``env`` names another) until it is idle or a failpoint exits it; its
-    exit code (137 for a crash failpoint)."""
+def worker_until_idle(url: str, log: Path, *options: str, **env: str) -> int:
+    """Run a ``tether worker --exit-when-idle`` (with ``options``) of the test agent playing
+    the ``answer`` script (unless ``env`` names another) until it is idle or a failpoint
+    exits it; its exit code (137 for a crash failpoint)."""
     environment = tether_env(url, **{"KIT_SCRIPT": "answer", **env})
-    return spawn("worker", "--exit-when-idle", env=environment, log=log).wait(timeout=120)
+    args = ("worker", "--exit-when-idle", *options)
+    return spawn(*args, env=environment, log=log).wait(timeout=120)
 
 
 def tether(
