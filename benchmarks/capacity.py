@@ -178,6 +178,12 @@ class Watch:
     def steps(self) -> int:
         return self.scalar("SELECT sum(steps) FROM runs")
 
+    def autovacuum(self) -> str:
+        """The server's ``autovacuum`` (off, a run's row leaves a dead version at every
+        step that nothing removes, and PostgreSQL's CPU per step grows with it)."""
+        with self.store.engine.connect() as conn:
+            return str(conn.execute(sa.text("SHOW autovacuum")).scalar())
+
     def in_flight(self) -> int:
         return self.scalar(
             "SELECT count(*) FROM runs WHERE state = 'running' AND owner IS NOT NULL"
@@ -334,6 +340,7 @@ class Steady:
     rss_ramped: float
     rss: float
     failed: int
+    autovacuum: str | None = None  # PostgreSQL's setting during the run
 
     @property
     def kb_per_run(self) -> float:
@@ -375,6 +382,7 @@ def steady(backend: str, inflight: int, args: argparse.Namespace) -> Steady:
                 cpu1 = (cpu_s(worker.pid), postgres_cpu_s(), cpu_s(model.pid))
                 rss = rss_mib(worker.pid)
                 failed = watch.failed()
+                autovacuum = watch.autovacuum() if backend == "postgresql" else None
                 if worker.poll() is not None:
                     raise RuntimeError(f"the worker exited: {Path(log).read_text()[-2000:]}")
                 lag, gc_full = lag_samples(lag_file, t0, t1)
@@ -402,6 +410,7 @@ def steady(backend: str, inflight: int, args: argparse.Namespace) -> Steady:
             rss_ramped=rss_ramped,
             rss=rss,
             failed=failed,
+            autovacuum=autovacuum,
         )
     finally:
         watch.close()
@@ -430,6 +439,7 @@ def print_steady(rows: list[Steady], args: argparse.Namespace) -> None:
             f"{len(r.gc_full):>4} x{max(r.gc_full, default=0):>4.0f}"
             + (f"  ({r.failed} failed)" if r.failed else "")
             + (f"  (only {r.carried} in flight)" if r.carried < r.inflight else "")
+            + (f"  autovacuum {r.autovacuum}" if r.autovacuum else "")
         )
     print(
         f"targets: share >= {TARGET_SHARE:.0%} (at 1,000: or every core busy); "
