@@ -22,7 +22,6 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from waiting import poll_until
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
 START_DEADLINE_S = 30.0
@@ -122,13 +122,10 @@ def _answers(bouncer: Bouncer) -> bool:
 
 
 def _wait_until_answering(bouncer: Bouncer) -> None:
-    deadline = time.monotonic() + START_DEADLINE_S
-    while not _answers(bouncer):
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"pgbouncer did not answer within {START_DEADLINE_S:g} s:\n{bouncer.log_tail()}"
-            )
-        time.sleep(0.05)  # a poll's interval, with the deadline above
+    try:
+        poll_until(lambda: _answers(bouncer), timeout=START_DEADLINE_S, what="pgbouncer answering")
+    except AssertionError as exc:
+        raise RuntimeError(f"{exc}\n{bouncer.log_tail()}") from exc
 
 
 def _free_port() -> int:
