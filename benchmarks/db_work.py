@@ -41,8 +41,8 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,32 +218,36 @@ def limits(steps: int) -> dict[str, Any]:
     return {"max_steps": steps + 5, "max_tool_calls": steps + 5, "max_spend_usd": 1e5}
 
 
-async def run_steps(kind: str, tool_name: str, steps: int, out: list[Work]) -> None:
+@asynccontextmanager
+async def bench_engine(script: list[dict[str, Any]]) -> AsyncIterator[tuple[str, Engine, Counts]]:
+    """An open engine playing ``script`` on a fresh database, its statements counted; the
+    database is dropped after."""
     name, url = throughput.fresh_database()
     try:
         counts = Counts()
-        engine = engine_for(url, calls(tool_name, steps), counts)
+        engine = engine_for(url, script, counts)
         await engine.open()
+        yield url, engine, counts
+        await engine.aclose()
+    finally:
+        throughput.drop_database(name)
+
+
+async def run_steps(kind: str, tool_name: str, steps: int, out: list[Work]) -> None:
+    async with bench_engine(calls(tool_name, steps)) as (url, engine, counts):
         with measured(kind, steps, url, engine, counts, out):
             run = await engine.start_run("bench", "go", limits=limits(steps))
             outcome = await engine.run_until_stop(run.id)
             if outcome.kind is not StopKind.ANSWERED:
                 raise RuntimeError(f"the {kind} run stopped {outcome.kind.value}")
         rows_since(out[-1], url, engine._store.engine)
-        await engine.aclose()
-    finally:
-        throughput.drop_database(name)
 
 
 async def run_suspensions(count: int, out: list[Work]) -> None:
-    name, url = throughput.fresh_database()
-    try:
-        counts = Counts()
-        script: list[dict[str, Any]] = []
-        for i in range(count):
-            script += [{"tool_calls": [{"name": "send", "arguments": {"n": i}}]}, {"content": "ok"}]
-        engine = engine_for(url, script, counts)
-        await engine.open()
+    script: list[dict[str, Any]] = []
+    for i in range(count):
+        script += [{"tool_calls": [{"name": "send", "arguments": {"n": i}}]}, {"content": "ok"}]
+    async with bench_engine(script) as (url, engine, counts):
         with measured("suspension", count, url, engine, counts, out):
             for _ in range(count):
                 asked = await engine.ask("bench", "send it", limits=limits(2))
@@ -254,17 +258,10 @@ async def run_suspensions(count: int, out: list[Work]) -> None:
                 if done.kind is not StopKind.ANSWERED:
                     raise RuntimeError(f"the approved run stopped {done.kind.value}")
         rows_since(out[-1], url, engine._store.engine)
-        await engine.aclose()
-    finally:
-        throughput.drop_database(name)
 
 
 async def run_claims(count: int, out: list[Work]) -> None:
-    name, url = throughput.fresh_database()
-    try:
-        counts = Counts()
-        engine = engine_for(url, [{"content": "done"}], counts)
-        await engine.open()
+    async with bench_engine([{"content": "done"}]) as (url, engine, counts):
         ids = [(await engine.start_run("bench", f"q{i}")).id for i in range(count)]
         store = engine._store
         claimed: list[str] = []
@@ -275,9 +272,6 @@ async def run_claims(count: int, out: list[Work]) -> None:
         if sorted(claimed) != sorted(ids):
             raise RuntimeError("not every run was claimed once")
         rows_since(out[-1], url, store.engine)
-        await engine.aclose()
-    finally:
-        throughput.drop_database(name)
 
 
 FLOOR_SCHEMA = (
