@@ -26,6 +26,7 @@ import pytest
 import webhooks
 from httpx_sse import connect_sse
 from pgbouncer import Bouncer, pgbouncer
+from pgcluster import free_port
 from waiting import poll_until
 
 from tether.store import SchemaStatus, Store, schema_status
@@ -39,23 +40,6 @@ SCRIPT = "streamed_send"
 TEXT = agents.SCRIPTS[SCRIPT][0]["content"]
 # The statements a LISTEN connection runs (the deltas' subscriber changes its channels).
 LISTENING = ("LISTEN ", "UNLISTEN ")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _ready(proc: subprocess.Popen[str], base: str, log: Path) -> bool:
-    if proc.poll() is not None:
-        raise AssertionError(f"serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-    try:
-        return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @contextmanager
@@ -142,7 +126,7 @@ def test_serve_and_a_worker_behind_pgbouncer_carry_stream_approve_and_wake_on_ne
         key = add_user(store, "dana")
     finally:
         store.close()
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     with (
         pgbouncer(pg_url) as bouncer,
@@ -162,7 +146,11 @@ def test_serve_and_a_worker_behind_pgbouncer_carry_stream_approve_and_wake_on_ne
             "serve", "--port", str(port), "--workers", "0", env=env, log=serve_log
         )
         with running(serve):
-            poll_until(lambda: _ready(serve, base, serve_log), timeout=DEADLINE_S, what="serve")
+            poll_until(
+                lambda: processes.serve_ready(serve, base, serve_log),
+                timeout=DEADLINE_S,
+                what="serve",
+            )
             created = client.post("/v1/runs", json={"question": "send b"})
             assert created.status_code == 202, created.text
             first = created.json()["id"]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import processes
 import pytest
 from rich.console import Console
 from waiting import poll_until
@@ -279,15 +280,6 @@ def _stream_until_suspended(base: str, run_id: str) -> Iterator[list[str]]:
         yield kinds
 
 
-def _ready(proc: subprocess.Popen[bytes], base: str, log: Path) -> bool:
-    if proc.poll() is not None:
-        raise AssertionError(f"serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-    try:
-        return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 @pytest.mark.parametrize("empty_url", ["sqlite", "postgresql"], indirect=True)
 def test_the_readmes_service_walkthrough_suspends_the_send_with_no_sandbox_configured(
     empty_url: str, tmp_path: Path
@@ -311,7 +303,9 @@ def test_the_readmes_service_walkthrough_suspends_the_send_with_no_sandbox_confi
             stderr=subprocess.STDOUT,
         )
     try:
-        poll_until(lambda: _ready(proc, base, log), timeout=60, what="serve to be ready")
+        poll_until(
+            lambda: processes.serve_ready(proc, base, log), timeout=60, what="serve to be ready"
+        )
         run_id = _readme_run(base, log)
         # The README's `curl -sN …/events/stream`: the run's events so far, then the stream
         # stays open while the run waits.

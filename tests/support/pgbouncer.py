@@ -29,6 +29,7 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from pgcluster import free_port
 from waiting import poll_until
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
@@ -128,14 +129,6 @@ def _wait_until_answering(bouncer: Bouncer) -> None:
         raise RuntimeError(f"{exc}\n{bouncer.log_tail()}") from exc
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def pgbouncer(
     direct_url: str, *, pool_size: int = 5, ignore_startup_parameters: str = ""
@@ -147,7 +140,7 @@ def pgbouncer(
     if not Path(PGBOUNCER).exists():
         raise RuntimeError(f"{PGBOUNCER} is missing: `make test` installs Debian's pgbouncer")
     root = Path(tempfile.mkdtemp(prefix="tether-pgbouncer-"))
-    bouncer = Bouncer(root, direct_url, _free_port())
+    bouncer = Bouncer(root, direct_url, free_port())
     server = sa.engine.make_url(direct_url)
     try:
         (root / "userlist.txt").write_text(f'"{bouncer.user}" ""\n')

@@ -9,7 +9,9 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
 from waiting import poll_until
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
@@ -112,3 +114,14 @@ def pause_outside_a_write(proc: subprocess.Popen[str], url: str) -> None:
             probe.close()
 
     poll_until(paused_unlocked, what="a pause outside a write")
+
+
+def serve_ready(proc: subprocess.Popen[Any], base: str, log: Path) -> bool:
+    """Whether ``tether serve`` at ``base`` answers ``/readyz`` (it exited: fail, with the
+    end of its ``log``)."""
+    if proc.poll() is not None:
+        raise AssertionError(f"serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+    try:
+        return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
