@@ -91,15 +91,12 @@ class Procs:
         )  # fmt: skip
         base = f"http://127.0.0.1:{port}"
 
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"serve exited with {proc.returncode}:\n{tail(log)}")
-            try:
-                return httpx.get(f"{base}/readyz", timeout=5).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        poll_until(ready, timeout=60, interval=0.2, what="serve to be ready")
+        poll_until(
+            lambda: processes.serve_ready(proc, base, log),
+            timeout=60,
+            interval=0.2,
+            what="serve to be ready",
+        )
         return base
 
     def assert_alive(self) -> None:
