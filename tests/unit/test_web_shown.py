@@ -14,8 +14,9 @@ import pytest
 from markupsafe import Markup
 
 from tether.api.web import templates
+from tether.api.web.apidocs import type_of
 from tether.api.web.forms import edit_fields, read_edits
-from tether.api.web.shown import finalize, json_text, visible
+from tether.api.web.shown import finalize, json_text, ticks, visible
 from tether.api.web.status import state_note
 from tether.api.web.timeline import SAYINGS, line
 from tether.budget import Budget, Limits
@@ -53,6 +54,12 @@ def test_json_text_escapes_hidden_characters_and_reads_back_exactly() -> None:
     text = json_text(value, indent=2)
     assert not has_hidden(text) and "é" in text and "\\udb40\\udc41" in text
     assert json.loads(text) == value
+
+
+def test_ticks_writes_code_spans_and_still_marks_hidden_characters() -> None:
+    assert ticks("use `GET /v1/runs` <now>") == Markup("use <code>GET /v1/runs</code> &lt;now&gt;")
+    assert ticks("odd ` tick") == "odd ` tick"
+    assert 'class="hidden-char"' in ticks(f"`{SPOOF}`")
 
 
 def test_an_edit_field_with_hidden_characters_is_shown_escaped_and_kept_only_as_shown() -> None:
@@ -157,3 +164,10 @@ def test_the_timeline_names_who_and_how_much() -> None:
     assert line(_event("approved", {"by": "boss", "reason": "ok"})).what == "Approved by boss"
     odd = line(_event("something_new", {"count": 3, "nested": {"a": 1}}))
     assert odd.what == "Something new" and odd.figures == ("count: 3",)
+
+
+def test_the_docs_page_writes_schema_types_briefly() -> None:
+    assert type_of({"$ref": "#/components/schemas/RunOut"}) == "RunOut"
+    assert type_of({"anyOf": [{"type": "integer"}, {"type": "null"}]}) == "integer | null"
+    assert type_of({"type": "array", "items": {"type": "string"}}) == "[string]"
+    assert type_of({"enum": ["a", "b"]}) == '"a" | "b"'

@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from fastapi.templating import Jinja2Templates
 
 from tether.agent import Agent
+from tether.api.headers import CONTENT_SECURITY_POLICY
 from tether.api.web import shown
 from tether.api.web.forms import EditField, edit_fields
 from tether.api.web.shown import time_left
@@ -25,19 +26,15 @@ if TYPE_CHECKING:
 # The templates and the stylesheet live beside the API package.
 ASSETS = Path(__file__).parent.parent
 
-# Scripts only from our own files (no inline script, no eval) and connections only to
-# ourselves (the live pages' streams and fetches), no framing (clickjacking the Approve
-# button), forms only to ourselves, and the token in an approval URL never leaves in a
-# Referer.
+# The Content-Security-Policy of every answer (``tether.api.headers``), no caching, no
+# framing (clickjacking the Approve button), and the token in an approval URL never leaves
+# in a Referer.
 PAGE_HEADERS = {
     "Cache-Control": "no-store",
     "Referrer-Policy": "no-referrer",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'self'; "
-        "img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-    ),
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
 }
 
 
@@ -51,6 +48,7 @@ def _environment() -> jinja2.Environment:
     env.filters["show"] = shown.show
     env.filters["visible"] = shown.visible
     env.filters["when"] = shown.when
+    env.filters["ticks"] = shown.ticks
     env.globals["columns"] = shown.columns
     env.globals["hides"] = shown.hides
     return env

@@ -80,6 +80,18 @@ def json_text(value: Any, *, indent: int | None = None) -> str:
     return "".join(json.dumps(char)[1:-1] if chars.is_hidden(char) else char for char in text)
 
 
+def ticks(text: Any) -> Markup:
+    """``text`` for a page as ``visible`` writes it, its spans between backticks (a
+    description's ``code``) as ``<code>`` elements."""
+    pieces = str(text).split("`")
+    if len(pieces) % 2 == 0:  # an odd backtick: shown as written
+        return visible(str(text))
+    return Markup("").join(
+        Markup("<code>{}</code>").format(visible(piece)) if index % 2 else visible(piece)
+        for index, piece in enumerate(pieces)
+    )
+
+
 def when(epoch: float | None) -> str:
     """Epoch seconds of the database clock, for people."""
     stamp = iso(epoch)
