@@ -307,7 +307,7 @@ def test_sign_in_see_the_request_and_a_double_click_approves_once(
     expect(page.locator("section.outcome h1")).to_have_text("Already decided")
     expect(page.locator("dd.decision")).to_have_text("approve")
     shot(page, "already-decided")
-    page.get_by_role("link", name="Open the run").click()
+    page.get_by_role("link", name="Back to the run").click()
     expect(page.locator("table.timeline")).to_contain_text("approved")
     expect(page.locator("table.budget tr", has_text="tool calls")).to_contain_text("1")
     shot(page, "run")

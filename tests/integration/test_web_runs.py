@@ -266,7 +266,9 @@ async def test_the_runs_pages_say_why_a_queued_run_waits(app: Web) -> None:
         run_id: queued.text.split(f'id="run-{run_id}"')[1].split("</tr>")[0]
         for run_id in (timed.id, behind.id)
     }
-    assert "waits for its start time" in rows[timed.id] and "priority 4" in rows[timed.id]
-    assert "the runs before it in its thread" in rows[behind.id]
-    assert "its start time" not in rows[behind.id]
-    assert "waits for its start time" in page.text and "priority 4" in page.text
+    starts = f"starts at {later.strftime('%Y-%m-%d %H:%M:%S')} UTC"
+    assert starts in rows[timed.id] and "priority 4" in rows[timed.id]
+    assert "after the runs before it in its thread have stopped" in rows[behind.id]
+    assert "starts at" not in rows[behind.id]
+    assert starts in page.text and "priority 4" in page.text
+    assert "Started" not in page.text  # it has not: it is queued

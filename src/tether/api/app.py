@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether.api.attempts import AuthAttempts
+from tether.api.headers import SecurityHeaders
 from tether.api.schemas import error_body, status_for
 from tether.engine import Engine
 from tether.errors import NotReady, TetherError, TooManyAttempts
@@ -98,11 +99,24 @@ def _too_slow(timeout_s: float) -> JSONResponse:
     )
 
 
+def _fastapi() -> FastAPI:
+    """The bare app. FastAPI's Swagger UI and ReDoc pages load their scripts from a CDN:
+    ``/docs`` is a page of our own instead (``tether.api.web.apidocs``), rendered from
+    ``/openapi.json`` with no script."""
+    return FastAPI(
+        title="tether",
+        version="0.1.0",
+        summary="Agent runs that survive interruption",
+        docs_url=None,
+        redoc_url=None,
+    )
+
+
 def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
     """The app for ``engine``. ``public_url`` prefixes approval links in notices."""
     from tether.api import metrics, schedules, threads, v1, web
 
-    app = FastAPI(title="tether", version="0.1.0", summary="Agent runs that survive interruption")
+    app = _fastapi()
     app.state.engine = engine
     app.state.public_url = public_url.rstrip("/")
     # Set by the process that serves the app when a part it depends on stopped (serve's
@@ -112,6 +126,7 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
         engine.settings.auth_max_failures, engine.settings.auth_window_s
     )
     app.add_middleware(BodyLimit, timeout_s=engine.settings.http_body_timeout_s)
+    app.add_middleware(SecurityHeaders)
 
     @app.exception_handler(TetherError)
     async def tether_error(_: Request, exc: TetherError) -> JSONResponse:

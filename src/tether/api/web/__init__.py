@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from tether.api.web import approvals, edits, inbox, live, runs, sessions, turns
+from tether.api.web import apidocs, approvals, edits, inbox, live, runs, sessions, turns
 from tether.api.web.pages import templates
 
 router = APIRouter(include_in_schema=False)
@@ -23,5 +23,6 @@ router.include_router(approvals.router)
 router.include_router(edits.router)
 router.include_router(turns.router)
 router.include_router(live.router)
+router.include_router(apidocs.router)
 
 __all__ = ["router", "templates"]

@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from tether import ApprovalResult, inputs
 from tether.api.deps import engine_of
 from tether.api.schemas import DECISIONS
+from tether.api.web.back import run_link, run_of_token
 from tether.api.web.pages import (
     message,
     outcome,
@@ -21,7 +22,6 @@ from tether.api.web.pages import (
     pending_view,
     sign_in_first,
     unknown_or_expired,
-    when,
 )
 from tether.api.web.sessions import (
     Session,
@@ -31,6 +31,7 @@ from tether.api.web.sessions import (
     login_url,
     session_of,
 )
+from tether.api.web.shown import when
 from tether.engine import Engine
 from tether.errors import (
     AlreadyResumed,
@@ -39,8 +40,8 @@ from tether.errors import (
     GuardFailed,
     InvalidInput,
     NoLongerPermitted,
-    NotFound,
     PendingToolUnavailable,
+    TetherError,
     UnknownOrExpired,
     WrongVersion,
 )
@@ -87,8 +88,8 @@ async def approval_page(request: Request, token: str) -> Response:
             "reason": used.reason,
             "arguments": used.arguments,
         }
-        decided = lookup.decided_run
-        return outcome(request, session, 200, "already_resumed", decision=shown, run=decided)
+        back = await run_link(engine, lookup.decided_run.id, session.user)
+        return outcome(request, session, 200, "already_resumed", decision=shown, back=back)
     expired = lookup.expired.id if lookup.expired is not None else None
     return unknown_or_expired(request, session, expired)
 
@@ -118,7 +119,9 @@ async def decide(request: Request, token: str) -> Response:
         arguments=arguments,
         digest=field(form, "digest") or None,
     )
-    return await _carry_out(request, session, deciding, reason=reason, arguments=arguments)
+    return await _carry_out(
+        request, session, deciding, reason=reason, arguments=arguments, token=token
+    )
 
 
 @router.post("/runs/{run_id}/decision")
@@ -147,7 +150,9 @@ async def decide_from_inbox(request: Request, run_id: str) -> Response:
         arguments=arguments,
         digest=field(form, "approved_digest") or None,
     )
-    return await _carry_out(request, session, deciding, reason=reason, arguments=arguments)
+    return await _carry_out(
+        request, session, deciding, reason=reason, arguments=arguments, run_id=run_id
+    )
 
 
 def _reason_and_arguments(form: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
@@ -173,6 +178,11 @@ def _invalid_decision(request: Request, session: Session) -> Response:
     )
 
 
+# What a refused decision's page is: its HTTP status, the outcome it shows, and what
+# the page says of it.
+Refusal = tuple[int, str, dict[str, Any]]
+
+
 async def _carry_out(
     request: Request,
     session: Session,
@@ -180,62 +190,68 @@ async def _carry_out(
     *,
     reason: str | None,
     arguments: dict[str, Any] | None,
+    run_id: str | None = None,
+    token: str | None = None,
 ) -> Response:
     """Awaits the decision and renders what became of it (with the reason and edited
-    arguments it carried), or why there was none."""
+    arguments it carried), or why there was none; either page leads back to the run
+    (``run_id``, or the run ``token`` names)."""
     engine = engine_of(request)
     try:
         result = await deciding
-    except AlreadyResumed as exc:
-        used = exc.details.get("decision") or {}
-        decided = {
-            "decision": used.get("decision"),
-            "by": used.get("by"),
-            "at": _iso_for_people(used.get("at")),
-            "reason": used.get("reason"),
-            "arguments": used.get("arguments"),
-        }
-        return outcome(request, session, 409, "already_resumed", decision=decided, run=None)
-    except Changed as exc:
-        return await _changed(request, session, engine, exc)
-    except GuardFailed as exc:
-        reason = str(exc.details.get("reason") or exc.message)
-        return outcome(request, session, 409, "guard_failed", reason=reason)
-    except NoLongerPermitted as exc:
-        return outcome(request, session, 403, "no_longer_permitted", reason=exc.message)
-    except FourEyes as exc:
-        return outcome(request, session, 403, "four_eyes", reason=exc.message)
-    except (WrongVersion, PendingToolUnavailable) as exc:
-        return outcome(request, session, 409, exc.code, reason=exc.message)
     except UnknownOrExpired as exc:
         return unknown_or_expired(request, session, exc.details.get("run_id"))
     except InvalidInput as exc:
         return _invalid(request, session, exc)
-    log.info(
-        "decided on the web",
-        extra={"run_id": result.run_id, "action": "web_decision", "state": result.state},
-    )
-    try:
-        owner: str | None = (await engine.get_run(result.run_id)).run.user_id
-    except NotFound:  # purged meanwhile
-        owner = None
-    return outcome(
-        request,
-        session,
-        200,
-        "done",
-        result=result,
-        owner=owner,
-        reason=reason,
-        arguments=arguments,
-    )
+    except TetherError as exc:
+        status, kind, context = await _refusal(engine, session, exc)
+        if kind == "changed" and context["item"] is not None:
+            run_id = context["item"].run.id  # the run suspended again, on a new token
+    else:
+        log.info(
+            "decided on the web",
+            extra={"run_id": result.run_id, "action": "web_decision", "state": result.state},
+        )
+        status, kind, run_id = 200, "done", result.run_id
+        context = {"result": result, "reason": reason, "arguments": arguments}
+    if run_id is None and token is not None:
+        run_id = await run_of_token(engine, token, session.user)
+    back = await run_link(engine, run_id, session.user)
+    return outcome(request, session, status, kind, back=back, **context)
+
+
+async def _refusal(engine: Engine, session: Session, exc: TetherError) -> Refusal:
+    """Why a decision took no effect, as its page shows it; an error no page explains is
+    raised again (the app's handler answers it)."""
+    match exc:
+        case AlreadyResumed():
+            used = exc.details.get("decision") or {}
+            decided = {
+                "decision": used.get("decision"),
+                "by": used.get("by"),
+                "at": _iso_for_people(used.get("at")),
+                "reason": used.get("reason"),
+                "arguments": used.get("arguments"),
+            }
+            return 409, "already_resumed", {"decision": decided}
+        case Changed():
+            return 409, "changed", await _changed(engine, session, exc)
+        case GuardFailed():
+            return 409, "guard_failed", {"reason": str(exc.details.get("reason") or exc.message)}
+        case NoLongerPermitted():
+            return 403, "no_longer_permitted", {"reason": exc.message}
+        case FourEyes():
+            return 403, "four_eyes", {"reason": exc.message}
+        case WrongVersion() | PendingToolUnavailable():
+            return 409, exc.code, {"reason": exc.message}
+    raise exc
 
 
 def _iso_for_people(stamp: Any) -> str:
     return str(stamp)[:19].replace("T", " ") + " UTC" if stamp else "—"
 
 
-async def _changed(request: Request, session: Session, engine: Engine, exc: Changed) -> Response:
+async def _changed(engine: Engine, session: Session, exc: Changed) -> dict[str, Any]:
     """The diff side by side, and the new request (from the store, by its new token) with
     its own Approve / Decline form."""
     new_token = str(exc.details.get("token") or "")
@@ -250,5 +266,4 @@ async def _changed(request: Request, session: Session, engine: Engine, exc: Chan
             token=new_token,
             call=lookup.call,
         )
-    diff = list(exc.details.get("diff") or [])
-    return outcome(request, session, 409, "changed", diff=diff, item=item)
+    return {"diff": list(exc.details.get("diff") or []), "item": item}

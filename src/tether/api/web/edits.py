@@ -109,7 +109,7 @@ async def _edited(
     pending = item.call
     parameters = tool_parameters(engine_of(request).agent, pending.tool) or {}
     try:
-        shown = await previewing(read_edits(parameters, form))
+        shown = await previewing(read_edits(parameters, form, pending.arguments))
     except InvalidInput as exc:
         again = dataclasses.replace(item, fields=edit_fields(parameters, {}, submitted=form))
         context = {"item": again, "error": exc.message}
@@ -125,7 +125,9 @@ async def _edited(
     context = {
         "item": dataclasses.replace(item, fields=edit_fields(parameters, shown.arguments)),
         "shown": shown,
-        "arguments": json.dumps(shown.arguments, ensure_ascii=False, sort_keys=True),
+        # Carried as JSON with every character past ASCII escaped: it reads back as exactly
+        # these arguments, and the form holds no hidden character (reference §6).
+        "arguments": json.dumps(shown.arguments, sort_keys=True),
         "changes": _changes(pending.arguments, shown.arguments),
     }
     return page(request, "preview.html", context, session=session)

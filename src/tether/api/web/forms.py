@@ -2,16 +2,23 @@
 posted fields read back into arguments. Plain HTML controls, no scripts: a string is a text
 input, an integer or number a number input, a boolean a checkbox, an enum a select, and
 anything else a JSON textarea. The engine validates what comes back; this module only
-turns form text into JSON values, with the one bounded JSON reader of ``tether.inputs``."""
+turns form text into JSON values, with the one bounded JSON reader of ``tether.inputs``.
+
+A control never holds a hidden character (reference §6): a value holding one is shown with
+it escaped (``\u202e``; in a JSON field as a JSON escape, which reads back as the very
+character) and flagged. A text field posted back exactly as it was shown keeps the value as
+asked, hidden characters included (the approver saw them, escaped); any other text is taken
+as typed, so an escape typed or left in edited text is those characters, never a hidden one.
+"""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tether import inputs
+from tether import inputs, visible
+from tether.api.web.shown import json_text
 from tether.errors import InvalidInput
 
 # Posted edit fields are named ``arg.NAME``, apart from the form's own fields.
@@ -32,6 +39,8 @@ class EditField:
     nullable: bool = False
     step: str = "any"
     description: str = ""
+    # The value holds hidden characters, shown escaped in ``value``.
+    hidden: bool = False
 
     @property
     def input_name(self) -> str:
@@ -44,12 +53,13 @@ class EditField:
 
 
 def _as_text(value: Any) -> str:
-    """A JSON value as a control shows it: strings as they are, the rest as JSON."""
+    """A JSON value as a control shows it: strings as they are (hidden characters
+    escaped), the rest as JSON."""
     if value is None:
         return ""
     if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+        return visible.escape(value)
+    return json_text(value)
 
 
 def _resolve(prop: Mapping[str, Any], defs: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -82,7 +92,7 @@ def _kind(schema: Mapping[str, Any]) -> str:
 
 def _shown(kind: str, value: Any) -> str:
     if kind == "json":
-        return "" if value is None else json.dumps(value, ensure_ascii=False, indent=2)
+        return "" if value is None else json_text(value, indent=2)
     return _as_text(value)
 
 
@@ -103,10 +113,12 @@ def edit_fields(
         schema, nullable = _resolve(prop if isinstance(prop, Mapping) else {}, defs)
         kind = _kind(schema)
         value = arguments.get(name, schema.get("default"))
-        text, checked = _shown(kind, value), value is True
+        text, checked, hidden = _shown(kind, value), value is True, visible.has_hidden(value)
         if submitted is not None:
             raw = submitted.get(PREFIX + name)
             text, checked = (raw if isinstance(raw, str) else ""), raw is not None
+            hidden = visible.has_hidden(text)
+            text = visible.escape(text)
         fields.append(
             EditField(
                 name=str(name),
@@ -119,18 +131,31 @@ def edit_fields(
                 nullable=nullable,
                 step="1" if schema.get("type") == "integer" else "any",
                 description=str(schema.get("description") or ""),
+                hidden=hidden,
             )
         )
     return tuple(fields)
 
 
-def read_edits(parameters: Mapping[str, Any], form: Mapping[str, Any]) -> dict[str, Any]:
+def read_edits(
+    parameters: Mapping[str, Any],
+    form: Mapping[str, Any],
+    asked: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The arguments an edit form posted, as JSON values; text that cannot be read as its
-    control's type is passed on as text, so validation says what is wrong with it.
-    ``InvalidInput`` for a JSON field that is not JSON."""
+    control's type is passed on as text, so validation says what is wrong with it. A text
+    or select field whose ``asked`` value holds hidden characters, posted exactly as it was
+    shown, is that value. ``InvalidInput`` for a JSON field that is not JSON."""
     edited: dict[str, Any] = {}
+    asked = asked or {}
+    shown = {f.name: f for f in edit_fields(parameters, asked)}
     for field in edit_fields(parameters, {}):
         raw = form.get(field.input_name)
+        was = shown[field.name]
+        if was.hidden and field.name in asked and field.kind in ("text", "select"):
+            if raw == was.value:
+                edited[field.name] = asked[field.name]  # left as shown: as asked
+                continue
         if field.kind == "checkbox":
             edited[field.name] = raw is not None
             continue

@@ -6,7 +6,6 @@ preview, never from the model's prose."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,10 +13,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from tether.api.deps import engine_of
-from tether.api.web import lineage, threads
+from tether.api.web import lineage, threads, timeline
 from tether.api.web.actions import actions_for
-from tether.api.web.pages import message, page, show, turn_view
+from tether.api.web.pages import message, page, turn_view
 from tether.api.web.sessions import Session, acting, back_to, login_url, session_of
+from tether.api.web.shown import show
+from tether.api.web.status import cancelled_by, state_note
 from tether.errors import InvalidInput, NotFound
 from tether.models.base import Message
 from tether.runs import Run, RunState
@@ -113,9 +114,10 @@ async def run_response(
         return await _as_approver(request, session, run_id, notice=notice)
     events = await engine.events(run_id)
     run = view.run
+    now = await engine.now()
     pending = None
     if run.state is RunState.SUSPENDED:
-        pending = turn_view(run, session.user, await engine.now(), agent=engine.agent)
+        pending = turn_view(run, session.user, now, agent=engine.agent)
     fork_form = lineage.fork_form(run, view.messages)
     if error is not None:
         fork_form = lineage.refused(run, submitted or {}, error.message)
@@ -126,7 +128,8 @@ async def run_response(
         "notice": notice,
         "budget": _budget_rows(run),
         "actions": actions_for(run, error=refused, reason=reason),
-        "events": [{"at": e.at, "kind": e.kind, "data": _summary(e.data)} for e in events],
+        "state_note": state_note(run, now, by=cancelled_by(events)),
+        "events": [timeline.line(e) for e in events],
         "messages": [_message_view(m) for m in view.messages],
         "fork": fork_form,
         "thread": await threads.thread_panel(engine, run, session.user, refused=follow_up),
@@ -151,13 +154,16 @@ async def _as_approver(
     run = None
     if view.run.state is RunState.SUSPENDED and undecided:
         run = await engine.request_of_run(run_id, undecided[0].tool_call_id, session.user)
-    pending = turn_view(run, session.user, await engine.now(), agent=engine.agent)
+    now = await engine.now()
+    pending = turn_view(run, session.user, now, agent=engine.agent)
     if run is None or pending is None:
         return no_such_run(request, session)
     context: dict[str, Any] = {
         "run": run,
         "owner": False,
         "pending": pending,
+        "state_note": state_note(run, now),
+        "events": (),  # the timeline is its owner's
         "notice": notice,
         "messages": [_message_view(m) for m in view.messages],
     }
@@ -176,11 +182,6 @@ def _budget_rows(run: Run) -> list[tuple[str, Any, Any]]:
         ("tool calls", used.tool_calls, limits.max_tool_calls),
         ("active time (ms)", used.elapsed_ms, limits.max_elapsed_ms),
     ]
-
-
-def _summary(data: Mapping[str, Any], limit: int = 240) -> str:
-    text = json.dumps(data, ensure_ascii=False, sort_keys=True)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _message_view(msg: Message) -> dict[str, Any]:

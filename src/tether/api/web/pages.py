@@ -1,10 +1,9 @@
-"""How the inbox renders: Jinja templates (autoescaped), the filters that show stored
-values to people, the security headers of every page, and the shared message pages."""
+"""How the inbox renders: Jinja templates (autoescaped, with the filters of ``shown`` that
+show stored values to people), the security headers of every page, and the shared message
+pages."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,8 +14,11 @@ from fastapi.responses import Response
 from fastapi.templating import Jinja2Templates
 
 from tether.agent import Agent
+from tether.api.headers import CONTENT_SECURITY_POLICY
+from tether.api.web import shown
 from tether.api.web.forms import EditField, edit_fields
-from tether.runs import Pending, Run, RunState, iso
+from tether.api.web.shown import time_left
+from tether.runs import Pending, Run, RunState
 
 if TYPE_CHECKING:
     from tether.api.web.sessions import Session
@@ -24,65 +26,16 @@ if TYPE_CHECKING:
 # The templates and the stylesheet live beside the API package.
 ASSETS = Path(__file__).parent.parent
 
-# Scripts only from our own files (no inline script, no eval) and connections only to
-# ourselves (the live pages' streams and fetches), no framing (clickjacking the Approve
-# button), forms only to ourselves, and the token in an approval URL never leaves in a
-# Referer.
+# The Content-Security-Policy of every answer (``tether.api.headers``), no caching, no
+# framing (clickjacking the Approve button), and the token in an approval URL never leaves
+# in a Referer.
 PAGE_HEADERS = {
     "Cache-Control": "no-store",
     "Referrer-Policy": "no-referrer",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'self'; "
-        "img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-    ),
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
 }
-
-
-# -- filters -----------------------------------------------------------------------------
-
-
-def show(value: Any) -> str:
-    """A stored scalar or structure as text (autoescaped by the template)."""
-    if value is None:
-        return "—"
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool | int | float):
-        return json.dumps(value)
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
-
-
-def when(epoch: float | None) -> str:
-    """Epoch seconds of the database clock, for people."""
-    stamp = iso(epoch)
-    return stamp[:19].replace("T", " ") + " UTC" if stamp else "—"
-
-
-def columns(rows: Sequence[Any]) -> list[str] | None:
-    """The union of keys of a list of mappings, in first-seen order; None if the list
-    holds anything else (it is then shown as a plain list)."""
-    if not rows or not all(isinstance(row, Mapping) for row in rows):
-        return None
-    seen: dict[str, None] = {}
-    for row in rows:
-        seen.update(dict.fromkeys(str(key) for key in row))
-    return list(seen)
-
-
-def time_left(seconds: float) -> str:
-    """What remains of an approval window, for people."""
-    if seconds <= 0:
-        return "expired"
-    whole = int(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours} h {minutes} min"
-    if minutes:
-        return f"{minutes} min {secs} s"
-    return f"{secs} s"
 
 
 def _environment() -> jinja2.Environment:
@@ -90,10 +43,14 @@ def _environment() -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(ASSETS / "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
+        finalize=shown.finalize,
     )
-    env.filters["show"] = show
-    env.filters["when"] = when
-    env.globals["columns"] = columns
+    env.filters["show"] = shown.show
+    env.filters["visible"] = shown.visible
+    env.filters["when"] = shown.when
+    env.filters["ticks"] = shown.ticks
+    env.globals["columns"] = shown.columns
+    env.globals["hides"] = shown.hides
     return env
 
 
@@ -364,7 +321,7 @@ def sign_in_first(request: Request, sign_in: str, nothing: str) -> Response:
 
 
 def outcome(request: Request, session: Session, status: int, kind: str, **context: Any) -> Response:
-    """The page that reports what became of a decision (or why there was none)."""
-    return page(
-        request, "outcome.html", {"outcome": kind, **context}, session=session, status=status
-    )
+    """The page that reports what became of a decision (or why there was none); ``back``
+    (a ``back.RunLink``) leads to its run."""
+    context = {"outcome": kind, "back": None, **context}
+    return page(request, "outcome.html", context, session=session, status=status)

@@ -18,6 +18,7 @@ from tether.api.deps import engine_of
 from tether.api.web.inbox import no_such_run, run_response
 from tether.api.web.pages import message, page
 from tether.api.web.sessions import acting, back_to, field, login_url, session_of
+from tether.api.web.status import state_note
 from tether.api.web.threads import read_follow_up
 from tether.errors import AlreadyFinished, InvalidInput, NotFound, NotHalted, ThreadBusy
 from tether.runs import RunState
@@ -38,8 +39,9 @@ async def runs(request: Request, state: str = "", after: str = "") -> Response:
     if session is None:
         query = f"?{request.url.query}" if request.url.query else ""
         return RedirectResponse(login_url(f"/runs{query}"), status_code=303)
+    engine = engine_of(request)
     try:
-        found = await engine_of(request).runs_page(
+        found = await engine.runs_page(
             session.user, state=state or None, after=after or None, limit=PAGE_SIZE
         )
     except (InvalidInput, NotFound) as exc:
@@ -48,8 +50,10 @@ async def runs(request: Request, state: str = "", after: str = "") -> Response:
     following = None
     if found.after is not None:
         following = "/runs?" + urlencode({"state": state, "after": found.after})
+    now = await engine.now()
     context = {
         "runs": found.runs,
+        "notes": {run.id: state_note(run, now) for run in found.runs},
         "more": found.more,
         "next": following,
         "state": state,
