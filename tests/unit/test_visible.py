@@ -1,5 +1,5 @@
 """What a person is shown of a stored value: hidden characters escaped and flagged
-(reference §23), everything else exactly as stored."""
+(reference §6, the approvals inbox), everything else exactly as stored."""
 
 from __future__ import annotations
 
