@@ -46,6 +46,9 @@ class Agent:
     # Users with fixed API keys that ``migrate`` and ``serve`` make sure exist (the demo's
     # users); user id → key.
     users: Mapping[str, str] = field(default_factory=dict)
+    # The highest priority those users may ask while an operator set them none (reference
+    # §17; the demo's: 10); None: TETHER_MAX_PRIORITY.
+    users_max_priority: int | None = None
     # What the agent needs running beside it while a process serves it (the demo starts
     # its sandbox when no URL is configured). Entered by ``serve``, ``worker`` and
     # ``demo``; yields the agent to serve (possibly with other ``deps``).
@@ -64,6 +67,8 @@ class Agent:
         check_output_type(self.output_type, self.name)
         if self.version is not None and not 0 < len(self.version) <= MAX_VERSION_CHARS:
             raise ConfigError(f"agent {self.name}: version must be 1 to 128 characters")
+        if self.users_max_priority is not None and self.users_max_priority not in range(-10, 11):
+            raise ConfigError(f"agent {self.name}: users_max_priority must be from -10 to 10")
         if self.compaction is not None and not isinstance(self.compaction, Compaction):
             raise ConfigError(
                 f"agent {self.name}: compaction must be a tether.Compaction, "

@@ -94,6 +94,9 @@ class Settings:
     # Runs of one user carried at once, fleet-wide (TETHER_MAX_ACTIVE_PER_USER, reference
     # §17); None: no limit.
     max_active_per_user: int | None = None
+    # The highest priority a user may ask (TETHER_MAX_PRIORITY, -10 to 10, reference §17),
+    # unless ``tether users add|set --max-priority`` gave them their own.
+    max_priority: int = 0
     # The model's requests and tokens per minute, fleet-wide (reference §17,
     # TETHER_MODEL_RPM / TETHER_MODEL_TPM); None: no limit. ``model_rate_window_s`` is the
     # minute (TETHER_MODEL_RATE_WINDOW_S: for tests, which need a short one).
@@ -112,6 +115,8 @@ class Settings:
                 "the first model retry delay must be positive and at most "
                 f"{self.model_retry_max_s:g}s, got {self.model_retry_first_s:g}s"
             )
+        if self.max_priority not in range(-10, 11):
+            raise ConfigError(f"max_priority must be from -10 to 10, got {self.max_priority}")
         for name in ("model_rpm", "model_tpm"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -164,6 +169,7 @@ class Settings:
             http_body_timeout_s=_positive(env, "TETHER_HTTP_BODY_TIMEOUT_S", 30.0),
             shutdown_timeout_s=int(_positive(env, "TETHER_SHUTDOWN_TIMEOUT_S", 30, whole=True)),
             max_active_per_user=_at_most(env, "TETHER_MAX_ACTIVE_PER_USER"),
+            max_priority=_priority(env, "TETHER_MAX_PRIORITY"),
             model_rpm=_at_most(env, "TETHER_MODEL_RPM"),
             model_tpm=_at_most(env, "TETHER_MODEL_TPM"),
             model_rate_window_s=_positive(env, "TETHER_MODEL_RATE_WINDOW_S", 60.0),
@@ -235,6 +241,20 @@ def _at_most(env: Mapping[str, str], name: str) -> int | None:
     if not (env.get(name) or "").strip():
         return None
     return int(_positive(env, name, 0, whole=True))
+
+
+def _priority(env: Mapping[str, str], name: str) -> int:
+    """A priority bound: a whole number from -10 to 10, default 0."""
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 11
+    if value not in range(-10, 11):
+        raise ConfigError(f"{name} must be a whole number from -10 to 10, got {raw[:40]!r}")
+    return value
 
 
 def _positive(env: Mapping[str, str], name: str, default: float, *, whole: bool = False) -> float:

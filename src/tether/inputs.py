@@ -69,6 +69,14 @@ def priority(value: Any) -> int:
     return int(value)
 
 
+def max_priority(value: Any) -> int:
+    """A user's priority bound (``--max-priority``, reference §17): a whole number from -10
+    to 10."""
+    if isinstance(value, bool) or not isinstance(value, int) or value not in PRIORITIES:
+        raise InvalidInput("max priority must be a whole number from -10 to 10")
+    return int(value)
+
+
 def start_at(value: Any) -> float | None:
     """When a run may start, as epoch seconds: an ISO-8601 time with a UTC offset (a
     string, or an aware ``datetime``); None: at once. A naive time is refused, since no

@@ -390,7 +390,7 @@ def test_ask_starts_a_thread_and_follow_ups_refused_or_queued_while_it_is_busy(
 
 
 def test_ask_takes_a_priority_and_a_start_time_and_refuses_bad_ones(db_url: str) -> None:
-    env = processes.tether_env(db_url)
+    env = processes.tether_env(db_url, TETHER_MAX_PRIORITY="7")
     asked = processes.tether(
         "ask",
         "q",
@@ -404,7 +404,7 @@ def test_ask_takes_a_priority_and_a_start_time_and_refuses_bad_ones(db_url: str)
     )
     assert asked.returncode == 0, asked.stderr
     assert _json(asked.stdout)["state"] == "queued"
-    for bad in (("--priority", "11"), ("--start-at", "2999-01-01T09:00:00")):
+    for bad in (("--priority", "11"), ("--priority", "8"), ("--start-at", "2999-01-01T09:00:00")):
         refused = processes.tether("ask", "q", "--as", "dana", *bad, env=env)
         assert refused.returncode == 1 and "error invalid_input:" in refused.stderr, bad
     store = Store(db_url)

@@ -208,6 +208,7 @@ async def test_a_bad_priority_or_start_time_is_invalid_input_and_stores_nothing(
 
 async def test_the_python_api_validates_priority_and_start_at(db_url: str) -> None:
     async with serving(db_url) as api:
+        await api.engine.set_user("dana", max_priority=3)
         with pytest.raises(InvalidInput, match="priority"):
             await api.engine.start_run("dana", "q", priority=20)
         with pytest.raises(InvalidInput, match="UTC offset"):

@@ -109,7 +109,12 @@ def test_migration_0008_keeps_users_and_keys_and_adds_revocable_sessions(empty_u
     with store.engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "0006")
-    store.add_user("dana", "tth_kept-key")
+        # A user and key as 0006 stored them (the code's ``add_user`` needs 0013's tables).
+        conn.execute(sa.text("INSERT INTO users (id, created_at) VALUES ('dana', 1)"))
+        conn.execute(
+            sa.text("INSERT INTO api_keys (key_hash, user_id, created_at) VALUES (:h, 'dana', 1)"),
+            {"h": hash_key("tth_kept-key")},
+        )
     upgrade(store.engine)
     assert store.user_for_key("tth_kept-key") == "dana"
     assert store.open_session("tth_kept-key", hash_key("sid"), 3600) == "dana"

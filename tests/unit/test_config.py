@@ -132,3 +132,14 @@ def test_a_bad_model_rate_limit_fails_settings_at_start_up(name: str, raw: str) 
 def test_a_model_rate_limit_set_in_code_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="model_tpm"):
         Settings(model_tpm=0)
+
+
+def test_tether_max_priority_is_a_whole_number_from_minus_10_to_10_default_0() -> None:
+    assert Settings.from_env({}).max_priority == 0
+    assert Settings.from_env({"TETHER_MAX_PRIORITY": "-10"}).max_priority == -10
+    assert Settings.from_env({"TETHER_MAX_PRIORITY": " 10 "}).max_priority == 10
+    for raw in ("11", "-11", "1.5", "high"):
+        with pytest.raises(ConfigError, match="TETHER_MAX_PRIORITY"):
+            Settings.from_env({"TETHER_MAX_PRIORITY": raw})
+    with pytest.raises(ConfigError, match="max_priority"):
+        Settings(max_priority=11)

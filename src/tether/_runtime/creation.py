@@ -49,7 +49,8 @@ async def start_run(
     inputs.user_id(user)
     inputs.text(question, "question", inputs.MAX_QUESTION_CHARS)
     enqueue = inputs.if_busy(if_busy)
-    order = {"priority": inputs.priority(priority), "start_at": inputs.start_at(start_at)}
+    given_priority = None if priority is None else inputs.priority(priority)
+    order = {"priority": given_priority, "start_at": inputs.start_at(start_at)}
     if thread_id is not None:
         thread_id = inputs.thread_id(thread_id)
     run_limits = parse_limits(limits, services.settings.default_limits)
@@ -81,6 +82,8 @@ async def start_run(
             "thread_id": thread_id,  # None: a new thread, of the run's id
             "follow_up": thread_id is not None,
             "enqueue": enqueue,
+            # Checked against the user's bound where the run is written (``users.admit``).
+            "priority_bound": services.settings.max_priority,
             **order,
         }
         if request is None:

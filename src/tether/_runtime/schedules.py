@@ -200,6 +200,8 @@ async def _fire(services: Services, schedule: ScheduleRecord, now: float) -> Run
         "versions": agent.versions(),
         "agent_version": agent.agent_version,
         "messages": first_messages(agent, schedule.question, follow_up=False),
+        # No priority: 0, or the user's bound when it is lower (``users.admit``).
+        "priority_bound": settings.max_priority,
     }
     started = await hop(
         services.store.fire_tick,

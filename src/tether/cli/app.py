@@ -17,7 +17,7 @@ from tether.cli.runs import runs_app
 from tether.cli.schedules import schedules_app
 from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, named, out, say_error
 from tether.cli.threads import ask, threads_app
-from tether.cli.users import users_app
+from tether.cli.users import MaxPriorityOpt, users_app
 from tether.errors import FourEyes, InvalidInput, TetherError, UnknownOrExpired
 from tether.telemetry.logs import configure
 
@@ -271,12 +271,15 @@ def migrate(agent: AgentOpt = DEFAULT_AGENT) -> None:
 
 
 @users_app.command("add")
-def users_add(name: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
-    """Create a user (if new) and print a new API key for it; the key is shown once."""
+def users_add(
+    name: str, max_priority: MaxPriorityOpt = None, agent: AgentOpt = DEFAULT_AGENT
+) -> None:
+    """Create a user (if new) and print a new API key for it; the key is shown once. A
+    removed user's name is refused until their data is erased."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
 
-    typer.echo(on_engine(agent, lambda engine: engine.add_user(name)))
+    typer.echo(on_engine(agent, lambda engine: engine.add_user(name, max_priority=max_priority)))
 
 
 # -- the demo ------------------------------------------------------------------------------

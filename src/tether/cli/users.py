@@ -1,8 +1,11 @@
 """``tether users``: the operator's user management (reference §6). ``add`` lives in
-``tether.cli.app``; ``list``, ``remove`` and ``rotate-key`` are here. Removing a user or
-rotating its key revokes the old keys and ends the inbox sessions they opened at once."""
+``tether.cli.app``; ``list``, ``set``, ``remove`` and ``rotate-key`` are here. Removing a
+user or rotating its key revokes the old keys and ends the inbox sessions they opened at
+once."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 
@@ -10,6 +13,15 @@ from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, out
 from tether.telemetry.logs import configure
 
 users_app = typer.Typer(help="Users and their API keys.", no_args_is_help=True)
+
+# A user's settings, taken by ``users add`` and ``users set`` alike (checked by the Engine).
+MaxPriorityOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-priority",
+        help="-10 to 10: the highest priority the user may ask (default TETHER_MAX_PRIORITY)",
+    ),
+]
 
 
 @users_app.command("list")
@@ -23,13 +35,34 @@ def users_list(agent: AgentOpt = DEFAULT_AGENT) -> None:
 
 @users_app.command("remove")
 def users_remove(name: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
-    """Delete a user and its keys and end its sessions; its runs are kept. Exit 1 with
+    """Remove a user, in one transaction: revoke their keys, end their sessions, delete
+    their schedules and cancel their queued, running and suspended runs; their halted and
+    finished runs stay. The name stays taken until their data is erased. Exit 1 with
     ``not_found`` if there is no such user."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
 
-    on_engine(agent, lambda engine: engine.remove_user(name))
-    out.print(f"removed {name}: its keys are revoked and its sessions ended", markup=False)
+    done = on_engine(agent, lambda engine: engine.remove_user(name))
+    out.print(
+        f"removed {name}: {done.keys_revoked} key(s) revoked and their sessions ended, "
+        f"{done.schedules_deleted} schedule(s) deleted, {len(done.runs_cancelled)} run(s) "
+        "cancelled",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+@users_app.command("set")
+def users_set(
+    name: str, max_priority: MaxPriorityOpt = None, agent: AgentOpt = DEFAULT_AGENT
+) -> None:
+    """Change a user's settings (``--max-priority``). Exit 1 with ``invalid_input`` for a
+    bad one or none, ``not_found`` if there is no such user."""
+    configure("WARNING")
+    from tether.cli.wiring import on_engine
+
+    on_engine(agent, lambda engine: engine.set_user(name, max_priority=max_priority))
+    out.print(f"set {name}: max priority {max_priority}", markup=False, soft_wrap=True)
 
 
 @users_app.command("rotate-key")

@@ -252,6 +252,7 @@ def build_agent(settings: Settings | None = None, *, sandbox_db: str | Path | No
         system_prompt=SYSTEM_PROMPT,
         default_model=demo_model,
         users=DEMO_USERS,
+        users_max_priority=10,  # so the walkthroughs may show priorities
         lifespan=sandbox_lifespan(db, with_crm),
     )
     return with_crm(agent, Crm(base_url=settings.sandbox_url))

@@ -39,6 +39,7 @@ from tether.store.statements import INSERT_MESSAGE, add_event
 from tether.store.suspensions import clear_calls
 from tether.store.threads import moved_on, place_run
 from tether.store.transitions import Transition, state_in
+from tether.store.users import admit
 
 _DECISION_OF_TOKEN = sa.select(decisions).where(
     decisions.c.token_hash == sa.bindparam("b_token_hash")
@@ -121,20 +122,21 @@ def insert_run(
     follow_up: bool = False,
     enqueue: bool = False,
     request: tuple[str, str] | None = None,
-    priority: int = 0,
+    priority: int | None = None,
+    priority_bound: int | None = None,
     start_at: float | None = None,
     schedule_id: str | None = None,
 ) -> Run:
     """Insert a new run with its first messages and the W3C trace context its spans
-    continue (``tracing.py``), in the thread ``thread_id`` (by default a new thread of
-    the run's id), inside the caller's transaction. The thread's first run is ready for a
-    worker at once (running, no owner). A ``follow_up`` joins the user's thread
-    (``NotFound`` otherwise): ready at once when the thread is idle, else ``queued`` if
-    ``enqueue``, else ``ThreadBusy`` (``threads.place_run``); its messages are written
-    when it starts. ``request`` is the user's ``Idempotency-Key`` and the digest of the
-    request's body, stored with the run (a key naming a run already is an
-    ``IntegrityError`` of ``runs_request_key``). A ``start_at`` (epoch seconds) still ahead
-    by the database's clock keeps it ``queued`` until then (reference §17)."""
+    continue (``tracing.py``), in the thread ``thread_id`` (by default a new thread of the
+    run's id), inside the caller's transaction, once ``users.admit`` let its user and its
+    ``priority`` (under ``priority_bound``) in. A new thread's run is ready at once; a
+    ``follow_up`` joins the user's thread (else ``NotFound``): ready if the thread is idle,
+    else ``queued`` if ``enqueue``, else ``ThreadBusy``; its messages come when it starts.
+    ``request`` is the user's ``Idempotency-Key`` and its body's digest, stored with the
+    run (a key naming a run already is an ``IntegrityError`` of ``runs_request_key``). A
+    ``start_at`` (epoch seconds) still ahead by the database's clock keeps it ``queued``."""
+    priority = admit(conn, dialect, user_id, priority=priority, bound=priority_bound)
     thread_id = thread_id or run_id
     state, place = place_run(
         conn, dialect, thread_id=thread_id, user_id=user_id, follow_up=follow_up, enqueue=enqueue
@@ -395,10 +397,12 @@ class Claims(StoreBase):
     ) -> Run | None:
         """halted → running (handed to the workers) with the granted ``limits``, logging
         the grant: who, why, the previous halt reason, the old and new limits. None if the
-        run is not the user's halted run (the caller tells which)."""
+        run is not the user's halted run (the caller tells which); ``InvalidInput`` if the
+        user was removed."""
         params = {"b_id": run_id, "b_user": user_id}
         with self.begin() as conn:
-            # The thread first (every writer that adds a run to it or deletes it takes its
+            admit(conn, self.dialect, user_id)  # the user's row first, as a creation does
+            # Then the thread (every writer that adds a run to it or deletes it takes its
             # lock before a run's), so the run goes on only while it is the latest.
             moved_on(conn, self.dialect, run_id)
             # Read (locked) only for the grant's record; the change itself is the CAS.

@@ -4,9 +4,9 @@ The store writes its queries once and calls its dialect (``store.dialect``) wher
 backends differ; a backend overrides only these hooks (as DBOS's system database
 subclasses do):
 
-- ``candidates`` / ``lock``: how claim candidates and read-then-CAS rows are locked
-  (``SKIP LOCKED`` / ``FOR UPDATE``, or nothing: SQLite serialises writers at ``BEGIN
-  IMMEDIATE``);
+- ``candidates`` / ``lock`` / ``share``: how claim candidates, read-then-CAS rows and
+  rows read against a writer are locked (``SKIP LOCKED`` / ``FOR UPDATE`` / ``FOR SHARE``,
+  or nothing: SQLite serialises writers at ``BEGIN IMMEDIATE``);
 - ``wake``: how idle workers are told a run became ready (``pg_notify`` on
   ``listen.RUNS_CHANNEL``, or nothing: they poll), and ``listen_dsn``, the DSN of a
   connection that listens or sends notices;
@@ -73,6 +73,11 @@ class Dialect:
 
     def lock(self, query: Query) -> Query:
         """Lock the row a read-then-CAS reads, until the transaction ends."""
+        return query
+
+    def share(self, query: Query) -> Query:
+        """Lock the row read against writers but not other sharers, until the transaction
+        ends (a user's row while a run of theirs is created: ``users.admit``)."""
         return query
 
     def wake(self, conn: Connection) -> None:

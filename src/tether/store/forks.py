@@ -25,6 +25,7 @@ from tether.store.clock import db_now
 from tether.store.schema import run_events, runs
 from tether.store.statements import INSERT_MESSAGE, SELECT_MESSAGES, add_event
 from tether.store.threads import place_run, thread_history
+from tether.store.users import admit
 
 # How many of a run's messages are "through step K" (``tether._runtime.forks.step_boundary``);
 # raises ``InvalidInput`` when K is not a boundary.
@@ -89,8 +90,10 @@ class Forks(StoreBase):
         (``boundary`` cuts its messages), halted (``forked``), with the parent's limits
         and nothing consumed, its ``agent_version``, and the lineage. ``NotFound`` if the
         run is missing or not the user's; ``InvalidInput`` if it is running, ``at_step`` is
-        not a boundary, or its limits are over ``cap`` (nothing is written)."""
+        not a boundary, or its limits are over ``cap``, or the user was removed (nothing
+        is written)."""
         with self.begin() as conn:
+            admit(conn, self.dialect, user_id)  # the user's row first, as a creation does
             parent = conn.execute(
                 self.dialect.lock(_PARENT), {"b_id": run_id, "b_user": user_id}
             ).first()

@@ -37,6 +37,7 @@ REVISIONS = (
     "0010",
     "0011",
     "0012",
+    "0013",
 )
 _VERSION = sa.text("SELECT version_num FROM alembic_version")
 

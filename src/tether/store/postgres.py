@@ -330,6 +330,9 @@ class PostgresDialect(Dialect):
     def lock(self, query: Query) -> Query:
         return query.with_for_update()
 
+    def share(self, query: Query) -> Query:
+        return query.with_for_update(read=True)
+
     def wake(self, conn: Connection) -> None:
         conn.execute(_NOTIFY)
 

@@ -22,6 +22,7 @@ from tether.store.base import StoreBase
 from tether.store.claims import insert_run
 from tether.store.clock import db_now
 from tether.store.schema import schedules
+from tether.store.users import admit, is_removed
 
 _ID = schedules.c.id == sa.bindparam("b_id")
 _OF_USER = schedules.c.user_id == sa.bindparam("b_user")
@@ -100,8 +101,9 @@ class Schedules(StoreBase):
         first_tick: Callable[[float], float],
     ) -> ScheduleRecord:
         """Store a schedule whose first tick is ``first_tick(now)``, ``now`` being the
-        database's clock, in one transaction."""
+        database's clock, in one transaction; ``InvalidInput`` if the user was removed."""
         with self.begin() as conn:
+            admit(conn, self.dialect, user_id)
             now = float(conn.execute(_NOW).scalar_one())
             row = conn.execute(
                 schedules.insert()
@@ -167,7 +169,8 @@ class Schedules(StoreBase):
         """Claim the tick of ``schedule`` due at its ``next_at`` (moving it to
         ``next_at``, counting it fired and ``missed`` ticks skipped) and insert its run
         (``insert_run`` of ``run``, with the schedule's id), in one transaction; None
-        when another worker claimed this tick first (nothing is written). ``between``
+        when another worker claimed this tick first or the user was removed (nothing is
+        written). ``between``
         runs after the claim and before the run's INSERT (the ``after_tick_claim``
         failpoint): whatever happens there, both or neither are stored.
 
@@ -180,6 +183,9 @@ class Schedules(StoreBase):
             "b_missed": missed,
         }
         with self.begin() as conn:
+            # The user's row before the schedule's, as a removal takes them (``users``).
+            if is_removed(conn, self.dialect, schedule.user_id):
+                return None
             if conn.execute(_TICK, params).first() is None:
                 return None
             between()

@@ -300,11 +300,24 @@ decisions = sa.Table(
 sa.Index("decisions_run", decisions.c.run_id, decisions.c.tool_call_id)
 
 # People who own runs and approve them, and their API keys (only the SHA-256 is stored).
+# A removed user's row stays, ``removed_at`` set, so nobody takes the name until their data
+# is erased; ``max_priority`` bounds the priority they may ask (None: TETHER_MAX_PRIORITY).
 users = sa.Table(
     "users",
     metadata,
     sa.Column("id", sa.String(128), primary_key=True),
     sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("removed_at", sa.Float, nullable=True),
+    sa.Column("max_priority", sa.Integer, nullable=True),
+)
+
+# The SHA-256 of every key revoked (rotated or its user removed), and nothing of whose it
+# was: a published key (the demo's) revoked once is never inserted again (migration 0013).
+revoked_keys = sa.Table(
+    "revoked_keys",
+    metadata,
+    sa.Column("key_hash", sa.String(64), primary_key=True),
+    sa.Column("revoked_at", sa.Float, nullable=False),
 )
 
 api_keys = sa.Table(
