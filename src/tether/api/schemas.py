@@ -336,7 +336,7 @@ class EventListOut(BaseModel):
 
 class ApprovalOut(BaseModel):
     """A decision that took effect, and where the run is now (``running``: the workers
-    carry it on)."""
+    carry it on); ``carried``: the other calls of its turn it carried out (reference §15)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -381,7 +381,7 @@ class ApprovalRefusedOut(ErrorOut):
     """A refused decision. ``already_resumed`` adds ``decision`` (the one that used the
     token); ``changed`` adds ``diff``, the new ``token``, ``preview`` and ``expires_at``;
     ``guard_failed`` adds ``reason``; ``wrong_version`` the run's ``agent_version``;
-    ``tool_unavailable`` the halted run's ``run_id``."""
+    ``tool_unavailable`` the halted run's ``run_id``; ``carried`` as in ``ApprovalOut``."""
 
     decision: DecisionOut | None = None
     diff: list[DiffOut] | None = None

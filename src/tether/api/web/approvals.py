@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from tether import ApprovalResult, inputs
 from tether.api.deps import engine_of
 from tether.api.schemas import DECISIONS
+from tether.api.web import carried
 from tether.api.web.pages import (
     message,
     outcome,
@@ -41,9 +42,11 @@ from tether.errors import (
     NoLongerPermitted,
     NotFound,
     PendingToolUnavailable,
+    TetherError,
     UnknownOrExpired,
     WrongVersion,
 )
+from tether.results import CallVerdict
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +121,9 @@ async def decide(request: Request, token: str) -> Response:
         arguments=arguments,
         digest=field(form, "digest") or None,
     )
-    return await _carry_out(request, session, deciding, reason=reason, arguments=arguments)
+    return await _carry_out(
+        request, session, deciding, reason=reason, arguments=arguments, token=token
+    )
 
 
 @router.post("/runs/{run_id}/decision")
@@ -147,7 +152,9 @@ async def decide_from_inbox(request: Request, run_id: str) -> Response:
         arguments=arguments,
         digest=field(form, "approved_digest") or None,
     )
-    return await _carry_out(request, session, deciding, reason=reason, arguments=arguments)
+    return await _carry_out(
+        request, session, deciding, reason=reason, arguments=arguments, run_id=run_id
+    )
 
 
 def _reason_and_arguments(form: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
@@ -180,37 +187,19 @@ async def _carry_out(
     *,
     reason: str | None,
     arguments: dict[str, Any] | None,
+    run_id: str | None = None,
+    token: str | None = None,
 ) -> Response:
     """Awaits the decision and renders what became of it (with the reason and edited
-    arguments it carried), or why there was none."""
+    arguments it carried), or why there was none; and what became of every other call of
+    its turn it carried out (reference §15). The decision names its run by ``run_id``
+    (from the inbox) or ``token`` (from a link)."""
     engine = engine_of(request)
     try:
         result = await deciding
-    except AlreadyResumed as exc:
-        used = exc.details.get("decision") or {}
-        decided = {
-            "decision": used.get("decision"),
-            "by": used.get("by"),
-            "at": _iso_for_people(used.get("at")),
-            "reason": used.get("reason"),
-            "arguments": used.get("arguments"),
-        }
-        return outcome(request, session, 409, "already_resumed", decision=decided, run=None)
-    except Changed as exc:
-        return await _changed(request, session, engine, exc)
-    except GuardFailed as exc:
-        reason = str(exc.details.get("reason") or exc.message)
-        return outcome(request, session, 409, "guard_failed", reason=reason)
-    except NoLongerPermitted as exc:
-        return outcome(request, session, 403, "no_longer_permitted", reason=exc.message)
-    except FourEyes as exc:
-        return outcome(request, session, 403, "four_eyes", reason=exc.message)
-    except (WrongVersion, PendingToolUnavailable) as exc:
-        return outcome(request, session, 409, exc.code, reason=exc.message)
-    except UnknownOrExpired as exc:
-        return unknown_or_expired(request, session, exc.details.get("run_id"))
-    except InvalidInput as exc:
-        return _invalid(request, session, exc)
+    except TetherError as exc:
+        also = await _also(engine, session.user, exc, run_id, token)
+        return await _refused(request, session, exc, also)
     log.info(
         "decided on the web",
         extra={"run_id": result.run_id, "action": "web_decision", "state": result.state},
@@ -219,6 +208,7 @@ async def _carry_out(
         owner: str | None = (await engine.get_run(result.run_id)).run.user_id
     except NotFound:  # purged meanwhile
         owner = None
+    also = await _also(engine, session.user, result, result.run_id, None)
     return outcome(
         request,
         session,
@@ -228,16 +218,81 @@ async def _carry_out(
         owner=owner,
         reason=reason,
         arguments=arguments,
+        carried=also,
+        wrote=result.outcome is CallVerdict.EXECUTED or carried.wrote(also),
     )
+
+
+async def _refused(
+    request: Request, session: Session, exc: TetherError, also: list[dict[str, Any]]
+) -> Response:
+    """Why a decision did not take effect on its own call, with the other calls of its turn
+    its request carried out (``also``); re-raised when it is not a decision's refusal."""
+    engine = engine_of(request)
+    if isinstance(exc, AlreadyResumed):
+        used = exc.details.get("decision") or {}
+        decided = {
+            "decision": used.get("decision"),
+            "by": used.get("by"),
+            "at": _iso_for_people(used.get("at")),
+            "reason": used.get("reason"),
+            "arguments": used.get("arguments"),
+        }
+        return outcome(request, session, 409, "already_resumed", decision=decided, run=None)
+    if isinstance(exc, Changed):
+        return await _changed(request, session, engine, exc, also)
+    if isinstance(exc, GuardFailed):
+        reason = str(exc.details.get("reason") or exc.message)
+        return outcome(request, session, 409, "guard_failed", reason=reason, carried=also)
+    if isinstance(exc, NoLongerPermitted | FourEyes):
+        return outcome(request, session, 403, exc.code, reason=exc.message, carried=also)
+    if isinstance(exc, WrongVersion | PendingToolUnavailable):
+        return outcome(request, session, 409, exc.code, reason=exc.message, carried=also)
+    if isinstance(exc, UnknownOrExpired):
+        return unknown_or_expired(request, session, exc.details.get("run_id"))
+    if isinstance(exc, InvalidInput):
+        return _invalid(request, session, exc)
+    raise exc
+
+
+async def _also(
+    engine: Engine,
+    viewer: str,
+    answer: ApprovalResult | TetherError,
+    run_id: str | None,
+    token: str | None,
+) -> list[dict[str, Any]]:
+    """The other calls ``answer``'s request carried out, as the page shows them: each
+    with the action it names, from its run (``run_id``, the refusal's, or the run of the
+    ``token`` its decision used)."""
+    shown = carried.carried_by(answer)
+    if not shown:
+        return []
+    if run_id is None and isinstance(answer, TetherError):
+        run_id = answer.details.get("run_id")
+    if run_id is None and token is not None:
+        try:
+            lookup = await engine.approval_request(token, viewer)
+        except UnknownOrExpired:
+            lookup = None
+        run = lookup and (lookup.decided_run or lookup.run)
+        run_id = run.id if run else None
+    return await carried.rows(engine, run_id, shown)
 
 
 def _iso_for_people(stamp: Any) -> str:
     return str(stamp)[:19].replace("T", " ") + " UTC" if stamp else "—"
 
 
-async def _changed(request: Request, session: Session, engine: Engine, exc: Changed) -> Response:
+async def _changed(
+    request: Request,
+    session: Session,
+    engine: Engine,
+    exc: Changed,
+    also: list[dict[str, Any]],
+) -> Response:
     """The diff side by side, and the new request (from the store, by its new token) with
-    its own Approve / Decline form."""
+    its own Approve / Decline form; with the calls of its turn carried out before it."""
     new_token = str(exc.details.get("token") or "")
     item = None
     if new_token:
@@ -251,4 +306,7 @@ async def _changed(request: Request, session: Session, engine: Engine, exc: Chan
             call=lookup.call,
         )
     diff = list(exc.details.get("diff") or [])
-    return outcome(request, session, 409, "changed", diff=diff, item=item)
+    wrote = carried.wrote(also)
+    return outcome(
+        request, session, 409, "changed", diff=diff, item=item, carried=also, wrote=wrote
+    )
