@@ -76,3 +76,29 @@ def test_approving_both_payments_shows_the_first_paid_and_the_second_changed_wit
     off_loop(lambda: pays.engine.run_until_stop(outcome.run_id))
     view = off_loop(lambda: pays.engine.get_run(outcome.run_id))
     assert view.run.state is RunState.ANSWERED
+
+
+def test_each_payment_by_its_own_form_the_last_page_shows_the_other_one_changed(
+    pays: Served, page: Page
+) -> None:
+    outcome = off_loop(lambda: pays.engine.ask("dana", "pay them"))
+    first, second = (n.tool_call_id for n in pays.notifier.notices)
+    sign_in(page, pays)
+    page.goto(f"{pays.url}/runs/{outcome.run_id}")
+    later = page.locator(f'article.call-request[data-tool-call-id="{second}"]')
+    later.get_by_role("button", name="Approve", exact=True).click()
+    expect(page.locator("section.outcome h1")).to_have_text("Recorded")
+    page.get_by_role("link", name="Decide the others").click()
+    earlier = page.locator(f'article.call-request[data-tool-call-id="{first}"]')
+    earlier.get_by_role("button", name="Approve", exact=True).click()
+
+    # The page of the last decision: its own payment made, and the other one changed.
+    expect(page.locator("section.outcome h1")).to_have_text("Approved")
+    expect(page.locator("section.outcome .notice.ok .state")).to_have_text("suspended")
+    assert paid() == ["30"]
+    rest = page.locator(f'table.answers tr[data-tool-call-id="{second}"]')
+    expect(rest.locator("td.answer")).to_contain_text("Changed before it ran")
+    expect(rest.locator("table.diff td.before")).to_have_text("80")
+    expect(rest.locator("table.diff td.after")).to_have_text("50")
+    expect(page.locator(".why-changed")).to_be_visible()
+    shot(page, "payments-approved-rest-changed")
