@@ -305,6 +305,11 @@ class RunView:
         """The validated typed output as stored (JSON), or None (reference §11)."""
         return self.run.output
 
+    @property
+    def answer(self) -> str | None:
+        """The final answer's text once the run is answered, else None (reference §6)."""
+        return self.run.answer
+
 
 @dataclass(frozen=True, kw_only=True)
 class Accepted:

@@ -266,6 +266,7 @@ class RunOut(BaseModel):
         description="the final answer validated against the agent's output_type, as JSON; "
         "null without an output_type or until the run answered",
     )
+    answer: str | None = Field(description="the final answer's text once answered, else null")
     agent_version: str = Field(description="the agent version the run is written for (§12)")
     forked_from: ForkedFromOut | None = Field(
         default=None, description="the run and step this run was forked from, or null"
