@@ -18,7 +18,7 @@ import pytest
 from inbox_web import Web, web
 
 from tether import StopKind
-from tether.errors import Changed
+from tether.errors import Changed, NoLongerPermitted
 from tether.notify import Notice
 from tether.results import CallDecision, CallVerdict
 from tether.runs import RunState
@@ -194,6 +194,38 @@ async def test_a_payment_refused_by_its_guard_first_answers_its_refusal_and_the_
     )
     assert refused["reason"] == "payments above 25 are blocked"
     assert only(answers, second.tool_call_id)["outcome"] == "executed"
+
+
+async def test_a_payment_no_longer_permitted_after_one_was_made_answers_both_truly(
+    pay: Web,
+) -> None:
+    run_id, (first, second) = await suspended(pay)
+    downstream.set_world("floor", "25")  # the 30 is still permitted; the 20 no longer is
+    answers = await pay.engine.decide_calls(
+        run_id,
+        "dana",
+        [
+            {"tool_call_id": first.tool_call_id, "decision": "approve"},
+            {"tool_call_id": second.tool_call_id, "decision": "approve"},
+        ],
+    )
+    assert paid() == ["30"]
+    assert outcomes(answers) == [
+        (first.tool_call_id, "executed"),
+        (second.tool_call_id, "no_longer_permitted"),
+    ]
+    assert only(answers, first.tool_call_id)["state"] == "halted"
+    assert (await pay.run(run_id)).halt_reason == "no_longer_permitted"
+
+    # By token: the refusal carries the payment made before it.
+    downstream.set_world("floor", "")
+    _, (first, second) = await suspended(pay)
+    await pay.engine.resume_after_confirmation(first.token, "approve", "dana")
+    downstream.set_world("floor", "25")
+    with pytest.raises(NoLongerPermitted) as refused:
+        await pay.engine.resume_after_confirmation(second.token, "approve", "dana")
+    assert [c.to_json()["outcome"] for c in refused.value.carried] == ["executed"]
+    assert paid() == ["30", "30"]
 
 
 async def test_a_payment_changed_first_leaves_the_next_recorded_until_it_is_decided_again(

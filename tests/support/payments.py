@@ -3,7 +3,8 @@ balance (on the test downstream, ``downstream.py``), and its preview shows the b
 would leave. A turn of several payments is one suspension (reference §15), and once the
 first is carried out the next one's re-rendered preview differs from the one approved:
 it is ``changed`` (invariant 7), whatever the approver meant. ``cap`` in the world makes
-the guard refuse every payment above it; ``pay_outside`` moves the balance from elsewhere.
+the guard refuse every payment above it, ``floor`` makes a payment below it no longer
+permitted; ``pay_outside`` moves the balance from elsewhere.
 
 - ``agent()``: ``pay`` and a ``lookup`` read, playing the script its question names
   (``"script:NAME ..."``, else ``two_payments``): ``two_payments`` (pay 30, a read, pay
@@ -39,6 +40,11 @@ def _guard(args: Any, scope: Scope, ctx: ToolContext) -> GuardResult:
     return GuardResult.allow()
 
 
+def _permitted(args: Any, scope: Scope) -> bool:
+    floor = downstream.world("floor")
+    return not floor or args.amount >= int(floor)
+
+
 def pay_outside(amount: int) -> None:
     """A payment made elsewhere: the balance moves without any call of the run."""
     downstream.note_execution("outside", "pay", str(amount))
@@ -51,6 +57,7 @@ def pay_outside(amount: int) -> None:
     reconcile=downstream.find,
     preview=_preview,
     guard=_guard,
+    permitted=_permitted,
 )
 def pay(ctx: ToolContext, amount: int) -> dict[str, Any]:
     """Pay ``amount`` out of the balance: a write a human must confirm."""
