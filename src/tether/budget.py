@@ -79,7 +79,16 @@ def parse_limits(data: Any, base: Limits | None = None) -> Limits:
     try:
         return LimitsInput.model_validate(data).over(base)
     except ValidationError as exc:
-        raise InvalidInput(f"invalid limits: {exc.errors(include_url=False)}") from exc
+        said = "; ".join(_said(error) for error in exc.errors(include_url=False))
+        raise InvalidInput(f"invalid limits: {said}") from exc
+
+
+def _said(error: Any) -> str:
+    """One validation error of limits, for people: which limit, and what is wrong."""
+    where = ".".join(str(part) for part in error.get("loc", ())) or "limits"
+    if error.get("type") == "extra_forbidden":
+        return f"{where} is not a limit (the limits are {', '.join(LimitsInput.model_fields)})"
+    return f"{where}: {error.get('msg', 'invalid')}"
 
 
 def within_cap(limits: Limits, cap: Limits, what: str) -> Limits:

@@ -45,7 +45,7 @@ from tether.results import (
     StopKind,
     ThreadView,
 )
-from tether.runs import Run
+from tether.runs import Run, RunState, answer_of
 from tether.store import CallStatus, LedgerEntry, Store, upgrade
 
 if TYPE_CHECKING:
@@ -278,7 +278,10 @@ class Engine(DecisionMethods, AccountMethods, CreationMethods, ScheduleMethods):
             raise NotFound("no such run")
         # Its own messages: a fork of a follow-up also holds a copy of what came before.
         own = snapshot.messages[snapshot.run.base_count :]
-        return RunView(run=snapshot.run, messages=own)
+        run = snapshot.run
+        if run.state is RunState.ANSWERED and own:  # its final answer is its last message
+            run = dataclasses.replace(run, answer=answer_of(own[-1]))
+        return RunView(run=run, messages=own)
 
     async def list_runs(self, user: str | None = None, limit: int = 100) -> list[Run]:
         """Runs, newest first (only ``user``'s if given)."""

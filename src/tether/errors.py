@@ -8,23 +8,41 @@ codes to statuses.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol
+
+
+class CallAnswer(Protocol):
+    """One call's answer as a request carried it out (``tether.results.CallDecision``)."""
+
+    @property
+    def tool_call_id(self) -> str: ...
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 class TetherError(Exception):
-    """Root of every error tether raises on purpose."""
+    """Root of every error tether raises on purpose.
+
+    ``carried``: the other calls of a suspended turn that the request refused with this
+    error carried out before (or instead of) its own, each answered as it was carried out
+    (reference §15); empty for every other error."""
 
     code: ClassVar[str] = "tether_error"
 
-    def __init__(self, message: str, **details: Any) -> None:
+    def __init__(self, message: str, *, carried: Sequence[CallAnswer] = (), **details: Any) -> None:
         super().__init__(message)
         self.message = message
         self.details = details
+        self.carried = tuple(carried)
 
     def to_dict(self) -> dict[str, Any]:
         """The error as the JSON body of reference §6:
-        ``{"ok": false, "error", "message", ...}``."""
-        return {"ok": False, "error": self.code, "message": self.message, **self.details}
+        ``{"ok": false, "error", "message", ..., "carried"?}``."""
+        body = {"ok": False, "error": self.code, "message": self.message, **self.details}
+        if self.carried:
+            body["carried"] = [call.to_json() for call in self.carried]
+        return body
 
 
 class InvalidInput(TetherError):
@@ -124,7 +142,9 @@ class ModelError(TetherError):
     def __init__(
         self, message: str, *, status: int | None = None, transient: bool = False, **details: Any
     ) -> None:
-        super().__init__(message, **details, **({} if status is None else {"status": status}))
+        if status is not None:
+            details["status"] = status
+        super().__init__(message, **details)
         self.status = status
         self.transient = transient
 

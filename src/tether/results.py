@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -95,9 +95,9 @@ class ApprovalResult:
     # A decision recorded while other calls of its suspension are undecided (reference
     # §15): how many of them it still waits for.
     waiting_for: int | None = None
-    # What became of each call of the turn this decision's claim carried out, the
-    # decider's own included, by tool call id.
-    carried: dict[str, CallVerdict] = field(default_factory=dict)
+    # The other calls of the turn this decision's request carried out (a claim carries
+    # the turn out), in call order, each answered as it was carried out (reference §15).
+    carried: tuple[CallDecision, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -109,6 +109,8 @@ class ApprovalResult:
         }
         if self.waiting_for is not None:
             data["waiting_for"] = self.waiting_for
+        if self.carried:
+            data["carried"] = [call.to_json() for call in self.carried]
         return data
 
 
@@ -302,6 +304,11 @@ class RunView:
     def output(self) -> Any:
         """The validated typed output as stored (JSON), or None (reference §11)."""
         return self.run.output
+
+    @property
+    def answer(self) -> str | None:
+        """The final answer's text once the run is answered, else None (reference §6)."""
+        return self.run.answer
 
 
 @dataclass(frozen=True, kw_only=True)

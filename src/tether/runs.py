@@ -74,6 +74,7 @@ __all__ = [
     "PendingCall",
     "Run",
     "RunState",
+    "answer_of",
     "can_transition",
     "iso",
     "run_to_json",
@@ -188,6 +189,9 @@ class Run:
     updated_at: float
     # The validated typed output of an answered run, as JSON (reference §11), or None.
     output: Any = None
+    # The final answer's text once the run is answered (reference §6), when the read that
+    # made this record loaded it (a run's reads and lists do); None before.
+    answer: str | None = None
     # The W3C trace context every span of the run is parented on (``tracing.py``), or None.
     trace_context: dict[str, str] | None = None
     # The agent version the run is written for (reference §12): only its servers carry it.
@@ -252,6 +256,7 @@ class Run:
             started_at=row["started_at"],
             updated_at=row["updated_at"],
             output=row["output"],
+            answer=answer_of(row.get("final_message")),
             trace_context=row["trace_context"],
             agent_version=row["agent_version"],
             forked_from=_lineage(row["forked_from_run"], row["forked_from_step"]),
@@ -287,6 +292,12 @@ class Run:
         if self.owner is None:
             raise ValueError("run has no owner")
         return Lease(run_id=self.id, owner=self.owner, epoch=self.lease_epoch)
+
+
+def answer_of(message: Any) -> str | None:
+    """The text of a final answer's message (its ``content``), or None without one."""
+    content = message.get("content") if isinstance(message, Mapping) else None
+    return content if isinstance(content, str) else None
 
 
 def _lineage(run_id: str | None, step: int | None) -> dict[str, Any] | None:
@@ -327,6 +338,7 @@ def run_to_json(run: Run) -> dict[str, Any]:
             else []
         ),
         "output": run.output,
+        "answer": run.answer if run.state is RunState.ANSWERED else None,
         "agent_version": run.agent_version,
         "forked_from": run.forked_from,
         "dry_run": run.dry_run,

@@ -25,6 +25,8 @@ from tether import StopKind
 from tether.runs import RunState
 
 CALL_IDS = re.compile(r'data-tool-call-id="([^"]+)"')
+# What became of each call, in the table of a decision's result page.
+ANSWERS = re.compile(r'<tr data-tool-call-id="[^"]+" data-outcome="(\w+)">')
 DECISION_FORM = re.compile(r'<form method="post" action="/runs/[^/]+/decision" class="decide">')
 
 
@@ -169,11 +171,11 @@ async def test_the_decide_all_form_decides_every_call_in_one_post(web: Web) -> N
         }
         done = await client.post(f"/runs/{run_id}/decisions", data=form)
         assert done.status_code == 200 and "<h1>Decided</h1>" in done.text
-        answers = re.findall(r'<td class="answer"><code>(\w+)</code>', done.text)
+        answers = ANSWERS.findall(done.text)
         assert answers == ["executed", "declined"]
         again = await client.post(f"/runs/{run_id}/decisions", data=form)
         assert again.status_code == 200
-        assert re.findall(r'<td class="answer"><code>(\w+)</code>', again.text) == [
+        assert ANSWERS.findall(again.text) == [
             "already_resumed",
             "already_resumed",
         ]

@@ -266,6 +266,7 @@ class RunOut(BaseModel):
         description="the final answer validated against the agent's output_type, as JSON; "
         "null without an output_type or until the run answered",
     )
+    answer: str | None = Field(description="the final answer's text once answered, else null")
     agent_version: str = Field(description="the agent version the run is written for (§12)")
     forked_from: ForkedFromOut | None = Field(
         default=None, description="the run and step this run was forked from, or null"
@@ -336,7 +337,7 @@ class EventListOut(BaseModel):
 
 class ApprovalOut(BaseModel):
     """A decision that took effect, and where the run is now (``running``: the workers
-    carry it on)."""
+    carry it on); ``carried``: the other calls of its turn it carried out (reference §15)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -381,7 +382,7 @@ class ApprovalRefusedOut(ErrorOut):
     """A refused decision. ``already_resumed`` adds ``decision`` (the one that used the
     token); ``changed`` adds ``diff``, the new ``token``, ``preview`` and ``expires_at``;
     ``guard_failed`` adds ``reason``; ``wrong_version`` the run's ``agent_version``;
-    ``tool_unavailable`` the halted run's ``run_id``."""
+    ``tool_unavailable`` the halted run's ``run_id``; ``carried`` as in ``ApprovalOut``."""
 
     decision: DecisionOut | None = None
     diff: list[DiffOut] | None = None

@@ -325,7 +325,9 @@ async def list_approvals(
     "`tool_call_id`, as the caller (the same authorisation as their tokens). Every entry "
     "is checked before any is recorded. Each call's result is the answer its token would "
     "have had: the decision carried out (`outcome` executed, declined, ...) or its "
-    "refusal (`ok` false, `outcome` and `error` the code, with that code's fields).",
+    "refusal (`ok` false, `outcome` and `error` the code, with that code's fields). A call "
+    "this request carried out answers as it was carried out, never `recorded`, even when "
+    "a later call of the turn was then refused; `recorded` is for a call not carried out.",
     responses=responses(
         (401, AUTH),
         (404, "`not_found`: no such run, or the caller may neither own nor approve it"),

@@ -3,12 +3,12 @@ every entry is checked before any is recorded, then each goes through the one de
 by run (``resume.by_run``), and each call gets the answer its token would have had.
 
 Each entry but the suspension's last is recorded; the last claims the run and carries the
-turn out, and the calls of this request it carried out answer as they were carried out.
+turn out, and every call of this request it carried out answers as it was carried out
+(its verdict or its refusal), never ``recorded``, even when a later call was refused.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,20 +79,25 @@ async def decide_calls(
             results.append(CallDecision(tool_call_id=entry.tool_call_id, refused=exc))
         else:
             results.append(CallDecision(tool_call_id=entry.tool_call_id, result=result))
-    return [_as_carried(r, results[-1]) for r in results]
+    carried = {c.tool_call_id: c for r in results for c in _carried_by(r)}
+    return [_as_carried(r, carried) for r in results]
 
 
-def _as_carried(mine: CallDecision, last: CallDecision) -> CallDecision:
-    """A call recorded by an earlier entry and carried out by the claim of a later one
-    answers as it was carried out."""
-    result, claim = mine.result, last.result
-    if result is None or claim is None or result.outcome is not CallVerdict.RECORDED:
+def _carried_by(answer: CallDecision) -> tuple[CallDecision, ...]:
+    """The other calls the request of ``answer``'s decision carried out (its claim carried
+    the turn out), whether its own call took effect or was refused."""
+    if answer.result is not None:
+        return answer.result.carried
+    carried = answer.refused.carried if answer.refused is not None else ()
+    return tuple(call for call in carried if isinstance(call, CallDecision))
+
+
+def _as_carried(mine: CallDecision, carried: Mapping[str, CallDecision]) -> CallDecision:
+    """A call recorded by an entry and carried out by the claim of another answers as it
+    was carried out: its verdict, or its refusal (reference §15)."""
+    if mine.result is None or mine.result.outcome is not CallVerdict.RECORDED:
         return mine
-    verdict = claim.carried.get(mine.tool_call_id)
-    if verdict is None:
-        return mine
-    done = dataclasses.replace(result, state=claim.state, outcome=verdict, waiting_for=None)
-    return dataclasses.replace(mine, result=done)
+    return carried.get(mine.tool_call_id, mine)
 
 
 def _listed(decisions: Any) -> list[Mapping[str, Any]]:

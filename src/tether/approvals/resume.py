@@ -22,6 +22,7 @@ from tether._runtime.decided_call import Resolution
 from tether._runtime.hop import hop
 from tether._runtime.services import Services
 from tether._runtime.session import RunSession
+from tether.approvals import answers
 from tether.approvals.request import (
     Asked,
     check_decider,
@@ -45,7 +46,7 @@ from tether.errors import (
 )
 from tether.failpoints import fail
 from tether.messages import tool_calls_of
-from tether.results import UNSEEN_EDIT, ApprovalResult, CallVerdict, Choice, Outcome, StopKind
+from tether.results import UNSEEN_EDIT, ApprovalResult, CallVerdict, Choice, StopKind
 from tether.runs import Pending, PendingCall, Run, RunState
 from tether.store import Decision
 from tether.store.claims import SuspensionClaim
@@ -249,17 +250,19 @@ async def _claim_then_decide(
         )
     log.info("claimed", extra={"run_id": run.id, "action": "claim", "state": ask.choice.value})
     fail("after_claim")
+    own = call.pending.tool_call_id
+    carried: dict[str, Resolution] = {}  # what became of each call carried out, in order
     try:
         session = await RunSession.start(services, claimed)
     except LeaseLost:
-        return await _elsewhere(services, run.id, ask.choice)
+        return await _elsewhere(services, run.id, ask.choice, own, carried)
     try:
         with handover.answering_within(services.settings.approval_reconcile_s):
-            return await _carry_out(session, ask.choice, call.pending.tool_call_id)
+            return await _carry_out(session, ask.choice, own, carried)
     except handover.HandOver as over:
-        return await _reconciling(session, ask.choice, over)
+        return await _reconciling(session, ask.choice, over, own, carried)
     except LeaseLost:
-        return await _elsewhere(services, run.id, ask.choice)
+        return await _elsewhere(services, run.id, ask.choice, own, carried)
     except (DatabaseUnavailable, FailpointError, asyncio.CancelledError):
         raise  # the decision is recorded; a reaper carries it out once this run is stale
     except (NoLongerPermitted, Changed, GuardFailed, PendingToolUnavailable):
@@ -272,89 +275,72 @@ async def _claim_then_decide(
 
 
 async def _reconciling(
-    session: RunSession, choice: Choice, over: handover.HandOver
+    session: RunSession,
+    choice: Choice,
+    over: handover.HandOver,
+    own: str,
+    carried: dict[str, Resolution],
 ) -> ApprovalResult:
     """The approved write's answer was lost and its lookup by key could not reach the
     downstream within ``approval_reconcile_s``: the decision is recorded; the run is
     handed over to the reapers, whose recovery reconciles the call by key (invariant 3:
-    never a second execution), and the approver is answered ``reconciling`` now."""
+    never a second execution), and that call answers ``reconciling`` now (the calls
+    carried out before it, as they were)."""
     session.close()  # no heartbeat of ours keeps the lease fresh any more
     event = {"tool_call_id": over.tool_call_id, "tool": over.tool}
     try:
         await session.hand_over(event)
     except LeaseLost:
-        return await _elsewhere(session.services, session.run.id, choice)
+        return await _elsewhere(session.services, session.run.id, choice, own, carried)
     log.warning("approval handed over to reconcile", extra={"run_id": session.run.id})
-    return ApprovalResult(
-        run_id=session.run.id,
-        decision=choice,
-        state=RunState.RUNNING,
-        outcome=CallVerdict.RECONCILING,
+    reconciling = Resolution(verdict=CallVerdict.RECONCILING)
+    carried[over.tool_call_id] = reconciling
+    return answers.answered(
+        session.run.id, choice, own, carried, RunState.RUNNING, fallback=reconciling
     )
 
 
-async def _elsewhere(services: Services, run_id: str, choice: Choice) -> ApprovalResult:
+async def _elsewhere(
+    services: Services,
+    run_id: str,
+    choice: Choice,
+    own: str,
+    carried: dict[str, Resolution],
+) -> ApprovalResult:
     """This request lost the run after claiming it: the decision is stored with the run,
-    and the owner that took it over carries it out (a recovery re-checks it first)."""
+    and the owner that took it over carries it out (a recovery re-checks it first). The
+    calls this request carried out before it lost the run answer as they were."""
     log.warning("approval handed over", extra={"run_id": run_id, "action": "lease_lost"})
     run = await hop(services.store.get_run, run_id)
-    return ApprovalResult(
-        run_id=run_id,
-        decision=choice,
-        state=run.state if run is not None else RunState.RUNNING,
-        outcome=CallVerdict.CONTINUES_ELSEWHERE,
-    )
+    state = run.state if run is not None else RunState.RUNNING
+    elsewhere = Resolution(verdict=CallVerdict.CONTINUES_ELSEWHERE)
+    return answers.answered(run_id, choice, own, carried, state, fallback=elsewhere)
 
 
-async def _carry_out(session: RunSession, choice: Choice, own: str) -> ApprovalResult:
+async def _carry_out(
+    session: RunSession, choice: Choice, own: str, carried: dict[str, Resolution]
+) -> ApprovalResult:
     """Carry out the turn's calls in order up to its last decided one (each decided call
-    re-checked just before it executes), then hand the run back; answer as the decider's
-    own call (``own``) was carried out: a call refused on re-check is its §4 error. A
-    decider whose call was not reached (the run stopped on an earlier call of the turn)
-    is answered as that call was, or ``recorded`` when the run waits again."""
-    carried: dict[str, Resolution] = {}
+    re-checked just before it executes; what became of each goes in ``carried``), then
+    hand the run back; answer as the decider's own call (``own``) was carried out, with
+    the others (``answers.py``). A decider whose call was not reached is answered as the
+    call the run stopped on was, or ``recorded`` when the run waits again."""
     stop = await loop.carry_calls(session, carried, decided_only=True)
     if not carried:
         outcome = stop or await session.release("no pending call to decide")
-        return _result(session, choice, outcome, CallVerdict.RELEASED)
-    resolution = carried.get(own)
-    if resolution is None and stop is not None and stop.kind is StopKind.SUSPENDED:
         return ApprovalResult(
             run_id=session.run.id,
             decision=choice,
-            state=RunState.SUSPENDED,
-            outcome=CallVerdict.RECORDED,
-            waiting_for=len(stop.notices) or 1,
-            carried={k: r.verdict for k, r in carried.items()},
+            state=outcome.state or RunState.RUNNING,
+            outcome=CallVerdict.RELEASED,
         )
-    if resolution is None:
-        resolution = list(carried.values())[-1]
+    if own not in carried and stop is not None and stop.kind is StopKind.SUSPENDED:
+        return answers.recorded(session.run.id, choice, carried, len(stop.notices) or 1)
     fail("after_resume_execute", _tool_of(session, own))
     outcome = stop or await session.release("decision carried out")
-    if resolution.verdict is CallVerdict.NO_LONGER_PERMITTED:
-        raise NoLongerPermitted(resolution.reason or "no longer permitted", run_id=session.run.id)
-    if resolution.verdict is CallVerdict.TOOL_UNAVAILABLE:
-        raise PendingToolUnavailable(
-            resolution.reason or "the pending tool is not available", run_id=session.run.id
-        )
-    if resolution.verdict is CallVerdict.CHANGED:
-        notice = resolution.outcome.notice if resolution.outcome is not None else None
-        assert notice is not None
-        raise Changed(
-            _MISSING_DIGEST
-            if resolution.unseen
-            else "the details changed while this was waiting; please review again",
-            diff=resolution.diff,
-            token=notice.token,
-            preview=notice.preview,
-            expires_at=notice.expires_at,
-        )
-    if resolution.verdict is CallVerdict.GUARD_FAILED:
-        raise GuardFailed(
-            resolution.reason or "refused by the tool's guard", reason=resolution.reason
-        )
-    result = _result(session, choice, outcome, resolution.verdict)
-    return dataclasses.replace(result, carried={k: r.verdict for k, r in carried.items()})
+    state = outcome.state or RunState.RUNNING
+    last = list(carried.values())[-1]
+    return answers.answered(session.run.id, choice, own, carried, state, fallback=last)
 
 
 def _tool_of(session: RunSession, call_id: str) -> str | None:
@@ -364,25 +350,6 @@ def _tool_of(session: RunSession, call_id: str) -> str | None:
             if call.id == call_id:
                 return call.name
     return None
-
-
-_MISSING_DIGEST = (
-    "the digest of the edit's preview is missing, so it was not approved: the request now "
-    "waits on the edit under the new token; get its digest with POST "
-    "/v1/approvals/{token}/preview (or tether approvals preview TOKEN --arguments JSON) "
-    "and approve the new token with it"
-)
-
-
-def _result(
-    session: RunSession, choice: Choice, outcome: Outcome, verdict: CallVerdict
-) -> ApprovalResult:
-    return ApprovalResult(
-        run_id=session.run.id,
-        decision=choice,
-        state=outcome.state or RunState.RUNNING,
-        outcome=verdict,
-    )
 
 
 async def visible_run(services: Services, run_id: str, approver: str) -> Run | None:

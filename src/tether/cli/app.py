@@ -15,7 +15,7 @@ import typer
 from tether.cli.approvals import approvals_app
 from tether.cli.runs import runs_app
 from tether.cli.schedules import schedules_app
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, named, out, say_error
+from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, limits_arg, named, out, say_error
 from tether.cli.threads import ask, threads_app
 from tether.cli.users import MaxPriorityOpt, users_app
 from tether.errors import FourEyes, InvalidInput, TetherError, UnknownOrExpired
@@ -208,16 +208,29 @@ def continue_(
         str | None, typer.Option("--as", help="the run's owner (default: the run's owner)")
     ] = None,
     why: Annotated[str | None, typer.Option(help="why more budget is granted")] = None,
+    limits: Annotated[
+        str | None,
+        typer.Option(
+            "--limits",
+            metavar="JSON",
+            help='the grant, such as {"max_steps": 30}: the limits named replace the run\'s, '
+            "each at most the cap (TETHER_MAX_LIMITS); default: the default grant",
+        ),
+    ] = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Continue a halted run with the default grant; a worker carries it on."""
+    """Continue a halted run with the default grant, or with ``--limits``; a worker
+    carries it on. Limits that are not a JSON object of known limits, or over the cap, are
+    ``invalid_input`` (exit 1), and the run is not changed."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
     from tether.runs import run_to_json
 
+    grant = limits_arg(limits)  # a malformed one opens nothing
+
     async def go(engine: Engine) -> dict[str, Any]:
         user = as_user or (await engine.get_run(run_id)).run.user_id
-        run = await engine.continue_run(run_id, user, why=why or "operator continue")
+        run = await engine.continue_run(run_id, user, limits=grant, why=why or "operator continue")
         return run_to_json(run)
 
     emit(on_engine(agent, go, serve_agent=True))

@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from tether.errors import InvalidInput
+
 DEFAULT_AGENT = "tether.demo.agent:build_agent"
 
 
@@ -38,6 +40,21 @@ AgentOpt = Annotated[
 ]
 out = Console()
 err = Console(stderr=True)
+
+
+def limits_arg(text: str | None) -> dict[str, Any] | None:
+    """The ``--limits`` of ``ask`` and ``continue``: a JSON object of limits (the engine
+    checks its fields and the cap before it creates or changes anything), None when not
+    given; ``invalid_input`` for anything but a JSON object."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"--limits must be a JSON object: {exc}") from exc
+    if not isinstance(value, dict):
+        raise InvalidInput('--limits must be a JSON object, such as {"max_steps": 40}')
+    return value
 
 
 def say_error(label: str, code: str, message: str) -> None:

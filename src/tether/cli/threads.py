@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, out, say_error
+from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, limits_arg, out, say_error
 from tether.errors import InvalidInput, TetherError
 from tether.telemetry.logs import configure
 
@@ -55,12 +55,22 @@ def ask(
         str | None,
         typer.Option("--start-at", help="ISO-8601 with a UTC offset: queued until then"),
     ] = None,
+    limits: Annotated[
+        str | None,
+        typer.Option(
+            "--limits",
+            metavar="JSON",
+            help='the run\'s limits, such as {"max_steps": 40, "max_spend_usd": 2}; each at '
+            "most the cap (TETHER_MAX_LIMITS), the others the defaults",
+        ),
+    ] = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
     """Start a run asking QUESTION, in a new thread or (``--thread``) as a follow-up, and
     print its ``{"id", "state", "thread_id"}``; a worker carries it, by ``--priority`` and
-    not before ``--start-at``. Exit 1 with the code when refused (``thread_busy`` names
-    the run the thread waits on)."""
+    not before ``--start-at``, within ``--limits``. Exit 1 with the code when refused
+    (``thread_busy`` names the run the thread waits on; limits that are not a JSON object of
+    known limits, or over the cap, are ``invalid_input``), and nothing is created."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
 
@@ -71,11 +81,18 @@ def ask(
                 raise InvalidInput("a new thread has no owner yet: name whose run it is with --as")
             user = (await engine.get_thread(thread)).user_id
         run = await engine.start_run(
-            user, question, thread_id=thread, if_busy=if_busy, priority=priority, start_at=start_at
+            user,
+            question,
+            limits=asked,
+            thread_id=thread,
+            if_busy=if_busy,
+            priority=priority,
+            start_at=start_at,
         )
         return {"id": run.id, "state": run.state.value, "thread_id": run.thread_id}
 
     try:
+        asked = limits_arg(limits)  # a malformed one opens nothing
         started = on_engine(agent, go, serve_agent=True)
     except TetherError as exc:
         _refused(exc)

@@ -35,7 +35,19 @@ from tether.store.transitions import state_in
 
 _NOW = sa.select(db_now())
 
-_RUN = sa.select(runs).where(runs.c.id == sa.bindparam("b_id"))
+# An answered run's last message, its final answer (reference §6: a run's ``answer``), beside
+# the run's columns; null for any other state. A lookup by the messages' primary key.
+_FINAL_MESSAGE = sa.case(
+    (
+        runs.c.state == RunState.ANSWERED.value,
+        sa.select(run_messages.c.message)
+        .where(run_messages.c.run_id == runs.c.id, run_messages.c.seq == runs.c.message_count - 1)
+        .scalar_subquery(),
+    ),
+    else_=sa.null(),
+).label("final_message")
+_RUNS = sa.select(runs, _FINAL_MESSAGE)
+_RUN = _RUNS.where(runs.c.id == sa.bindparam("b_id"))
 
 # Open suspensions (suspended, inside their window): their owners, a page of them soonest
 # expiry first, and how many there are, each of everyone's or of some owners' only.
@@ -209,7 +221,7 @@ class Reads(StoreBase):
 
     def list_runs(self, user_id: str | None = None, limit: int = 100) -> list[Run]:
         """The newest runs first, of one user or of everyone."""
-        query = sa.select(runs).order_by(runs.c.started_at.desc(), runs.c.id).limit(limit)
+        query = _RUNS.order_by(runs.c.started_at.desc(), runs.c.id).limit(limit)
         if user_id is not None:
             query = query.where(runs.c.user_id == user_id)
         with self.engine.connect() as conn:
@@ -229,7 +241,7 @@ class Reads(StoreBase):
                 if found is None:
                     return None
                 anchor = (float(found.started_at), after)
-            query = sa.select(runs).where(*_page_where(user_id, state, anchor))
+            query = _RUNS.where(*_page_where(user_id, state, anchor))
             ordered = query.order_by(runs.c.started_at.desc(), runs.c.id).limit(limit)
             page = [Run.from_row(r._mapping) for r in conn.execute(ordered)]
             more = 0

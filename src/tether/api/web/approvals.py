@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from tether import ApprovalResult, inputs
 from tether.api.deps import engine_of
 from tether.api.schemas import DECISIONS
+from tether.api.web import carried
 from tether.api.web.back import run_link, run_of_token
 from tether.api.web.pages import (
     message,
@@ -45,6 +46,7 @@ from tether.errors import (
     UnknownOrExpired,
     WrongVersion,
 )
+from tether.results import CallVerdict
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +196,9 @@ async def _carry_out(
     token: str | None = None,
 ) -> Response:
     """Awaits the decision and renders what became of it (with the reason and edited
-    arguments it carried), or why there was none; either page leads back to the run
-    (``run_id``, or the run ``token`` names)."""
+    arguments it carried), or why there was none, with what became of every other call of
+    its turn it carried out (reference §15); either page leads back to the run (``run_id``,
+    or the run ``token`` names)."""
     engine = engine_of(request)
     try:
         result = await deciding
@@ -204,7 +207,8 @@ async def _carry_out(
     except InvalidInput as exc:
         return _invalid(request, session, exc)
     except TetherError as exc:
-        status, kind, context = await _refusal(engine, session, exc)
+        also = await _also(engine, session.user, exc, run_id, token)
+        status, kind, context = await _refusal(engine, session, exc, also)
         if kind == "changed" and context["item"] is not None:
             run_id = context["item"].run.id  # the run suspended again, on a new token
     else:
@@ -212,16 +216,26 @@ async def _carry_out(
             "decided on the web",
             extra={"run_id": result.run_id, "action": "web_decision", "state": result.state},
         )
+        also = await _also(engine, session.user, result, result.run_id, None)
         status, kind, run_id = 200, "done", result.run_id
-        context = {"result": result, "reason": reason, "arguments": arguments}
+        context = {
+            "result": result,
+            "reason": reason,
+            "arguments": arguments,
+            "carried": also,
+            "wrote": result.outcome is CallVerdict.EXECUTED or carried.wrote(also),
+        }
     if run_id is None and token is not None:
         run_id = await run_of_token(engine, token, session.user)
     back = await run_link(engine, run_id, session.user)
     return outcome(request, session, status, kind, back=back, **context)
 
 
-async def _refusal(engine: Engine, session: Session, exc: TetherError) -> Refusal:
-    """Why a decision took no effect, as its page shows it; an error no page explains is
+async def _refusal(
+    engine: Engine, session: Session, exc: TetherError, also: list[dict[str, Any]]
+) -> Refusal:
+    """Why a decision took no effect on its own call, as its page shows it, with the other
+    calls of its turn its request carried out (``also``); an error no page explains is
     raised again (the app's handler answers it)."""
     match exc:
         case AlreadyResumed():
@@ -235,25 +249,51 @@ async def _refusal(engine: Engine, session: Session, exc: TetherError) -> Refusa
             }
             return 409, "already_resumed", {"decision": decided}
         case Changed():
-            return 409, "changed", await _changed(engine, session, exc)
+            return 409, "changed", await _changed(engine, session, exc, also)
         case GuardFailed():
-            return 409, "guard_failed", {"reason": str(exc.details.get("reason") or exc.message)}
-        case NoLongerPermitted():
-            return 403, "no_longer_permitted", {"reason": exc.message}
-        case FourEyes():
-            return 403, "four_eyes", {"reason": exc.message}
+            reason = str(exc.details.get("reason") or exc.message)
+            return 409, "guard_failed", {"reason": reason, "carried": also}
+        case NoLongerPermitted() | FourEyes():
+            return 403, exc.code, {"reason": exc.message, "carried": also}
         case WrongVersion() | PendingToolUnavailable():
-            return 409, exc.code, {"reason": exc.message}
+            return 409, exc.code, {"reason": exc.message, "carried": also}
     raise exc
+
+
+async def _also(
+    engine: Engine,
+    viewer: str,
+    answer: ApprovalResult | TetherError,
+    run_id: str | None,
+    token: str | None,
+) -> list[dict[str, Any]]:
+    """The other calls ``answer``'s request carried out, as the page shows them: each
+    with the action it names, from its run (``run_id``, the refusal's, or the run of the
+    ``token`` its decision used)."""
+    shown = carried.carried_by(answer)
+    if not shown:
+        return []
+    if run_id is None and isinstance(answer, TetherError):
+        run_id = answer.details.get("run_id")
+    if run_id is None and token is not None:
+        try:
+            lookup = await engine.approval_request(token, viewer)
+        except UnknownOrExpired:
+            lookup = None
+        run = lookup and (lookup.decided_run or lookup.run)
+        run_id = run.id if run else None
+    return await carried.rows(engine, run_id, shown)
 
 
 def _iso_for_people(stamp: Any) -> str:
     return str(stamp)[:19].replace("T", " ") + " UTC" if stamp else "—"
 
 
-async def _changed(engine: Engine, session: Session, exc: Changed) -> dict[str, Any]:
+async def _changed(
+    engine: Engine, session: Session, exc: Changed, also: list[dict[str, Any]]
+) -> dict[str, Any]:
     """The diff side by side, and the new request (from the store, by its new token) with
-    its own Approve / Decline form."""
+    its own Approve / Decline form; with the calls of its turn carried out before it."""
     new_token = str(exc.details.get("token") or "")
     item = None
     if new_token:
@@ -266,4 +306,5 @@ async def _changed(engine: Engine, session: Session, exc: Changed) -> dict[str, 
             token=new_token,
             call=lookup.call,
         )
-    return {"diff": list(exc.details.get("diff") or []), "item": item}
+    diff = list(exc.details.get("diff") or [])
+    return {"diff": diff, "item": item, "carried": also, "wrote": carried.wrote(also)}

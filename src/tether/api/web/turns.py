@@ -16,6 +16,8 @@ from fastapi.responses import Response
 from tether import inputs
 from tether.api.deps import engine_of
 from tether.api.schemas import DECISIONS
+from tether.api.web import carried
+from tether.api.web.back import run_link
 from tether.api.web.inbox import no_such_run
 from tether.api.web.pages import message, outcome
 from tether.api.web.sessions import acting, back_to, field
@@ -60,14 +62,22 @@ async def decide_all(request: Request, run_id: str) -> Response:
     shown = [answer.to_json() for answer in answers]
     last = answers[-1].result
     waiting = last.waiting_for if last is not None and last.outcome is CallVerdict.RECORDED else 0
-    try:
-        owner: str | None = (await engine.get_run(run_id)).run.user_id
-    except NotFound:  # purged meanwhile
-        owner = None
-    context = {"answers": shown, "run_id": run_id, "waiting": waiting or 0, "owner": owner}
+    # Every call this request carried out, those decided earlier by others included, each
+    # as it was carried out (reference §15).
+    also = [c for a in shown for c in a.get("carried", ())]
+    answered = await carried.rows(engine, run_id, [*shown, *also])
+    again = carried.waiting_again(answered)
+    context = {
+        "answers": answered,
+        "again": again,
+        "run_id": run_id,
+        "waiting": 0 if again else waiting or 0,
+        "wrote": carried.wrote(answered),
+    }
     # Every call decided, yet none carried out: its user is at the cap (reference §17).
     context["held"] = last is not None and last.outcome is CallVerdict.RECORDED and not waiting
-    return outcome(request, session, 200, "decisions", **context)
+    back = await run_link(engine, run_id, session.user)
+    return outcome(request, session, 200, "decisions", back=back, **context)
 
 
 def read_decisions(form: Mapping[str, Any]) -> list[dict[str, Any]]:
