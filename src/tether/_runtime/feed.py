@@ -103,8 +103,10 @@ class Feed:
     ) -> AsyncIterator[LiveEvent | Delta]:
         """The run's events after SEQ ``after``, as they are stored, until the run is in a
         terminal state (or gone). The caller has checked the run and ``after``. With a hub
-        of ``deltas``, the text of the step being generated too (reference §16): a delta of
-        a step whose ``model_turn`` it has yielded is left out (that event holds it all)."""
+        of ``deltas``, the text of the step being generated too (reference §16): before a
+        ``model_turn``, every delta of its step written before it (``caught_up``: from
+        another process too), so a delta of a step whose ``model_turn`` it has yielded is
+        left out (none is missing: that event holds it all)."""
         watcher = _Watcher(run_id=run_id, seq=after, skip=after)
         self._watchers.add(watcher)
         self._of_run.setdefault(run_id, set()).add(watcher)
@@ -123,7 +125,13 @@ class Feed:
                 read, watcher.read = watcher.read, []
                 for event in read:
                     if event.kind == "model_turn":
-                        stored = max(stored, int(event.data.get("step") or 0))
+                        step = int(event.data.get("step") or 0)
+                        if sub is not None:  # the step's deltas first, to its end
+                            await sub.caught_up(step, str(event.data.get("text") or ""))
+                            for delta in sub.take():
+                                if delta.step > stored:
+                                    yield delta
+                        stored = max(stored, step)
                     yield event
                 if watcher.ended:
                     return

@@ -14,14 +14,18 @@ failed) is covered by the watchers' fallback re-read.
 
 The same thread carries the model's text to watchers in other processes (reference §16,
 ``tether._runtime.deltas``): a ``source`` added with ``add_source`` is asked, at each
-batch, for the notices it has ready (channel and payload), and ``poke`` says it has some.
+batch, for the notices it has ready (channel and payload), and ``poke`` says it has some;
+``flush`` sends a batch at once and says when it is committed (a step's last text goes
+out before its turn is stored).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
@@ -65,7 +69,9 @@ class Announcer:
         self._sources: list[Source] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._now = threading.Event()  # send without gathering (a flush, or the stop)
         self._stop = threading.Event()
+        self._flushes: list[Future[None]] = []  # resolved once the next batch is sent
         self._thread: threading.Thread | None = None
 
     def announce(self, run_ids: set[str]) -> None:
@@ -95,11 +101,25 @@ class Announcer:
                 self._thread = thread
         self._wake.set()
 
+    def flush(self) -> Future[None]:
+        """Send a batch now; the future is done once every notice its sources held when
+        asked is committed (or failed: those are dropped, as ever). Done at once on SQLite."""
+        done: Future[None] = Future()
+        if self._dsn is None:
+            done.set_result(None)
+            return done
+        with self._lock:
+            self._flushes.append(done)
+        self._now.set()
+        self.poke()
+        return done
+
     def stop(self) -> None:
         """Send what is queued and end the thread (the next ``announce`` starts one)."""
         with self._lock:
             self._stop.set()
             thread = self._thread
+        self._now.set()
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
@@ -109,13 +129,18 @@ class Announcer:
         try:
             while not self._stop.is_set():
                 if self._wake.wait(timeout=1.0):
-                    self._stop.wait(self._batch_s)  # gather the marks of a burst
+                    self._now.wait(self._batch_s)  # gather the marks of a burst
                     self._wake.clear()
+                    if not self._stop.is_set():
+                        self._now.clear()
                     conn = self._flush(dsn, conn)
             conn = self._flush(dsn, conn)  # what was queued when stopped (then closed below)
         finally:
             if conn is not None:
                 conn.close()
+            with self._lock:
+                flushes, self._flushes = self._flushes, []
+            resolve(flushes)  # asked as it stopped: nothing is left to send
 
     def _flush(
         self, dsn: str, conn: psycopg.Connection[Any] | None
@@ -128,19 +153,30 @@ class Announcer:
         with self._lock:
             runs, self._pending = self._pending, set()
             sources = list(self._sources)
-        batch = [notice for source in sources for notice in source()]
-        batch += [(EVENTS_CHANNEL, run_id) for run_id in sorted(runs)]
-        if not batch:
-            return conn
+            flushes, self._flushes = self._flushes, []  # asked before the sources are
         try:
-            if conn is None or conn.closed:
-                # Never prepared on the server: the notices may go through a transaction
-                # pooler (``store.pooling``), and one statement per batch parses cheaply.
-                conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
-            conn.execute(_SEND, ([c for c, _ in batch], [p for _, p in batch]))
-            return conn
-        except psycopg.Error as exc:
-            log.warning("event notices not sent: %s", exc, extra={"action": "announce_failed"})
-            if conn is not None:
-                conn.close()
-            return None
+            batch = [notice for source in sources for notice in source()]
+            batch += [(EVENTS_CHANNEL, run_id) for run_id in sorted(runs)]
+            if not batch:
+                return conn
+            try:
+                if conn is None or conn.closed:
+                    # Never prepared on the server: the notices may go through a transaction
+                    # pooler (``store.pooling``), and one statement per batch parses cheaply.
+                    conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
+                conn.execute(_SEND, ([c for c, _ in batch], [p for _, p in batch]))
+                return conn
+            except psycopg.Error as exc:
+                log.warning("event notices not sent: %s", exc, extra={"action": "announce_failed"})
+                if conn is not None:
+                    conn.close()
+                return None
+        finally:
+            resolve(flushes)
+
+
+def resolve(waiting: list[Future[None]]) -> None:
+    """Mark each of ``waiting`` done (from any thread); one whose waiter gave up is left."""
+    for done in waiting:
+        with contextlib.suppress(InvalidStateError):  # its waiter gave up (cancelled)
+            done.set_result(None)
