@@ -122,7 +122,9 @@ class Feed:
                 for delta in () if sub is None else sub.take():
                     if delta.step > stored:
                         yield delta
-                read, watcher.read = watcher.read, []
+                # What was read and whether that was the end, together: a round may read
+                # more (the end too) while this yields; the next turn of the loop gets it.
+                read, watcher.read, ended = watcher.read, [], watcher.ended
                 for event in read:
                     if event.kind == "model_turn":
                         step = int(event.data.get("step") or 0)
@@ -133,7 +135,7 @@ class Feed:
                                     yield delta
                         stored = max(stored, step)
                     yield event
-                if watcher.ended:
+                if ended:
                     return
         finally:
             if sub is not None:
