@@ -5,7 +5,7 @@ and on PostgreSQL from a worker in another process.
 What each watcher gets is checked against what was stored: a step's deltas follow each
 other from offset 0 without gap or overlap, all before that step's ``model_turn`` event
 (which every stored turn has, the final answer's too), and join into its text to the end:
-in one process and from a worker in another.
+in one process, from a worker in another, and for watchers that come one after another.
 """
 
 from __future__ import annotations
@@ -18,16 +18,18 @@ import agents
 import httpx
 import inprocess
 import processes
+import psycopg
 import pytest
 from httpx_sse import aconnect_sse
 from served import DANA, DEADLINE_S, serving
-from waiting import until
+from waiting import poll_until, until
 
 from tether import Engine, StopKind
 from tether._runtime.deltas import DeltaHub
 from tether.errors import InvalidInput
 from tether.models.base import Message, Model, ModelResponse, TextSink, ToolSpec, Usage
 from tether.results import Delta, LiveEvent
+from tether.store.listen import DELTAS_CHANNEL, Subscriber
 
 TEXTS = [turn["content"] for turn in agents.SCRIPTS["streamed"]]
 STEP_TEXTS = [turn["content"] for turn in agents.SCRIPTS["streamed_steps"]]
@@ -261,6 +263,27 @@ async def test_runs_watch_deltas_prints_the_text_as_it_comes(db_url: str, tmp_pa
     assert bool(pieces) is db_url.startswith("postgresql"), pieces
 
 
+async def test_watchers_one_after_another_each_get_their_run_s_text(pg_url: str) -> None:
+    """A watcher that connects as the one before it (of another run) hangs up, as a page
+    reloaded: the process's listener, let go of and wanted again before its thread looked,
+    listens on, and the new watcher's ask goes at once. The worker carries the runs one
+    after another; each watcher follows one and hangs up when it ends."""
+    engine = inprocess.engine(pg_url)
+    runs = [(await engine.start_run("dana", f"tell me ({i})")).id for i in range(3)]
+    env = processes.tether_env(pg_url, KIT_SCRIPT="streamed", KIT_STREAM_DELAY_S="0.05")
+    args = ("worker", "--exit-when-idle", "--no-reap", "--concurrency", "1")
+    carrying = asyncio.create_task(asyncio.to_thread(processes.tether, *args, env=env))
+    for i, run_id in enumerate(runs):
+        async with asyncio.timeout(DEADLINE_S):
+            seen = await _collect(engine, run_id, deltas=True)
+        check_texts(seen, TEXTS)
+        if i:  # the first run's first step may end before the worker heard its ask
+            assert {d.step for d in seen if isinstance(d, Delta)} == {1, 2}, i
+    done = await asyncio.wait_for(carrying, DEADLINE_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    engine.close()
+
+
 async def test_a_watching_process_has_a_step_s_text_to_its_end_once_it_looks(
     pg_url: str,
 ) -> None:
@@ -292,3 +315,23 @@ async def test_a_watching_process_has_a_step_s_text_to_its_end_once_it_looks(
         sub.close()
         carrier.quiet()
         watching.quiet()
+
+
+def test_a_listener_let_go_of_and_wanted_again_at_once_listens_on(pg_url: str) -> None:
+    heard: list[str] = []
+    listener = Subscriber(
+        pg_url,
+        on_notice=lambda _channel, payload: heard.append(payload),
+        on_connect=lambda: None,
+        on_tick=lambda: None,
+    )
+    listener.want(frozenset({DELTAS_CHANNEL}))
+    poll_until(lambda: listener.connected, what="the listener to listen")
+    listener.want(frozenset())  # the last watcher leaves...
+    listener.want(frozenset({DELTAS_CHANNEL}))  # ...and the next comes before the thread looks
+    poll_until(lambda: listener.connected, what="the listener to say it listens")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_notify(%s, 'hello')", (DELTAS_CHANNEL,))
+    poll_until(lambda: "hello" in heard, what="the notice")
+    listener.want(frozenset())
+    poll_until(lambda: listener._thread is None, what="the listener to stop")

@@ -244,7 +244,10 @@ class DeltaHub:
     def _listen(self) -> None:
         """Listen to what this process needs: asks while it carries steps (and for
         ``LINGER_S`` after: a worker listens on between them); deltas while it has
-        watchers."""
+        watchers. The channels are set under the lock, so two calls (a watcher arriving
+        as the listener's tick looks) cannot leave the older set in place; asks go at once
+        if the listener listens to them already (channels let go of and wanted again before
+        its thread saw it), else once it does (``_connected``)."""
         if self._subscriber is None:
             return
         with self._lock:
@@ -253,8 +256,8 @@ class DeltaHub:
                 channels.add(WATCH_CHANNEL)
             if any(run.watchers for run in self._runs.values()):
                 channels.add(DELTAS_CHANNEL)
+            self._subscriber.want(frozenset(channels))
             asks = bool(self._asks or self._keeps) and self._subscriber.connected
-        self._subscriber.want(frozenset(channels))
         if asks:
             self._announcer.poke()
 
