@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BATCH_S = 0.01  # how long the announcer gathers marks before it sends them
+# How soon a ``flush`` is sent: the flushes of this long (each step's end of the runs
+# watched elsewhere) share a batch rather than cut one short each.
+FLUSH_S = 0.005
 _KEY = "tether.announce"
 # Notices in the order given, in one transaction (so one commit however many).
 _SEND = "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[]) AS t(c, p)"
@@ -69,7 +73,7 @@ class Announcer:
         self._sources: list[Source] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._now = threading.Event()  # send without gathering (a flush, or the stop)
+        self._hurry = threading.Event()  # a flush: gather no longer than ``FLUSH_S``
         self._stop = threading.Event()
         self._flushes: list[Future[None]] = []  # resolved once the next batch is sent
         self._thread: threading.Thread | None = None
@@ -102,15 +106,16 @@ class Announcer:
         self._wake.set()
 
     def flush(self) -> Future[None]:
-        """Send a batch now; the future is done once every notice its sources held when
-        asked is committed (or failed: those are dropped, as ever). Done at once on SQLite."""
+        """Send a batch within ``FLUSH_S``; the future is done once every notice its sources
+        held when asked is committed (or failed: those are dropped, as ever). Done at once
+        on SQLite."""
         done: Future[None] = Future()
         if self._dsn is None:
             done.set_result(None)
             return done
         with self._lock:
             self._flushes.append(done)
-        self._now.set()
+        self._hurry.set()
         self.poke()
         return done
 
@@ -119,7 +124,7 @@ class Announcer:
         with self._lock:
             self._stop.set()
             thread = self._thread
-        self._now.set()
+        self._hurry.set()
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
@@ -129,10 +134,8 @@ class Announcer:
         try:
             while not self._stop.is_set():
                 if self._wake.wait(timeout=1.0):
-                    self._now.wait(self._batch_s)  # gather the marks of a burst
+                    self._gather()
                     self._wake.clear()
-                    if not self._stop.is_set():
-                        self._now.clear()
                     conn = self._flush(dsn, conn)
             conn = self._flush(dsn, conn)  # what was queued when stopped (then closed below)
         finally:
@@ -141,6 +144,14 @@ class Announcer:
             with self._lock:
                 flushes, self._flushes = self._flushes, []
             resolve(flushes)  # asked as it stopped: nothing is left to send
+
+    def _gather(self) -> None:
+        """Wait while the marks of a burst come: ``batch_s``, or ``FLUSH_S`` from a flush."""
+        end = time.monotonic() + self._batch_s
+        while not self._stop.is_set() and (left := end - time.monotonic()) > 0:
+            if self._hurry.wait(left):
+                self._hurry.clear()
+                end = min(end, time.monotonic() + FLUSH_S)
 
     def _flush(
         self, dsn: str, conn: psycopg.Connection[Any] | None
