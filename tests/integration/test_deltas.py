@@ -305,7 +305,7 @@ async def test_a_watching_process_has_a_step_s_text_to_its_end_once_it_looks(
             await until(taken, what="the watching hub's ask, then the text so far")
             for piece in pieces[1:]:
                 write(piece)
-        await sub.caught_up(1, "".join(pieces))
+        await sub.caught_up([(1, "".join(pieces))])
         text = ""
         for delta in taken():
             assert delta.step == 1 and delta.offset in (0, len(text)), delta

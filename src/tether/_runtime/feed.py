@@ -79,6 +79,11 @@ def _waker(woken: asyncio.Event) -> Callable[[], None]:
     return wake
 
 
+def _turn(event: LiveEvent) -> tuple[int, str]:
+    """A ``model_turn`` event's step and text."""
+    return int(event.data.get("step") or 0), str(event.data.get("text") or "")
+
+
 class Feed:
     """Reads the events of every run watched through one engine, in rounds; the reader and
     the listener run only while someone watches, on the watchers' event loop."""
@@ -119,22 +124,26 @@ class Feed:
                 watcher.woken.clear()
                 if watcher.failed is not None:
                     raise watcher.failed
-                for delta in () if sub is None else sub.take():
-                    if delta.step > stored:
-                        yield delta
                 # What was read and whether that was the end, together: a round may read
                 # more (the end too) while this yields; the next turn of the loop gets it.
                 read, watcher.read, ended = watcher.read, [], watcher.ended
+                held: list[Delta] = []
+                if sub is not None:
+                    turns = [_turn(e) for e in read if e.kind == "model_turn"]
+                    if turns:  # every delta of their steps first, to the end of its text
+                        await sub.caught_up(turns)
+                    held = sub.take()
                 for event in read:
                     if event.kind == "model_turn":
-                        step = int(event.data.get("step") or 0)
-                        if sub is not None:  # the step's deltas first, to its end
-                            await sub.caught_up(step, str(event.data.get("text") or ""))
-                            for delta in sub.take():
-                                if delta.step > stored:
-                                    yield delta
+                        step = _turn(event)[0]
+                        for delta in (d for d in held if stored < d.step <= step):
+                            yield delta
+                        held = [d for d in held if d.step > step]
                         stored = max(stored, step)
                     yield event
+                for delta in held:  # the step being generated
+                    if delta.step > stored:
+                        yield delta
                 if ended:
                     return
         finally:

@@ -160,22 +160,23 @@ class DeltaHub:
         self._listen()
         return sub
 
-    async def caught_up(self, sub: DeltaSubscription, step: int, text: str) -> None:
-        """Return once every delta of ``step`` of ``sub``'s run that reached PostgreSQL
-        before now is in ``sub``'s queue: the step's turn (its ``text``) is stored, and the
-        feed sends its ``model_turn`` next. At once when the step has no text or this
-        process holds it to its end (it carried the step, or the end marker came); else
-        once a notice of its own (a sync) came back on ``DELTAS_CHANNEL``: PostgreSQL hands
-        a listener notices in the order they were committed, and the carrying process
-        commits a step's text before its turn (``stream``), so the sync comes after it."""
-        if self._subscriber is None or not text:
+    async def caught_up(self, sub: DeltaSubscription, turns: list[tuple[int, str]]) -> None:
+        """Return once every delta of the steps of ``turns`` of ``sub``'s run that reached
+        PostgreSQL before now is in ``sub``'s queue: their turns (each step with its text)
+        are stored, and the feed sends their ``model_turn`` events next. At once when none
+        has text but one this process holds to its end (it carried the step, or the end
+        marker came); else once a notice of its own (a sync) came back on
+        ``DELTAS_CHANNEL``: PostgreSQL hands a listener notices in the order they were
+        committed, and the carrying process commits a step's text before its turn
+        (``stream``), so the sync comes after every delta of those steps."""
+        if self._subscriber is None:
             return
         with self._lock:
             run = self._runs.get(sub.run_id)
-            held = None if run is None else run.text
-            if held is not None and held.step == step and held.ended:
-                if held.length == len(text):
-                    return
+            held = None if run is None or run.text is None or not run.text.ended else run.text
+            ended = set() if held is None else {(held.step, held.length)}
+            if all(not text or (step, len(text)) in ended for step, text in turns):
+                return
             done: Future[None] = Future()
             self._syncs.append(done)
         self._announcer.poke()

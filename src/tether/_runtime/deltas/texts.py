@@ -101,10 +101,10 @@ class DeltaSubscription:
         self._signalled = False
         return taken
 
-    async def caught_up(self, step: int, text: str) -> None:
-        """Return once every delta of ``step`` (whose stored text is ``text``) sent before
-        now is queued here (``DeltaHub.caught_up``)."""
-        await self._hub.caught_up(self, step, text)
+    async def caught_up(self, turns: list[tuple[int, str]]) -> None:
+        """Return once every delta of the steps of ``turns`` (each step with its stored
+        text) sent before now is queued here (``DeltaHub.caught_up``)."""
+        await self._hub.caught_up(self, turns)
 
     def close(self) -> None:
         self._hub.unsubscribe(self)
