@@ -25,9 +25,11 @@ was written, so a watcher can tell each piece's lag.
    read again; its RSS after each tenth of the runs.
 
 Every watcher's deltas are checked: a step's deltas follow each other from offset 0
-without gap or overlap (a delta at 0 starts it again) and their text is that step's
-stored ``model_turn`` text (or the start of it: a step's last deltas are left out once its
-``model_turn`` reached the watcher). Figures are printed, never asserted.
+without gap or overlap (a delta at 0 starts it again), all before that step's
+``model_turn``, and their text is that event's text (a gap or a text that differs is an
+error). A step whose deltas were only the start of its text when its ``model_turn`` came
+(its last deltas had not come: reference §16 forbids it) is counted and printed with parts
+1 and 2. Figures are printed, never asserted.
 
 Run: .venv/bin/python benchmarks/deltas.py [--runs 300] [--watchers 100] [--repeat 3]
      [--pieces 20] [--delay 0.02] [--memory-runs 1000] [--only notify|rate|lag|memory]
@@ -46,7 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -119,6 +121,7 @@ def _watch_role(url: str, ids_file: str, watchers: int, out_file: str, deltas: b
     lags: list[float] = []
     texts: dict[str, dict[str, str]] = {}  # run -> step -> text from its deltas
     stored: dict[str, dict[str, str]] = {}  # run -> step -> model_turn text
+    at_turn: dict[str, dict[str, str]] = {}  # run -> step -> deltas' text at its model_turn
     problems: list[str] = []
 
     async def follow(k: int) -> None:
@@ -136,7 +139,10 @@ def _watch_role(url: str, ids_file: str, watchers: int, out_file: str, deltas: b
                         pieces = item.text.split(";")
                         lags.extend(now - float(p[:17]) for p in pieces if len(p) == 23)
                 elif item.kind == "model_turn":
-                    stored.setdefault(run_id, {})[str(item.data["step"])] = item.data["text"]
+                    step = str(item.data["step"])
+                    stored.setdefault(run_id, {})[step] = item.data["text"]
+                    if step in held:
+                        at_turn.setdefault(run_id, {})[step] = held[step]
 
     async def main() -> None:
         await asyncio.gather(*(follow(k) for k in range(watchers)))
@@ -144,19 +150,30 @@ def _watch_role(url: str, ids_file: str, watchers: int, out_file: str, deltas: b
     Path(out_file + ".ready").touch()
     asyncio.run(main())
     eng.close()
+    short = 0
     for run_id, steps in texts.items():
         for step, text in steps.items():
-            # Its last deltas are left out once its model_turn came (that holds it all).
-            if not stored.get(run_id, {}).get(step, "").startswith(text):
+            whole = stored.get(run_id, {}).get(step, "")
+            if not whole.startswith(text) or text != at_turn.get(run_id, {}).get(step):
                 problems.append(f"{run_id} step {step}: deltas differ from the stored text")
-    Path(out_file).write_text(json.dumps({"lags": lags, "problems": problems}))
+            elif text != whole:  # a delta after its model_turn is never sent: the tail came late
+                short += 1
+    count = sum(len(steps) for steps in texts.values())
+    found = {"lags": lags, "problems": problems, "short": short, "steps": count}
+    Path(out_file).write_text(json.dumps(found))
 
 
-def _round(
-    count: int, watchers: int, env: dict[str, str], *, deltas: bool = True
-) -> tuple[float, list[float], float, float]:
-    """(runs/s, lags, the workers' and the watchers' process's CPU seconds per run) on a
-    fresh database."""
+class Round(NamedTuple):
+    rate: float  # runs/s
+    lags: list[float]
+    cpu: float  # the workers' CPU seconds per run
+    watching: float  # the watchers' process's CPU seconds per run
+    short: int = 0  # steps whose deltas were not whole at their model_turn
+    steps: int = 0  # steps with deltas
+
+
+def _round(count: int, watchers: int, env: dict[str, str], *, deltas: bool = True) -> Round:
+    """One round on a fresh database."""
     name, url = throughput.fresh_database()
     try:
         eng = _engine(url)
@@ -173,7 +190,7 @@ def _round(
             cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / count
             rate, _ = throughput.carried(eng, count)
             lags: list[float] = []
-            watching = 0.0
+            watching, short, steps = 0.0, 0, 0
             if watcher is not None:
                 if watcher.wait(timeout=600) != 0:
                     raise RuntimeError("the watcher process failed")
@@ -182,9 +199,9 @@ def _round(
                 watched = json.loads(Path(out).read_text())
                 if watched["problems"]:
                     raise RuntimeError(f"deltas wrong: {watched['problems'][:5]}")
-                lags = watched["lags"]
+                lags, short, steps = watched["lags"], watched["short"], watched["steps"]
         eng.close()
-        return rate, lags, cpu, watching / count
+        return Round(rate, lags, cpu, watching / count, short, steps)
     finally:
         throughput.drop_database(name)
 
@@ -214,9 +231,12 @@ def rates(args: argparse.Namespace) -> None:
     found: dict[str, list[float]] = {label: [] for label, _, _, _ in setups}
     cpus: dict[str, list[float]] = {label: [] for label, _, _, _ in setups}
     watching: dict[str, list[float]] = {label: [] for label, _, _, _ in setups}
+    short, steps = 0, 0
     for i in range(args.repeat):
         for label, watchers, env, deltas in setups if i % 2 == 0 else setups[::-1]:
-            rate, _, cpu, other = _round(args.runs, watchers, env, deltas=deltas)
+            done = _round(args.runs, watchers, env, deltas=deltas)
+            rate, cpu, other = done.rate, done.cpu, done.watching
+            short, steps = short + done.short, steps + done.steps
             found[label].append(rate)
             cpus[label].append(cpu * 1000)
             watching[label].append(other * 1000)
@@ -244,17 +264,20 @@ def rates(args: argparse.Namespace) -> None:
             f"  {label}: {m_rate[key]:.1f} runs/s ({m_rate[key] / off:.3f}x off); CPU ms/run: "
             f"workers {m_cpu[key]:.1f}, watchers' process {m_other[key]:.1f}"
         )
+    print(f"  steps with deltas not whole at their model_turn: {short} of {steps}")
 
 
 def lag(args: argparse.Namespace) -> None:
     env = {"BENCH_PIECES": str(args.pieces), "BENCH_DELAY_S": str(args.delay)}
-    rate, lags, _, _ = _round(args.lag_runs, args.watchers, env)
-    median, p99 = _quantiles(lags)
+    found = _round(args.lag_runs, args.watchers, env)
+    median, p99 = _quantiles(found.lags)
     print(
         f"\n2. delta lag, {args.lag_runs} runs, pieces {args.delay * 1000:.0f} ms apart, "
-        f"{args.watchers} watchers in another process ({rate:.1f} runs/s)"
+        f"{args.watchers} watchers in another process ({found.rate:.1f} runs/s)"
     )
-    print(f"  median {median * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms over {len(lags)} pieces")
+    pieces = len(found.lags)
+    print(f"  median {median * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms over {pieces} pieces")
+    print(f"  steps with deltas not whole at their model_turn: {found.short} of {found.steps}")
 
 
 # -- 3. memory with stalled watchers -----------------------------------------------------------

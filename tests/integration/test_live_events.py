@@ -23,6 +23,7 @@ import processes
 import pytest
 from httpx_sse import aconnect_sse
 from served import DANA, DEADLINE_S, KEYS, serving
+from waiting import until
 
 from tether import Engine, StopKind
 from tether.errors import InvalidInput, NotFound
@@ -169,6 +170,24 @@ async def test_watch_follows_a_run_to_its_end_and_resumes_after_a_seq(db_url: st
     assert [(e.seq, e.kind) for e in events] == stored
     later = await _collect(engine, run.id, after=3)
     assert [(e.seq, e.kind) for e in later] == stored[3:]
+    engine.close()
+
+
+async def test_a_reader_busy_while_the_run_ends_still_gets_every_event(db_url: str) -> None:
+    """The reader holds its first event while the run goes to its end and the feed reads
+    the rest: the rest still comes (the watch ended on the end it had read, not on one read
+    meanwhile)."""
+    engine = inprocess.engine(db_url, script_name="answer")
+    run = await engine.start_run("dana", "do the thing")
+    watch = engine.watch(run.id)
+    first = await asyncio.wait_for(anext(watch), DEADLINE_S)
+    assert first.kind == "created"
+    assert (await engine.run_until_stop(run.id)).kind is StopKind.ANSWERED
+    await until(
+        lambda: any(w.ended for w in engine._feed._watchers), what="the feed to read the end"
+    )
+    rest = [event async for event in watch]
+    assert [(e.seq, e.kind) for e in [first, *rest]] == await _stored(engine, run.id)
     engine.close()
 
 

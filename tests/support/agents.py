@@ -169,6 +169,18 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         },
         {"content": "Here is the answer, written slowly: " + "all is well. " * 12},
     ],
+    # ten steps of text streamed (nine with a read, then the answer), each stored at once
+    # after its last piece: what a watcher in another process must get whole, in order.
+    "streamed_steps": [
+        *(
+            {
+                "content": f"Step {i}: let me look that up, a few letters at a time.",
+                "tool_calls": [call("lookup", query=f"q{i}")],
+            }
+            for i in range(1, 10)
+        ),
+        {"content": "Here is the answer: I can send you a quote today."},
+    ],
     # text streamed, then a confirmed send in the same turn: the run suspends once its
     # text is written (what the inbox's run page shows live).
     "streamed_send": [
@@ -182,7 +194,7 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
 
 # How the scripts of ``SCRIPTS`` named here stream their text: pieces of ``chunk_chars``
 # code points, one every ``KIT_STREAM_DELAY_S`` seconds (0.02 unless set).
-PACES: dict[str, int] = {"streamed": 4, "streamed_send": 4}
+PACES: dict[str, int] = {"streamed": 4, "streamed_steps": 4, "streamed_send": 4}
 
 
 def script(name: str | None = None) -> ScriptedModel:

@@ -16,26 +16,26 @@ def _spans(items: list[Delta]) -> list[tuple[int, int, str]]:
     return [(d.step, d.offset, d.text) for d in items]
 
 
-def test_a_watcher_gets_each_piece_after_the_one_before() -> None:
+async def test_a_watcher_gets_each_piece_after_the_one_before() -> None:
     hub = DeltaHub(None)
     woken: list[int] = []
     sub = hub.subscribe("r1", lambda: woken.append(1))
-    with hub.stream("r1", 1) as write:
+    async with hub.stream("r1", 1) as write:
         write("Hel")
         write("")  # an empty piece is no delta
         write("lo é")
     assert _spans(sub.take()) == [(1, 0, "Hel"), (1, 3, "lo é")]
     assert woken == [1]  # woken once until it read
-    with hub.stream("r1", 2) as write:
+    async with hub.stream("r1", 2) as write:
         write("next")
     assert _spans(sub.take()) == [(2, 0, "next")]
     sub.close()
     assert not hub._runs  # nothing kept for a run nobody watches and nobody carries
 
 
-def test_a_watcher_that_joins_mid_step_first_gets_the_text_so_far_at_offset_0() -> None:
+async def test_a_watcher_that_joins_mid_step_first_gets_the_text_so_far_at_offset_0() -> None:
     hub = DeltaHub(None)
-    with hub.stream("r1", 3) as write:
+    async with hub.stream("r1", 3) as write:
         write("one ")
         write("two ")
         late = hub.subscribe("r1", lambda: None)
@@ -46,22 +46,22 @@ def test_a_watcher_that_joins_mid_step_first_gets_the_text_so_far_at_offset_0() 
     after = hub.subscribe("r1", lambda: None)  # the step ended: its model_turn holds it
     assert after.take() == []
     empty = DeltaHub(None)
-    with empty.stream("r2", 1):
+    async with empty.stream("r2", 1):
         assert empty.subscribe("r2", lambda: None).take() == []  # no empty catch-up
 
 
-def test_a_repeated_model_call_of_a_step_starts_again_at_offset_0() -> None:
+async def test_a_repeated_model_call_of_a_step_starts_again_at_offset_0() -> None:
     hub = DeltaHub(None)
     sub = hub.subscribe("r1", lambda: None)
-    with hub.stream("r1", 1) as write:
+    async with hub.stream("r1", 1) as write:
         write("first try")
-    with hub.stream("r1", 1) as write:  # the step's call again (a retry)
+    async with hub.stream("r1", 1) as write:  # the step's call again (a retry)
         write("second")
         write(" try")
     assert _spans(sub.take()) == [(1, 0, "first try"), (1, 0, "second"), (1, 6, " try")]
 
 
-def test_a_watcher_that_does_not_read_is_dropped_to_a_catch_up(
+async def test_a_watcher_that_does_not_read_is_dropped_to_a_catch_up(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(texts, "MAX_QUEUED_CHARS", 100)
@@ -69,7 +69,7 @@ def test_a_watcher_that_does_not_read_is_dropped_to_a_catch_up(
     stalled = hub.subscribe("r1", lambda: None)
     reader = hub.subscribe("r1", lambda: None)
     pieces = [f"{i:04d}" for i in range(5000)]
-    with hub.stream("r1", 1) as write:
+    async with hub.stream("r1", 1) as write:
         for i, piece in enumerate(pieces):
             write(piece)
             if i % 10 == 0:
@@ -79,9 +79,28 @@ def test_a_watcher_that_does_not_read_is_dropped_to_a_catch_up(
     whole = "".join(pieces)
     assert _spans(caught) == [(1, 0, whole)]
     assert caught[0].catch_up and caught[0].dropped
-    with hub.stream("r1", 2) as write:
+    async with hub.stream("r1", 2) as write:
         write("on")
     assert _spans(stalled.take()) == [(2, 0, "on")]  # back to deltas once it read
+
+
+async def test_a_watcher_dropped_as_the_step_ends_still_gets_its_whole_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The end of a step's text does not end a dropped watcher's catch-up: its
+    ``model_turn`` comes next, and every delta of the step must come before it."""
+    monkeypatch.setattr(texts, "MAX_QUEUED_CHARS", 10)
+    hub = DeltaHub(None)
+    stalled = hub.subscribe("r1", lambda: None)
+    async with hub.stream("r1", 1) as write:
+        write("a quote ")
+        write("for you today.")  # past the bound: dropped
+    caught = stalled.take()
+    assert _spans(caught) == [(1, 0, "a quote for you today.")]
+    assert caught[0].catch_up and caught[0].dropped
+    assert stalled.take() == []  # once
+    late = hub.subscribe("r1", lambda: None)  # never dropped: the model_turn holds it
+    assert late.take() == []
 
 
 def _notice(run: str, step: int, gen: str, offset: int, text: str) -> str:
@@ -108,9 +127,11 @@ def test_text_from_another_process_is_trimmed_to_what_follows_and_a_gap_asks_aga
     assert "r2" not in hub._runs
 
 
-def test_a_step_watched_elsewhere_is_sent_once_asked_and_again_from_0_when_asked_again() -> None:
+async def test_a_step_watched_elsewhere_is_sent_once_asked_and_again_from_0_when_asked_again() -> (
+    None
+):
     hub = DeltaHub(None)
-    with hub.stream("r1", 1) as write:
+    async with hub.stream("r1", 1) as write:
         write("not asked for")
         assert hub._notices() == []  # nobody asked: nothing is sent
         hub._asked("r1")
@@ -142,12 +163,12 @@ def test_a_long_text_is_split_into_notices_postgresql_accepts() -> None:
     assert [p.get("e") for p in parts] == [None] * (len(parts) - 1) + [1]  # the end, last
 
 
-def test_an_ask_to_keep_the_text_coming_sends_only_what_is_new() -> None:
+async def test_an_ask_to_keep_the_text_coming_sends_only_what_is_new() -> None:
     """A watching process asks again every ``INTEREST_S`` to keep a run's text coming: the
     carrying process goes on from where it was, and sends it all again only to a first
     ask (or a keep once the interest had lapsed)."""
     hub = DeltaHub(None)
-    with hub.stream("r1", 1) as write:
+    async with hub.stream("r1", 1) as write:
         write("so far")
         hub._asked("r1", keep=True)  # nothing was sent yet: a keep is a first ask
         first = hub._notices()

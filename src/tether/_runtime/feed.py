@@ -79,6 +79,11 @@ def _waker(woken: asyncio.Event) -> Callable[[], None]:
     return wake
 
 
+def _turn(event: LiveEvent) -> tuple[int, str]:
+    """A ``model_turn`` event's step and text."""
+    return int(event.data.get("step") or 0), str(event.data.get("text") or "")
+
+
 class Feed:
     """Reads the events of every run watched through one engine, in rounds; the reader and
     the listener run only while someone watches, on the watchers' event loop."""
@@ -103,8 +108,10 @@ class Feed:
     ) -> AsyncIterator[LiveEvent | Delta]:
         """The run's events after SEQ ``after``, as they are stored, until the run is in a
         terminal state (or gone). The caller has checked the run and ``after``. With a hub
-        of ``deltas``, the text of the step being generated too (reference §16): a delta of
-        a step whose ``model_turn`` it has yielded is left out (that event holds it all)."""
+        of ``deltas``, the text of the step being generated too (reference §16): before a
+        ``model_turn``, every delta of its step written before it (``caught_up``: from
+        another process too), so a delta of a step whose ``model_turn`` it has yielded is
+        left out (none is missing: that event holds it all)."""
         watcher = _Watcher(run_id=run_id, seq=after, skip=after)
         self._watchers.add(watcher)
         self._of_run.setdefault(run_id, set()).add(watcher)
@@ -117,15 +124,27 @@ class Feed:
                 watcher.woken.clear()
                 if watcher.failed is not None:
                     raise watcher.failed
-                for delta in () if sub is None else sub.take():
-                    if delta.step > stored:
-                        yield delta
-                read, watcher.read = watcher.read, []
+                # What was read and whether that was the end, together: a round may read
+                # more (the end too) while this yields; the next turn of the loop gets it.
+                read, watcher.read, ended = watcher.read, [], watcher.ended
+                held: list[Delta] = []
+                if sub is not None:
+                    turns = [_turn(e) for e in read if e.kind == "model_turn"]
+                    if turns:  # every delta of their steps first, to the end of its text
+                        await sub.caught_up(turns)
+                    held = sub.take()
                 for event in read:
                     if event.kind == "model_turn":
-                        stored = max(stored, int(event.data.get("step") or 0))
+                        step = _turn(event)[0]
+                        for delta in (d for d in held if stored < d.step <= step):
+                            yield delta
+                        held = [d for d in held if d.step > step]
+                        stored = max(stored, step)
                     yield event
-                if watcher.ended:
+                for delta in held:  # the step being generated
+                    if delta.step > stored:
+                        yield delta
+                if ended:
                     return
         finally:
             if sub is not None:

@@ -182,7 +182,7 @@ async def _streamed(session: RunSession) -> ModelResponse:
     tools = list(services.agent.tool_specs)
     if services.deltas is None:
         return await services.model.request(messages, tools)
-    with services.deltas.stream(session.run.id, session.step + 1) as on_text:
+    async with services.deltas.stream(session.run.id, session.step + 1) as on_text:
         return await services.model.stream(messages, tools, on_text)
 
 

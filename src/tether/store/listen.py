@@ -104,15 +104,22 @@ class Subscriber:
         self._on_connect = on_connect
         self._on_tick = on_tick
         self._wanted: frozenset[str] = frozenset()
+        self._listening: frozenset[str] = frozenset()  # on the thread's connection now
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self.connected = False  # listening to every wanted channel
+
+    @property
+    def connected(self) -> bool:
+        """Whether every wanted channel is listened to now (a notice sent from now on on
+        any of them comes back here). It follows the thread's connection, not the last
+        ``want``: channels let go of and wanted again before the thread saw it were never
+        unlistened."""
+        with self._lock:
+            return bool(self._wanted) and self._wanted <= self._listening
 
     def want(self, channels: frozenset[str]) -> None:
         """Listen to ``channels`` from now on (within about ``TICK_S``)."""
         with self._lock:
-            if channels != self._wanted:
-                self.connected = self.connected and channels <= self._wanted
             self._wanted = channels
             if channels and (self._thread is None or not self._thread.is_alive()):
                 self._thread = threading.Thread(
@@ -130,12 +137,13 @@ class Subscriber:
                         return
             except psycopg.Error as exc:
                 with self._lock:
+                    self._listening = frozenset()
                     if not self._wanted:  # let go of meanwhile (its database may be gone)
                         self._thread = None
-                        self.connected = False
                         return
                 log.warning("subscriber lost: %s", exc, extra={"action": "listen_lost"})
-            self.connected = False
+            with self._lock:
+                self._listening = frozenset()
             time.sleep(self.RELISTEN_S)
             self._on_tick()  # its owner may no longer want anything: then it stops here
             with self._lock:
@@ -153,7 +161,7 @@ class Subscriber:
                 wanted = self._wanted
                 if not wanted:
                     self._thread = None
-                    self.connected = False
+                    self._listening = frozenset()
                     return False
             if wanted != listening:
                 for channel in sorted(listening - wanted):
@@ -162,7 +170,8 @@ class Subscriber:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                 added = bool(wanted - listening)
                 listening = wanted
-                self.connected = True
+                with self._lock:
+                    self._listening = listening
                 if added:
                     self._on_connect()
             for notice in conn.notifies(timeout=TICK_S, stop_after=1):

@@ -19,6 +19,14 @@ On PostgreSQL, other processes' watchers get notices, on connections of their ow
 - a run nobody asked for sends nothing: with no watchers a piece costs one append.
 A receiving process forwards only text that follows what its watchers hold (a repeat is
 trimmed, a gap asks again). On SQLite only watchers in the carrying process get deltas.
+
+Every delta of a step comes before its ``model_turn`` event (reference §16), across
+processes too, by two commitments: the carrying process stores a step's turn only once the
+step's text, to its end marker, is committed as notices (``stream`` waits for that batch);
+and a watching process that reads a ``model_turn`` whose step's text it does not hold to its
+end sends a notice of its own (a *sync*) on ``DELTAS_CHANNEL`` and sends the event once that
+notice came back (``caught_up``). PostgreSQL hands each listener notices in the order their
+transactions committed, so every delta committed before the turn has come by then.
 """
 
 from tether._runtime.deltas.hub import DeltaHub, hub_for, release

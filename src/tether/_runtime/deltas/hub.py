@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 
 from tether._runtime.deltas.texts import (
     DeltaSubscription,
@@ -20,8 +23,10 @@ from tether._runtime.deltas.texts import (
 )
 from tether.results import Delta
 from tether.store import Store
-from tether.store.announce import Announcer
+from tether.store.announce import Announcer, resolve
 from tether.store.listen import DELTAS_CHANNEL, WATCH_CHANNEL, Subscriber
+
+log = logging.getLogger(__name__)
 
 INTEREST_S = 2.0  # a watching process asks again for its runs this often
 INTEREST_TTL_S = 3 * INTEREST_S + 1.0  # a carrying process sends a run's text this long after
@@ -32,6 +37,10 @@ _KEEP = "~"  # an ask to keep a run's text coming, not to send it again from 0
 # notices for all): fewer notices for PostgreSQL to wake its listeners with, for about 6 ms
 # more lag at the median than 10 ms (p99 28 ms with 100 watchers, ``benchmarks/deltas.py``).
 BATCH_S = 0.025
+# How long a step's turn waits for its last text to be committed as notices, and a
+# watcher's ``model_turn`` for the deltas before it (both are one round trip unless
+# PostgreSQL or the connection is in trouble: then the stream goes on without them).
+SEND_S = SYNC_S = 5.0
 
 
 class DeltaHub:
@@ -47,6 +56,8 @@ class DeltaHub:
         self._asks: set[str] = set()  # runs to ask for, their text so far too
         self._keeps: set[str] = set()  # runs to ask for again, only what is new
         self._asked_at = 0.0
+        self._syncs: list[Future[None]] = []  # watchers' barriers, their notice not yet sent
+        self._synced: dict[str, list[Future[None]]] = {}  # sent: its token → its waiters
         self._streaming = 0  # model calls of this process in flight
         self._streamed_at = -LINGER_S  # when the last one ended
         self.holders = 0  # engines of this process using it (``hub_for``)
@@ -63,10 +74,13 @@ class DeltaHub:
 
     # -- the carrying process --------------------------------------------------------------
 
-    @contextmanager
-    def stream(self, run_id: str, step: int) -> Iterator[Callable[[str], None]]:
+    @contextlib.asynccontextmanager
+    async def stream(self, run_id: str, step: int) -> AsyncIterator[Callable[[str], None]]:
         """A model call of ``run_id``'s step ``step``: hand its text, piece by piece, to the
-        callable; the call has ended when the block does."""
+        callable; the call has ended when the block does. A block that ends normally (its
+        turn is stored next) returns once the step's text, to its end, is committed as
+        notices for the processes watching the run, so it precedes the turn's event there
+        (``caught_up``); a run nobody watches elsewhere returns at once."""
         text = Text(step=step, gen=secrets.token_hex(4))
         local = Local(text)
         with self._lock:
@@ -99,18 +113,25 @@ class DeltaHub:
         try:
             yield write
         finally:
-            with self._lock:
-                self._streaming -= 1
-                self._streamed_at = time.monotonic()
-                text.ended = True
-                wanted = bool(text.length) and self._wanted.get(run_id, 0.0) > time.monotonic()
-                if wanted:
-                    self._dirty.add(run_id)  # what is unsent, then its end marker
-                elif run.local is local:
-                    run.local = None
-                    self._prune(run_id)
+            sending = self._ended(run, local)
+        if sending is not None:
+            await _within(sending, SEND_S, "a step's last text sent")
+
+    def _ended(self, run: RunTexts, local: Local) -> Future[None] | None:
+        """The model call of ``local`` ended: its text, if watched elsewhere, is sent (what
+        is unsent, then its end marker) in a batch now, done when the future is."""
+        with self._lock:
+            self._streaming -= 1
+            self._streamed_at = time.monotonic()
+            local.text.ended = True
+            now = time.monotonic()
+            wanted = bool(local.text.length) and self._wanted.get(run.run_id, 0.0) > now
             if wanted:
-                self._announcer.poke()
+                self._dirty.add(run.run_id)
+            elif run.local is local:
+                run.local = None
+                self._prune(run.run_id)
+        return self._announcer.flush() if wanted else None
 
     def quiet(self) -> None:
         """Stop listening and sending (both start again on next use)."""
@@ -138,6 +159,28 @@ class DeltaHub:
                 (self._keeps if live else self._asks).add(run_id)
         self._listen()
         return sub
+
+    async def caught_up(self, sub: DeltaSubscription, turns: list[tuple[int, str]]) -> None:
+        """Return once every delta of the steps of ``turns`` of ``sub``'s run that reached
+        PostgreSQL before now is in ``sub``'s queue: their turns (each step with its text)
+        are stored, and the feed sends their ``model_turn`` events next. At once when none
+        has text but one this process holds to its end (it carried the step, or the end
+        marker came); else once a notice of its own (a sync) came back on
+        ``DELTAS_CHANNEL``: PostgreSQL hands a listener notices in the order they were
+        committed, and the carrying process commits a step's text before its turn
+        (``stream``), so the sync comes after every delta of those steps."""
+        if self._subscriber is None:
+            return
+        with self._lock:
+            run = self._runs.get(sub.run_id)
+            held = None if run is None or run.text is None or not run.text.ended else run.text
+            ended = set() if held is None else {(held.step, held.length)}
+            if all(not text or (step, len(text)) in ended for step, text in turns):
+                return
+            done: Future[None] = Future()
+            self._syncs.append(done)
+        self._announcer.poke()
+        await _within(done, SYNC_S, "the deltas before a model_turn")
 
     def unsubscribe(self, sub: DeltaSubscription) -> None:
         with self._lock:
@@ -202,7 +245,10 @@ class DeltaHub:
     def _listen(self) -> None:
         """Listen to what this process needs: asks while it carries steps (and for
         ``LINGER_S`` after: a worker listens on between them); deltas while it has
-        watchers."""
+        watchers. The channels are set under the lock, so two calls (a watcher arriving
+        as the listener's tick looks) cannot leave the older set in place; asks go at once
+        if the listener listens to them already (channels let go of and wanted again before
+        its thread saw it), else once it does (``_connected``)."""
         if self._subscriber is None:
             return
         with self._lock:
@@ -211,8 +257,8 @@ class DeltaHub:
                 channels.add(WATCH_CHANNEL)
             if any(run.watchers for run in self._runs.values()):
                 channels.add(DELTAS_CHANNEL)
+            self._subscriber.want(frozenset(channels))
             asks = bool(self._asks or self._keeps) and self._subscriber.connected
-        self._subscriber.want(frozenset(channels))
         if asks:
             self._announcer.poke()
 
@@ -248,6 +294,11 @@ class DeltaHub:
             if data.get("roll"):  # a process that carries steps began to listen
                 self._ask_all(resend=True)
                 return
+            if "sync" in data:  # every notice committed before it has come
+                with self._lock:
+                    waiting = self._synced.pop(str(data["sync"]), [])
+                resolve(waiting)
+                return
             run_id, step, gen = str(data["r"]), int(data["s"]), str(data["g"])
         except (ValueError, KeyError, TypeError, AttributeError):
             return  # not ours
@@ -270,6 +321,9 @@ class DeltaHub:
         watching process ask again (a roll call on ``DELTAS_CHANNEL``)."""
         with self._lock:
             self._roll_call = self._carrying()
+            for waiting in self._synced.values():  # their syncs may have come unheard
+                self._syncs += waiting
+            self._synced.clear()
         self._ask_all(resend=True)
         self._announcer.poke()
 
@@ -310,12 +364,24 @@ class DeltaHub:
                 if self._roll_call:
                     self._roll_call = False
                     notices.append((DELTAS_CHANNEL, _ROLL_CALL))
+                notices += self._sync()
             for run_id in sorted(self._dirty):
                 run = self._runs.get(run_id)
                 if run is not None and run.local is not None:
                     notices += self._unsent(run_id, run)
             self._dirty.clear()
             return notices
+
+    def _sync(self) -> list[tuple[str, str]]:
+        """The notice of the barriers asked since the last batch (one for all of them)."""
+        self._synced = {t: w for t, w in self._synced.items() if not all(f.done() for f in w)}
+        waiting = [f for f in self._syncs if not f.done()]  # those given up are dropped
+        self._syncs = []
+        if not waiting:
+            return []
+        token = secrets.token_hex(8)
+        self._synced[token] = waiting
+        return [(DELTAS_CHANNEL, json.dumps({"sync": token}))]
 
     def _unsent(self, run_id: str, run: RunTexts) -> list[tuple[str, str]]:
         """What of the run's local step is not yet sent; its end marker once it ended."""
@@ -333,6 +399,15 @@ class DeltaHub:
             run.local = None
             self._prune(run_id)
         return [(DELTAS_CHANNEL, p) for p in sent]
+
+
+async def _within(done: Future[None], timeout: float, what: str) -> None:
+    """Wait for ``done`` (resolved on another thread), at most ``timeout`` seconds: the
+    stream goes on without ``what`` then (the stored turn still holds the whole text)."""
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(done), timeout)
+    except TimeoutError:
+        log.warning("deltas: gave up waiting for %s", what, extra={"action": "deltas_late"})
 
 
 _HUBS: dict[str, DeltaHub] = {}

@@ -35,8 +35,10 @@ class Text:
         return "".join(self.parts)
 
     def so_far(self, run_id: str, *, dropped: bool = False) -> Delta | None:
-        """The text so far as a catch-up at 0 while the call goes on (never an empty one)."""
-        if self.ended or not self.length:
+        """The text so far as a catch-up at 0 while the call goes on (never an empty one);
+        for a watcher that was ``dropped``, also once it ended (its end had not reached it:
+        the feed leaves it out if that step's ``model_turn`` was sent already)."""
+        if (self.ended and not dropped) or not self.length:
             return None
         return Delta(
             run_id=run_id,
@@ -98,6 +100,11 @@ class DeltaSubscription:
         self._chars = 0
         self._signalled = False
         return taken
+
+    async def caught_up(self, turns: list[tuple[int, str]]) -> None:
+        """Return once every delta of the steps of ``turns`` (each step with its stored
+        text) sent before now is queued here (``DeltaHub.caught_up``)."""
+        await self._hub.caught_up(self, turns)
 
     def close(self) -> None:
         self._hub.unsubscribe(self)
