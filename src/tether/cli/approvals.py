@@ -10,14 +10,16 @@ import json
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.text import Text
 
 from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, out, say_error
 from tether.errors import InvalidInput, TetherError, UnknownOrExpired
 from tether.telemetry.logs import configure
+from tether.visible import has_hidden, segments
 
 if TYPE_CHECKING:
     from tether.engine import Engine
-    from tether.runs import Run
+    from tether.runs import Pending, Run
 
 approvals_app = typer.Typer(
     help="Find the pending requests and preview them.", no_args_is_help=True
@@ -41,40 +43,69 @@ def approvals_list(
     ] = False,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Pending requests inside their window, soonest expiry first, one row per undecided
-    call of a run's turn: every open request (the operator's view), or with ``--as`` those
-    USER may decide. Each is decided with ``tether approve --run RUN_ID --call ID``
-    (``--offset`` and ``--limit`` count runs)."""
+    """Pending requests inside their window, soonest expiry first, one per undecided call
+    of a run's turn: every open request (the operator's view), or with ``--as`` those USER
+    may decide, by each owner's scope now (the agent's lifespan runs for it: the demo's
+    starts its sandbox). Each shows the run's question and the call's tool and preview, and
+    is decided with ``tether approve --run RUN_ID --call ID`` (``--offset`` and ``--limit``
+    count runs)."""
     configure("WARNING")
-    from rich.table import Table
-
     from tether.cli.wiring import on_engine
-    from tether.runs import iso, request_to_json
+    from tether.runs import request_to_json
 
     def listed(engine: Engine) -> Any:
         if as_user is None:
             return engine.open_approvals(limit=limit, offset=offset)
         return engine.pending_approvals(as_user, limit=limit, offset=offset)
 
-    found = on_engine(agent, listed)
+    # Whose requests ``--as`` may see is a question for each owner's scope, which the agent
+    # answers inside its lifespan (the demo asks its CRM): as ``approve`` does.
+    found = on_engine(agent, listed, serve_agent=as_user is not None)
     # One request per undecided call of each run's turn (reference §15).
     requests = [(run, call) for run in found for call in run.undecided_calls()]
     if as_json:
         items = [request_to_json(run, call=call) for run, call in requests]
         emit({"items": items, "more": found.more, "offset": found.offset})
         return
-    table = Table("user", "tool", "expires")
-    table.add_column("run", no_wrap=True)  # ids are never cut: they are typed back
-    table.add_column("tool call id", no_wrap=True)
-    for run, call in requests:
-        expires = iso(run.expires_at) or ""
-        table.add_row(run.user_id, call.tool, expires, run.id, call.tool_call_id)
-    if requests:
-        out.print(table)
-    else:
+    if not requests:
         out.print("Nothing is waiting for a decision.")
+    for run, call in requests:
+        out.print(described(run, call), soft_wrap=True, highlight=False)
+    if requests:
+        out.print("Decide one with: tether approve --run RUN --call CALL", highlight=False)
     if found.more:
         out.print(f"{found.more} more: --offset {found.next_offset}")
+
+
+def described(run: Run, call: Pending) -> Text:
+    """One request as a person reads it before deciding: whose run and until when, the
+    run's question, the tool and what it would do (its preview, else its arguments), with
+    the ids to decide it by. Hidden characters are shown escaped and flagged
+    (``tether.visible``), so what is read is what is approved."""
+    from tether.runs import iso
+
+    shown = call.preview if call.preview is not None else call.arguments
+    label = "preview" if call.preview is not None else "arguments"
+    text = Text()
+    _visible(text, f"run {run.id}  call {call.tool_call_id}", style="bold")
+    _visible(text, f"  {run.user_id}  expires {iso(run.expires_at) or '-'}\n")
+    for name, value in (
+        ("question", run.question),
+        ("tool", call.tool),
+        (label, json.dumps(shown, ensure_ascii=False)),
+    ):
+        text.append(f"  {name:<9} ")
+        _visible(text, value.replace("\n", "\n            "))
+        text.append("\n")
+    if has_hidden([run.question, call.tool, call.tool_call_id, run.user_id, shown]):
+        text.append("  ! hidden characters are shown escaped, as \\uXXXX\n", style="yellow")
+    return text
+
+
+def _visible(text: Text, value: str, style: str = "") -> None:
+    """``value`` appended to ``text``, each hidden character as its escape in reverse video."""
+    for piece, hidden in segments(value):
+        text.append(piece, style="reverse yellow" if hidden else style)
 
 
 @approvals_app.command("preview")
