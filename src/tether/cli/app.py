@@ -15,10 +15,17 @@ import typer
 from tether.cli.approvals import approvals_app
 from tether.cli.runs import runs_app
 from tether.cli.schedules import schedules_app
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, named, out, say_error
+from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, named, out, say_error, unreachable
 from tether.cli.threads import ask, threads_app
 from tether.cli.users import users_app
-from tether.errors import FourEyes, InvalidInput, TetherError, UnknownOrExpired
+from tether.errors import (
+    DatabaseMisconfigured,
+    DatabaseUnavailable,
+    FourEyes,
+    InvalidInput,
+    TetherError,
+    UnknownOrExpired,
+)
 from tether.telemetry.logs import configure
 
 if TYPE_CHECKING:
@@ -45,6 +52,12 @@ def main() -> None:
     """Entry point: run the CLI, turning tether's errors into a message and exit 1."""
     try:
         app()
+    except DatabaseMisconfigured as exc:  # it names the database and what to change
+        say_error("error", exc.code, exc.message)
+        sys.exit(1)
+    except DatabaseUnavailable as exc:
+        say_error("error", exc.code, unreachable(exc))
+        sys.exit(1)
     except TetherError as exc:
         say_error("error", exc.code, exc.message)
         sys.exit(1)
@@ -121,7 +134,7 @@ def reap(agent: AgentOpt = DEFAULT_AGENT) -> None:
     configure("WARNING")
     from tether.cli.wiring import on_engine
 
-    report = on_engine(agent, lambda engine: engine.reap(), serve_agent=True)
+    report = on_engine(agent, lambda engine: engine.reap(), serve_agent=True, interactive=False)
     emit(report.to_json())
 
 
@@ -249,24 +262,9 @@ def migrate(agent: AgentOpt = DEFAULT_AGENT) -> None:
     """Apply the database migrations (TETHER_DATABASE_URL) and make sure the agent's
     published users (the demo's dana and miguel) exist with their keys."""
     configure("WARNING")
-    import asyncio
+    from tether.cli.wiring import migrate_database
 
-    from tether.agent import load_agent
-    from tether.cli.wiring import pick_model
-    from tether.config import Settings
-    from tether.engine import Engine
-
-    async def go() -> None:
-        settings = Settings.from_env()
-        loaded = load_agent(agent, settings)
-        model = pick_model(loaded, settings, required=False)
-        engine = Engine(agent=loaded, model=model, settings=settings)
-        try:
-            await engine.migrate()
-        finally:
-            await engine.aclose()
-
-    asyncio.run(go())
+    migrate_database(agent)
     out.print("[green]migrated[/green]")
 
 

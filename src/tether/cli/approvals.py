@@ -13,7 +13,7 @@ import typer
 from rich.text import Text
 
 from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, out, say_error
-from tether.errors import InvalidInput, TetherError, UnknownOrExpired
+from tether.errors import DatabaseUnavailable, InvalidInput, TetherError, UnknownOrExpired
 from tether.telemetry.logs import configure
 from tether.visible import has_hidden, segments
 
@@ -178,7 +178,10 @@ def only_undecided(run: Run) -> str | None:
 
 
 def finish(answer: dict[str, Any] | TetherError) -> None:
-    """Print a decision's or a preview's answer; exit 1 with the code when refused."""
+    """Print a decision's or a preview's answer; exit 1 with the code when refused (a
+    database that cannot be reached is not a refusal: ``main`` says where it is)."""
+    if isinstance(answer, DatabaseUnavailable):
+        raise answer
     if isinstance(answer, TetherError):
         say_error("refused", answer.code, answer.message)
         emit(answer.to_dict())

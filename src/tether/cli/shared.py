@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from tether.errors import DatabaseUnavailable
+
 DEFAULT_AGENT = "tether.demo.agent:build_agent"
 
 
@@ -58,3 +60,40 @@ def named(spec: str) -> Any:
     only names (like its default ``--agent``)."""
     module, _, attr = spec.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def unreachable(exc: DatabaseUnavailable) -> str:
+    """The one line a command prints for a database it could not reach: where it is
+    (``HOST:PORT``, never the URL's password; a SQLite file), the driver's words for why,
+    and what the store said (whether anything was changed)."""
+    return f"cannot reach the database at {_address()} ({_reason(exc)}): {exc.message}"
+
+
+def _address() -> str:
+    from urllib.parse import parse_qs, urlsplit
+
+    from tether.config import DEFAULT_DATABASE_URL
+
+    url = os.environ.get("TETHER_DATABASE_URL") or DEFAULT_DATABASE_URL
+    if url.startswith("sqlite:///"):
+        return url.removeprefix("sqlite:///").partition("?")[0] or ":memory:"
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or 5432
+    except ValueError:  # never echo the URL: it may hold a password
+        return "TETHER_DATABASE_URL"
+    if host is None:  # a Unix socket: its folder is the URL's ?host=, else libpq's default
+        folder = parse_qs(parts.query).get("host", ["the default socket folder"])[0]
+        return f"{folder} (port {port})"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's words, in short: the last clause of the first line of the error under
+    ``exc`` (``Connection refused``, ``connection timeout expired``, ``database is locked``)."""
+    cause: BaseException = exc
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    lines = str(cause).strip().splitlines()
+    said = lines[0].rpartition("failed: ")[2].strip() if lines else ""
+    return said or type(cause).__name__

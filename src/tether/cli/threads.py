@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, out, say_error
-from tether.errors import InvalidInput, TetherError
+from tether.errors import DatabaseUnavailable, InvalidInput, TetherError
 from tether.telemetry.logs import configure
 
 if TYPE_CHECKING:
@@ -26,7 +26,10 @@ OwnerOpt = Annotated[
 
 def _refused(exc: TetherError) -> NoReturn:
     """Say why on standard error (with the run a busy thread waits on), print the error
-    body on standard output, exit 1."""
+    body on standard output, exit 1. A database that cannot be reached is not a refusal:
+    ``main`` says where it is."""
+    if isinstance(exc, DatabaseUnavailable):
+        raise exc
     waits_on = exc.details.get("run_id")
     said = f"{exc.message} (it waits on run {waits_on})" if waits_on else exc.message
     say_error("error", exc.code, said)
