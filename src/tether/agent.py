@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import traceback
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from tether.compaction import Compaction
-from tether.errors import ConfigError
+from tether.errors import ConfigError, TetherError
 from tether.messages import canonical_json
 from tether.models.base import Model, ToolSpec
 from tether.output import check_output_type, instruction
@@ -154,14 +155,37 @@ def load_agent(spec: str, settings: Settings | None = None) -> Agent:
         raise ConfigError(f"--agent must be MODULE:ATTR, got {spec!r}")
     try:
         value = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load agent {spec!r}: {exc}") from exc
+    except TetherError:
+        raise
+    except Exception as exc:  # a syntax error, a failing import: where, and the message
+        raise ConfigError(f"cannot load agent {spec!r}: {_failure(exc)}") from exc
     agent = value
     if callable(value) and not isinstance(value, Agent):
-        agent = value(settings) if _takes_one_argument(value, settings) else value()
+        try:
+            agent = value(settings) if _takes_one_argument(value, settings) else value()
+        except TetherError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"the agent factory {spec!r} failed: {_failure(exc)}") from exc
     if not isinstance(agent, Agent):
         raise ConfigError(f"{spec!r} is not a tether Agent")
     return agent
+
+
+def _failure(exc: Exception) -> str:
+    """An error met loading an agent, in one line: the exception's message and the file
+    and line it points at (a syntax error's own, else the deepest frame of its traceback
+    outside the import machinery), never the traceback and its frames' variables."""
+    if isinstance(exc, SyntaxError):
+        return f"{exc.msg} ({exc.filename}, line {exc.lineno})"
+    said = f"{type(exc).__name__}: {exc}"
+    machinery = (__file__, importlib.__file__)
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith("<frozen ") and frame.filename not in machinery
+    ]
+    return f"{said} ({frames[-1].filename}, line {frames[-1].lineno})" if frames else said
 
 
 def _takes_one_argument(factory: Callable[..., Any], argument: Any) -> bool:

@@ -236,3 +236,58 @@ def test_a_worker_keeps_waiting_for_its_database(tmp_path: Path) -> None:
     finally:
         worker.kill()
         worker.wait()
+
+
+def _agent_module(folder: Path, name: str, source: str) -> dict[str, str]:
+    """``folder/name.py`` holding ``source``; the environment to load it from ``folder``."""
+    (folder / f"{name}.py").write_text(textwrap.dedent(source))
+    return processes.tether_env(
+        f"sqlite:///{folder / 'tether.db'}", PYTHONPATH=f"{folder}:{processes.ROOT}/tests/support"
+    )
+
+
+def test_an_agent_module_that_fails_to_import_is_one_line_naming_its_file_and_line(
+    tmp_path: Path,
+) -> None:
+    env = _agent_module(
+        tmp_path,
+        "broken_shop",
+        """
+        from tether import Agent
+        PASSWORD = "hun" + "ter2"
+
+        def build_agent(:
+            return Agent(name="shop", system_prompt="You run a shop.")
+        """,
+    )
+    done = processes.tether("runs", "list", env=env, agent="broken_shop:build_agent")
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "error invalid_config: cannot load agent 'broken_shop:build_agent': invalid syntax "
+        f"({tmp_path / 'broken_shop.py'}, line 5)"
+    ]
+
+
+def test_an_unexpected_error_shows_no_variables_of_its_frames(tmp_path: Path) -> None:
+    env = _agent_module(
+        tmp_path,
+        "leaky_shop",
+        """
+        from contextlib import asynccontextmanager
+        from tether import Agent
+
+        @asynccontextmanager
+        async def lifespan(agent):
+            password = "hun" + "ter2"
+            raise RuntimeError("the shop's vault is closed" + password[:0])
+            yield agent
+
+        def build_agent():
+            return Agent(name="shop", system_prompt="You run a shop.", lifespan=lifespan)
+        """,
+    )
+    assert processes.tether("migrate", env=env, agent="leaky_shop:build_agent").returncode == 0
+    done = processes.tether("ask", "hi", "--as", "dana", env=env, agent="leaky_shop:build_agent")
+    assert done.returncode == 1
+    assert "the shop's vault is closed" in done.stderr  # the error, with its traceback
+    assert "hunter2" not in done.stderr + done.stdout  # but no frame's variables

@@ -38,7 +38,13 @@ SANDBOX_SERVE = "tether.demo.sandbox.server:serve"
 # waiting on its model costs a few KB; benchmarks/capacity.py measures thousands).
 MAX_CONCURRENCY = 100_000
 
-app = typer.Typer(help="tether: agent runs that survive interruption.", no_args_is_help=True)
+# An unexpected error's traceback shows no frame's variables: they can hold secrets (a
+# key, a password in a URL, an agent's credentials).
+app = typer.Typer(
+    help="tether: agent runs that survive interruption.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
 sandbox_app = typer.Typer(help="The demo business system.", no_args_is_help=True)
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(runs_app, name="runs")
