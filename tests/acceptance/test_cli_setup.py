@@ -291,3 +291,22 @@ def test_an_unexpected_error_shows_no_variables_of_its_frames(tmp_path: Path) ->
     assert done.returncode == 1
     assert "the shop's vault is closed" in done.stderr  # the error, with its traceback
     assert "hunter2" not in done.stderr + done.stdout  # but no frame's variables
+
+
+def test_piped_tables_keep_whole_ids_and_questions(sqlite_url: str) -> None:
+    question = "Which of our accounts in the north-east region " + "and " * 30 + "why?"
+    engine = inprocess.engine(sqlite_url, script_name="standard")
+    halted = engine.sync.ask("dana", question, limits={"max_steps": 1})
+    engine.close()
+    env = processes.tether_env(sqlite_url, COLUMNS="80")  # piped: no terminal to fit
+
+    threads = processes.tether("threads", "list", env=env)
+    assert threads.returncode == 0, threads.stderr
+    assert question in threads.stdout
+    runs = processes.tether("runs", "list", "--as", "dana", env=env)
+    assert runs.returncode == 0, runs.stderr
+    (row,) = [line for line in runs.stdout.splitlines() if halted.run_id in line]
+    assert "max_steps" in row  # one row per run: nothing wrapped onto a second line
+    # The old spelling of --as still works.
+    old = processes.tether("runs", "list", "--user", "dana", "--json", env=env)
+    assert old.returncode == 0 and halted.run_id in old.stdout

@@ -8,6 +8,7 @@ that reads one run do not pay for the rest (tests/unit/test_lazy_imports.py)."""
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -15,16 +16,24 @@ import typer
 from tether.cli.approvals import approvals_app
 from tether.cli.runs import runs_app
 from tether.cli.schedules import schedules_app
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, named, out, say_error, unreachable
+from tether.cli.shared import (
+    DEFAULT_AGENT,
+    AgentOpt,
+    IgnoredAgentOpt,
+    OwnerOpt,
+    emit,
+    named,
+    out,
+    say_error,
+    unreachable,
+)
 from tether.cli.threads import ask, threads_app
 from tether.cli.users import users_app
 from tether.errors import (
     DatabaseMisconfigured,
     DatabaseUnavailable,
-    FourEyes,
     InvalidInput,
     TetherError,
-    UnknownOrExpired,
 )
 from tether.telemetry.logs import configure
 
@@ -84,10 +93,13 @@ def worker(
     reap: Annotated[bool, typer.Option(help="run the reaper on its interval")] = True,
     public_url: Annotated[
         str | None,
-        typer.Option(help="base URL of approval links in notices (default TETHER_PUBLIC_URL)"),
+        typer.Option(
+            metavar="URL", help="base URL of approval links in notices (default TETHER_PUBLIC_URL)"
+        ),
     ] = None,
 ) -> None:
-    """Claim runs that wait for a worker and carry them to their next stop. With the demo
+    """Claim runs that wait for a worker and carry them to their next stop, until stopped
+    (SIGTERM or SIGINT: the runs in hand are handed back at their next step). With the demo
     agent and no TETHER_SANDBOX_URL it starts its own sandbox on the shared sandbox data
     (see the log)."""
     configure("INFO")
@@ -110,8 +122,9 @@ def serve(
     public_url: Annotated[
         str | None,
         typer.Option(
+            metavar="URL",
             help="base URL of approval links in notices (default TETHER_PUBLIC_URL, "
-            "else http://HOST:PORT)"
+            "else http://HOST:PORT)",
         ),
     ] = None,
     concurrency: Annotated[
@@ -135,8 +148,10 @@ def _url_host(host: str) -> str:
 
 @app.command()
 def reap(agent: AgentOpt = DEFAULT_AGENT) -> None:
-    """One reaper pass: recover orphans (reconcile, hand back to the workers), expire
-    suspensions, purge past retention."""
+    """One reaper pass, then exit: take over the runs whose worker died, reconcile their
+    writes and hand them back to the workers; expire suspensions past their window;
+    re-issue lost notices; purge runs past retention. It needs the runs' agent (--agent):
+    reconciling asks the agent's tools what became of a write."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
 
@@ -151,81 +166,66 @@ app.command()(ask)  # tether.cli.threads, beside the thread commands: a run star
 
 @app.command()
 def approve(
-    token: Annotated[str | None, typer.Argument(help="the token of the notice")] = None,
+    token: Annotated[
+        str | None, typer.Argument(help="the token of the notice", show_default=False)
+    ] = None,
     run: Annotated[
-        str | None, typer.Option("--run", help="instead of TOKEN: the run's pending call")
+        str | None,
+        typer.Option("--run", metavar="RUN_ID", help="instead of TOKEN: the run's pending call"),
     ] = None,
     tool_call_id: Annotated[
         str | None,
         typer.Option(
             "--call",
             "--tool-call-id",
+            metavar="ID",
             help="with --run: this pending call of the turn (default: its only undecided one)",
         ),
     ] = None,
     decline: Annotated[bool, typer.Option("--decline", help="decline instead")] = False,
-    reason: Annotated[str | None, typer.Option(help="why (the model sees it on a decline)")] = None,
+    reason: Annotated[
+        str | None, typer.Option(metavar="TEXT", help="why (the model sees it on a decline)")
+    ] = None,
     arguments: Annotated[
-        str | None, typer.Option(help="approve with these edited arguments (a JSON object)")
+        str | None,
+        typer.Option(metavar="JSON", help="approve with these edited arguments (a JSON object)"),
     ] = None,
     digest: Annotated[
-        str | None, typer.Option(help="the digest of the preview approved (of the edit)")
+        str | None,
+        typer.Option(metavar="HEX", help="the digest of the preview approved (of the edit)"),
     ] = None,
-    as_user: Annotated[
-        str | None, typer.Option("--as", help="act as this user (default: the run's owner)")
-    ] = None,
+    as_user: OwnerOpt = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Decide a pending request, by TOKEN or by ``--run RUN_ID`` (``tether approvals
-    list`` lists them). Exit 0 when the decision took effect, 1 when refused."""
+    """Decide a pending request, named by the TOKEN of its notice or by --run RUN_ID
+    (tether approvals list shows them). Prints the result as JSON; exit 0 when the decision
+    took effect, 1 with the error code when refused."""
     configure("WARNING")
-    from tether.cli.approvals import decide_by_run, finish, json_arg
+    from tether.cli.approvals import decide_by_run, decide_by_token, finish, json_arg
     from tether.cli.wiring import on_engine
 
-    decision = "decline" if decline else "approve"
     if (token is None) == (run is None) or (tool_call_id is not None and run is None):
         raise InvalidInput("name a TOKEN or --run RUN_ID (with --call ID), not both")
+    entry: dict[str, Any] = {
+        "decision": "decline" if decline else "approve",
+        "reason": reason,
+        "digest": digest,
+    }
+    if arguments is not None:
+        entry["arguments"] = json_arg(arguments, "--arguments")
     if run is not None:
-        entry = {"decision": decision, "reason": reason, "digest": digest}
-        if arguments is not None:
-            entry["arguments"] = json_arg(arguments, "--arguments")
         by_run = run
-        finish(
-            on_engine(
-                agent,
-                lambda e: decide_by_run(e, by_run, tool_call_id, entry, as_user),
-                serve_agent=True,
-            )
-        )
-        return
-    assert token is not None
-
-    async def decide(engine: Engine) -> dict[str, Any] | TetherError:
-        try:
-            edited = None if arguments is None else json_arg(arguments, "--arguments")
-            approver = as_user or await engine.token_owner(token)
-            if approver is None:
-                raise UnknownOrExpired("this token is unknown or expired")
-            result = await engine.resume_after_confirmation(
-                token, decision, approver, reason=reason, arguments=edited, digest=digest
-            )
-        except FourEyes as exc:
-            if as_user is None:  # acting as the owner by default
-                exc.message += "; name one of them with --as USER"
-            return exc
-        except TetherError as exc:
-            return exc
-        return result.to_json()
-
-    finish(on_engine(agent, decide, serve_agent=True))
+        decide = partial(decide_by_run, run_id=by_run, tool_call_id=tool_call_id)
+    else:
+        assert token is not None
+        decide = partial(decide_by_token, token=token)
+    finish(on_engine(agent, lambda e: decide(e, entry=entry, as_user=as_user), serve_agent=True))
 
 
 @app.command("continue")
 def continue_(
-    run_id: str,
-    as_user: Annotated[
-        str | None, typer.Option("--as", help="the run's owner (default: the run's owner)")
-    ] = None,
+    run_id: Annotated[str, typer.Argument(help="the halted run")],
+    as_user: OwnerOpt = None,
     why: Annotated[str | None, typer.Option(help="why more budget is granted")] = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
@@ -244,11 +244,12 @@ def continue_(
 
 @app.command()
 def cancel(
-    run_id: str,
-    as_user: Annotated[str | None, typer.Option("--as", help="the run's owner")] = None,
+    run_id: Annotated[str, typer.Argument(help="the run to cancel")],
+    as_user: OwnerOpt = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Cancel a run that is not terminal."""
+    """Cancel a run that is not finished (exit 1 with already_finished for one that is)
+    and print it as JSON."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
     from tether.runs import run_to_json
@@ -265,8 +266,9 @@ def cancel(
 
 @app.command()
 def migrate(agent: AgentOpt = DEFAULT_AGENT) -> None:
-    """Apply the database migrations (TETHER_DATABASE_URL) and make sure the agent's
-    published users (the demo's dana and miguel) exist with their keys."""
+    """Bring the database (TETHER_DATABASE_URL) up to this tether's schema, creating a
+    SQLite file that does not exist (never a folder), and make sure the agent's published
+    users exist with their keys (the demo's dana and miguel)."""
     configure("WARNING")
     from tether.cli.wiring import migrate_database
 
@@ -275,12 +277,14 @@ def migrate(agent: AgentOpt = DEFAULT_AGENT) -> None:
 
 
 @users_app.command("add")
-def users_add(name: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
+def users_add(
+    name: Annotated[str, typer.Argument(help="the user's id")], agent: IgnoredAgentOpt = None
+) -> None:
     """Create a user (if new) and print a new API key for it; the key is shown once."""
     configure("WARNING")
-    from tether.cli.wiring import on_engine
+    from tether.cli.wiring import NO_AGENT, on_engine
 
-    typer.echo(on_engine(agent, lambda engine: engine.add_user(name)))
+    typer.echo(on_engine(NO_AGENT, lambda engine: engine.add_user(name)))
 
 
 # -- the demo ------------------------------------------------------------------------------
@@ -289,8 +293,10 @@ def users_add(name: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
 @sandbox_app.command("serve")
 def sandbox_serve(
     host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535)] = 8100,
-    db: Annotated[str, typer.Option(help="the sandbox's database file")] = "./sandbox.db",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="port to bind")] = 8100,
+    db: Annotated[
+        str, typer.Option(metavar="PATH", help="the sandbox's database file")
+    ] = "./sandbox.db",
 ) -> None:
     """Serve the sandbox business system the demo's tools call."""
     configure("INFO")

@@ -12,8 +12,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, out, say_error
-from tether.errors import DatabaseUnavailable, InvalidInput, TetherError, UnknownOrExpired
+from tether.cli.shared import DEFAULT_AGENT, AgentOpt, OwnerOpt, as_option, emit, out, say_error
+from tether.errors import (
+    DatabaseUnavailable,
+    FourEyes,
+    InvalidInput,
+    TetherError,
+    UnknownOrExpired,
+)
 from tether.telemetry.logs import configure
 from tether.visible import has_hidden, segments
 
@@ -25,16 +31,12 @@ approvals_app = typer.Typer(
     help="Find the pending requests and preview them.", no_args_is_help=True
 )
 
-AsOpt = Annotated[
-    str | None, typer.Option("--as", help="act as this user (default: the run's owner)")
-]
-
 
 @approvals_app.command("list")
 def approvals_list(
     as_user: Annotated[
         str | None,
-        typer.Option("--as", help="only the requests this user may decide (own or approvable)"),
+        as_option("(only the requests they may decide; default: every open request)"),
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="at most this many")] = 100,
     offset: Annotated[int, typer.Option(min=0, help="skip the first this many")] = 0,
@@ -44,11 +46,10 @@ def approvals_list(
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
     """Pending requests inside their window, soonest expiry first, one per undecided call
-    of a run's turn: every open request (the operator's view), or with ``--as`` those USER
-    may decide, by each owner's scope now (the agent's lifespan runs for it: the demo's
-    starts its sandbox). Each shows the run's question and the call's tool and preview, and
-    is decided with ``tether approve --run RUN_ID --call ID`` (``--offset`` and ``--limit``
-    count runs)."""
+    of a run's turn: every open request (the operator's view), or with --as those USER may
+    decide, by each owner's scope now (the agent's lifespan runs for it: the demo's starts
+    its sandbox). Each shows the run's question, the call's tool and its preview, and is
+    decided with tether approve --run RUN_ID --call ID (--offset and --limit count runs)."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
     from tether.runs import request_to_json
@@ -110,15 +111,16 @@ def _visible(text: Text, value: str, style: str = "") -> None:
 
 @approvals_app.command("preview")
 def approvals_preview(
-    token: str,
+    token: Annotated[str, typer.Argument(help="the token of the notice")],
     arguments: Annotated[
-        str | None, typer.Option(help="preview these edited arguments (a JSON object)")
+        str | None,
+        typer.Option(metavar="JSON", help="preview these edited arguments (a JSON object)"),
     ] = None,
-    as_user: AsOpt = None,
+    as_user: OwnerOpt = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Print the preview a pending request has (with ``--arguments``: would have) and its
-    digest, to approve with ``tether approve TOKEN --digest HEX``. Changes nothing. Exit 1
+    """Print the preview a pending request has (with --arguments: would have) and its
+    digest, to approve with tether approve TOKEN --digest HEX. Changes nothing. Exit 1
     with the error code when the token is unknown or expired."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
@@ -136,8 +138,35 @@ def approvals_preview(
     finish(on_engine(agent, shown))
 
 
+async def decide_by_token(
+    engine: Engine, *, token: str, entry: dict[str, Any], as_user: str | None
+) -> dict[str, Any] | TetherError:
+    """``tether approve TOKEN``: the decision ``entry`` on the call the token names, as the
+    run's owner unless ``as_user`` names another; its answer, or its refusal."""
+    try:
+        approver = as_user or await engine.token_owner(token)
+        if approver is None:
+            raise UnknownOrExpired("this token is unknown or expired")
+        result = await engine.resume_after_confirmation(
+            token,
+            entry["decision"],
+            approver,
+            reason=entry["reason"],
+            arguments=entry.get("arguments"),
+            digest=entry["digest"],
+        )
+    except FourEyes as exc:
+        if as_user is None:  # acting as the owner by default
+            exc.message += "; name one of them with --as USER"
+        return exc
+    except TetherError as exc:
+        return exc
+    return result.to_json()
+
+
 async def decide_by_run(
     engine: Engine,
+    *,
     run_id: str,
     tool_call_id: str | None,
     entry: dict[str, Any],

@@ -34,12 +34,53 @@ AgentOpt = Annotated[
     str,
     typer.Option(
         "--agent",
-        help="MODULE:ATTR of the agent, found from the working folder (default: the demo agent)",
+        metavar="MODULE:ATTR",
+        help="the agent, found from the working folder (default: the demo agent)",
         callback=_importable_here,
+        show_default=False,
     ),
 ]
-out = Console()
-err = Console(stderr=True)
+
+
+# ``tether users`` needs no agent; ``--agent`` is still taken there, and ignored, so that
+# scripts written when it was asked for go on working.
+IgnoredAgentOpt = Annotated[
+    str | None, typer.Option("--agent", metavar="MODULE:ATTR", hidden=True, show_default=False)
+]
+
+
+def as_option(scope: str) -> Any:
+    """``--as USER``, the one way to tell a command whom to act as; ``scope`` says what
+    that means for the command and what it does without it."""
+    return typer.Option("--as", metavar="USER", help=f"act as this user {scope}")
+
+
+def hidden_alias(name: str) -> Any:
+    """An old spelling of ``--as`` that keeps working, out of the help."""
+    return typer.Option(name, metavar="USER", hidden=True)
+
+
+def acting_as(as_user: str | None, alias: str | None) -> str | None:
+    """``--as``, else its old spelling."""
+    return as_user if as_user is not None else alias
+
+
+OwnerOpt = Annotated[str | None, as_option("(default: the run's owner)")]
+
+# Without a terminal (output piped or captured) Rich would lay tables out in 80 columns (or
+# COLUMNS), cutting ids and questions: printed whole instead, however long the lines.
+PIPED_WIDTH = 100_000
+
+
+def _console(*, stderr: bool = False) -> Console:
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console.width = PIPED_WIDTH
+    return console
+
+
+out = _console()
+err = _console(stderr=True)
 
 
 def say_error(label: str, code: str, message: str) -> None:

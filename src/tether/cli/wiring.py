@@ -21,6 +21,10 @@ from tether.telemetry.logs import leave_out
 
 T = TypeVar("T")
 
+# What a command that needs no agent passes for ``--agent`` (``tether users``): the engine
+# then serves a bare agent, with no tools and no lifespan, and imports none.
+NO_AGENT = None
+
 
 class NoModel(Model):
     """Stands in for a model in commands that never call one (migrate, approve, runs, ...)
@@ -54,7 +58,7 @@ def pick_notifier(settings: Settings) -> Notifier:
 
 @asynccontextmanager
 async def engine_for(
-    agent_spec: str,
+    agent_spec: str | None,
     *,
     serve_agent: bool = False,
     carries_runs: bool = False,
@@ -82,7 +86,7 @@ async def engine_for(
 
 @asynccontextmanager
 async def _engine(
-    agent_spec: str,
+    agent_spec: str | None,
     settings: Settings,
     serve_agent: bool,
     carries_runs: bool,
@@ -91,7 +95,7 @@ async def _engine(
     own_url: str,
 ) -> AsyncIterator[Engine]:
     public_url = public_url or settings.public_url or own_url
-    loaded = load_agent(agent_spec, settings)
+    loaded = _agent(agent_spec, settings)
     model = pick_model(loaded, settings, required=carries_runs)
     async with loaded.running() if serve_agent else nullcontext(loaded) as agent:
         engine = Engine(
@@ -107,7 +111,7 @@ async def _engine(
 
 
 def on_engine(
-    agent_spec: str,
+    agent_spec: str | None,
     action: Callable[[Engine], Awaitable[T]],
     *,
     serve_agent: bool = False,
@@ -145,6 +149,13 @@ def migrate_database(agent_spec: str) -> None:
             await engine.aclose()
 
     asyncio.run(go())
+
+
+def _agent(agent_spec: str | None, settings: Settings) -> Agent:
+    """The agent ``--agent`` names, or a bare one for ``NO_AGENT``."""
+    if agent_spec is NO_AGENT:
+        return Agent(name="tether", system_prompt="")
+    return load_agent(agent_spec, settings)
 
 
 def _settings(*, interactive: bool) -> Settings:
