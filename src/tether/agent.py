@@ -49,8 +49,9 @@ class Agent:
     users: Mapping[str, str] = field(default_factory=dict)
     # What the agent needs running beside it while a process serves it (the demo starts
     # its sandbox when no URL is configured). Entered by ``serve``, ``worker`` and
-    # ``demo``; yields the agent to serve (possibly with other ``deps``).
-    lifespan: Callable[[Agent], AbstractAsyncContextManager[Agent]] | None = None
+    # ``demo``; yields the agent to serve (possibly with other ``deps``). One that takes a
+    # keyword ``brief`` is told whether the process runs one command and exits (``running``).
+    lifespan: Callable[..., AbstractAsyncContextManager[Agent]] | None = None
     # The pydantic model a final answer must validate against (reference §11, ``output.py``);
     # None: any final answer is the answer, and the system message is the prompt as given.
     output_type: type[BaseModel] | None = None
@@ -118,16 +119,23 @@ class Agent:
         return found is None or found.may_be_decided_by(approver, owner)
 
     @asynccontextmanager
-    async def running(self) -> AsyncIterator[Agent]:
+    async def running(self, *, brief: bool = False) -> AsyncIterator[Agent]:
         """Enter the agent's ``lifespan`` (if any) and yield the agent to serve. It keeps
         this agent's version: a version is what was declared and deployed, so tools a
         lifespan adds (an MCP server's, listed at start-up) or its ``deps`` never change
         it, and every process of one deployment serves the same version whether or not it
-        entered the lifespan. A lifespan tool that is gone is ``tool_unavailable``."""
+        entered the lifespan. A lifespan tool that is gone is ``tool_unavailable``.
+
+        ``brief``: the process runs one command and exits (a command a person runs, such
+        as ``tether approve``). A lifespan that takes the keyword ``brief`` is given it, so
+        it may use what a long-running process already runs instead of starting its own
+        (the demo's uses the sandbox that a ``serve`` or ``worker`` on the same data
+        serves); one that does not take it is entered as it always was."""
         if self.lifespan is None:
             yield self
             return
-        async with self.lifespan(self) as agent:
+        told = {"brief": brief} if _takes_keyword(self.lifespan, "brief") else {}
+        async with self.lifespan(self, **told) as agent:
             yield agent if agent is self else replace(agent, version=self.agent_version)
 
     def model_from(self, settings: Settings) -> Model | None:
@@ -186,6 +194,13 @@ def _failure(exc: Exception) -> str:
         if not frame.filename.startswith("<frozen ") and frame.filename not in machinery
     ]
     return f"{said} ({frames[-1].filename}, line {frames[-1].lineno})" if frames else said
+
+
+def _takes_keyword(function: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(function).parameters
+    except (TypeError, ValueError):  # no signature to inspect
+        return False
 
 
 def _takes_one_argument(factory: Callable[..., Any], argument: Any) -> bool:

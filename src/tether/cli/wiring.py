@@ -65,6 +65,7 @@ async def engine_for(
     migrate_empty: bool = False,
     public_url: str | None = None,
     own_url: str = "",
+    brief: bool = False,
     interactive: bool = False,
 ) -> AsyncIterator[Engine]:
     """The process's one engine for ``agent_spec``, configured from the environment and
@@ -72,14 +73,20 @@ async def engine_for(
     beside it, e.g. the demo's sandbox), for commands that call its tools or scope. Spans
     are exported over OTLP when the environment names an endpoint (``tracing.exporting``).
     Links in notices start with ``public_url`` (``--public-url``), else TETHER_PUBLIC_URL,
-    else ``own_url`` (``serve``'s own address; none for other commands). An
-    ``interactive`` command (one a person runs and waits for) does not wait for its
-    database: see ``on_engine``."""
+    else ``own_url`` (``serve``'s own address; none for other commands). A ``brief``
+    process runs one command and exits (``Agent.running``); an ``interactive`` one, a
+    command a person runs and waits for, does not wait for its database (``on_engine``)."""
     with tracing.exporting():
         base = check_public_url(public_url, "--public-url")
         settings = _settings(interactive=interactive)
         async with _engine(
-            agent_spec, settings, serve_agent, carries_runs, migrate_empty, base, own_url
+            agent_spec,
+            settings,
+            serve_agent=serve_agent,
+            carries_runs=carries_runs,
+            migrate_empty=migrate_empty,
+            public_url=base or settings.public_url or own_url,
+            brief=brief,
         ) as e:
             yield e
 
@@ -88,16 +95,18 @@ async def engine_for(
 async def _engine(
     agent_spec: str | None,
     settings: Settings,
+    *,
     serve_agent: bool,
     carries_runs: bool,
     migrate_empty: bool,
-    public_url: str | None,
-    own_url: str,
+    public_url: str,
+    brief: bool,
 ) -> AsyncIterator[Engine]:
-    public_url = public_url or settings.public_url or own_url
     loaded = _agent(agent_spec, settings)
     model = pick_model(loaded, settings, required=carries_runs)
-    async with loaded.running() if serve_agent else nullcontext(loaded) as agent:
+    # A brief command's lifespan may use what a long-running process of the deployment
+    # runs (the demo's sandbox) rather than start its own.
+    async with loaded.running(brief=brief) if serve_agent else nullcontext(loaded) as agent:
         engine = Engine(
             agent=agent,
             model=model,
@@ -117,7 +126,8 @@ def on_engine(
     serve_agent: bool = False,
     interactive: bool = True,
 ) -> T:
-    """Run ``action`` on the engine of ``agent_spec``, in a fresh event loop.
+    """Run ``action`` on the engine of ``agent_spec``, in a fresh event loop: one command,
+    brief (its agent's lifespan may use what a running ``serve`` or ``worker`` runs).
 
     An ``interactive`` command, one a person runs and waits for, fails at the first error
     reaching its database (a refused connection at once, one that is never answered at
@@ -127,7 +137,7 @@ def on_engine(
 
     async def go() -> T:
         async with engine_for(
-            agent_spec, serve_agent=serve_agent, interactive=interactive
+            agent_spec, serve_agent=serve_agent, brief=True, interactive=interactive
         ) as engine:
             return await action(engine)
 
