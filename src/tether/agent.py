@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import traceback
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from tether.compaction import Compaction
-from tether.errors import ConfigError
+from tether.errors import ConfigError, TetherError
 from tether.messages import canonical_json
 from tether.models.base import Model, ToolSpec
 from tether.output import check_output_type, instruction
@@ -51,8 +52,9 @@ class Agent:
     users_max_priority: int | None = None
     # What the agent needs running beside it while a process serves it (the demo starts
     # its sandbox when no URL is configured). Entered by ``serve``, ``worker`` and
-    # ``demo``; yields the agent to serve (possibly with other ``deps``).
-    lifespan: Callable[[Agent], AbstractAsyncContextManager[Agent]] | None = None
+    # ``demo``; yields the agent to serve (possibly with other ``deps``). One that takes a
+    # keyword ``brief`` is told whether the process runs one command and exits (``running``).
+    lifespan: Callable[..., AbstractAsyncContextManager[Agent]] | None = None
     # The pydantic model a final answer must validate against (reference §11, ``output.py``);
     # None: any final answer is the answer, and the system message is the prompt as given.
     output_type: type[BaseModel] | None = None
@@ -122,16 +124,23 @@ class Agent:
         return found is None or found.may_be_decided_by(approver, owner)
 
     @asynccontextmanager
-    async def running(self) -> AsyncIterator[Agent]:
+    async def running(self, *, brief: bool = False) -> AsyncIterator[Agent]:
         """Enter the agent's ``lifespan`` (if any) and yield the agent to serve. It keeps
         this agent's version: a version is what was declared and deployed, so tools a
         lifespan adds (an MCP server's, listed at start-up) or its ``deps`` never change
         it, and every process of one deployment serves the same version whether or not it
-        entered the lifespan. A lifespan tool that is gone is ``tool_unavailable``."""
+        entered the lifespan. A lifespan tool that is gone is ``tool_unavailable``.
+
+        ``brief``: the process runs one command and exits (a command a person runs, such
+        as ``tether approve``). A lifespan that takes the keyword ``brief`` is given it, so
+        it may use what a long-running process already runs instead of starting its own
+        (the demo's uses the sandbox that a ``serve`` or ``worker`` on the same data
+        serves); one that does not take it is entered as it always was."""
         if self.lifespan is None:
             yield self
             return
-        async with self.lifespan(self) as agent:
+        told = {"brief": brief} if _takes_keyword(self.lifespan, "brief") else {}
+        async with self.lifespan(self, **told) as agent:
             yield agent if agent is self else replace(agent, version=self.agent_version)
 
     def model_from(self, settings: Settings) -> Model | None:
@@ -159,14 +168,44 @@ def load_agent(spec: str, settings: Settings | None = None) -> Agent:
         raise ConfigError(f"--agent must be MODULE:ATTR, got {spec!r}")
     try:
         value = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load agent {spec!r}: {exc}") from exc
+    except TetherError:
+        raise
+    except Exception as exc:  # a syntax error, a failing import: where, and the message
+        raise ConfigError(f"cannot load agent {spec!r}: {_failure(exc)}") from exc
     agent = value
     if callable(value) and not isinstance(value, Agent):
-        agent = value(settings) if _takes_one_argument(value, settings) else value()
+        try:
+            agent = value(settings) if _takes_one_argument(value, settings) else value()
+        except TetherError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"the agent factory {spec!r} failed: {_failure(exc)}") from exc
     if not isinstance(agent, Agent):
         raise ConfigError(f"{spec!r} is not a tether Agent")
     return agent
+
+
+def _failure(exc: Exception) -> str:
+    """An error met loading an agent, in one line: the exception's message and the file
+    and line it points at (a syntax error's own, else the deepest frame of its traceback
+    outside the import machinery), never the traceback and its frames' variables."""
+    if isinstance(exc, SyntaxError):
+        return f"{exc.msg} ({exc.filename}, line {exc.lineno})"
+    said = f"{type(exc).__name__}: {exc}"
+    machinery = (__file__, importlib.__file__)
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith("<frozen ") and frame.filename not in machinery
+    ]
+    return f"{said} ({frames[-1].filename}, line {frames[-1].lineno})" if frames else said
+
+
+def _takes_keyword(function: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(function).parameters
+    except (TypeError, ValueError):  # no signature to inspect
+        return False
 
 
 def _takes_one_argument(factory: Callable[..., Any], argument: Any) -> bool:

@@ -100,6 +100,14 @@ class DatabaseMisconfigured(DatabaseUnavailable):
     code = "database_misconfigured"
 
 
+class ScopeUnavailable(TetherError):
+    """A run owner's scope could not be resolved (the agent's resolver failed), so whether
+    a viewer may see or decide their requests is unknown: refused rather than answered as
+    if there were none. Retryable; the owner and the resolver's error are in the log."""
+
+    code = "scope_unavailable"
+
+
 class NotFound(TetherError):
     """The run is missing or not the caller's (the two are never told apart)."""
 

@@ -35,6 +35,7 @@ PUBLISHED = {
     "changed": 409,
     "guard_failed": 409,
     "sandbox_unavailable": 503,
+    "scope_unavailable": 503,
     "tool_error": 400,
     "payload_too_large": 413,
     "request_timeout": 408,

@@ -97,3 +97,25 @@ def test_every_public_name_of_tether_resolves(name: str) -> None:
     value = getattr(tether, name)
     assert value is not None
     assert name in dir(tether)
+
+
+COMMAND = """
+import os
+os.environ["TETHER_DATABASE_URL"] = sys.argv[1]
+from tether.cli.app import main
+sys.argv = ["tether", *sys.argv[2:]]
+try:
+    main()
+except SystemExit as exit:
+    assert exit.code in (0, None), exit.code
+"""
+
+
+@pytest.mark.parametrize("command", [("runs", "list"), ("approvals", "list")])
+def test_a_command_that_reads_runs_starts_no_sandbox_and_no_http_client(
+    command: tuple[str, ...], sqlite_url: str
+) -> None:
+    """What ``runs list`` and the operator's ``approvals list`` pay for (with the demo agent,
+    the default): the store and the engine, not the demo's sandbox (FastAPI, uvicorn) nor
+    an HTTP client (benchmarks/cli_start.py)."""
+    assert loaded(COMMAND, (*UNUSED, "httpx"), sqlite_url, *command) == []

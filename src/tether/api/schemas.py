@@ -43,6 +43,7 @@ STATUS: dict[str, int] = {
     "database_misconfigured": 503,
     "schema_not_ready": 503,
     "sandbox_unavailable": 503,
+    "scope_unavailable": 503,
     # invalid_config, tool_error, outcome_unknown, invalid_arguments: the default.
 }
 DEFAULT_STATUS = 400

@@ -9,7 +9,7 @@ from tether import inputs
 from tether._runtime.hop import hop
 from tether._runtime.services import Services
 from tether.approvals.request import suspended_on
-from tether.errors import InvalidInput, UnknownOrExpired
+from tether.errors import InvalidInput, ScopeUnavailable, TetherError, UnknownOrExpired
 from tether.results import Inbox, TokenLookup
 from tether.runs import Run, RunState
 from tether.tokens import hash_token
@@ -22,9 +22,10 @@ async def may_decide(
 ) -> bool:
     """Whether ``viewer`` may decide ``owner``'s pending calls, by the owner's scope now; with
     ``tool``, a call of that tool, whose rule may want someone other than the owner (four
-    eyes; ``request.check_decider`` is the same check). A scope that cannot be resolved
-    allows nobody but the owner. Without ``tool`` it says who may see the requests (the
-    owner sees their four-eyes requests waiting on someone else)."""
+    eyes; ``request.check_decider`` is the same check). Without ``tool`` it says who may see
+    the requests (the owner sees their four-eyes requests waiting on someone else). A scope
+    that cannot be resolved is an error (the resolver's own, else ``scope_unavailable``),
+    never a quiet "no", which would drop the owner's requests from every list."""
     if tool is not None and not services.agent.may_decide_call(tool, owner, viewer):
         return False
     if owner == viewer:
@@ -36,7 +37,12 @@ async def may_decide(
             "scope unavailable",
             extra={"action": "scope", "user": owner, "error": type(exc).__name__},
         )
-        return False
+        if isinstance(exc, TetherError):  # the resolver's own code (the demo's CRM's)
+            raise
+        raise ScopeUnavailable(
+            "a run owner's scope could not be resolved, so who may decide their requests "
+            "is not known; try again later"
+        ) from exc
     return scope.may_approve(viewer)
 
 

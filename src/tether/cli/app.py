@@ -8,6 +8,7 @@ that reads one run do not pay for the rest (tests/unit/test_lazy_imports.py)."""
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -15,10 +16,26 @@ import typer
 from tether.cli.approvals import approvals_app
 from tether.cli.runs import runs_app
 from tether.cli.schedules import schedules_app
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, limits_arg, named, out, say_error
+from tether.cli.shared import (
+    DEFAULT_AGENT,
+    AgentOpt,
+    IgnoredAgentOpt,
+    OwnerOpt,
+    emit,
+    limits_arg,
+    named,
+    out,
+    say_error,
+    unreachable,
+)
 from tether.cli.threads import ask, threads_app
 from tether.cli.users import MaxPriorityOpt, users_app
-from tether.errors import FourEyes, InvalidInput, TetherError, UnknownOrExpired
+from tether.errors import (
+    DatabaseMisconfigured,
+    DatabaseUnavailable,
+    InvalidInput,
+    TetherError,
+)
 from tether.telemetry.logs import configure
 
 if TYPE_CHECKING:
@@ -31,7 +48,13 @@ SANDBOX_SERVE = "tether.demo.sandbox.server:serve"
 # waiting on its model costs a few KB; benchmarks/capacity.py measures thousands).
 MAX_CONCURRENCY = 100_000
 
-app = typer.Typer(help="tether: agent runs that survive interruption.", no_args_is_help=True)
+# An unexpected error's traceback shows no frame's variables: they can hold secrets (a
+# key, a password in a URL, an agent's credentials).
+app = typer.Typer(
+    help="tether: agent runs that survive interruption.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
 sandbox_app = typer.Typer(help="The demo business system.", no_args_is_help=True)
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(runs_app, name="runs")
@@ -45,6 +68,12 @@ def main() -> None:
     """Entry point: run the CLI, turning tether's errors into a message and exit 1."""
     try:
         app()
+    except DatabaseMisconfigured as exc:  # it names the database and what to change
+        say_error("error", exc.code, exc.message)
+        sys.exit(1)
+    except DatabaseUnavailable as exc:
+        say_error("error", exc.code, unreachable(exc))
+        sys.exit(1)
     except TetherError as exc:
         say_error("error", exc.code, exc.message)
         sys.exit(1)
@@ -65,10 +94,13 @@ def worker(
     reap: Annotated[bool, typer.Option(help="run the reaper on its interval")] = True,
     public_url: Annotated[
         str | None,
-        typer.Option(help="base URL of approval links in notices (default TETHER_PUBLIC_URL)"),
+        typer.Option(
+            metavar="URL", help="base URL of approval links in notices (default TETHER_PUBLIC_URL)"
+        ),
     ] = None,
 ) -> None:
-    """Claim runs that wait for a worker and carry them to their next stop. With the demo
+    """Claim runs that wait for a worker and carry them to their next stop, until stopped
+    (SIGTERM or SIGINT: the runs in hand are handed back at their next step). With the demo
     agent and no TETHER_SANDBOX_URL it starts its own sandbox on the shared sandbox data
     (see the log)."""
     configure("INFO")
@@ -91,8 +123,9 @@ def serve(
     public_url: Annotated[
         str | None,
         typer.Option(
+            metavar="URL",
             help="base URL of approval links in notices (default TETHER_PUBLIC_URL, "
-            "else http://HOST:PORT)"
+            "else http://HOST:PORT)",
         ),
     ] = None,
     concurrency: Annotated[
@@ -116,12 +149,14 @@ def _url_host(host: str) -> str:
 
 @app.command()
 def reap(agent: AgentOpt = DEFAULT_AGENT) -> None:
-    """One reaper pass: recover orphans (reconcile, hand back to the workers), expire
-    suspensions, purge past retention."""
+    """One reaper pass, then exit: take over the runs whose worker died, reconcile their
+    writes and hand them back to the workers; expire suspensions past their window;
+    re-issue lost notices; purge runs past retention. It needs the runs' agent (--agent):
+    reconciling asks the agent's tools what became of a write."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
 
-    report = on_engine(agent, lambda engine: engine.reap(), serve_agent=True)
+    report = on_engine(agent, lambda engine: engine.reap(), serve_agent=True, interactive=False)
     emit(report.to_json())
 
 
@@ -132,81 +167,66 @@ app.command()(ask)  # tether.cli.threads, beside the thread commands: a run star
 
 @app.command()
 def approve(
-    token: Annotated[str | None, typer.Argument(help="the token of the notice")] = None,
+    token: Annotated[
+        str | None, typer.Argument(help="the token of the notice", show_default=False)
+    ] = None,
     run: Annotated[
-        str | None, typer.Option("--run", help="instead of TOKEN: the run's pending call")
+        str | None,
+        typer.Option("--run", metavar="RUN_ID", help="instead of TOKEN: the run's pending call"),
     ] = None,
     tool_call_id: Annotated[
         str | None,
         typer.Option(
             "--call",
             "--tool-call-id",
+            metavar="ID",
             help="with --run: this pending call of the turn (default: its only undecided one)",
         ),
     ] = None,
     decline: Annotated[bool, typer.Option("--decline", help="decline instead")] = False,
-    reason: Annotated[str | None, typer.Option(help="why (the model sees it on a decline)")] = None,
+    reason: Annotated[
+        str | None, typer.Option(metavar="TEXT", help="why (the model sees it on a decline)")
+    ] = None,
     arguments: Annotated[
-        str | None, typer.Option(help="approve with these edited arguments (a JSON object)")
+        str | None,
+        typer.Option(metavar="JSON", help="approve with these edited arguments (a JSON object)"),
     ] = None,
     digest: Annotated[
-        str | None, typer.Option(help="the digest of the preview approved (of the edit)")
+        str | None,
+        typer.Option(metavar="HEX", help="the digest of the preview approved (of the edit)"),
     ] = None,
-    as_user: Annotated[
-        str | None, typer.Option("--as", help="act as this user (default: the run's owner)")
-    ] = None,
+    as_user: OwnerOpt = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Decide a pending request, by TOKEN or by ``--run RUN_ID`` (``tether approvals
-    list`` lists them). Exit 0 when the decision took effect, 1 when refused."""
+    """Decide a pending request, named by the TOKEN of its notice or by --run RUN_ID
+    (tether approvals list shows them). Prints the result as JSON; exit 0 when the decision
+    took effect, 1 with the error code when refused."""
     configure("WARNING")
-    from tether.cli.approvals import decide_by_run, finish, json_arg
+    from tether.cli.approvals import decide_by_run, decide_by_token, finish, json_arg
     from tether.cli.wiring import on_engine
 
-    decision = "decline" if decline else "approve"
     if (token is None) == (run is None) or (tool_call_id is not None and run is None):
         raise InvalidInput("name a TOKEN or --run RUN_ID (with --call ID), not both")
+    entry: dict[str, Any] = {
+        "decision": "decline" if decline else "approve",
+        "reason": reason,
+        "digest": digest,
+    }
+    if arguments is not None:
+        entry["arguments"] = json_arg(arguments, "--arguments")
     if run is not None:
-        entry = {"decision": decision, "reason": reason, "digest": digest}
-        if arguments is not None:
-            entry["arguments"] = json_arg(arguments, "--arguments")
         by_run = run
-        finish(
-            on_engine(
-                agent,
-                lambda e: decide_by_run(e, by_run, tool_call_id, entry, as_user),
-                serve_agent=True,
-            )
-        )
-        return
-    assert token is not None
-
-    async def decide(engine: Engine) -> dict[str, Any] | TetherError:
-        try:
-            edited = None if arguments is None else json_arg(arguments, "--arguments")
-            approver = as_user or await engine.token_owner(token)
-            if approver is None:
-                raise UnknownOrExpired("this token is unknown or expired")
-            result = await engine.resume_after_confirmation(
-                token, decision, approver, reason=reason, arguments=edited, digest=digest
-            )
-        except FourEyes as exc:
-            if as_user is None:  # acting as the owner by default
-                exc.message += "; name one of them with --as USER"
-            return exc
-        except TetherError as exc:
-            return exc
-        return result.to_json()
-
-    finish(on_engine(agent, decide, serve_agent=True))
+        decide = partial(decide_by_run, run_id=by_run, tool_call_id=tool_call_id)
+    else:
+        assert token is not None
+        decide = partial(decide_by_token, token=token)
+    finish(on_engine(agent, lambda e: decide(e, entry=entry, as_user=as_user), serve_agent=True))
 
 
 @app.command("continue")
 def continue_(
-    run_id: str,
-    as_user: Annotated[
-        str | None, typer.Option("--as", help="the run's owner (default: the run's owner)")
-    ] = None,
+    run_id: Annotated[str, typer.Argument(help="the halted run")],
+    as_user: OwnerOpt = None,
     why: Annotated[str | None, typer.Option(help="why more budget is granted")] = None,
     limits: Annotated[
         str | None,
@@ -219,9 +239,9 @@ def continue_(
     ] = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Continue a halted run with the default grant, or with ``--limits``; a worker
-    carries it on. Limits that are not a JSON object of known limits, or over the cap, are
-    ``invalid_input`` (exit 1), and the run is not changed."""
+    """Continue a halted run with the default grant, or with --limits; a worker carries it
+    on. Limits that are not a JSON object of known limits, or over the cap, are
+    invalid_input (exit 1), and the run is not changed."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
     from tether.runs import run_to_json
@@ -238,11 +258,12 @@ def continue_(
 
 @app.command()
 def cancel(
-    run_id: str,
-    as_user: Annotated[str | None, typer.Option("--as", help="the run's owner")] = None,
+    run_id: Annotated[str, typer.Argument(help="the run to cancel")],
+    as_user: OwnerOpt = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Cancel a run that is not terminal."""
+    """Cancel a run that is not finished (exit 1 with already_finished for one that is)
+    and print it as JSON."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
     from tether.runs import run_to_json
@@ -259,40 +280,28 @@ def cancel(
 
 @app.command()
 def migrate(agent: AgentOpt = DEFAULT_AGENT) -> None:
-    """Apply the database migrations (TETHER_DATABASE_URL) and make sure the agent's
-    published users (the demo's dana and miguel) exist with their keys."""
+    """Bring the database (TETHER_DATABASE_URL) up to this tether's schema, creating a
+    SQLite file that does not exist (never a folder), and make sure the agent's published
+    users exist with their keys (the demo's dana and miguel)."""
     configure("WARNING")
-    import asyncio
+    from tether.cli.wiring import migrate_database
 
-    from tether.agent import load_agent
-    from tether.cli.wiring import pick_model
-    from tether.config import Settings
-    from tether.engine import Engine
-
-    async def go() -> None:
-        settings = Settings.from_env()
-        loaded = load_agent(agent, settings)
-        model = pick_model(loaded, settings, required=False)
-        engine = Engine(agent=loaded, model=model, settings=settings)
-        try:
-            await engine.migrate()
-        finally:
-            await engine.aclose()
-
-    asyncio.run(go())
+    migrate_database(agent)
     out.print("[green]migrated[/green]")
 
 
 @users_app.command("add")
 def users_add(
-    name: str, max_priority: MaxPriorityOpt = None, agent: AgentOpt = DEFAULT_AGENT
+    name: Annotated[str, typer.Argument(help="the user's id")],
+    max_priority: MaxPriorityOpt = None,
+    agent: IgnoredAgentOpt = None,
 ) -> None:
     """Create a user (if new) and print a new API key for it; the key is shown once. A
     removed user's name is refused until their data is erased."""
     configure("WARNING")
-    from tether.cli.wiring import on_engine
+    from tether.cli.wiring import NO_AGENT, on_engine
 
-    typer.echo(on_engine(agent, lambda engine: engine.add_user(name, max_priority=max_priority)))
+    typer.echo(on_engine(NO_AGENT, lambda engine: engine.add_user(name, max_priority=max_priority)))
 
 
 # -- the demo ------------------------------------------------------------------------------
@@ -301,8 +310,10 @@ def users_add(
 @sandbox_app.command("serve")
 def sandbox_serve(
     host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535)] = 8100,
-    db: Annotated[str, typer.Option(help="the sandbox's database file")] = "./sandbox.db",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="port to bind")] = 8100,
+    db: Annotated[
+        str, typer.Option(metavar="PATH", help="the sandbox's database file")
+    ] = "./sandbox.db",
 ) -> None:
     """Serve the sandbox business system the demo's tools call."""
     configure("INFO")

@@ -10,29 +10,33 @@ import json
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.text import Text
 
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, out, say_error
-from tether.errors import InvalidInput, TetherError, UnknownOrExpired
+from tether.cli.shared import DEFAULT_AGENT, AgentOpt, OwnerOpt, as_option, emit, out, say_error
+from tether.errors import (
+    DatabaseUnavailable,
+    FourEyes,
+    InvalidInput,
+    TetherError,
+    UnknownOrExpired,
+)
 from tether.telemetry.logs import configure
+from tether.visible import has_hidden, segments
 
 if TYPE_CHECKING:
     from tether.engine import Engine
-    from tether.runs import Run
+    from tether.runs import Pending, Run
 
 approvals_app = typer.Typer(
     help="Find the pending requests and preview them.", no_args_is_help=True
 )
-
-AsOpt = Annotated[
-    str | None, typer.Option("--as", help="act as this user (default: the run's owner)")
-]
 
 
 @approvals_app.command("list")
 def approvals_list(
     as_user: Annotated[
         str | None,
-        typer.Option("--as", help="only the requests this user may decide (own or approvable)"),
+        as_option("(only the requests they may decide; default: every open request)"),
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="at most this many")] = 100,
     offset: Annotated[int, typer.Option(min=0, help="skip the first this many")] = 0,
@@ -41,53 +45,82 @@ def approvals_list(
     ] = False,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Pending requests inside their window, soonest expiry first, one row per undecided
-    call of a run's turn: every open request (the operator's view), or with ``--as`` those
-    USER may decide. Each is decided with ``tether approve --run RUN_ID --call ID``
-    (``--offset`` and ``--limit`` count runs)."""
+    """Pending requests inside their window, soonest expiry first, one per undecided call
+    of a run's turn: every open request (the operator's view), or with --as those USER may
+    decide, by each owner's scope now (the agent's lifespan runs for it: the demo's starts
+    its sandbox). Each shows the run's question, the call's tool and its preview, and is
+    decided with tether approve --run RUN_ID --call ID (--offset and --limit count runs)."""
     configure("WARNING")
-    from rich.table import Table
-
     from tether.cli.wiring import on_engine
-    from tether.runs import iso, request_to_json
+    from tether.runs import request_to_json
 
     def listed(engine: Engine) -> Any:
         if as_user is None:
             return engine.open_approvals(limit=limit, offset=offset)
         return engine.pending_approvals(as_user, limit=limit, offset=offset)
 
-    found = on_engine(agent, listed)
+    # Whose requests ``--as`` may see is a question for each owner's scope, which the agent
+    # answers inside its lifespan (the demo asks its CRM): as ``approve`` does.
+    found = on_engine(agent, listed, serve_agent=as_user is not None)
     # One request per undecided call of each run's turn (reference §15).
     requests = [(run, call) for run in found for call in run.undecided_calls()]
     if as_json:
         items = [request_to_json(run, call=call) for run, call in requests]
         emit({"items": items, "more": found.more, "offset": found.offset})
         return
-    table = Table("user", "tool", "expires")
-    table.add_column("run", no_wrap=True)  # ids are never cut: they are typed back
-    table.add_column("tool call id", no_wrap=True)
-    for run, call in requests:
-        expires = iso(run.expires_at) or ""
-        table.add_row(run.user_id, call.tool, expires, run.id, call.tool_call_id)
-    if requests:
-        out.print(table)
-    else:
+    if not requests:
         out.print("Nothing is waiting for a decision.")
+    for run, call in requests:
+        out.print(described(run, call), soft_wrap=True, highlight=False)
+    if requests:
+        out.print("Decide one with: tether approve --run RUN --call CALL", highlight=False)
     if found.more:
         out.print(f"{found.more} more: --offset {found.next_offset}")
 
 
+def described(run: Run, call: Pending) -> Text:
+    """One request as a person reads it before deciding: whose run and until when, the
+    run's question, the tool and what it would do (its preview, else its arguments), with
+    the ids to decide it by. Hidden characters are shown escaped and flagged
+    (``tether.visible``), so what is read is what is approved."""
+    from tether.runs import iso
+
+    shown = call.preview if call.preview is not None else call.arguments
+    label = "preview" if call.preview is not None else "arguments"
+    text = Text()
+    _visible(text, f"run {run.id}  call {call.tool_call_id}", style="bold")
+    _visible(text, f"  {run.user_id}  expires {iso(run.expires_at) or '-'}\n")
+    for name, value in (
+        ("question", run.question),
+        ("tool", call.tool),
+        (label, json.dumps(shown, ensure_ascii=False)),
+    ):
+        text.append(f"  {name:<9} ")
+        _visible(text, value.replace("\n", "\n            "))
+        text.append("\n")
+    if has_hidden([run.question, call.tool, call.tool_call_id, run.user_id, shown]):
+        text.append("  ! hidden characters are shown escaped, as \\uXXXX\n", style="yellow")
+    return text
+
+
+def _visible(text: Text, value: str, style: str = "") -> None:
+    """``value`` appended to ``text``, each hidden character as its escape in reverse video."""
+    for piece, hidden in segments(value):
+        text.append(piece, style="reverse yellow" if hidden else style)
+
+
 @approvals_app.command("preview")
 def approvals_preview(
-    token: str,
+    token: Annotated[str, typer.Argument(help="the token of the notice")],
     arguments: Annotated[
-        str | None, typer.Option(help="preview these edited arguments (a JSON object)")
+        str | None,
+        typer.Option(metavar="JSON", help="preview these edited arguments (a JSON object)"),
     ] = None,
-    as_user: AsOpt = None,
+    as_user: OwnerOpt = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Print the preview a pending request has (with ``--arguments``: would have) and its
-    digest, to approve with ``tether approve TOKEN --digest HEX``. Changes nothing. Exit 1
+    """Print the preview a pending request has (with --arguments: would have) and its
+    digest, to approve with tether approve TOKEN --digest HEX. Changes nothing. Exit 1
     with the error code when the token is unknown or expired."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
@@ -105,8 +138,35 @@ def approvals_preview(
     finish(on_engine(agent, shown))
 
 
+async def decide_by_token(
+    engine: Engine, *, token: str, entry: dict[str, Any], as_user: str | None
+) -> dict[str, Any] | TetherError:
+    """``tether approve TOKEN``: the decision ``entry`` on the call the token names, as the
+    run's owner unless ``as_user`` names another; its answer, or its refusal."""
+    try:
+        approver = as_user or await engine.token_owner(token)
+        if approver is None:
+            raise UnknownOrExpired("this token is unknown or expired")
+        result = await engine.resume_after_confirmation(
+            token,
+            entry["decision"],
+            approver,
+            reason=entry["reason"],
+            arguments=entry.get("arguments"),
+            digest=entry["digest"],
+        )
+    except FourEyes as exc:
+        if as_user is None:  # acting as the owner by default
+            exc.message += "; name one of them with --as USER"
+        return exc
+    except TetherError as exc:
+        return exc
+    return result.to_json()
+
+
 async def decide_by_run(
     engine: Engine,
+    *,
     run_id: str,
     tool_call_id: str | None,
     entry: dict[str, Any],
@@ -147,7 +207,10 @@ def only_undecided(run: Run) -> str | None:
 
 
 def finish(answer: dict[str, Any] | TetherError) -> None:
-    """Print a decision's or a preview's answer; exit 1 with the code when refused."""
+    """Print a decision's or a preview's answer; exit 1 with the code when refused (a
+    database that cannot be reached is not a refusal: ``main`` says where it is)."""
+    if isinstance(answer, DatabaseUnavailable):
+        raise answer
     if isinstance(answer, TetherError):
         say_error("refused", answer.code, answer.message)
         emit(answer.to_dict())

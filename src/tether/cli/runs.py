@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, out
+from tether.cli.shared import (
+    DEFAULT_AGENT,
+    AgentOpt,
+    OwnerOpt,
+    acting_as,
+    as_option,
+    emit,
+    hidden_alias,
+    out,
+)
 from tether.errors import InvalidInput
 from tether.telemetry.logs import configure
 
@@ -22,8 +31,9 @@ runs_app = typer.Typer(help="Read, watch, fork and migrate runs.", no_args_is_he
 
 @runs_app.command("list")
 def runs_list(
-    user: Annotated[str | None, typer.Option(help="only this user's runs")] = None,
-    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    as_user: Annotated[str | None, as_option("(only their runs; default: every user's)")] = None,
+    user: Annotated[str | None, hidden_alias("--user")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="at most this many")] = 50,
     stranded: Annotated[
         bool,
         typer.Option(
@@ -33,17 +43,18 @@ def runs_list(
     as_json: Annotated[bool, typer.Option("--json", help='print {"items": [run, ...]}')] = False,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """List runs, newest first; with ``--stranded``, the runs no live worker can carry
-    (reference §12), longest waiting first."""
+    """List runs, newest first, as a table (--json: as JSON); with --stranded, the runs no
+    live worker can carry (their agent version is served by none), longest waiting first."""
     configure("WARNING")
     from rich.table import Column, Table
 
     from tether.cli.wiring import on_engine
     from tether.runs import iso, run_to_json
 
+    user = acting_as(as_user, user)
     if stranded:
         if user is not None:
-            raise InvalidInput("--stranded lists every user's runs; leave out --user")
+            raise InvalidInput("--stranded lists every user's runs; leave out --as")
         found = on_engine(agent, lambda engine: engine.stranded_runs(limit))
     else:
         found = on_engine(agent, lambda engine: engine.list_runs(user, limit))
@@ -71,31 +82,39 @@ def runs_list(
 
 @runs_app.command("migrate")
 def runs_migrate(
-    run_id: str,
+    run_id: Annotated[str, typer.Argument(help="the waiting or halted run")],
     to_version: Annotated[
-        str, typer.Option("--to-version", help="the agent version to move the run to")
+        str,
+        typer.Option(
+            "--to-version", metavar="VERSION", help="the agent version to move the run to"
+        ),
     ],
-    reason: Annotated[str | None, typer.Option(help="why the run is moved")] = None,
-    by: Annotated[
-        str | None, typer.Option(help="who moves it (default: the operating-system user)")
+    reason: Annotated[str | None, typer.Option(metavar="TEXT", help="why the run is moved")] = None,
+    as_user: Annotated[
+        str | None,
+        as_option("(recorded as who moved it; default: the operating-system user)"),
     ] = None,
+    by: Annotated[str | None, hidden_alias("--by")] = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Move a waiting run to another agent version (reference §12), one a live worker serves:
+    """Move a waiting or halted run to another agent version, one a live worker serves:
     the run's pending tool is checked against the tools that version's live workers
-    registered, so no ``--agent`` is needed. Recorded as a ``migrated`` event."""
+    registered, so the --agent given does not matter. Recorded as a migrated event; prints
+    the run as JSON."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
     from tether.runs import run_to_json
 
-    who = by or getpass.getuser()
+    who = acting_as(as_user, by) or getpass.getuser()
     run = on_engine(agent, lambda engine: engine.move_run(run_id, to_version, user=who, why=reason))
     emit(run_to_json(run))
 
 
 @runs_app.command("show")
-def runs_show(run_id: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
-    """Show a run with its budget, pending request and messages."""
+def runs_show(
+    run_id: Annotated[str, typer.Argument(help="the run")], agent: AgentOpt = DEFAULT_AGENT
+) -> None:
+    """Print a run as JSON, with its budget, the calls it waits on and its messages."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
     from tether.runs import run_to_json
@@ -106,8 +125,10 @@ def runs_show(run_id: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
 
 @runs_app.command("watch")
 def runs_watch(
-    run_id: str,
-    after: Annotated[int, typer.Option(min=0, help="start after this event's SEQ")] = 0,
+    run_id: Annotated[str, typer.Argument(help="the run")],
+    after: Annotated[
+        int, typer.Option(min=0, metavar="SEQ", help="start after this event's SEQ")
+    ] = 0,
     deltas: Annotated[
         bool, typer.Option("--deltas", help="also the model's text as it is written")
     ] = False,
@@ -115,8 +136,8 @@ def runs_watch(
 ) -> None:
     """Print a run's events as they are stored, one JSON line each, until the run ends
     (answered, failed or cancelled); Ctrl-C stops watching a run that waits. With
-    ``--deltas``, the text of the step being generated comes between them as it is written,
-    one line per piece: ``{"kind": "delta", "step", "offset", "text"}`` (reference §16)."""
+    --deltas, the text of the step being generated comes between them as it is written,
+    one line per piece: {"kind": "delta", "step", "offset", "text"}."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
 
@@ -130,18 +151,18 @@ def runs_watch(
 
 @runs_app.command("fork")
 def runs_fork(
-    run_id: str,
-    at_step: Annotated[int, typer.Option("--at-step", help="fork through this step (from 1)")],
+    run_id: Annotated[str, typer.Argument(help="the run to fork")],
+    at_step: Annotated[
+        int, typer.Option("--at-step", metavar="K", help="fork through this step (from 1)")
+    ],
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="the fork never executes a write")
     ] = False,
-    as_user: Annotated[
-        str | None, typer.Option("--as", help="the run's owner (default: the run's owner)")
-    ] = None,
+    as_user: OwnerOpt = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Fork a run that is not running through step K into a new halted run (reference §12);
-    ``tether continue`` the new run to carry it on."""
+    """Fork a run that is not running through step K into a new halted run and print it
+    as JSON; tether continue the new run to carry it on."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
     from tether.runs import run_to_json

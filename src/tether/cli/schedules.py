@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, out
+from tether.cli.shared import DEFAULT_AGENT, AgentOpt, as_option, emit, out
 from tether.telemetry.logs import configure
 
 if TYPE_CHECKING:
@@ -22,15 +22,16 @@ schedules_app = typer.Typer(help="Add, list and delete cron schedules.", no_args
 def schedules_add(
     cron: Annotated[str, typer.Argument(help="five cron fields, or @hourly/@daily/...")],
     question: Annotated[str, typer.Argument(help="what each tick asks")],
-    as_user: Annotated[str, typer.Option("--as", help="whose schedule (its runs are theirs)")],
+    as_user: Annotated[str, as_option("(the schedule and its runs are theirs; required)")],
     timezone: Annotated[
-        str, typer.Option("--timezone", help="an IANA timezone, such as Europe/Paris")
+        str,
+        typer.Option("--timezone", metavar="TZ", help="an IANA timezone, such as Europe/Paris"),
     ] = "UTC",
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Add a schedule: each tick of CRON (in ``--timezone``) starts one run of the user
-    asking QUESTION, however many workers run. Prints ``{"id", "next_at"}``; exit 1 with
-    ``invalid_input`` for a bad expression or timezone."""
+    """Add a schedule: each tick of CRON (in --timezone) starts one run of the user asking
+    QUESTION, however many workers run. Prints {"id", "next_at"}; exit 1 with invalid_input
+    for a bad expression or timezone."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
 
@@ -43,7 +44,7 @@ def schedules_add(
 @schedules_app.command("list")
 def schedules_list(
     as_user: Annotated[
-        str | None, typer.Option("--as", help="only this user's (default: every user's)")
+        str | None, as_option("(only their schedules; default: every user's)")
     ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help='print {"items": [schedule, ...]}')
@@ -51,7 +52,7 @@ def schedules_list(
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
     """Schedules, oldest first: id, user, cron and timezone, next tick, ticks fired and
-    missed (``--json``: each as ``GET /v1/schedules`` shows it)."""
+    missed (--json: each as GET /v1/schedules shows it)."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
 
@@ -71,13 +72,11 @@ def schedules_list(
 
 @schedules_app.command("delete")
 def schedules_delete(
-    schedule_id: str,
-    as_user: Annotated[
-        str | None, typer.Option("--as", help="act as this user (default: the owner)")
-    ] = None,
+    schedule_id: Annotated[str, typer.Argument(help="the schedule")],
+    as_user: Annotated[str | None, as_option("(default: the schedule's owner)")] = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Delete a schedule; the runs it started stay. Exit 1 with ``not_found``."""
+    """Delete a schedule; the runs it started stay. Exit 1 with not_found."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
 

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from tether.errors import InvalidInput
+from tether.errors import DatabaseUnavailable, InvalidInput
 
 DEFAULT_AGENT = "tether.demo.agent:build_agent"
 
@@ -34,12 +34,53 @@ AgentOpt = Annotated[
     str,
     typer.Option(
         "--agent",
-        help="MODULE:ATTR of the agent, found from the working folder (default: the demo agent)",
+        metavar="MODULE:ATTR",
+        help="the agent, found from the working folder (default: the demo agent)",
         callback=_importable_here,
+        show_default=False,
     ),
 ]
-out = Console()
-err = Console(stderr=True)
+
+
+# ``tether users`` needs no agent; ``--agent`` is still taken there, and ignored, so that
+# scripts written when it was asked for go on working.
+IgnoredAgentOpt = Annotated[
+    str | None, typer.Option("--agent", metavar="MODULE:ATTR", hidden=True, show_default=False)
+]
+
+
+def as_option(scope: str) -> Any:
+    """``--as USER``, the one way to tell a command whom to act as; ``scope`` says what
+    that means for the command and what it does without it."""
+    return typer.Option("--as", metavar="USER", help=f"act as this user {scope}")
+
+
+def hidden_alias(name: str) -> Any:
+    """An old spelling of ``--as`` that keeps working, out of the help."""
+    return typer.Option(name, metavar="USER", hidden=True)
+
+
+def acting_as(as_user: str | None, alias: str | None) -> str | None:
+    """``--as``, else its old spelling."""
+    return as_user if as_user is not None else alias
+
+
+OwnerOpt = Annotated[str | None, as_option("(default: the run's owner)")]
+
+# Without a terminal (output piped or captured) Rich would lay tables out in 80 columns (or
+# COLUMNS), cutting ids and questions: printed whole instead, however long the lines.
+PIPED_WIDTH = 100_000
+
+
+def _console(*, stderr: bool = False) -> Console:
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console.width = PIPED_WIDTH
+    return console
+
+
+out = _console()
+err = _console(stderr=True)
 
 
 def limits_arg(text: str | None) -> dict[str, Any] | None:
@@ -75,3 +116,40 @@ def named(spec: str) -> Any:
     only names (like its default ``--agent``)."""
     module, _, attr = spec.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def unreachable(exc: DatabaseUnavailable) -> str:
+    """The one line a command prints for a database it could not reach: where it is
+    (``HOST:PORT``, never the URL's password; a SQLite file), the driver's words for why,
+    and what the store said (whether anything was changed)."""
+    return f"cannot reach the database at {_address()} ({_reason(exc)}): {exc.message}"
+
+
+def _address() -> str:
+    from urllib.parse import parse_qs, urlsplit
+
+    from tether.config import DEFAULT_DATABASE_URL
+
+    url = os.environ.get("TETHER_DATABASE_URL") or DEFAULT_DATABASE_URL
+    if url.startswith("sqlite:///"):
+        return url.removeprefix("sqlite:///").partition("?")[0] or ":memory:"
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or 5432
+    except ValueError:  # never echo the URL: it may hold a password
+        return "TETHER_DATABASE_URL"
+    if host is None:  # a Unix socket: its folder is the URL's ?host=, else libpq's default
+        folder = parse_qs(parts.query).get("host", ["the default socket folder"])[0]
+        return f"{folder} (port {port})"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's words, in short: the last clause of the first line of the error under
+    ``exc`` (``Connection refused``, ``connection timeout expired``, ``database is locked``)."""
+    cause: BaseException = exc
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    lines = str(cause).strip().splitlines()
+    said = lines[0].rpartition("failed: ")[2].strip() if lines else ""
+    return said or type(cause).__name__

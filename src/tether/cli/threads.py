@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, limits_arg, out, say_error
-from tether.errors import InvalidInput, TetherError
+from tether.cli.shared import DEFAULT_AGENT, AgentOpt, as_option, emit, limits_arg, out, say_error
+from tether.errors import DatabaseUnavailable, InvalidInput, TetherError
 from tether.telemetry.logs import configure
 
 if TYPE_CHECKING:
@@ -19,14 +19,15 @@ if TYPE_CHECKING:
 
 threads_app = typer.Typer(help="List, show and delete conversations.", no_args_is_help=True)
 
-OwnerOpt = Annotated[
-    str | None, typer.Option("--as", help="act as this user (default: the thread's owner)")
-]
+ThreadOwnerOpt = Annotated[str | None, as_option("(default: the thread's owner)")]
 
 
 def _refused(exc: TetherError) -> NoReturn:
     """Say why on standard error (with the run a busy thread waits on), print the error
-    body on standard output, exit 1."""
+    body on standard output, exit 1. A database that cannot be reached is not a refusal:
+    ``main`` says where it is."""
+    if isinstance(exc, DatabaseUnavailable):
+        raise exc
     waits_on = exc.details.get("run_id")
     said = f"{exc.message} (it waits on run {waits_on})" if waits_on else exc.message
     say_error("error", exc.code, said)
@@ -37,23 +38,28 @@ def _refused(exc: TetherError) -> NoReturn:
 def ask(
     question: Annotated[str, typer.Argument(help="what to ask")],
     thread: Annotated[
-        str | None, typer.Option("--thread", help="a follow-up in this thread (default: a new one)")
+        str | None,
+        typer.Option(
+            "--thread", metavar="ID", help="a follow-up in this thread (default: a new one)"
+        ),
     ] = None,
     as_user: Annotated[
         str | None,
-        typer.Option(
-            "--as", help="whose run it is (default: the thread's owner; needed for a new thread)"
-        ),
+        as_option("(whose run it is; default: the thread's owner; a new thread needs it)"),
     ] = None,
     if_busy: Annotated[
-        str, typer.Option("--if-busy", help="reject | enqueue: what a busy thread does")
+        str,
+        typer.Option("--if-busy", metavar="reject|enqueue", help="what a busy thread does with it"),
     ] = "reject",
     priority: Annotated[
-        int | None, typer.Option("--priority", help="-10 to 10, higher claimed first (0)")
+        int | None,
+        typer.Option("--priority", metavar="N", help="-10 to 10, higher claimed first (0)"),
     ] = None,
     start_at: Annotated[
         str | None,
-        typer.Option("--start-at", help="ISO-8601 with a UTC offset: queued until then"),
+        typer.Option(
+            "--start-at", metavar="TIME", help="ISO-8601 with a UTC offset: queued until then"
+        ),
     ] = None,
     limits: Annotated[
         str | None,
@@ -66,11 +72,11 @@ def ask(
     ] = None,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Start a run asking QUESTION, in a new thread or (``--thread``) as a follow-up, and
-    print its ``{"id", "state", "thread_id"}``; a worker carries it, by ``--priority`` and
-    not before ``--start-at``, within ``--limits``. Exit 1 with the code when refused
-    (``thread_busy`` names the run the thread waits on; limits that are not a JSON object of
-    known limits, or over the cap, are ``invalid_input``), and nothing is created."""
+    """Start a run asking QUESTION, in a new thread or (--thread) as a follow-up, and
+    print its {"id", "state", "thread_id"}; a worker carries it, by --priority and not
+    before --start-at, within --limits. Exit 1 with the code when refused (thread_busy
+    names the run the thread waits on; limits that are not a JSON object of known limits,
+    or over the cap, are invalid_input), and nothing is created."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
 
@@ -101,15 +107,13 @@ def ask(
 
 @threads_app.command("list")
 def threads_list(
-    as_user: Annotated[
-        str | None, typer.Option("--as", help="only this user's threads (default: every user's)")
-    ] = None,
+    as_user: Annotated[str | None, as_option("(only their threads; default: every user's)")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="at most this many")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help='print {"items": [thread, ...]}')] = False,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
     """Threads, most recently active first, with their runs' count, the latest run's state
-    and the first question (``--json``: with their runs and times)."""
+    and the first question (--json: with their runs and times)."""
     configure("WARNING")
     from rich.table import Column, Table
 
@@ -147,9 +151,13 @@ def threads_list(
 
 
 @threads_app.command("show")
-def threads_show(thread_id: str, as_user: OwnerOpt = None, agent: AgentOpt = DEFAULT_AGENT) -> None:
-    """Show a thread: its runs in order (state and question), what they consumed together,
-    and the whole conversation."""
+def threads_show(
+    thread_id: Annotated[str, typer.Argument(help="the thread")],
+    as_user: ThreadOwnerOpt = None,
+    agent: AgentOpt = DEFAULT_AGENT,
+) -> None:
+    """Print a thread as JSON: its runs in order (state and question), what they consumed
+    together, and the whole conversation."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
 
@@ -159,9 +167,11 @@ def threads_show(thread_id: str, as_user: OwnerOpt = None, agent: AgentOpt = DEF
 
 @threads_app.command("delete")
 def threads_delete(
-    thread_id: str, as_user: OwnerOpt = None, agent: AgentOpt = DEFAULT_AGENT
+    thread_id: Annotated[str, typer.Argument(help="the thread")],
+    as_user: ThreadOwnerOpt = None,
+    agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
-    """Delete a thread and everything of its runs. Exit 1 with ``thread_busy`` (nothing
+    """Delete a thread and everything of its runs. Exit 1 with thread_busy (nothing
     deleted) while a run of it is running, suspended or queued."""
     configure("WARNING")
     from tether.cli.wiring import on_engine

@@ -1,7 +1,8 @@
 """``tether users``: the operator's user management (reference §6). ``add`` lives in
 ``tether.cli.app``; ``list``, ``set``, ``remove`` and ``rotate-key`` are here. Removing a
 user or rotating its key revokes the old keys and ends the inbox sessions they opened at
-once."""
+once. They need no agent: the engine serves a bare one (``wiring.NO_AGENT``), and
+``--agent`` is ignored."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, emit, out
+from tether.cli.shared import IgnoredAgentOpt, emit, out
 from tether.telemetry.logs import configure
 
 users_app = typer.Typer(help="Users and their API keys.", no_args_is_help=True)
@@ -25,24 +26,26 @@ MaxPriorityOpt = Annotated[
 
 
 @users_app.command("list")
-def users_list(agent: AgentOpt = DEFAULT_AGENT) -> None:
+def users_list(agent: IgnoredAgentOpt = None) -> None:
     """Every user, with when it was created and how many keys it has (never the keys)."""
     configure("WARNING")
-    from tether.cli.wiring import on_engine
+    from tether.cli.wiring import NO_AGENT, on_engine
 
-    emit({"items": on_engine(agent, lambda engine: engine.list_users())})
+    emit({"items": on_engine(NO_AGENT, lambda engine: engine.list_users())})
 
 
 @users_app.command("remove")
-def users_remove(name: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
+def users_remove(
+    name: Annotated[str, typer.Argument(help="the user's id")], agent: IgnoredAgentOpt = None
+) -> None:
     """Remove a user, in one transaction: revoke their keys, end their sessions, delete
     their schedules and cancel their queued, running and suspended runs; their halted and
     finished runs stay. The name stays taken until their data is erased. Exit 1 with
-    ``not_found`` if there is no such user."""
+    not_found if there is no such user."""
     configure("WARNING")
-    from tether.cli.wiring import on_engine
+    from tether.cli.wiring import NO_AGENT, on_engine
 
-    done = on_engine(agent, lambda engine: engine.remove_user(name))
+    done = on_engine(NO_AGENT, lambda engine: engine.remove_user(name))
     out.print(
         f"removed {name}: {done.keys_revoked} key(s) revoked and their sessions ended, "
         f"{done.schedules_deleted} schedule(s) deleted, {len(done.runs_cancelled)} run(s) "
@@ -54,22 +57,26 @@ def users_remove(name: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
 
 @users_app.command("set")
 def users_set(
-    name: str, max_priority: MaxPriorityOpt = None, agent: AgentOpt = DEFAULT_AGENT
+    name: Annotated[str, typer.Argument(help="the user's id")],
+    max_priority: MaxPriorityOpt = None,
+    agent: IgnoredAgentOpt = None,
 ) -> None:
-    """Change a user's settings (``--max-priority``). Exit 1 with ``invalid_input`` for a
-    bad one or none, ``not_found`` if there is no such user."""
+    """Change a user's settings (--max-priority). Exit 1 with invalid_input for a bad one
+    or none, not_found if there is no such user."""
     configure("WARNING")
-    from tether.cli.wiring import on_engine
+    from tether.cli.wiring import NO_AGENT, on_engine
 
-    on_engine(agent, lambda engine: engine.set_user(name, max_priority=max_priority))
+    on_engine(NO_AGENT, lambda engine: engine.set_user(name, max_priority=max_priority))
     out.print(f"set {name}: max priority {max_priority}", markup=False, soft_wrap=True)
 
 
 @users_app.command("rotate-key")
-def users_rotate_key(name: str, agent: AgentOpt = DEFAULT_AGENT) -> None:
+def users_rotate_key(
+    name: Annotated[str, typer.Argument(help="the user's id")], agent: IgnoredAgentOpt = None
+) -> None:
     """Give a user a new API key, printed once; every old key stops working at once, with
-    the sessions it opened. Exit 1 with ``not_found`` if there is no such user."""
+    the sessions it opened. Exit 1 with not_found if there is no such user."""
     configure("WARNING")
-    from tether.cli.wiring import on_engine
+    from tether.cli.wiring import NO_AGENT, on_engine
 
-    typer.echo(on_engine(agent, lambda engine: engine.rotate_key(name)))
+    typer.echo(on_engine(NO_AGENT, lambda engine: engine.rotate_key(name)))

@@ -82,11 +82,16 @@ def sqlite_file(engine: Engine) -> Path | None:
     return Path(database).expanduser().resolve()
 
 
-def make_room(engine: Engine) -> None:
-    """Create the folders of a SQLite ``engine``'s file, so that connecting creates it."""
+def check_folder(engine: Engine) -> None:
+    """Refuse a SQLite ``engine`` whose file's folder does not exist (``invalid_config``,
+    naming it): connecting creates the file, but nothing creates a folder, so a mistyped
+    path is an error rather than a new database somewhere unexpected."""
     path = sqlite_file(engine)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if path is not None and not path.parent.is_dir():
+        raise ConfigError(
+            f"the folder {path.parent} of the SQLite database in TETHER_DATABASE_URL does not "
+            "exist: check the path, or create the folder first"
+        )
 
 
 def _sqlite_engine(url: str) -> Engine:

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tether.errors import SchemaNotReady
-from tether.store.connect import READ, make_room, sqlite_file
+from tether.store.connect import READ, check_folder, sqlite_file
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -100,8 +100,8 @@ def upgrade(engine: Engine) -> None:
     only the revisions the database lacks."""
     from alembic import command
 
+    check_folder(engine)
     cfg = alembic_config(engine)
-    make_room(engine)
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
@@ -110,7 +110,8 @@ def upgrade(engine: Engine) -> None:
 def ensure_schema(engine: Engine, *, migrate_empty: bool) -> None:
     """Refuse to run on a schema that does not match this code, with a message that says
     what to do; migrate an empty database when ``migrate_empty``. A SQLite file that does
-    not exist is created only then: reading a database never creates one."""
+    not exist is created only then, in a folder that exists: reading a database never
+    creates one, and nothing creates a folder."""
     missing = sqlite_file(engine)
     if missing is not None and not missing.exists():
         if not migrate_empty:
@@ -118,7 +119,7 @@ def ensure_schema(engine: Engine, *, migrate_empty: bool) -> None:
                 f"the database file {missing} does not exist: `tether migrate` creates it "
                 "(or check TETHER_DATABASE_URL)"
             )
-        make_room(engine)
+        check_folder(engine)
     status = schema_status(engine)
     if status is SchemaStatus.CURRENT:
         return

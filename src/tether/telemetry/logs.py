@@ -28,6 +28,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data, default=str)
 
 
+class Without(logging.Filter):
+    """Drops the records of some ``action``s: what a command reports in its own words."""
+
+    def __init__(self, actions: frozenset[str]) -> None:
+        super().__init__()
+        self.actions = actions
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return getattr(record, "action", None) not in self.actions
+
+
+def leave_out(*actions: str) -> None:
+    """From now on, the log handlers ``configure`` set up drop the records of ``actions``."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(Without(frozenset(actions)))
+
+
 def configure(level: str = "INFO", *, json_lines: bool = True) -> None:
     """Send tether's logs to stderr, as JSON lines unless ``json_lines`` is False."""
     handler = logging.StreamHandler(sys.stderr)

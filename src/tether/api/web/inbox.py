@@ -13,13 +13,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from tether.api.deps import engine_of
+from tether.api.schemas import status_for
 from tether.api.web import lineage, threads, timeline
 from tether.api.web.actions import actions_for
 from tether.api.web.pages import message, page, turn_view
 from tether.api.web.sessions import Session, acting, back_to, login_url, session_of
 from tether.api.web.shown import show
 from tether.api.web.status import cancelled_by, state_note
-from tether.errors import InvalidInput, NotFound
+from tether.errors import InvalidInput, NotFound, TetherError
 from tether.models.base import Message
 from tether.runs import Run, RunState
 
@@ -42,6 +43,11 @@ async def inbox(request: Request) -> Response:
         found = await engine.pending_approvals(session.user, limit=INBOX_LIMIT, offset=offset)
     except InvalidInput as exc:
         return message(request, session, 422, "Not a page", exc.message, kind="refused")
+    except TetherError as exc:  # a scope that cannot be resolved: never an empty inbox
+        text = f"{exc.message} ({exc.code})"
+        return message(
+            request, session, status_for(exc.code), "Cannot list the requests", text, kind="refused"
+        )
     views = (turn_view(run, session.user, found.now, agent=engine.agent) for run in found)
     items = [view for view in views if view is not None]
     context = {"items": items, "more": found.more, "next_offset": found.next_offset}
