@@ -470,7 +470,8 @@ async def test_another_users_run_is_not_found_on_every_endpoint_and_their_token_
 
 async def test_ids_that_cannot_name_a_run_are_not_found(db_url: str) -> None:
     async with serving(db_url) as api:
-        for run_id in ("%00", "a%00b", "x" * 65, "%F0%9F%92%A5", "..", "a b"):
+        # (a NUL, "%00", is invalid_input wherever it is: test_unstorable_input.py)
+        for run_id in ("x" * 65, "%F0%9F%92%A5", "..", "a b", "a%0Ab"):
             response = await api.client.get(f"/v1/runs/{run_id}", headers=DANA)
             refused(response, 404, "not_found")
             events = await api.client.get(f"/v1/runs/{run_id}/events", headers=DANA)
