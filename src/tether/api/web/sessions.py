@@ -231,17 +231,17 @@ async def login(request: Request) -> Response:
             request, target, error="The form expired; please try again.", status=403
         )
     key, dev_user = field(form, "key"), field(form, "dev_user")
-    attempts, address = attempts_of(request), address_of(request)
+    attempts = attempts_of(request)
     credential = f"published:{dev_user}" if dev_user else key.strip()
     try:
-        attempts.check(address, credential)
+        attempts.check(credential)  # only this credential's failures count here
     except TooManyAttempts as exc:
-        refused = await _login_page(request, target, error=exc.message, status=429)
-        refused.headers["Retry-After"] = str(exc.details["retry_after_s"])
-        return refused
+        return await _too_many(request, target, exc)
     opened = await _authenticate(engine_of(request), key, dev_user)
     if opened is None:
-        attempts.failed(address, credential)
+        over = attempts.failed(address_of(request), credential)
+        if over is not None:
+            return await _too_many(request, target, over)
         return await _login_page(request, target, error="That key is not valid.", status=401)
     user, sid = opened
     response = RedirectResponse(target, status_code=303)
@@ -256,6 +256,12 @@ async def login(request: Request) -> Response:
     response.delete_cookie(LOGIN_COOKIE, path="/login")
     log.info("signed in", extra={"action": "web_login", "user": user})
     return response
+
+
+async def _too_many(request: Request, target: str, exc: TooManyAttempts) -> Response:
+    refused = await _login_page(request, target, error=exc.message, status=429)
+    refused.headers["Retry-After"] = str(exc.details["retry_after_s"])
+    return refused
 
 
 async def _authenticate(engine: Engine, key: str, dev_user: str) -> tuple[str, str] | None:
