@@ -132,3 +132,22 @@ def test_a_bad_model_rate_limit_fails_settings_at_start_up(name: str, raw: str) 
 def test_a_model_rate_limit_set_in_code_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="model_tpm"):
         Settings(model_tpm=0)
+
+
+def test_no_proxy_is_trusted_unless_listed_and_the_list_is_normalised() -> None:
+    assert Settings.from_env({}).trusted_proxies == ()
+    listed = " 10.0.0.5, 10.0.0.0/8 ,fd00::/8,::1,10.0.0.5/32,"
+    assert Settings.from_env({"TETHER_TRUSTED_PROXIES": listed}).trusted_proxies == (
+        "10.0.0.5",
+        "10.0.0.0/8",
+        "fd00::/8",
+        "::1",
+    )
+
+
+@pytest.mark.parametrize("entry", ["proxy.local", "*", "10.0.0.300", "10.0.0.1/8", "::1/129"])
+def test_a_malformed_trusted_proxy_fails_settings_at_start_up_naming_it(entry: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"TETHER_TRUSTED_PROXIES": f"10.0.0.5,{entry}"})
+    assert refused.value.code == "invalid_config"
+    assert f"TETHER_TRUSTED_PROXIES: {entry!r}" in refused.value.message

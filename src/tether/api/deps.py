@@ -22,7 +22,9 @@ def attempts_of(request: Request) -> AuthAttempts:
 
 
 def address_of(request: Request) -> str:
-    """The client's address (the proxy's client, where uvicorn trusts the proxy)."""
+    """The client's address: the connection's peer, or the client a proxy listed in
+    ``TETHER_TRUSTED_PROXIES`` names in ``X-Forwarded-For`` (``api.server``; tether reads
+    no forwarding header itself)."""
     return request.client.host if request.client else "unknown"
 
 

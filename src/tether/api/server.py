@@ -1,18 +1,23 @@
 """How ``tether serve`` runs uvicorn so that slow clients cannot hold it: a request's
 headers must arrive in time (uvicorn has no such timeout: a protocol of ours adds it),
 idle keep-alive connections close, and a graceful shutdown waits for requests in flight
-only so long. The body's timeout is the app's (``tether.api.app.BodyLimit``)."""
+only so long. The body's timeout is the app's (``tether.api.app.BodyLimit``). Proxy
+headers are believed only from ``TETHER_TRUSTED_PROXIES``."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from tether.config import Settings
+
+log = logging.getLogger(__name__)
 
 KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this (uvicorn's default)
 
@@ -80,6 +85,12 @@ def server_config(app: Any, host: str, port: int, settings: Settings) -> uvicorn
         (HeaderTimeoutProtocol,),
         {"header_timeout_s": settings.http_header_timeout_s},
     )
+    if os.environ.get("FORWARDED_ALLOW_IPS"):
+        log.warning(
+            "FORWARDED_ALLOW_IPS is not read: serve believes X-Forwarded-For only from the "
+            "proxies listed in TETHER_TRUSTED_PROXIES",
+            extra={"action": "serve", "trusted_proxies": ",".join(settings.trusted_proxies)},
+        )
     return uvicorn.Config(
         app,
         host=host,
@@ -90,4 +101,8 @@ def server_config(app: Any, host: str, port: int, settings: Settings) -> uvicorn
         ws="none",
         timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=settings.shutdown_timeout_s,
+        # X-Forwarded-For and -Proto only from the listed proxies (uvicorn would believe
+        # them from 127.0.0.1, where any local client could name another address).
+        proxy_headers=bool(settings.trusted_proxies),
+        forwarded_allow_ips=list(settings.trusted_proxies),
     )
