@@ -105,6 +105,9 @@ class Settings:
     # (TETHER_TRUSTED_PROXIES): addresses and CIDR networks, normalised; none by default,
     # so no client can name the address its failed authentications are counted against.
     trusted_proxies: tuple[str, ...] = ()
+    # Open event streams (the API's and the inbox's) one user may hold in one process
+    # (TETHER_MAX_STREAMS_PER_USER); the next is ``429 too_many_streams``.
+    max_streams_per_user: int = 100
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "default_limits", self.default_limits.at_most(self.max_limits))
@@ -121,6 +124,10 @@ class Settings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be a positive whole number, got {value}")
+        if self.max_streams_per_user < 1:
+            raise ConfigError(
+                f"max_streams_per_user must be at least 1, got {self.max_streams_per_user}"
+            )
 
     @property
     def suspension_ttl_s(self) -> float:
@@ -173,6 +180,9 @@ class Settings:
             model_tpm=_at_most(env, "TETHER_MODEL_TPM"),
             model_rate_window_s=_positive(env, "TETHER_MODEL_RATE_WINDOW_S", 60.0),
             trusted_proxies=trusted_proxies(env.get("TETHER_TRUSTED_PROXIES", "")),
+            max_streams_per_user=int(
+                _positive(env, "TETHER_MAX_STREAMS_PER_USER", 100, whole=True)
+            ),
         )
 
 

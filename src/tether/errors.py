@@ -46,6 +46,13 @@ class TooManyAttempts(TetherError):
     code = "too_many_attempts"
 
 
+class TooManyStreams(TetherError):
+    """The caller already holds as many open event streams in this process as one user may
+    (``TETHER_MAX_STREAMS_PER_USER``); ``limit`` says how many. Nothing was opened."""
+
+    code = "too_many_streams"
+
+
 class ConfigError(TetherError):
     """The environment or a setting is malformed."""
 

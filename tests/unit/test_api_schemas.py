@@ -39,6 +39,7 @@ PUBLISHED = {
     "payload_too_large": 413,
     "request_timeout": 408,
     "too_many_attempts": 429,
+    "too_many_streams": 429,
     "internal_error": 500,
     "tether_error": 400,
 }

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -17,7 +20,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from waiting import until
 
-from tether.api.server import server_config
+from tether.api.server import AcceptErrors, server_config
 from tether.config import Settings
 
 FORWARDED = {"X-Forwarded-For": "203.0.113.9, 198.51.100.7", "X-Forwarded-Proto": "https"}
@@ -75,3 +78,46 @@ async def test_a_listed_proxy_names_the_client_and_the_scheme() -> None:
 async def test_a_proxy_not_listed_is_not_believed() -> None:
     elsewhere = Settings(trusted_proxies=("10.0.0.0/8",))
     assert await seen(elsewhere) == {"client": "127.0.0.1", "scheme": "http"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_accept_errors_are_one_line_per_interval_with_how_many_were_held_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    others: list[dict[str, object]] = []
+    clock = Clock()
+    handler = AcceptErrors(lambda _, context: others.append(context), clock=clock)
+    loop = asyncio.new_event_loop()
+    try:
+        error = {"message": AcceptErrors.MESSAGE, "exception": OSError(24, "Too many open")}
+        with caplog.at_level(logging.ERROR, logger="tether.api.server"):
+            for _ in range(10_000):
+                handler(loop, error)
+            clock.now += 10
+            handler(loop, error)
+            handler(loop, {"message": "something else"})
+    finally:
+        loop.close()
+    said = [r for r in caplog.records if "cannot be accepted" in r.getMessage()]
+    assert [getattr(r, "held_back", None) for r in said] == [0, 9_999]
+    assert others == [{"message": "something else"}]  # anything else: the previous handler
+
+
+def test_the_soft_limit_of_open_files_is_raised_to_the_hard_one() -> None:
+    script = (
+        "import resource\n"
+        "from tether.api.server import raise_file_limit\n"
+        "hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 4096)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "print(raise_file_limit() == (256, hard), resource.getrlimit(resource.RLIMIT_NOFILE)"
+        " == (hard, hard))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout.split() == ["True", "True"], done.stderr

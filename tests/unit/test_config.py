@@ -151,3 +151,13 @@ def test_a_malformed_trusted_proxy_fails_settings_at_start_up_naming_it(entry: s
         Settings.from_env({"TETHER_TRUSTED_PROXIES": f"10.0.0.5,{entry}"})
     assert refused.value.code == "invalid_config"
     assert f"TETHER_TRUSTED_PROXIES: {entry!r}" in refused.value.message
+
+
+def test_streams_per_user_are_a_positive_whole_number_100_by_default() -> None:
+    assert Settings.from_env({}).max_streams_per_user == 100
+    assert Settings.from_env({"TETHER_MAX_STREAMS_PER_USER": "3"}).max_streams_per_user == 3
+    for raw in ("0", "-1", "many", "2.5"):
+        with pytest.raises(ConfigError, match="TETHER_MAX_STREAMS_PER_USER"):
+            Settings.from_env({"TETHER_MAX_STREAMS_PER_USER": raw})
+    with pytest.raises(ConfigError, match="max_streams_per_user"):
+        Settings(max_streams_per_user=0)

@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether.api.attempts import AuthAttempts
 from tether.api.schemas import error_body, status_for
+from tether.api.stream_slots import StreamSlots
 from tether.engine import Engine
 from tether.errors import NotReady, TetherError, TooManyAttempts
 
@@ -139,6 +140,7 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
     app.state.auth_attempts = AuthAttempts(
         engine.settings.auth_max_failures, engine.settings.auth_window_s
     )
+    app.state.stream_slots = StreamSlots(engine.settings.max_streams_per_user)
     app.add_middleware(BodyLimit, timeout_s=engine.settings.http_body_timeout_s)
     app.add_middleware(NulInUrl)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from tether.api.attempts import AuthAttempts
+from tether.api.stream_slots import StreamSlots
 from tether.engine import Engine
 from tether.errors import Unauthenticated
 
@@ -19,6 +20,12 @@ def attempts_of(request: Request) -> AuthAttempts:
     """The app's counts of failed authentications (``tether.api.attempts``)."""
     attempts: AuthAttempts = request.app.state.auth_attempts
     return attempts
+
+
+def stream_slots_of(request: Request) -> StreamSlots:
+    """The app's open event streams per user (``tether.api.stream_slots``)."""
+    slots: StreamSlots = request.app.state.stream_slots
+    return slots
 
 
 def address_of(request: Request) -> str:

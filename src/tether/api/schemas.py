@@ -35,6 +35,7 @@ STATUS: dict[str, int] = {
     "request_timeout": 408,
     "payload_too_large": 413,
     "too_many_attempts": 429,
+    "too_many_streams": 429,
     "failpoint": 500,
     "internal_error": 500,
     "model_error": 502,
