@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from collections.abc import Mapping
@@ -103,6 +104,13 @@ class Settings:
     model_rpm: int | None = None
     model_tpm: int | None = None
     model_rate_window_s: float = 60.0
+    # The proxies whose X-Forwarded-For and X-Forwarded-Proto ``serve`` believes
+    # (TETHER_TRUSTED_PROXIES): addresses and CIDR networks, normalised; none by default,
+    # so no client can name the address its failed authentications are counted against.
+    trusted_proxies: tuple[str, ...] = ()
+    # Open event streams (the API's and the inbox's) one user may hold in one process
+    # (TETHER_MAX_STREAMS_PER_USER); the next is ``429 too_many_streams``.
+    max_streams_per_user: int = 100
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "default_limits", self.default_limits.at_most(self.max_limits))
@@ -121,6 +129,10 @@ class Settings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be a positive whole number, got {value}")
+        if self.max_streams_per_user < 1:
+            raise ConfigError(
+                f"max_streams_per_user must be at least 1, got {self.max_streams_per_user}"
+            )
 
     @property
     def suspension_ttl_s(self) -> float:
@@ -173,6 +185,10 @@ class Settings:
             model_rpm=_at_most(env, "TETHER_MODEL_RPM"),
             model_tpm=_at_most(env, "TETHER_MODEL_TPM"),
             model_rate_window_s=_positive(env, "TETHER_MODEL_RATE_WINDOW_S", 60.0),
+            trusted_proxies=trusted_proxies(env.get("TETHER_TRUSTED_PROXIES", "")),
+            max_streams_per_user=int(
+                _positive(env, "TETHER_MAX_STREAMS_PER_USER", 100, whole=True)
+            ),
         )
 
 
@@ -194,6 +210,25 @@ def check_public_url(raw: str | None, source: str) -> str | None:
     if parts.query or parts.fragment:
         raise ConfigError(f"{source} must not have a query or a fragment, got {raw[:200]!r}")
     return raw.strip().rstrip("/")
+
+
+def trusted_proxies(raw: str) -> tuple[str, ...]:
+    """``TETHER_TRUSTED_PROXIES``: comma-separated IP addresses or CIDR networks, each
+    normalised (``10.0.0.0/8``); one that is neither is a ``ConfigError`` naming it."""
+    found: list[str] = []
+    for entry in (part.strip() for part in raw.split(",")):
+        if not entry:
+            continue
+        try:
+            network = ipaddress.ip_network(entry)
+        except ValueError as exc:
+            raise ConfigError(
+                f"TETHER_TRUSTED_PROXIES: {entry[:80]!r} is not an IP address or a CIDR "
+                f"network (such as 10.0.0.5, 10.0.0.0/8 or fd00::/8): {exc}"
+            ) from None
+        one = network.num_addresses == 1
+        found.append(str(network.network_address) if one else str(network))
+    return tuple(dict.fromkeys(found))
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:

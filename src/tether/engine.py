@@ -283,11 +283,11 @@ class Engine(DecisionMethods, AccountMethods, CreationMethods, ScheduleMethods):
             run = dataclasses.replace(run, answer=answer_of(own[-1]))
         return RunView(run=run, messages=own)
 
+    @opens
     async def list_runs(self, user: str | None = None, limit: int = 100) -> list[Run]:
         """Runs, newest first (only ``user``'s if given)."""
         if not 1 <= limit <= 1000:
             raise InvalidInput("limit must be between 1 and 1000")
-        await self.open()
         return list(await hop(self._store.list_runs, user, limit))
 
     @opens

@@ -2,7 +2,7 @@
 
 Codes are part of the product contract (reference §4, §6): tests and clients match on them,
 so a code never changes once published. The driver's error, where there is one, stays in
-``__cause__``. Domain errors know nothing of HTTP: ``tether.api.schemas.STATUS`` maps
+``__cause__``. Domain errors know nothing of HTTP: ``tether.api.statuses.STATUS`` maps
 codes to statuses.
 """
 
@@ -62,6 +62,13 @@ class TooManyAttempts(TetherError):
     ``retry_after_s`` says when to try again."""
 
     code = "too_many_attempts"
+
+
+class TooManyStreams(TetherError):
+    """The caller already holds as many open event streams in this process as one user may
+    (``TETHER_MAX_STREAMS_PER_USER``); ``limit`` says how many. Nothing was opened."""
+
+    code = "too_many_streams"
 
 
 class ConfigError(TetherError):

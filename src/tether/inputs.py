@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from tether.errors import (
@@ -79,12 +80,13 @@ def max_priority(value: Any) -> int:
 
 def start_at(value: Any) -> float | None:
     """When a run may start, as epoch seconds: an ISO-8601 time with a UTC offset (a
-    string, or an aware ``datetime``); None: at once. A naive time is refused, since no
-    clock here may guess its zone."""
+    string, or an aware ``datetime``) that exists in UTC (years 1 to 9999 there); None: at
+    once. A naive time is refused, since no clock here may guess its zone."""
     if value is None:
         return None
     when = value
     if isinstance(value, str):
+        storable(value, "start_at")  # fromisoformat reads past a NUL at the end
         try:
             when = datetime.fromisoformat(value) if len(value) <= 64 else None
         except ValueError:
@@ -94,7 +96,10 @@ def start_at(value: Any) -> float | None:
             "start_at must be an ISO-8601 time with a UTC offset, such as "
             "2026-12-07T09:00:00+01:00 or 2026-12-07T08:00:00Z"
         )
-    return when.timestamp()
+    try:
+        return when.astimezone(UTC).timestamp()
+    except (OverflowError, ValueError):  # 0001-01-01T00:00+00:01 is in year 0 in UTC
+        raise InvalidInput("start_at must be a time between the years 1 and 9999 in UTC") from None
 
 
 def idempotency_key(value: Any) -> str:
@@ -134,13 +139,50 @@ def text(value: Any, what: str, max_chars: int) -> str:
         raise InvalidInput(f"{what} must be a non-empty string")
     if len(value) > max_chars:
         raise InvalidInput(f"{what} is longer than {max_chars} characters")
-    if "\x00" in value:
-        raise InvalidInput(f"{what} must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInput(f"{what} is not valid Unicode text") from exc
+    storable(value, what)
     return value
+
+
+# What neither backend can keep as text: NUL (PostgreSQL refuses it in text and jsonb
+# alike, SQLite would keep it and hand back what no other path accepts) and lone
+# surrogates (not Unicode: they have no UTF-8). Searched for in one pass, without a copy.
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def storable(value: Any, what: str) -> None:
+    """Refuse (``invalid_input``, saying where) a NUL character or a lone surrogate in
+    ``value``: a string, or any string or key of its mappings and lists at any depth (a
+    JSON body, edited arguments, an engine method's arguments). Other values pass."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    seen: set[int] = set()  # a structure that holds itself is walked once
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            _refuse_unstorable(item, what, path)
+        elif isinstance(item, Mapping | list | tuple) and id(item) not in seen:
+            seen.add(id(item))
+            if isinstance(item, Mapping):
+                for key, inner in item.items():
+                    if isinstance(key, str):
+                        _refuse_unstorable(key, what, path, key=True)
+                    stack.append((inner, (*path, str(key))))
+            else:
+                stack.extend((inner, (*path, n)) for n, inner in enumerate(item))
+
+
+def _refuse_unstorable(
+    text: str, what: str, path: tuple[str | int, ...], *, key: bool = False
+) -> None:
+    found = _UNSTORABLE.search(text)
+    if found is None:
+        return
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+    where = f"{where[:200]} in {what}" if where else what  # "arguments.item in decisions"
+    if key:
+        where = f"a key of {where}"
+    if found.group() == "\x00":
+        raise InvalidInput(f"{where} must not contain NUL characters")
+    raise InvalidInput(f"{where} is not valid Unicode text (it holds a lone surrogate)")
 
 
 def after_seq(value: Any) -> int:
@@ -181,8 +223,8 @@ MAX_JSON_CHARS = 256 * 1024
 
 def json_value(text: str | bytes, what: str, *, max_chars: int = MAX_JSON_CHARS) -> Any:
     """``text`` read as one JSON value, bounded in size and depth: ``invalid_input`` for
-    text that is not JSON (``NaN`` and ``Infinity`` are not), too long, or nested deeper
-    than ``MAX_JSON_DEPTH``."""
+    text that is not JSON (``NaN`` and ``Infinity`` are not), too long, nested deeper
+    than ``MAX_JSON_DEPTH``, or holding a string no backend can store (``storable``)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -193,11 +235,13 @@ def json_value(text: str | bytes, what: str, *, max_chars: int = MAX_JSON_CHARS)
     if _depth(text) > MAX_JSON_DEPTH:
         raise InvalidInput(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        value = json.loads(text, parse_constant=_no_constant)
     except ValueError as exc:
         raise InvalidInput(f"{what} is not valid JSON ({exc})") from exc
     except RecursionError as exc:  # malformed text the depth count did not see as deep
         raise InvalidInput(f"{what} is nested too deeply") from exc
+    storable(value, what)  # "\u0000" is JSON, but no backend stores it
+    return value
 
 
 _STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')

@@ -315,14 +315,21 @@ async def test_bad_input_to_start_run_is_refused_and_stores_nothing(
 
 
 async def test_ids_and_tokens_that_cannot_name_anything_are_refused_cleanly(db_url: str) -> None:
-    from tether.errors import NotFound, UnknownOrExpired
+    from tether.errors import InvalidInput, NotFound, UnknownOrExpired
 
     engine = inprocess.engine(db_url)
-    for bad in ("a\x00b", "x" * 65, "../etc", "\ud800"):
+    for bad in ("x" * 65, "../etc", "a b"):
         with pytest.raises(NotFound):
             await engine.get_run(bad)
         with pytest.raises(NotFound):
             await engine.cancel_run(bad, "dana")
         with pytest.raises(UnknownOrExpired):
             await engine.resume_after_confirmation(bad, "approve", "dana")
+    for unstorable in ("a\x00b", "\ud800"):  # what no backend can store: invalid_input
+        with pytest.raises(InvalidInput):
+            await engine.get_run(unstorable)
+        with pytest.raises(InvalidInput):
+            await engine.cancel_run(unstorable, "dana")
+        with pytest.raises(InvalidInput):
+            await engine.resume_after_confirmation(unstorable, "approve", "dana")
     engine.close()

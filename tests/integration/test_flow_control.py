@@ -194,6 +194,8 @@ async def test_the_api_takes_priority_and_start_at_and_shows_them(db_url: str) -
         {"start_at": "2030-01-01T09:00:00"},  # no UTC offset
         {"start_at": "next monday"},
         {"start_at": 1893456000},
+        {"start_at": "0001-01-01T00:00:00+00:01"},  # well formed, but in year 0 in UTC
+        {"start_at": "9999-12-31T23:59:59-14:00"},  # in year 10000 in UTC
     ],
 )
 async def test_a_bad_priority_or_start_time_is_invalid_input_and_stores_nothing(

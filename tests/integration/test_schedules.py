@@ -76,6 +76,8 @@ async def test_a_schedule_is_added_listed_and_deleted_by_its_owner_only(db_url: 
         {"cron": "* * * * * *"},
         {"cron": "61 * * * *"},
         {"cron": "@reboot"},
+        {"cron": "0 0 31 2 *"},  # well formed, but February has no 31st: it never fires
+        {"cron": "0 0 30 2 *"},
         {"timezone": "Mars/Olympus"},
         {"question": " "},
         {"limits": {"max_steps": 0}},

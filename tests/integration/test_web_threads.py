@@ -220,8 +220,9 @@ async def test_a_blank_or_malformed_question_is_refused_with_why_and_creates_not
         nul = await client.post(
             f"/runs/{first}/follow-up", data={"csrf": csrf, "question": "a\x00b"}
         )
-    for refused in (blank, missing, nul):
+    for refused in (blank, missing):
         assert refused.status_code == 422 and "Not sent: question must" in refused.text
         assert FOLLOW_UP_FORM.findall(refused.text) == [first]
-    assert "must not contain NUL" in nul.text
+    # A NUL anywhere in a form is refused by the inbox's one form reader, before any route.
+    assert nul.status_code == 422 and "question must not contain NUL" in nul.text
     assert await all_runs(app) == before

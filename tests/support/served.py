@@ -26,6 +26,7 @@ DEADLINE_S = 30.0
 class Served:
     engine: Engine
     base: str
+    app: Any = None  # the FastAPI app served
 
 
 def free_port() -> int:
@@ -44,8 +45,9 @@ async def serving(
     for user, key in KEYS.items():
         await engine.add_user(user, key)
     port = free_port()
+    app = create_app(engine)
     config = uvicorn.Config(
-        create_app(engine),
+        app,
         host="127.0.0.1",
         port=port,
         log_level="warning",
@@ -56,7 +58,7 @@ async def serving(
     task = asyncio.create_task(server.serve())
     try:
         await until(lambda: server.started, timeout=DEADLINE_S, what="uvicorn to start")
-        yield Served(engine=engine, base=f"http://127.0.0.1:{port}")
+        yield Served(engine=engine, base=f"http://127.0.0.1:{port}", app=app)
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, DEADLINE_S)

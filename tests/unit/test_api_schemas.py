@@ -1,4 +1,4 @@
-"""The HTTP statuses of error codes are the API's (``tether.api.schemas.STATUS``): domain
+"""The HTTP statuses of error codes are the API's (``tether.api.statuses.STATUS``): domain
 errors carry only their code, and every published code keeps its status."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tether import errors
-from tether.api.schemas import DEFAULT_STATUS, STATUS, status_for
+from tether.api.statuses import DEFAULT_STATUS, STATUS, status_for
 
 # The statuses reference §6 clients rely on; a change here is a breaking change of the API.
 PUBLISHED = {
@@ -40,6 +40,7 @@ PUBLISHED = {
     "payload_too_large": 413,
     "request_timeout": 408,
     "too_many_attempts": 429,
+    "too_many_streams": 429,
     "internal_error": 500,
     "tether_error": 400,
 }

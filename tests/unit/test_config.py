@@ -143,3 +143,32 @@ def test_tether_max_priority_is_a_whole_number_from_minus_10_to_10_default_0() -
             Settings.from_env({"TETHER_MAX_PRIORITY": raw})
     with pytest.raises(ConfigError, match="max_priority"):
         Settings(max_priority=11)
+
+
+def test_no_proxy_is_trusted_unless_listed_and_the_list_is_normalised() -> None:
+    assert Settings.from_env({}).trusted_proxies == ()
+    listed = " 10.0.0.5, 10.0.0.0/8 ,fd00::/8,::1,10.0.0.5/32,"
+    assert Settings.from_env({"TETHER_TRUSTED_PROXIES": listed}).trusted_proxies == (
+        "10.0.0.5",
+        "10.0.0.0/8",
+        "fd00::/8",
+        "::1",
+    )
+
+
+@pytest.mark.parametrize("entry", ["proxy.local", "*", "10.0.0.300", "10.0.0.1/8", "::1/129"])
+def test_a_malformed_trusted_proxy_fails_settings_at_start_up_naming_it(entry: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"TETHER_TRUSTED_PROXIES": f"10.0.0.5,{entry}"})
+    assert refused.value.code == "invalid_config"
+    assert f"TETHER_TRUSTED_PROXIES: {entry!r}" in refused.value.message
+
+
+def test_streams_per_user_are_a_positive_whole_number_100_by_default() -> None:
+    assert Settings.from_env({}).max_streams_per_user == 100
+    assert Settings.from_env({"TETHER_MAX_STREAMS_PER_USER": "3"}).max_streams_per_user == 3
+    for raw in ("0", "-1", "many", "2.5"):
+        with pytest.raises(ConfigError, match="TETHER_MAX_STREAMS_PER_USER"):
+            Settings.from_env({"TETHER_MAX_STREAMS_PER_USER": raw})
+    with pytest.raises(ConfigError, match="max_streams_per_user"):
+        Settings(max_streams_per_user=0)

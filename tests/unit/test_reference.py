@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from tether import errors, failpoints
-from tether.api.schemas import STATUS, status_for
+from tether.api.statuses import STATUS, status_for
 from tether.config import Settings
 from tether.runs import TERMINAL, TRANSITIONS, FailReason, HaltReason, RunState
 

@@ -52,6 +52,18 @@ def test_anything_else_is_invalid_input(expression: object) -> None:
         cron(expression)
 
 
+@pytest.mark.parametrize("expression", ["0 0 31 2 *", "0 0 30 2 *", "0 12 31 4,6,9,11 *"])
+def test_a_well_formed_expression_that_never_fires_is_invalid_input(expression: str) -> None:
+    with pytest.raises(InvalidInput, match="never fires"):
+        cron(expression)
+
+
+def test_an_expression_that_fires_only_in_leap_years_is_accepted() -> None:
+    assert cron("0 0 29 2 *") == "0 0 29 2 *"
+    after = datetime(2026, 3, 1, tzinfo=UTC).timestamp()
+    assert next_tick("0 0 29 2 *", "UTC", after) == datetime(2028, 2, 29, tzinfo=UTC).timestamp()
+
+
 @pytest.mark.parametrize("name", ["", "Mars/Olympus", "../etc/passwd", "utc+1", None, "x" * 65])
 def test_an_unknown_timezone_is_invalid_input(name: object) -> None:
     with pytest.raises(InvalidInput, match="IANA"):

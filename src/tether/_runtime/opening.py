@@ -1,11 +1,15 @@
-"""``opens``: an engine method that checks the schema first (once per engine, by its
-``open()``), shared by the ``Engine`` and the method groups it is made of."""
+"""``opens``: an engine method that refuses input no backend can store, then checks the
+schema first (once per engine, by its ``open()``), shared by the ``Engine`` and the method
+groups it is made of."""
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+
+from tether import inputs
 
 
 class Opens(Protocol):
@@ -20,9 +24,17 @@ E = TypeVar("E", bound=Opens)
 def opens(
     method: Callable[Concatenate[E, P], Coroutine[Any, Any, T]],
 ) -> Callable[Concatenate[E, P], Coroutine[Any, Any, T]]:
-    """The method checks the schema first (once per engine: ``Engine.open``)."""
+    """The method refuses a NUL character or a lone surrogate anywhere in its arguments
+    (``invalid_input`` naming the argument, ``inputs.storable``) before anything else, so
+    neither backend ever meets one, and checks the schema first (once per engine:
+    ``Engine.open``)."""
+    names = list(inspect.signature(method).parameters)[1:]  # after the engine
 
     async def opened(engine: E, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        for name, value in zip(names, args, strict=False):
+            inputs.storable(value, name)
+        for name, value in kwargs.items():
+            inputs.storable(value, name)
         await engine.open()
         return await method(engine, *args, **kwargs)
 

@@ -20,11 +20,11 @@ import logging
 import random
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 from tether import inputs
 from tether._runtime.creation import first_messages
@@ -52,7 +52,8 @@ BATCH = 50
 
 
 def cron(expression: Any) -> str:
-    """A cron expression of five fields, or one of ``ALIASES``; else ``invalid_input``."""
+    """A cron expression of five fields, or one of ``ALIASES``, that fires (``0 0 31 2 *``
+    never does); else ``invalid_input``."""
     shape = (
         "cron must be five fields (minute hour day-of-month month day-of-week, such as "
         "'0 9 * * 1') or one of @hourly, @daily, @weekly, @monthly"
@@ -66,6 +67,10 @@ def cron(expression: Any) -> str:
         return text
     if len(text.split(" ")) != 5 or not croniter.is_valid(text):
         raise InvalidInput(shape)
+    try:  # whether it fires does not depend on the zone or the year: one search tells
+        croniter(text, datetime.now(UTC)).get_next(datetime)
+    except CroniterError:
+        raise InvalidInput(f"cron {text!r} never fires (no day matches it)") from None
     return text
 
 

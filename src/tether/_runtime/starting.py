@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from tether._runtime import creation
+from tether._runtime.opening import opens
 from tether.budget import Limits
 from tether.results import Accepted
 from tether.runs import Run
@@ -58,6 +59,7 @@ class CreationMethods:
         given.update(priority=priority, start_at=start_at)
         return (await self.accept_run(user, question, **given)).run
 
+    @opens
     async def accept_run(
         self,
         user: str,
@@ -76,7 +78,6 @@ class CreationMethods:
         answer first given for its ``idempotency_key``. ``body`` is the request as its
         caller sent it, compared as parsed JSON between repeats of the key (by default
         the arguments): the HTTP layer passes the request's JSON body."""
-        await self.open()
         return await creation.start_run(
             self._services,
             user,

@@ -14,7 +14,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether.api.attempts import AuthAttempts
 from tether.api.headers import SecurityHeaders
-from tether.api.schemas import error_body, status_for
+from tether.api.statuses import error_body, status_for
+from tether.api.stream_slots import StreamSlots
 from tether.engine import Engine
 from tether.errors import NotReady, TetherError, TooManyAttempts
 
@@ -84,6 +85,34 @@ class BodyLimit:
                 raise
 
 
+class NulInUrl:
+    """Refuses a request whose path, query or headers hold a NUL character (``%00``) with
+    a ``422 invalid_input``, before any route reads them: no id, parameter or header
+    carries one further (JSON bodies are checked by their one reader, ``inputs.json_value``,
+    and everything the engine is handed by ``inputs.storable``)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _holds_nul(scope):
+            body = error_body("invalid_input", "the URL and headers must not contain NUL")
+            response = JSONResponse(body, status_code=status_for("invalid_input"))
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _holds_nul(scope: Scope) -> bool:
+    query: bytes = scope.get("query_string", b"")
+    return (
+        "\x00" in scope.get("path", "")
+        or b"%00" in query
+        or b"\x00" in query
+        or any(b"\x00" in value for _, value in scope.get("headers") or ())
+    )
+
+
 def _too_large(limit: int) -> JSONResponse:
     return JSONResponse(
         error_body("payload_too_large", f"request bodies are limited to {limit} bytes"),
@@ -112,11 +141,9 @@ def _fastapi() -> FastAPI:
     )
 
 
-def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
-    """The app for ``engine``. ``public_url`` prefixes approval links in notices."""
-    from tether.api import metrics, schedules, threads, v1, web
-
-    app = _fastapi()
+def _set_up(app: FastAPI, engine: Engine, public_url: str) -> None:
+    """What every request of ``app`` shares: the engine, the counts of failed
+    authentications and open streams, and the middleware that guards each request."""
     app.state.engine = engine
     app.state.public_url = public_url.rstrip("/")
     # Set by the process that serves the app when a part it depends on stopped (serve's
@@ -125,8 +152,18 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
     app.state.auth_attempts = AuthAttempts(
         engine.settings.auth_max_failures, engine.settings.auth_window_s
     )
+    app.state.stream_slots = StreamSlots(engine.settings.max_streams_per_user)
     app.add_middleware(BodyLimit, timeout_s=engine.settings.http_body_timeout_s)
     app.add_middleware(SecurityHeaders)
+    app.add_middleware(NulInUrl)
+
+
+def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
+    """The app for ``engine``. ``public_url`` prefixes approval links in notices."""
+    from tether.api import metrics, schedules, threads, v1, web
+
+    app = _fastapi()
+    _set_up(app, engine, public_url)
 
     @app.exception_handler(TetherError)
     async def tether_error(_: Request, exc: TetherError) -> JSONResponse:

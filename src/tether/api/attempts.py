@@ -1,27 +1,80 @@
-"""Failed authentications, counted per client address and per credential presented (an API
-key, typed into the sign-in form or sent as a bearer token): past the limit within the
-window, further attempts are refused ``429 too_many_attempts`` with ``Retry-After`` before
-any key is looked up, so guessing keys gets nowhere. A successful authentication is never
-counted or slowed.
+"""Failed authentications (an API key sent as a bearer token or typed into the sign-in
+form, or a published user's sign-in button) slow down only the credentials that failed: a
+valid key or sign-in is never refused because of others' failures, whoever shares its
+address (a NAT, an office proxy).
 
-The counts live in this process (a restart forgets them, and each process of a fleet
-counts its own): a fleet-wide limit belongs in the proxy in front (docs/operations.md)."""
+- **Per credential**, checked before the key is looked up: a credential that failed
+  ``max_failures`` times within ``window_s`` is refused ``429 too_many_attempts`` with
+  ``Retry-After`` until its count drains (one more failure allowed every ``window_s /
+  max_failures``), so a client looping a revoked key costs no lookups. A valid key never
+  fails, so it is never refused.
+- **Per address, failures only**: an address whose failures are past the same limit has
+  its further *failures* answered ``429`` (instead of ``401``) with ``Retry-After``, and
+  is logged once as it crosses the limit (for the operator or fail2ban). Its valid keys
+  are looked up and accepted as any other. IPv6 addresses count per /64, what one
+  client usually holds.
+
+Guessing a key is kept hopeless by the key, not by these counts: tether's keys carry 256
+random bits. Refusing an address would let one script lock out everyone behind it.
+
+Each count is one number (GCRA: the time its failures drain by), kept for a digest of the
+credential (this memory never holds a key) or the address, in two tables of at most
+``max_tracked`` entries, the least recently failed going first: distinct bad keys by the
+million cost at most their bound (17 MB for both tables full). The counts live in this
+process (a restart forgets them, and each process of a fleet counts its own): a
+fleet-wide limit belongs in the proxy in front (docs/operations.md)."""
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import logging
 import math
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable
 
 from tether.errors import TooManyAttempts
 
-MAX_TRACKED = 100_000  # addresses and credentials remembered at once; the oldest go first
+log = logging.getLogger(__name__)
+
+MAX_TRACKED = 50_000  # credentials, and addresses, remembered at once (each table)
+
+
+class Drains:
+    """Failures per key that drain at a steady rate (GCRA): up to ``burst`` at once, then
+    one more every ``window_s / burst``; a bounded table, least recently failed first out."""
+
+    def __init__(self, burst: int, window_s: float, max_tracked: int) -> None:
+        self._every = window_s / burst
+        self._window = window_s
+        self._max_tracked = max_tracked
+        self._drained_at: dict[bytes | str, float] = {}  # when its failures have drained
+
+    def wait(self, key: bytes | str, now: float) -> float:
+        """How long ``key`` must wait before another failure is within the limit (0: it
+        is within it now)."""
+        drained_at = self._drained_at.get(key)
+        if drained_at is None:
+            return 0.0
+        if drained_at <= now:
+            del self._drained_at[key]  # forgotten once drained: the table holds the live
+            return 0.0
+        return max(0.0, drained_at - now - (self._window - self._every))
+
+    def count(self, key: bytes | str, now: float) -> None:
+        """One more failure of ``key`` (drained by at most a window from now)."""
+        drained_at = max(self._drained_at.pop(key, now), now) + self._every
+        self._drained_at[key] = min(drained_at, now + self._window)  # most recent last
+        while len(self._drained_at) > self._max_tracked:
+            del self._drained_at[next(iter(self._drained_at))]
+
+    def __len__(self) -> int:
+        return len(self._drained_at)
 
 
 class AuthAttempts:
-    """The sliding-window counts of failed authentications of one process."""
+    """The counts of failed authentications of one process, per credential and per
+    address (module docstring)."""
 
     def __init__(
         self,
@@ -34,46 +87,54 @@ class AuthAttempts:
         self.max_failures = max_failures
         self.window_s = window_s
         self._clock = clock
-        self._max_tracked = max_tracked
-        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self.credentials = Drains(max_failures, window_s, max_tracked)
+        self.addresses = Drains(max_failures, window_s, max_tracked)
 
-    def check(self, address: str, credential: str) -> None:
-        """Refuse (``TooManyAttempts``) an attempt from ``address`` or with ``credential``
-        while either has ``max_failures`` failures within the window."""
-        now = self._clock()
-        waits = [self._wait(bucket, now) for bucket in _buckets(address, credential)]
-        wait = max(waits)
+    def check(self, credential: str) -> None:
+        """Refuse (``TooManyAttempts``) a credential that failed too often lately; called
+        before it is looked up. Nothing about its address is asked."""
+        wait = self.credentials.wait(_digest(credential), self._clock())
         if wait > 0:
-            retry = max(1, math.ceil(wait))
-            raise TooManyAttempts(
-                f"too many failed authentications; try again in {retry}s", retry_after_s=retry
-            )
+            raise _refusal("this key failed too many times", wait)
 
-    def failed(self, address: str, credential: str) -> None:
-        """Count one failed authentication against ``address`` and ``credential``."""
+    def failed(self, address: str, credential: str) -> TooManyAttempts | None:
+        """Count a failed authentication of ``credential`` from ``address``; the refusal to
+        answer it with (instead of ``unauthenticated``) when the address's failures were
+        already past the limit, else None."""
         now = self._clock()
-        for bucket in _buckets(address, credential):
-            times = self._failures.pop(bucket, None) or deque(maxlen=self.max_failures)
-            times.append(now)
-            self._failures[bucket] = times  # most recent last
-        while len(self._failures) > self._max_tracked:
-            self._failures.popitem(last=False)
-
-    def _wait(self, bucket: str, now: float) -> float:
-        times = self._failures.get(bucket)
-        if times is None:
-            return 0.0
-        while times and times[0] <= now - self.window_s:
-            times.popleft()
-        if not times:
-            del self._failures[bucket]
-            return 0.0
-        if len(times) < self.max_failures:
-            return 0.0
-        return times[0] + self.window_s - now
+        where = _address_key(address)
+        wait = self.addresses.wait(where, now)
+        self.credentials.count(_digest(credential), now)
+        self.addresses.count(where, now)
+        if wait <= 0:
+            if self.addresses.wait(where, now) > 0:  # this failure crossed the limit
+                log.warning(
+                    "too many failed authentications from one address",
+                    extra={"action": "auth", "address": where, "limit": self.max_failures},
+                )
+            return None
+        return _refusal("too many failed authentications from this address", wait)
 
 
-def _buckets(address: str, credential: str) -> tuple[str, ...]:
+def _refusal(why: str, wait: float) -> TooManyAttempts:
+    retry = max(1, math.ceil(wait))
+    return TooManyAttempts(f"{why}; try again in {retry}s", retry_after_s=retry)
+
+
+def _digest(credential: str) -> bytes:
     # The credential is kept only as a digest: this memory never holds a key.
-    digest = hashlib.sha256(credential.encode("utf-8", "replace")).hexdigest()
-    return (f"address:{address}", f"credential:{digest}")
+    return hashlib.sha256(credential.encode("utf-8", "replace")).digest()[:16]
+
+
+def _address_key(address: str) -> str:
+    """An IPv4 address as it is; an IPv6 one as its /64 (one client usually holds a whole
+    /64, and could otherwise spread its failures over 2**64 addresses)."""
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return address[:100]
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:  # ::ffff:10.0.0.1 is 10.0.0.1
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{parsed}/64", strict=False))
+    return str(parsed)

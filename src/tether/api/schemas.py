@@ -1,5 +1,5 @@
-"""The JSON shapes of the HTTP API (reference §6) and the one mapping from a domain error's
-``code`` to its HTTP status: domain errors know nothing of HTTP, the API decides here."""
+"""The JSON shapes of the HTTP API (reference §6); the HTTP status of each error code is in
+``statuses.py``."""
 
 from __future__ import annotations
 
@@ -10,54 +10,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
 from tether.budget import LimitsInput
 from tether.inputs import DIGEST, MAX_QUESTION_CHARS, MAX_REASON_CHARS
 from tether.runs import RunState
-
-# -- error code -> HTTP status ---------------------------------------------------------------
-
-# Every code a request can meet; one that is missing answers DEFAULT_STATUS.
-STATUS: dict[str, int] = {
-    "invalid_input": 422,
-    "unauthenticated": 401,
-    "not_found": 404,
-    "unknown_or_expired": 404,
-    "no_longer_permitted": 403,
-    "four_eyes": 403,
-    "not_halted": 409,
-    "already_finished": 409,
-    "already_resumed": 409,
-    "changed": 409,
-    "guard_failed": 409,
-    "illegal_transition": 409,
-    "lease_lost": 409,
-    "wrong_version": 409,
-    "tool_unavailable": 409,
-    "thread_busy": 409,
-    "idempotency_mismatch": 409,
-    "request_timeout": 408,
-    "payload_too_large": 413,
-    "too_many_attempts": 429,
-    "failpoint": 500,
-    "internal_error": 500,
-    "model_error": 502,
-    "not_ready": 503,
-    "database_unavailable": 503,
-    "database_misconfigured": 503,
-    "schema_not_ready": 503,
-    "sandbox_unavailable": 503,
-    "scope_unavailable": 503,
-    # invalid_config, tool_error, outcome_unknown, invalid_arguments: the default.
-}
-DEFAULT_STATUS = 400
-
-
-def status_for(code: str) -> int:
-    """The HTTP status that answers a refusal with ``code``."""
-    return STATUS.get(code, DEFAULT_STATUS)
-
-
-def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
-    """A refusal as reference §6 shapes it: ``{"ok": false, "error": CODE, "message": TEXT}``."""
-    return {"ok": False, "error": code, "message": message, **details}
-
 
 # -- input ---------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from fastapi import Body, Header, Query, Request, Response
 from sse_starlette import EventSourceResponse
 
 from tether import inputs
+from tether.api.deps import stream_slots_of
 from tether.api.routes import AUTH, INVALID, TOO_LARGE, Caller, EngineDep, json_router, responses
 from tether.api.schemas import (
     AcceptedOut,
@@ -35,6 +36,7 @@ from tether.api.schemas import (
     StartRunIn,
 )
 from tether.api.stream import event_stream
+from tether.api.stream_slots import as_json
 from tether.engine import Engine
 from tether.runs import iso, request_to_json, run_to_json
 
@@ -171,10 +173,20 @@ async def run_events(run_id: str, user: Caller, engine: EngineDep) -> dict[str, 
     response_class=EventSourceResponse,
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "the events"},
-        **responses((401, AUTH), (404, _NOT_FOUND), (422, INVALID)),
+        **responses(
+            (401, AUTH),
+            (404, _NOT_FOUND),
+            (422, INVALID),
+            (
+                429,
+                "`too_many_streams`: the caller holds as many open streams as one user "
+                "may in this process (`TETHER_MAX_STREAMS_PER_USER`; `limit`)",
+            ),
+        ),
     },
 )
 async def run_event_stream(
+    request: Request,
     run_id: str,
     user: Caller,
     engine: EngineDep,
@@ -189,10 +201,11 @@ async def run_event_stream(
             "written (`event: delta`, no `id:`)"
         ),
     ] = None,
-) -> EventSourceResponse:
-    return await event_stream(
+) -> Response:
+    stream = await event_stream(
         engine, run_id, user, after=after, last_event_id=last_event_id, deltas=deltas
     )
+    return stream_slots_of(request).held(user, stream, as_json)
 
 
 @router.post(

@@ -84,7 +84,9 @@ async def _serve(
     import uvicorn
 
     from tether.api.app import create_app
-    from tether.api.server import server_config
+    from tether.api.server import for_many_connections, server_config
+
+    files = for_many_connections(asyncio.get_running_loop())
 
     async with engine_for(
         agent_spec,
@@ -129,7 +131,8 @@ async def _serve(
         if task is not None:
             task.add_done_callback(on_worker_end)
         _started()
-        log.info("serving", extra={"action": "serve", "url": base, "worker_slots": slots})
+        extra = {"action": "serve", "url": base, "worker_slots": slots, **files}
+        log.info("serving", extra=extra)
         with _signals(on_signal):
             try:
                 await server.serve()

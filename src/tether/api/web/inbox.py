@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from tether.api.deps import engine_of
-from tether.api.schemas import status_for
+from tether.api.statuses import status_for
 from tether.api.web import lineage, threads, timeline
 from tether.api.web.actions import actions_for
 from tether.api.web.pages import message, page, turn_view

@@ -32,13 +32,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from tether.api.deps import engine_of
+from tether.api.deps import engine_of, stream_slots_of
 from tether.api.stream import event_stream
 from tether.api.web.inbox import no_such_run
 from tether.api.web.pages import ASSETS, message
-from tether.api.web.sessions import login_url, session_of
+from tether.api.web.sessions import Session, login_url, session_of
 from tether.engine import Engine
-from tether.errors import InvalidInput, NotFound
+from tether.errors import InvalidInput, NotFound, TooManyStreams
 
 # How many runs one list stream follows (the runs of one page of ``/runs``).
 FOLLOW_LIMIT = 50
@@ -57,7 +57,7 @@ async def run_live(request: Request, run_id: str, after: str | None = None) -> R
         return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)
     last = request.headers.get("last-event-id")
     try:
-        return await event_stream(
+        stream = await event_stream(
             engine_of(request),
             run_id,
             session.user,
@@ -66,6 +66,7 @@ async def run_live(request: Request, run_id: str, after: str | None = None) -> R
             deltas=True,
             named=False,
         )
+        return _held(request, session, stream)
     except NotFound:
         return no_such_run(request, session)
     except InvalidInput as exc:
@@ -85,13 +86,26 @@ async def lists_live(request: Request) -> Response:
     # stream is open misses nothing the stream does not signal.
     named = request.query_params.getlist("run")[:FOLLOW_LIMIT]
     starts = await _followed(engine, session.user, named)
-    return EventSourceResponse(
+    stream = EventSourceResponse(
         _signals(engine, session.user, starts),
         ping=engine.settings.keepalive_s,
         ping_message_factory=lambda: ServerSentEvent(comment="keep-alive", sep=_SEP),
         sep=_SEP,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+    return _held(request, session, stream)
+
+
+def _held(request: Request, session: Session, stream: Response) -> Response:
+    """``stream`` counted among the viewer's open streams (``tether.api.stream_slots``,
+    shared with the API's); past the bound, a page that says so (``EventSource`` stops
+    on it, and the page itself still works)."""
+
+    def refused(refusal: TooManyStreams) -> Response:
+        text = f"This page is not followed live: {refusal.message}. Reload it to see changes."
+        return message(request, session, 429, "Too many live pages", text, kind="refused")
+
+    return stream_slots_of(request).held(session.user, stream, refused)
 
 
 async def _followed(engine: Engine, user: str, run_ids: list[str]) -> dict[str, int]:

@@ -23,10 +23,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from starlette.requests import ClientDisconnect
 
+from tether import inputs
 from tether.api.deps import address_of, attempts_of, engine_of
 from tether.api.web.pages import ASSETS, message, not_from_this_session, page
 from tether.engine import Engine
-from tether.errors import TooManyAttempts
+from tether.errors import InvalidInput, TooManyAttempts
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +109,16 @@ async def session_of(request: Request) -> Session | None:
 
 async def posted(request: Request) -> Mapping[str, Any]:
     """The posted form; empty (so nothing acts) if the client hung up while sending it, as
-    a browser does with the first of two quick submissions."""
+    a browser does with the first of two quick submissions. ``invalid_input`` when a
+    field's name or text holds a NUL character or a lone surrogate (``inputs.storable``)."""
     try:
-        return await request.form()
+        form = await request.form()
     except ClientDisconnect:
         return {}
+    for name, value in form.multi_items():
+        inputs.storable(name, "the name of a form field")
+        inputs.storable(value if isinstance(value, str) else "", f"the form's {name}")
+    return form
 
 
 def field(form: Mapping[str, Any], name: str) -> str:
@@ -138,7 +144,12 @@ async def acting(
     to give instead: ``signed_out()`` without a session, a refusal (403, nothing done)
     for a form not sent from the session's own page. Every acting form starts here."""
     session = await session_of(request)
-    form = await posted(request)
+    try:
+        form = await posted(request)
+    except InvalidInput as exc:
+        if session is None:
+            return signed_out()
+        return message(request, session, 422, "Invalid", exc.message, kind="refused")
     if session is None:
         return signed_out()
     if not acts(request, session, form):
@@ -208,7 +219,10 @@ async def login_form(request: Request, next: str = "/") -> Response:
 
 @router.post("/login")
 async def login(request: Request) -> Response:
-    form = await posted(request)
+    try:
+        form = await posted(request)
+    except InvalidInput as exc:
+        return await _login_page(request, "/", error=exc.message, status=422)
     target = safe_next(field(form, "next") or "/")
     nonce = request.cookies.get(LOGIN_COOKIE, "")
     expected = _mac(_secret(request), "login", nonce)
@@ -217,17 +231,17 @@ async def login(request: Request) -> Response:
             request, target, error="The form expired; please try again.", status=403
         )
     key, dev_user = field(form, "key"), field(form, "dev_user")
-    attempts, address = attempts_of(request), address_of(request)
+    attempts = attempts_of(request)
     credential = f"published:{dev_user}" if dev_user else key.strip()
     try:
-        attempts.check(address, credential)
+        attempts.check(credential)  # only this credential's failures count here
     except TooManyAttempts as exc:
-        refused = await _login_page(request, target, error=exc.message, status=429)
-        refused.headers["Retry-After"] = str(exc.details["retry_after_s"])
-        return refused
+        return await _too_many(request, target, exc)
     opened = await _authenticate(engine_of(request), key, dev_user)
     if opened is None:
-        attempts.failed(address, credential)
+        over = attempts.failed(address_of(request), credential)
+        if over is not None:
+            return await _too_many(request, target, over)
         return await _login_page(request, target, error="That key is not valid.", status=401)
     user, sid = opened
     response = RedirectResponse(target, status_code=303)
@@ -242,6 +256,12 @@ async def login(request: Request) -> Response:
     response.delete_cookie(LOGIN_COOKIE, path="/login")
     log.info("signed in", extra={"action": "web_login", "user": user})
     return response
+
+
+async def _too_many(request: Request, target: str, exc: TooManyAttempts) -> Response:
+    refused = await _login_page(request, target, error=exc.message, status=429)
+    refused.headers["Retry-After"] = str(exc.details["retry_after_s"])
+    return refused
 
 
 async def _authenticate(engine: Engine, key: str, dev_user: str) -> tuple[str, str] | None:
@@ -263,7 +283,10 @@ async def _authenticate(engine: Engine, key: str, dev_user: str) -> tuple[str, s
 @router.post("/logout")
 async def logout(request: Request) -> Response:
     session = await session_of(request)
-    form = await posted(request)
+    try:
+        form = await posted(request)
+    except InvalidInput as exc:
+        return message(request, session, 422, "Invalid", exc.message, kind="refused")
     if not acts(request, session, form):
         return message(request, session, 403, "Refused", "Sign out from the page's own button.")
     if session is not None:  # always, once acts() agreed
