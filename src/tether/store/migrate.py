@@ -37,6 +37,7 @@ REVISIONS = (
     "0010",
     "0011",
     "0012",
+    "0014",  # rechained after "0013" at merge
 )
 _VERSION = sa.text("SELECT version_num FROM alembic_version")
 
