@@ -5,7 +5,9 @@ still comes first. Through the store, each claim's order asserted (no timing).""
 
 from __future__ import annotations
 
+import random
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -51,6 +53,23 @@ def _carry(store: Store, user: str, n: int) -> None:
     """Give ``user`` ``n`` runs carried by another worker."""
     for run_id in _new(store, *[user] * n):
         assert store.claim_ready("elsewhere", run_id) is not None
+
+
+# A ready run's row, for runs inserted in bulk (the triggers count them as ``create_run``'s).
+_ROW: dict[str, Any] = {
+    "question": "q",
+    "route": {},
+    "state": "running",
+    "max_steps": 10,
+    "max_spend_usd": 1.0,
+    "max_tool_calls": 10,
+    "max_elapsed_ms": 60_000,
+    "scope_snapshot": {},
+    "scope_resolved_at": 0.0,
+    "versions": {},
+    "agent_version": "t@1",
+    "started_at": 0.0,
+}
 
 
 def _batch(store: Store, limit: int) -> set[str]:
@@ -143,3 +162,59 @@ def test_concurrent_batch_claims_take_each_run_once(store: Store) -> None:
         taken.extend(run.id for run in rest)
     assert Counter(taken) == Counter(ids)
     assert _load(store) == _truth(store) == {"ana": (30, 0), "bo": (30, 0), "cy": (30, 0)}
+
+
+def _one_at_a_time(
+    ready: list[tuple[str, str, int, float]], load: dict[str, int], n: int
+) -> set[str]:
+    """What ``n`` claims of one run each take of ``ready`` (id, user, priority, since), by the
+    rule itself: the best priority, then the user carrying fewest, then the oldest."""
+    waiting = sorted(ready, key=lambda r: (-r[2], r[3], r[0]))
+    load = dict(load)
+    taken: set[str] = set()
+    for _ in range(n):
+        heads: dict[str, tuple[str, str, int, float]] = {}
+        for run in waiting:
+            heads.setdefault(run[1], run)
+        if not heads:
+            break
+        run = min(heads.values(), key=lambda r: (-r[2], load[r[1]], r[3], r[0]))
+        waiting.remove(run)
+        load[run[1]] += 1
+        taken.add(run[0])
+    return taken
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_batch_takes_what_claims_of_one_run_each_would(store: Store, seed: int) -> None:
+    rng = random.Random(seed)
+    users = [f"u{i}" for i in range(rng.randint(2, 10))]
+    load = {user: rng.choice([0, 0, 1, 2, 5]) for user in users}
+    for user, n in load.items():
+        _carry(store, user, n)
+    specs = [
+        (user, rng.choice([0, 0, 0, 1, -1]))
+        for user in users
+        for _ in range(rng.choice([0, 1, 3, 40, 90] if seed % 2 else [1, 40, 90, 150]))
+    ]
+    if seed % 2:
+        rng.shuffle(specs)  # the users' runs interleaved...
+    else:  # ...or one user's after another's, the busiest first: past the cheap look
+        specs.sort(key=lambda spec: -load[spec[0]])
+    now = store.now()
+    rows = [
+        {**_ROW, "id": uuid.uuid4().hex, "user_id": user, "priority": priority,
+         "updated_at": now - 5000 + i}
+        for i, (user, priority) in enumerate(specs)
+    ]  # fmt: skip
+    if rows:
+        with store.begin() as conn:
+            conn.execute(runs.insert(), rows)
+    ready = [(r["id"], r["user_id"], r["priority"], r["updated_at"]) for r in rows]
+    for limit in (1, 5, 32):
+        expected = _one_at_a_time(ready, load, limit)
+        taken = store.claim_waiting("w", limit)
+        assert {run.id for run in taken} == expected, (seed, limit)
+        for run in taken:
+            load[run.user_id] += 1
+        ready = [r for r in ready if r[0] not in expected]

@@ -126,7 +126,7 @@ def pick_next(dialect: type[Dialect], *, capped: bool) -> sa.Select[Any]:
     """The ids of the best waiting runs, their candidates locked by the dialect's
     ``candidates``: honouring ``b_cap`` when ``capped``, one (a second run of a user could
     take the user past the cap; each claim re-reads the user's count); else at most
-    ``b_limit``, the fair pick of ``fair_pick``."""
+    ``b_limit``, the fair pick of ``fair_pick`` (its bounds: ``fair_pick.pick_sizes``)."""
     if not capped:
         return fair_pick(dialect)
     lock = dialect().candidates
@@ -158,13 +158,14 @@ def claim_next(backend: str, *, capped: bool) -> Transition:
     batch never starts two runs of one thread."""
     dialect = dialect_for(backend)
     pick = pick_next(type(dialect), capped=capped)
+    chosen = runs.c.id.in_(pick) if capped else dialect.among(runs.c.id, pick)
     conditions = [sa.or_(_READY, _DUE), SERVED]
     # The transaction's id with each run (PostgreSQL), to settle a COMMIT cut off.
     returning = (runs,) if dialect.xid is None else (runs, dialect.xid)
     return Transition(
         [RUNNING, RunState.QUEUED],
         RUNNING,
-        runs.c.id.in_(pick),
+        chosen,
         *conditions,
         returning=returning,
         **CLAIMED,
