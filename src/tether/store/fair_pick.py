@@ -43,8 +43,8 @@ from tether.store.served import SERVED
 _ORDER = (runs.c.priority.desc(), runs.c.updated_at)
 
 
-# How many runs the claim takes (``limit``), how many of its rank it locks in order
-# (``pick``), and how many ready runs the cheap look reads (``scan``).
+# How many runs the claim takes (``b_limit``), how many of its rank it locks in order
+# (``b_pick``), and how many ready runs the cheap look reads (``b_scan``).
 LIMIT = sa.bindparam("b_limit", type_=sa.Integer)
 PICK = sa.bindparam("b_pick", type_=sa.Integer)
 SCAN = sa.bindparam("b_scan", type_=sa.Integer)
@@ -95,8 +95,8 @@ _NO_LOAD = 2**31 - 1
 
 
 def _look() -> tuple[sa.Select[Any], sa.ColumnElement[bool]]:
-    """The cheap look's candidates (its first ``pick``) and whether they are exact: the
-    look holds every ready run, or none of its first ``pick`` has a higher load than the
+    """The cheap look's candidates (its first ``b_pick``) and whether they are exact: the
+    look holds every ready run, or none of its first ``b_pick`` has a higher load than the
     least any run outside it can have (``_outside``)."""
     scanned = (
         sa.select(runs.c.id, runs.c.user_id, runs.c.priority, runs.c.updated_at.label("since"))
@@ -138,10 +138,10 @@ def _outside(look: sa.CTE) -> sa.ColumnElement[Any]:
 
 
 def _heads(dialect: type[Dialect]) -> sa.Subquery:
-    """The first ``pick`` users with ready runs, ranked by their best ready run as the
+    """The first ``b_pick`` users with ready runs, ranked by their best ready run as the
     claim ranks runs (priority, carried runs, since), each with how many of its runs can
-    be among the first ``pick`` (``depth``): no more than it has ready, and no more than
-    ``pick`` less the users ranked before it (each of those has a run ranked before
+    be among the first ``b_pick`` (``depth``): no more than it has ready, and no more than
+    ``b_pick`` less the users ranked before it (each of those has a run ranked before
     this user's first)."""
     best = (
         sa.select(runs.c.id, runs.c.priority, runs.c.updated_at)
@@ -171,10 +171,10 @@ def _heads(dialect: type[Dialect]) -> sa.Subquery:
 
 
 def _every_user(dialect: type[Dialect]) -> sa.Select[Any]:
-    """The ready runs of the first ``pick`` users that can be among the first
-    ``pick`` (each user's first ``depth``)."""
+    """The ready runs of the first ``b_pick`` users that can be among the first
+    ``b_pick`` (each user's first ``depth``)."""
     heads = _heads(dialect)
-    # SQLite takes no column in a LIMIT: there each user's first ``pick`` are read.
+    # SQLite takes no column in a LIMIT: there each user's first ``b_pick`` are read.
     depth = heads.c.depth if dialect.laterals else PICK
     theirs = (
         sa.select(runs.c.id, runs.c.priority, runs.c.updated_at)
@@ -195,7 +195,7 @@ def _every_user(dialect: type[Dialect]) -> sa.Select[Any]:
 
 
 def _queued(where: sa.ColumnElement[bool], since: Any, *order: Any) -> sa.Select[Any]:
-    """The first ``pick`` queued runs of one kind, in its index's order."""
+    """The first ``b_pick`` queued runs of one kind, in its index's order."""
     query = (
         sa.select(runs.c.id, runs.c.user_id, runs.c.priority, since.label("since"))
         .where(where, SERVED)
@@ -207,7 +207,7 @@ def _queued(where: sa.ColumnElement[bool], since: Any, *order: Any) -> sa.Select
 
 
 def fair_pick(dialect: type[Dialect]) -> sa.Select[Any]:
-    """The ids of the runs a claim of ``limit`` takes, locked by the dialect's
+    """The ids of the runs a claim of ``b_limit`` takes, locked by the dialect's
     ``candidates`` in rank order (see the module's docstring)."""
     look, exact = _look()
     every = _every_user(dialect)
