@@ -191,3 +191,29 @@ def capacity_agent() -> Agent:
                 task.cancel()
 
     return Agent(name="capacity", system_prompt="bench", tools=(fetch,), lifespan=lifespan)
+
+
+class LoopOrAnswer(Model):
+    """The question ``loop`` asks for ``fetch`` turn after turn (up to 500), any other is
+    answered at once; each request takes ``BENCH_MODEL_S`` (0.14 s), for ``rate_turns.py``:
+    one user's looping run against another's one-step run."""
+
+    name = "loop-or-answer"
+
+    def __init__(self) -> None:
+        self.latency_s = float(os.environ.get("BENCH_MODEL_S", "0.14"))
+
+    async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        await asyncio.sleep(self.latency_s)
+        index = sum(1 for m in messages if m.get("role") == "assistant")
+        message: Message = {"role": "assistant", "content": "done"}
+        if messages[1].get("content") == "loop" and index < 500:
+            call = {"name": "fetch", "arguments": json.dumps({"n": index})}
+            message = {"role": "assistant", "content": None}
+            message["tool_calls"] = [{"id": f"c{index}", "type": "function", "function": call}]
+        return ModelResponse(message=message, usage=Usage(input_tokens=10), model="loop")
+
+
+def loop_agent() -> Agent:
+    """The benchmark agent on ``LoopOrAnswer`` (``--agent bench_agent:loop_agent``)."""
+    return Agent(name="bench", system_prompt="bench", tools=(fetch,), default_model=LoopOrAnswer)

@@ -1,11 +1,19 @@
-"""What a claim costs while many runs wait under ``TETHER_MAX_ACTIVE_PER_USER`` (reference
-§17), on PostgreSQL and on SQLite, against a claim with no cap and no run waiting.
+"""What a claim costs while many runs wait (reference §17), with the defaults (no cap: the
+fair pick, the user carrying the fewest runs first) and under ``TETHER_MAX_ACTIVE_PER_USER``,
+on PostgreSQL and on SQLite, against a claim with no run waiting but the one it takes.
 
-Three rounds, each on a fresh database, each timing ``--claims`` claims (``Store.claim_ready``:
-one conditional UPDATE that picks and claims, and its COMMIT), each claimed run cancelled
-at once so the next claim meets the same queue:
+Rounds on a fresh database each, each timing ``--claims`` claims (``Store.claim_ready``, or
+``Store.claim_waiting`` for a batch: one conditional UPDATE that picks and claims, and its
+COMMIT), each claimed run cancelled at once so the next claim meets the same queue:
 
-- baseline: no cap, one ready run at each claim (created just before it, not timed);
+- baseline: one ready run at each claim (created just before it, not timed); for
+  batches, ``--batch`` (32) ready runs of one user at each claim;
+- fair: no cap, ``--runs`` (10,000) waiting runs of ``--users`` (100) users while the
+  fleet carries ``--slots`` (16), ``--cap`` for each of the first users, the runs
+  ``interleaved`` or in ``blocks`` as below; claims of one run, and of ``--batch``;
+- late user, no cap: ``--runs`` waiting runs of one user, who carries ``--slots``, then
+  one run of another user arrives last: which claim of ``--batch`` takes it (the goal:
+  the first);
 - capped: ``--runs`` (10,000) waiting runs of ``--users`` (100) users, cap ``--cap``, the
   fleet carrying ``--slots`` (16) runs, ``--cap`` for each of the first users; the waiting
   runs created in two orders: ``interleaved`` (the users' runs arriving together) and
@@ -16,8 +24,9 @@ at once so the next claim meets the same queue:
   and one slot frees: how many claims it takes before the new user's run is claimed
   (the goal: the first, within one claim round).
 
-Prints the median and p99 of each, their ratios (goal: capped at most 1.2 times baseline), and the
-late user's claim count. Figures, not assertions.
+On PostgreSQL the tables are analysed once filled (as autovacuum would have done). Prints
+the median and p99 of each, their ratios to the baseline of the same size (goal: at
+most 1.2), and the late users' claim counts. Figures, not assertions.
 
 Run: .venv/bin/python benchmarks/claims.py [--runs 10000] [--users 100] [--claims 300]
 """
@@ -25,6 +34,7 @@ Run: .venv/bin/python benchmarks/claims.py [--runs 10000] [--users 100] [--claim
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -87,17 +97,21 @@ def _one(store: Store, user: str = "solo") -> str:
     return run_id
 
 
-def _timed_claims(store: Store, n: int, cap: int | None, *, refill: bool) -> list[float]:
-    """``n`` claims, each claimed run cancelled at once (untimed)."""
+def _timed_claims(
+    store: Store, n: int, cap: int | None, *, refill: bool, batch: int = 1
+) -> list[float]:
+    """``n`` claims of ``batch`` runs, each claimed run cancelled at once (untimed)."""
     took: list[float] = []
     for i in range(n):
         if refill:
-            _one(store)
+            for _ in range(batch):
+                _one(store)
         start = time.perf_counter()
-        run = store.claim_ready(f"w{i}", cap=cap)
+        claimed = store.claim_waiting(f"w{i}", batch, cap=cap)
         took.append(time.perf_counter() - start)
-        assert run is not None, "nothing to claim"
-        store.cancel(run_id=run.id, user_id=run.user_id, by="bench")
+        assert len(claimed) == batch, "nothing to claim"
+        for run in claimed:
+            store.cancel(run_id=run.id, user_id=run.user_id, by="bench")
     return took
 
 
@@ -113,13 +127,54 @@ def _summary(took: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1e3, ordered[int(len(ordered) * 0.99) - 1] * 1e3
 
 
-def _capped(store: Store, args: argparse.Namespace, *, blocks: bool) -> list[float]:
+def _analyzed(store: Store) -> None:
+    """PostgreSQL's statistics of the tables just filled, as autovacuum would have them
+    after so many rows (this machine's server runs with it off): the planner's picture of
+    a deployment, not of an empty table."""
+    if store.dialect.name == "postgresql":
+        with store.begin() as conn:
+            conn.exec_driver_sql("ANALYZE runs")
+            conn.exec_driver_sql("ANALYZE user_load")
+
+
+def _queue(store: Store, args: argparse.Namespace, *, blocks: bool) -> None:
+    """``--runs`` waiting runs of ``--users`` users, the first users carrying ``--cap``."""
     with store.begin() as conn:
         conn.execute(runs.delete())
         conn.execute(runs.insert(), _rows(args.runs, args.users, blocks=blocks))
     for u in range(args.slots // args.cap):
         _carry(store, f"user{u:03d}", args.cap)
+    _analyzed(store)
+
+
+def _capped(store: Store, args: argparse.Namespace, *, blocks: bool) -> list[float]:
+    """The rounds under the cap: claims of one run, ``--cap`` each user at most."""
+    _queue(store, args, blocks=blocks)
     return _timed_claims(store, args.claims, args.cap, refill=False)
+
+
+def _fair(store: Store, args: argparse.Namespace, *, blocks: bool, batch: int) -> list[float]:
+    _queue(store, args, blocks=blocks)
+    claims = args.claims if batch == 1 else max(1, args.claims // 10)
+    return _timed_claims(store, claims, None, refill=False, batch=batch)
+
+
+def _late_fair(store: Store, args: argparse.Namespace) -> int | None:
+    """No cap, ``--runs`` waiting runs of one user who carries ``--slots``, then another
+    user's run arriving last: the claim of ``--batch`` that takes it."""
+    with store.begin() as conn:
+        conn.execute(runs.delete())
+        conn.execute(runs.insert(), _rows(args.runs, 1, blocks=True))
+    _carry(store, "user000", args.slots)
+    _analyzed(store)
+    late = _one(store, "late")
+    for claims in range(1, args.runs // args.batch + 2):
+        taken = store.claim_waiting("w-late", args.batch)
+        if not taken:
+            return None
+        if late in {run.id for run in taken}:
+            return claims
+    return None
 
 
 def _late(store: Store, args: argparse.Namespace) -> int | None:
@@ -149,9 +204,17 @@ def _round(backend: str, args: argparse.Namespace) -> dict[str, Any]:
         got: dict[str, Any] = {
             "baseline": _summary(_timed_claims(store, args.claims, None, refill=True))
         }
-        got["interleaved"] = _summary(_capped(store, args, blocks=False))
-        got["blocks"] = _summary(_capped(store, args, blocks=True))
-        got["late"] = _late(store, args)
+        batches = max(1, args.claims // 10)
+        timed = _timed_claims(store, batches, None, refill=True, batch=args.batch)
+        got["baseline batch"] = _summary(timed)
+        for order in ("interleaved", "blocks"):
+            blocks = order == "blocks"
+            got[f"fair {order}"] = _summary(_fair(store, args, blocks=blocks, batch=1))
+            timed = _fair(store, args, blocks=blocks, batch=args.batch)
+            got[f"fair {order} batch"] = _summary(timed)
+            got[f"capped {order}"] = _summary(_capped(store, args, blocks=blocks))
+        got["late"] = _late(store, args)  # on the queue of the last capped round
+        got["late fair"] = _late_fair(store, args)
         store.close()
     return got
 
@@ -163,23 +226,29 @@ def main() -> None:
     parser.add_argument("--cap", type=int, default=2)
     parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--claims", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--backends", default="postgresql,sqlite")
     args = parser.parse_args()
     print(
         f"{args.runs} waiting runs of {args.users} users, cap {args.cap}, "
-        f"{args.slots} carried, {args.claims} claims"
+        f"{args.slots} carried, {args.claims} claims of one ({args.claims // 10} of "
+        f"{args.batch}); load average {os.getloadavg()[0]:.1f}"
     )
-    print(f"{'backend':<11} {'round':<12} {'median ms':>10} {'p99 ms':>8} {'ratio':>12}")
+    print(f"{'backend':<11} {'round':<24} {'median ms':>10} {'p99 ms':>8} {'ratio':>10}")
     for backend in args.backends.split(","):
         got = _round(backend, args)
-        base_med, base_p99 = got["baseline"]
-        print(f"{backend:<11} {'baseline':<12} {base_med:>10.3f} {base_p99:>8.3f}")
-        for order in ("interleaved", "blocks"):
-            med, p99 = got[order]
-            ratio = f"{med / base_med:.2f}/{p99 / base_p99:.2f}"
-            print(f"{backend:<11} {order:<12} {med:>10.3f} {p99:>8.3f} {ratio:>12}")
+        for name, (med, p99) in ((k, v) for k, v in got.items() if not k.startswith("late")):
+            base_med, base_p99 = got["baseline batch" if name.endswith("batch") else "baseline"]
+            ratio = (
+                "" if name.startswith("baseline") else f"{med / base_med:.2f}/{p99 / base_p99:.2f}"
+            )
+            print(f"{backend:<11} {name:<24} {med:>10.3f} {p99:>8.3f} {ratio:>10}")
+        print(
+            f"{backend:<11} no cap: another user's run arriving after one user's "
+            f"{args.runs} claimed by claim no. {got['late fair']} of {args.batch}"
+        )
         late = got["late"]
-        print(f"{backend:<11} late user's run claimed by claim no. {late} after a slot freed")
+        print(f"{backend:<11} cap: late user's run claimed by claim no. {late} after a slot freed")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from tether.models import from_spec
 from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
 from tether.results import LiveEvent
 from tether.store import Grant, Store
+from tether.store.rate_shares import SPREAD
 from tether.store.schema import gates, model_usage
 from tether.telemetry.metrics import REGISTRY
 
@@ -104,12 +105,12 @@ def fill(url: str, *, requests: int = 0, tokens: int = 0) -> None:
     store = Store(url)
     try:
         store.lease_capacity(
-            requests=requests,
+            wants={"someone": requests},
             rpm=requests or None,
             tpm=None,
             window_s=WINDOW_S,
             valid_s=VALID_S,
-            tokens=tokens,
+            tokens={"someone": tokens},
         )
     finally:
         store.close()
@@ -169,8 +170,11 @@ async def test_waiting_is_neither_a_model_failure_nor_active_time(
     assert limiter.waiting == 0
     (event,) = await of_kind(engine, run_id, "rate_limited")
     assert event.data["limit"] == "rpm"
-    # The slot taken just before comes free when it leaves the window and its margin.
-    assert event.data["wait_s"] > WINDOW_S / 2
+    assert event.data["wait_s"] > 0
+    # The slot taken just before comes free when it leaves the window and its margin (on
+    # the database's clock).
+    filled, granted = sorted(at for at, requests, _ in usage_rows(db_url) if requests)
+    assert granted - filled >= WINDOW_S + VALID_S
     run = engine._store.get_run(run_id)
     assert run is not None
     assert run.model_failures == 0 and run.recovery_attempts == 0
@@ -186,11 +190,12 @@ async def test_tpm_holds_a_request_while_the_last_windows_tokens_reach_it(
     engine = engine_on(opened, db_url, model_tpm=20)
     run_ids = [(await engine.start_run("dana", f"q{i}")).id for i in range(3)]
 
-    for run_id in run_ids:  # one after the other: the second starts below 20, the third not
+    for run_id in run_ids:  # one after the other: the second starts below 20 (once the
+        # first's 15 tokens left the tenth of the window the spread counts), the third not
         assert (await engine.run_until_stop(run_id)).kind is StopKind.ANSWERED
 
     assert await of_kind(engine, run_ids[0], "rate_limited") == []
-    assert await of_kind(engine, run_ids[1], "rate_limited") == []
+    assert all(e.data["limit"] == "tpm" for e in await of_kind(engine, run_ids[1], "rate_limited"))
     (event,) = await of_kind(engine, run_ids[2], "rate_limited")
     assert event.data["limit"] == "tpm"
     first, _, third = server.arrivals()
@@ -216,25 +221,49 @@ async def test_without_a_limit_nothing_is_stored_and_the_store_is_not_asked(
 # -- the store's leases ----------------------------------------------------------------------
 
 
-def lease(store: Store, requests: int, **kwargs: Any) -> Grant:
+def lease(store: Store, requests: int, user: str = "ana", **kwargs: Any) -> Grant:
     kwargs.setdefault("rpm", 3)
     kwargs.setdefault("tpm", None)
-    return store.lease_capacity(requests=requests, window_s=WINDOW_S, valid_s=VALID_S, **kwargs)
+    return store.lease_capacity(
+        wants={user: requests}, window_s=WINDOW_S, valid_s=VALID_S, **kwargs
+    )
+
+
+def used(store: Store, at: float, requests: int, user: str = "bo") -> int:
+    """A row of ``requests`` leased at ``at`` (database time) for ``user``; its id."""
+    with store.engine.begin() as conn:
+        values = {"at": at, "requests": requests, "user_id": user}
+        return int(conn.execute(model_usage.insert().values(**values)).inserted_primary_key[0])
 
 
 def test_a_lease_grants_what_the_window_leaves_and_says_when_more_is_due(db_url: str) -> None:
     store = Store(db_url)
     try:
-        first = lease(store, 2)
-        assert first.granted == 2 and first.lease_id is not None and first.next_at is None
+        # Two starts leased 1.5 s ago: in the window (2 s, and 1 s of validity), past the
+        # part of it the spread counts (RPM 3: one start per 2/3 s).
+        earlier = store.now() - 1.5
+        used(store, earlier, 2)
         second = lease(store, 2)
-        assert second.granted == 1 and second.limit == "rpm"
-        # The oldest slot must leave the window and its validity margin.
-        assert second.next_at == pytest.approx(first.at + WINDOW_S + VALID_S)
+        assert second.granted == {"ana": 1} and second.limit == "rpm"
+        # The oldest slots must leave the window and its validity margin.
+        assert second.next_at == pytest.approx(earlier + WINDOW_S + VALID_S)
         full = lease(store, 1)
-        assert full.granted == 0 and full.lease_id is None and full.next_at == second.next_at
-        lease(store, 0, give_back=[(first.lease_id, 2)])  # unused: back to the fleet
-        assert lease(store, 3).granted == 2
+        assert full.total == 0 and full.rows == {} and full.next_at == second.next_at
+        # Unused: back to the fleet (and out of the spread's count).
+        lease(store, 0, give_back=[(second.rows["ana"], 1)])
+        assert lease(store, 3).granted == {"ana": 1}
+    finally:
+        store.close()
+
+
+def test_a_lease_spreads_request_starts_over_the_window(db_url: str) -> None:
+    store = Store(db_url)
+    try:
+        # RPM 20 over 2 s: at most 2 starts in any 0.2 s, then the next when they age out.
+        first = lease(store, 5, rpm=20)
+        assert first.granted == {"ana": 2} and first.limit == "rpm"
+        assert first.next_at == pytest.approx(first.at + WINDOW_S / SPREAD)
+        assert lease(store, 1, rpm=20).total == 0
     finally:
         store.close()
 
@@ -245,8 +274,8 @@ def test_tokens_are_recorded_with_a_lease_and_old_rows_are_purged(db_url: str) -
         long_ago = store.now() - 1000
         with store.engine.begin() as conn:
             conn.execute(model_usage.insert().values(at=long_ago, requests=5))
-        reported = lease(store, 1, rpm=None, tpm=100, tokens=100, purge=True)
-        assert reported.granted == 0 and reported.limit == "tpm"  # at TPM: none
+        reported = lease(store, 1, rpm=None, tpm=100, tokens={"ana": 100}, purge=True)
+        assert reported.total == 0 and reported.limit == "tpm"  # at TPM: none
         assert reported.next_at == pytest.approx(reported.at + WINDOW_S)
         assert [(r, t) for _, r, t in usage_rows(db_url)] == [(0, 100)]
     finally:
@@ -259,9 +288,13 @@ def test_concurrent_leases_of_the_fleet_never_grant_more_than_rpm(db_url: str, g
     if gate == "deleted":  # the migration's row is gone: the first lease puts it back
         with stores[0].engine.begin() as conn:
             conn.execute(gates.delete())
+    # RPM 50 over 2 s, 45 of it leased a second ago (past the spread's part, 0.2 s): 5 left.
+    used(stores[0], stores[0].now() - 1.0, 45)
     try:
         with ThreadPoolExecutor(max_workers=8) as pool:
-            grants = list(pool.map(lambda i: lease(stores[i % 4], 1, rpm=5).granted, range(16)))
+            grants = list(
+                pool.map(lambda i: lease(stores[i % 4], 1, f"u{i}", rpm=50).total, range(16))
+            )
         assert sum(grants) == 5
     finally:
         for store in stores:

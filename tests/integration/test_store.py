@@ -18,6 +18,7 @@ from tether.errors import IllegalTransition, InvalidInput, LeaseLost
 from tether.runs import FailReason, HaltReason, Lease, Pending, Run, RunState
 from tether.store import Store, claim_statements, upkeep
 from tether.store.claim_order import pick_next
+from tether.store.fair_pick import pick_sizes
 from tether.store.reads import _COUNT_BY_STATE
 from tether.store.schema import runs
 from tether.store.served import served
@@ -290,7 +291,7 @@ def test_a_malformed_key_resolves_to_nobody_and_cannot_be_added(store: Store, ke
 
 # The scans that claim take only the versions served (reference §12): one, as a worker has.
 _ONE = served(["t@1"])
-_CLAIM = {"b_cap": None, **_ONE}
+_CLAIM = {"b_cap": None, **_ONE, **pick_sizes(1)}
 SCANS: dict[str, tuple[Any, dict[str, Any], str | tuple[str, ...]]] = {
     "ready runs": (lambda d: pick_next(type(d), capped=False), _CLAIM, "runs_ready"),
     "queued runs": (lambda d: pick_next(type(d), capped=False), _CLAIM, "runs_queued"),

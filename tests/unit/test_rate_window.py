@@ -16,7 +16,7 @@ from waiting import until
 
 from tether._runtime.rate_limit import RateLimiter
 from tether.store import Store
-from tether.store.rates import free_at, granted, window
+from tether.store.rate_shares import Pace, Waiting, free_at, granted, load, shares, window
 from tether.store.schema import model_usage
 
 W = 60.0
@@ -85,7 +85,7 @@ def test_counting_the_window_alone_would_let_a_late_used_slot_overlap_the_next_w
 
 async def test_runs_wanting_a_slot_at_once_share_leases(sqlite_url: str) -> None:
     store = Store(sqlite_url)
-    limiter = RateLimiter(store, rpm=100, window_s=W)
+    limiter = RateLimiter(store, rpm=1000, window_s=W)  # the spread: 100 at once
     try:
 
         async def one() -> bool:
@@ -93,7 +93,7 @@ async def test_runs_wanting_a_slot_at_once_share_leases(sqlite_url: str) -> None
                 raise AssertionError("no wait below the limit")
 
             granted, _ = await limiter.acquire(
-                on_wait=on_wait, check=lambda: None, stopping=lambda: False
+                "ana", on_wait=on_wait, check=lambda: None, stopping=lambda: False
             )
             return granted
 
@@ -115,9 +115,11 @@ async def test_a_full_fleet_waits_once_then_the_stopping_worker_gives_up(sqlite_
         stopping.set()  # the worker begins to stop while the run waits
 
     try:
-        first = await limiter.acquire(on_wait=on_wait, check=lambda: None, stopping=lambda: False)
+        first = await limiter.acquire(
+            "ana", on_wait=on_wait, check=lambda: None, stopping=lambda: False
+        )
         second = await limiter.acquire(
-            on_wait=on_wait, check=lambda: None, stopping=stopping.is_set
+            "ana", on_wait=on_wait, check=lambda: None, stopping=stopping.is_set
         )
         assert first[0] is True and second[0] is False
         assert len(waits) == 1 and waits[0][0] == "rpm" and waits[0][1] > W - 1
@@ -136,8 +138,8 @@ async def test_reported_tokens_reach_the_store_by_the_timer_when_no_lease_comes(
     store = Store(sqlite_url)
     limiter = RateLimiter(store, tpm=100, window_s=W, flush_s=0.05)
     try:
-        limiter.report(40)
-        limiter.report(2)
+        limiter.report("ana", 40)
+        limiter.report("bo", 2)
 
         def recorded() -> int:
             with store.engine.connect() as conn:
@@ -152,6 +154,53 @@ async def test_reported_tokens_reach_the_store_by_the_timer_when_no_lease_comes(
 
 def test_nothing_is_sent_without_a_limit() -> None:
     limiter = RateLimiter.off()
-    limiter.report(1000)
+    limiter.report("ana", 1000)
     limiter.close()
     assert not limiter.enabled and limiter.leases == 0
+
+
+# -- the spread and the turns ------------------------------------------------------------
+
+
+def test_the_spread_lets_a_tenth_of_the_window_start_in_a_tenth_of_it() -> None:
+    assert Pace.of(300, None, W) == Pace(requests=30, requests_s=6.0, tokens=None, tokens_s=6.0)
+    # Fewer than ten a window: one at a time, each as far apart as the window allows.
+    assert Pace.of(3, 1000, W) == Pace(requests=1, requests_s=20.0, tokens=100, tokens_s=6.0)
+
+
+@st.composite
+def _queue(draw: st.DrawFn) -> tuple[int, list[Waiting]]:
+    users = draw(st.integers(1, 5))
+    waiting = [
+        Waiting(
+            user=f"u{i}",
+            wanting=draw(st.integers(0, 6)),
+            since=draw(st.floats(0.0, 10.0)),
+            requests=draw(st.integers(0, 20)),
+            tokens=draw(st.integers(0, 5000)),
+        )
+        for i in range(users)
+    ]
+    return draw(st.integers(0, 20)), waiting
+
+
+@given(_queue(), st.sampled_from([(20, None), (None, 5000), (20, 5000)]))
+def test_what_is_free_goes_in_turn_the_least_used_first(
+    queue: tuple[int, list[Waiting]], limits: tuple[int | None, int | None]
+) -> None:
+    free, waiting = queue
+    rpm, tpm = limits
+    given = shares(free, waiting, rpm=rpm, tpm=tpm)
+    assert sum(given.values()) == min(free, sum(w.wanting for w in waiting))
+    for w in waiting:
+        assert 0 <= given[w.user] <= w.wanting
+    for u in waiting:  # u's last start went to it while it had used no more than v has now
+        for v in waiting:
+            if given[u.user] and given[v.user] < v.wanting:
+                last = (load(u, given[u.user] - 1, rpm=rpm, tpm=tpm), u.since, u.user)
+                assert last <= (load(v, given[v.user], rpm=rpm, tpm=tpm), v.since, v.user)
+
+
+def test_without_a_bound_everyone_waiting_gets_all_they_want() -> None:
+    waiting = [Waiting(user="ana", wanting=3, since=1.0), Waiting(user="bo", wanting=0, since=0)]
+    assert shares(None, waiting, rpm=None, tpm=100) == {"ana": 3, "bo": 0}

@@ -2,9 +2,11 @@
 (the step's call in ``loop.py``, a compaction's summary in ``compacting.py``) starts with
 ``model_capacity`` and reports its usage with ``model_ended``.
 
-A run that must wait keeps its lease (the heartbeat goes on beating for it), counts no
-model failure, and does not count the wait as active time (``elapsed_ms``); its wait shows
-as one ``rate_limited`` event in the step (``store.note_rate_limited``).
+Capacity is asked for and counted as the run's user's, so the fleet gives it to waiting
+users in turn (``rate_limit.py``). A run that must wait keeps its lease (the heartbeat goes
+on beating for it), counts no model failure, and does not count the wait as active time
+(``elapsed_ms``); its wait shows as one ``rate_limited`` event in the step
+(``store.note_rate_limited``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ async def model_capacity(session: RunSession) -> bool:
         await hop(session.services.store.note_rate_limited, session.lease, data)
 
     granted, waited_s = await limiter.acquire(
-        on_wait=on_wait, check=session.check_held, stopping=lambda: session.stopping
+        session.run.user_id,
+        on_wait=on_wait,
+        check=session.check_held,
+        stopping=lambda: session.stopping,
     )
     session.idle(waited_s)
     if not granted:
@@ -45,5 +50,7 @@ async def model_capacity(session: RunSession) -> bool:
 
 
 def model_ended(session: RunSession, usage: Usage) -> None:
-    """Report a model request's input and output tokens to the fleet's TPM."""
-    session.services.limiter.report(usage.input_tokens + usage.output_tokens)
+    """Report a model request's input and output tokens to the fleet's TPM, as its run's
+    user's."""
+    tokens = usage.input_tokens + usage.output_tokens
+    session.services.limiter.report(session.run.user_id, tokens)

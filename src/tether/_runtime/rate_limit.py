@@ -1,19 +1,25 @@
 """The fleet's model rate in one process (reference §17): ``TETHER_MODEL_RPM`` and
 ``TETHER_MODEL_TPM``, one budget for every worker of the database.
 
-One limiter per engine. A run about to call the model ``acquire``s a slot: from the slots
-this process leased and has not handed out yet, else from a new lease
-(``store.lease_capacity``). Runs wanting a slot at once are coalesced into one lease (the
-first sends it for as many as want one then, the others share it, ``single_flight``), so
-the database cost is at most one lease transaction per model call, and less under load.
-A lease's slots are handed out for ``valid_s / 2`` after the transaction began, so each
-request leaves within ``valid_s`` of the lease's ``at`` (the margin the store counts);
-slots left at that deadline are given back.
+One limiter per engine. A run about to call the model ``acquire``s a slot for its user:
+from the slots this process leased for that user and has not handed out yet, else from a
+new lease (``store.lease_capacity``). Runs wanting a slot at once are coalesced into one
+lease (the first sends it for as many as want one then, by user; the others share it,
+``single_flight``), so the database cost is at most one lease transaction per model call,
+and less under load. A lease's slots are handed out for ``valid_s / 2`` after the
+transaction began, so each request leaves within ``valid_s`` of the lease's ``at`` (the
+margin the store counts); slots left at that deadline are given back.
 
-When the fleet is full the store says when capacity is next due (rows aging out of the
-window): every waiting run of the process sleeps until then (no busy-wait, no lease
-meanwhile; it wakes every ``NAP_S`` only to see whether its lease was lost or the worker
-is stopping), and the first to wake leases for all of them.
+The store shares what is free among the users waiting fleet-wide, in turn, the user who
+used least of the window first (``store/rates.py``): a lease may get nothing for a user
+because another limiter's user is owed it, and this limiter's users left short are
+written down under its ``waiter`` id for the other limiters' leases to see.
+
+When the fleet is full the store says when capacity is next due for this limiter (rows
+aging out of the window, after what other users are owed): every waiting run of the
+process sleeps until then (no busy-wait, no lease meanwhile; it wakes every ``NAP_S``
+only to see whether its lease was lost or the worker is stopping), and the first to wake
+leases for all of them.
 
 Tokens (TPM) and given-back slots are sent with the next lease, or by a timer ``flush_s``
 after they were noted when no lease comes sooner: a busy process pays nothing extra for
@@ -30,7 +36,10 @@ import asyncio
 import logging
 import threading
 import time
+import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from tether._runtime.hop import hop
 from tether._runtime.single_flight import InFlight
@@ -58,6 +67,17 @@ PURGE_EVERY_S = 60.0
 MIN_PAUSE_S = 0.01
 
 
+@dataclass(kw_only=True)
+class _Slots:
+    """Slots of one lease row for one user: how many are left to hand out, until when
+    (monotonic)."""
+
+    user: str
+    row: int
+    left: int
+    until: float
+
+
 class RateLimiter:
     """The slots of the fleet's model capacity this process holds, and its waiting runs.
     Thread-safe and usable from several event loops (``SyncEngine``)."""
@@ -79,16 +99,15 @@ class RateLimiter:
         self.valid_s = valid_s
         self.flush_s = flush_s
         self.enabled = store is not None and (rpm is not None or tpm is not None)
+        self.waiter = uuid.uuid4().hex  # this limiter's name among the fleet's waiting
         self._lock = threading.Lock()
         self._flight = InFlight()
-        self._slots = 0  # leased, not handed out yet
-        self._slots_of: int | None = None  # the lease row they belong to
-        self._slots_until = 0.0  # monotonic: handed out until then
-        self._wanting = 0  # runs in ``acquire`` now
+        self._slots: list[_Slots] = []  # leased, not handed out yet
+        self._wanting: Counter[str] = Counter()  # runs in ``acquire`` now, by user
         self._waiting = 0  # of them, those sleeping for capacity
         self._full_until = 0.0  # monotonic: no capacity expected before then
         self._limit = "rpm"
-        self._tokens = 0  # reported, not sent yet
+        self._tokens: Counter[str] = Counter()  # reported, not sent yet, by user
         self._returns: list[tuple[int, int]] = []  # unused slots to give back
         self._timer: threading.Timer | None = None
         self._purged = time.monotonic()
@@ -117,19 +136,21 @@ class RateLimiter:
 
     async def acquire(
         self,
+        user: str,
         *,
         on_wait: Callable[[str, float], Awaitable[None]],
         check: Callable[[], None],
         stopping: Callable[[], bool],
     ) -> tuple[bool, float]:
-        """Wait for one request start: whether it was granted (False: ``stopping()`` became
-        true first) and the seconds spent here. ``on_wait(limit, seconds)`` is awaited
-        once, when the run first has to sleep (the limit that holds it, the expected
-        wait); ``check()`` is called at each wake and may raise (a lost lease)."""
+        """Wait for one request start of ``user``'s run: whether it was granted (False:
+        ``stopping()`` became true first) and the seconds spent here. ``on_wait(limit,
+        seconds)`` is awaited once, when the run first has to sleep (the limit that holds
+        it, the expected wait); ``check()`` is called at each wake and may raise (a lost
+        lease)."""
         began = time.monotonic()
         slept = False
         with self._lock:
-            self._wanting += 1
+            self._wanting[user] += 1
             self._closed = False  # an engine used again after its close limits again
         try:
             while True:
@@ -138,7 +159,7 @@ class RateLimiter:
                     return False, time.monotonic() - began
                 now = time.monotonic()
                 with self._lock:
-                    if self._take(now):
+                    if self._take(user, now):
                         return True, time.monotonic() - began
                     pause, limit = self._full_until - now, self._limit
                 if pause <= 0:
@@ -152,18 +173,21 @@ class RateLimiter:
                 await asyncio.sleep(min(max(pause, MIN_PAUSE_S), NAP_S))
         finally:
             with self._lock:
-                self._wanting -= 1
+                self._wanting[user] -= 1
+                if self._wanting[user] <= 0:
+                    del self._wanting[user]
             if slept:
                 self._sleeping(-1)
                 RATE_LIMITED_WAIT_SECONDS.observe(time.monotonic() - began)
 
-    def report(self, tokens: int) -> None:
-        """Note the input and output tokens a request reported when it ended (TPM); sent
-        with the next lease or by the timer."""
+    def report(self, user: str, tokens: int) -> None:
+        """Note the input and output tokens a request of ``user``'s run reported when it
+        ended (TPM, and the user's share of the window); sent with the next lease or by the
+        timer."""
         if not self.enabled or self.tpm is None or tokens <= 0:
             return
         with self._lock:
-            self._tokens += tokens
+            self._tokens[user] += tokens
             self._arm(self.flush_s)
 
     def close(self) -> None:
@@ -177,26 +201,46 @@ class RateLimiter:
             self._closed = True  # no timer is armed from now on
             tokens, returns = self._pending()
         self._send(tokens, returns)
+        if self.store is not None:
+            try:
+                self.store.forget_waits(self.waiter)
+            except Exception:  # they lapse by themselves (``store/rates.py``)
+                log.warning("waiting users not struck", exc_info=True)
 
     # -- inside ----------------------------------------------------------------------------
 
-    def _take(self, now: float) -> bool:
-        """Under the lock: hand out one slot if one is left and still good."""
+    def _take(self, user: str, now: float) -> bool:
+        """Under the lock: hand ``user``'s run one slot if one of the user's is left and
+        still good."""
         if self._give_back_expired(now):
             self._arm(self.flush_s)
-        if self._slots > 0:
-            self._slots -= 1
-            return True
+        for slots in self._slots:
+            if slots.user == user and slots.left > 0:
+                slots.left -= 1
+                return True
         return False
 
     def _give_back_expired(self, now: float) -> bool:
         """Under the lock: slots no longer to be handed out are noted to go back to the
         store; whether there were any."""
-        if self._slots > 0 and now >= self._slots_until and self._slots_of is not None:
-            self._returns.append((self._slots_of, self._slots))
-            self._slots = 0
-            return True
-        return False
+        kept: list[_Slots] = []
+        returns: list[tuple[int, int]] = []
+        for slots in self._slots:
+            if now < slots.until and slots.left:
+                kept.append(slots)
+            elif slots.left:
+                returns.append((slots.row, slots.left))
+        self._slots = kept
+        self._returns.extend(returns)
+        return bool(returns)
+
+    def _wants(self, now: float) -> dict[str, int]:
+        """Under the lock: how many more slots each user's runs want than are left."""
+        left: Counter[str] = Counter()
+        for slots in self._slots:
+            if now < slots.until:
+                left[slots.user] += slots.left
+        return {user: n - left[user] for user, n in self._wanting.items() if n > left[user]}
 
     def _sleeping(self, delta: int) -> None:
         with self._lock:
@@ -207,9 +251,9 @@ class RateLimiter:
         """One lease for every run wanting a slot now, carrying what waits to be sent."""
         with self._lock:
             now = time.monotonic()
-            if self._slots > 0 and now < self._slots_until:
+            wants = self._wants(now)
+            if not wants:
                 return  # a lease that ended meanwhile left slots: take those first
-            want = max(1, self._wanting)
             tokens, returns = self._pending()
             purge = now - self._purged >= PURGE_EVERY_S
             if purge:
@@ -218,39 +262,44 @@ class RateLimiter:
         try:
             grant = await hop(
                 self.store.lease_capacity,
-                requests=want,
+                wants=wants,
                 rpm=self.rpm,
                 tpm=self.tpm,
                 window_s=self.window_s,
                 valid_s=self.valid_s,
+                waiter=self.waiter,
                 tokens=tokens,
                 give_back=returns,
                 purge=purge,
             )
         except BaseException:
             with self._lock:
-                self._tokens += tokens
+                self._tokens.update(tokens)
                 self._returns.extend(returns)
             raise
         self._granted(grant, now)
 
     def _granted(self, grant: Grant, began: float) -> None:
-        """Put a lease's slots in the pool, and when the fleet is full, note until when."""
+        """Put a lease's slots in the pool, by user, and when this limiter is left short,
+        note until when."""
         after = time.monotonic()
         with self._lock:
             self.leases += 1
-            if grant.granted and grant.lease_id is not None:
-                self._slots, self._slots_of = grant.granted, grant.lease_id
-                self._slots_until = began + self.valid_s / 2
-                self._arm(max(0.0, self._slots_until - after) + 0.01)  # unused ones go back then
+            until = began + self.valid_s / 2
+            for user, count in grant.granted.items():
+                if count:
+                    slots = _Slots(user=user, row=grant.rows[user], left=count, until=until)
+                    self._slots.append(slots)
+            if grant.total:
+                self._arm(max(0.0, until - after) + 0.01)  # unused ones go back then
             if grant.next_at is not None:
                 self._full_until = after + max(grant.next_at - grant.at, MIN_PAUSE_S)
                 self._limit = grant.limit or "rpm"
 
-    def _pending(self) -> tuple[int, list[tuple[int, int]]]:
-        """Under the lock: the tokens and give-backs to send, taken."""
-        tokens, returns = self._tokens, self._returns
-        self._tokens, self._returns = 0, []
+    def _pending(self) -> tuple[dict[str, int], list[tuple[int, int]]]:
+        """Under the lock: the tokens (by user) and give-backs to send, taken."""
+        tokens, returns = dict(self._tokens), self._returns
+        self._tokens, self._returns = Counter(), []
         return tokens, returns
 
     def _arm(self, delay: float) -> None:
@@ -276,17 +325,17 @@ class RateLimiter:
             tokens, returns = self._pending()
         if not self._send(tokens, returns):
             with self._lock:
-                self._tokens += tokens
+                self._tokens.update(tokens)
                 self._returns.extend(returns)
                 self._arm(self.flush_s)
 
-    def _send(self, tokens: int, returns: list[tuple[int, int]]) -> bool:
+    def _send(self, tokens: dict[str, int], returns: list[tuple[int, int]]) -> bool:
         """One lease of no request carrying ``tokens`` and ``returns``; whether it went."""
         if self.store is None or not (tokens or returns):
             return True
         try:
             self.store.lease_capacity(
-                requests=0,
+                wants={},
                 rpm=self.rpm,
                 tpm=self.tpm,
                 window_s=self.window_s,

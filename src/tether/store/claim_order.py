@@ -1,26 +1,29 @@
-"""The claim of the next run (reference §17): one conditional UPDATE whose WHERE picks the
-run, by priority (highest first), then by how long it has waited, so no candidate is read
-before it is claimed.
+"""The claim of the next runs (reference §17): one conditional UPDATE whose WHERE picks the
+runs, by priority (highest first), then, among equal priorities, the run of the user
+carrying the fewest runs, then by how long it has waited, so no candidate is read before
+it is claimed.
 
 Three kinds of run wait for a worker, each read through its own index in the claim's
-order, and the best of the three is claimed:
+order:
 
-- a ready run (running, no owner, not delayed): ``runs_ready``, in priority then age;
+- a ready run (running, no owner, not delayed): ``runs_ready`` in priority then age, or
+  a user's own through ``runs_ready_user``;
 - a queued run whose thread is free: ``runs_queued``, in priority then age;
 - a queued run whose start time has come: ``runs_starting``, the earliest due first (a
   delayed run's age is its start time), so the runs waiting for later are never read.
 
-Under ``TETHER_MAX_ACTIVE_PER_USER`` the ready runs are read per user instead: for each
-user with ready runs and fewer than ``b_cap`` carried (``user_load``), that user's best
-ready run (``runs_ready_user``), so a claim reads one row per such user however long a
-user's backlog; among equal priorities the user with the fewest runs carried goes first,
-so one user's thousand runs never keep another's one waiting. The queued kinds skip the
-runs of users at their cap.
+Without a cap a claim takes up to ``b_limit`` runs, ranked as ``fair_pick`` says: a batch
+spreads across users, the user carrying fewest first, counting the runs it takes itself.
 
-On PostgreSQL each kind's pick locks its rows with SKIP LOCKED (the user's ``user_load``
-row with them, where the cap applies), so concurrent claimers pick different runs and
-different users, and the lock re-checks the count on the row as last committed: two
-claims for one user are serialised, and the second sees the first's run carried.
+Under ``TETHER_MAX_ACTIVE_PER_USER`` a claim takes one run: the ready runs are read per
+user, for each user with ready runs and fewer than ``b_cap`` carried (``user_load``),
+that user's best ready run (``runs_ready_user``), so a claim reads one row per such user
+however long a user's backlog; among equal priorities the user with the fewest runs
+carried goes first. The queued kinds skip the runs of users at their cap. On PostgreSQL
+each kind's pick locks its rows with SKIP LOCKED (the user's ``user_load`` row with them),
+so concurrent claimers pick different runs and different users, and the lock re-checks
+the count on the row as last committed: two claims for one user are serialised, and the
+second sees the first's run carried.
 """
 
 from __future__ import annotations
@@ -34,27 +37,20 @@ from sqlalchemy.sql.util import ClauseAdapter
 from tether.runs import RunState
 from tether.store.claim_statements import _DUE, _READY, CAP, CLAIMED, RUNNING
 from tether.store.dialect import Dialect, dialect_for
+from tether.store.fair_pick import fair_pick
 from tether.store.schema import runs, user_load
 from tether.store.served import SERVED
 from tether.store.transitions import Transition
 
 
-def _kind(
-    where: sa.ColumnElement[bool], since: sa.ColumnElement[Any], *, capped: bool
-) -> sa.Select[Any]:
-    """One kind of waiting run in its index's order, with what the claims compare: the
-    priority, since when it waits, and its user's carried runs (0 without a cap)."""
-    query = sa.select(
-        runs.c.id,
-        runs.c.priority,
-        since.label("since"),
-        (user_load.c.carried if capped else sa.literal(0)).label("carried"),
-    ).where(where, SERVED)
-    if capped:
-        query = query.join_from(runs, user_load, user_load.c.user_id == runs.c.user_id).where(
-            user_load.c.carried < CAP
-        )
-    return query
+def _kind(where: sa.ColumnElement[bool], since: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """One kind of queued run of users under the cap, in its index's order, with what the
+    claims compare: the priority, since when it waits, and its user's carried runs."""
+    return (
+        sa.select(runs.c.id, runs.c.priority, since.label("since"), user_load.c.carried)
+        .join_from(runs, user_load, user_load.c.user_id == runs.c.user_id)
+        .where(where, SERVED, user_load.c.carried < CAP)
+    )
 
 
 def _heads(dialect: type[Dialect]) -> sa.Select[Any]:
@@ -126,47 +122,31 @@ def _ready_capped(dialect: type[Dialect]) -> sa.Select[Any]:
     )
 
 
-# How many runs a claim without a cap takes at most: ``b_limit``.
-LIMIT = sa.bindparam("b_limit", type_=sa.Integer)
-
-
 def pick_next(dialect: type[Dialect], *, capped: bool) -> sa.Select[Any]:
     """The ids of the best waiting runs, their candidates locked by the dialect's
-    ``candidates``: at most ``b_limit`` of them, or, honouring ``b_cap`` when ``capped``,
-    one (a second run of a user could take the user past the cap; each claim re-reads
-    the user's count)."""
+    ``candidates``: honouring ``b_cap`` when ``capped``, one (a second run of a user could
+    take the user past the cap; each claim re-reads the user's count); else at most
+    ``b_limit``, the fair pick of ``fair_pick`` (its bounds: ``fair_pick.pick_sizes``)."""
+    if not capped:
+        return fair_pick(dialect)
     lock = dialect().candidates
-    count: Any = 1 if capped else LIMIT
 
     def _first(query: sa.Select[Any], *order: Any) -> sa.Select[Any]:
-        return query.order_by(*order).limit(count)
+        return query.order_by(*order).limit(1)
 
-    ready = (
-        _ready_capped(dialect)
-        if capped
-        else lock(
-            _first(
-                _kind(_READY, runs.c.updated_at, capped=False),
-                runs.c.priority.desc(),
-                runs.c.updated_at,
-            )
-        )
-    )
     free = _first(
-        _kind(_DUE & runs.c.start_at.is_(None), runs.c.updated_at, capped=capped),
+        _kind(_DUE & runs.c.start_at.is_(None), runs.c.updated_at),
         runs.c.priority.desc(),
         runs.c.updated_at,
     )
     starting = _first(
-        _kind(_DUE & runs.c.start_at.is_not(None), runs.c.start_at, capped=capped),
+        _kind(_DUE & runs.c.start_at.is_not(None), runs.c.start_at),
         runs.c.start_at,
     )
-    kinds = sa.union_all(*(sa.select(q.subquery()) for q in (ready, lock(free), lock(starting))))
-    best = kinds.subquery("waiting")
+    kinds = (_ready_capped(dialect), lock(free), lock(starting))
+    best = sa.union_all(*(sa.select(q.subquery()) for q in kinds)).subquery("waiting")
     return (
-        sa.select(best.c.id)
-        .order_by(best.c.priority.desc(), best.c.carried, best.c.since)
-        .limit(count)
+        sa.select(best.c.id).order_by(best.c.priority.desc(), best.c.carried, best.c.since).limit(1)
     )
 
 
@@ -178,13 +158,14 @@ def claim_next(backend: str, *, capped: bool) -> Transition:
     batch never starts two runs of one thread."""
     dialect = dialect_for(backend)
     pick = pick_next(type(dialect), capped=capped)
+    chosen = runs.c.id.in_(pick) if capped else dialect.among(runs.c.id, pick)
     conditions = [sa.or_(_READY, _DUE), SERVED]
     # The transaction's id with each run (PostgreSQL), to settle a COMMIT cut off.
     returning = (runs,) if dialect.xid is None else (runs, dialect.xid)
     return Transition(
         [RUNNING, RunState.QUEUED],
         RUNNING,
-        runs.c.id.in_(pick),
+        chosen,
         *conditions,
         returning=returning,
         **CLAIMED,

@@ -32,6 +32,7 @@ from tether.store.claim_statements import (
 )
 from tether.store.clock import db_now
 from tether.store.dialect import Dialect
+from tether.store.fair_pick import pick_sizes
 from tether.store.records import Decision
 from tether.store.schema import decisions, runs, user_load
 from tether.store.served import served
@@ -269,7 +270,7 @@ class Claims(StoreBase):
         With ``cap``, at most one, each claim re-reading its user's count. A COMMIT cut
         off is settled by asking PostgreSQL the transaction's fate."""
         params: dict[str, Any] = {"b_owner": owner, "b_cap": cap, **served(versions)}
-        params["b_limit"] = max(1, limit)
+        params.update(pick_sizes(max(1, limit), spare=self.dialect.skips_locked))
         claim = claim_next(self.dialect.name, capped=cap is not None)
         # A COMMIT cut off would leave the runs claimed by a worker that does not know
         # it, each taken back by a reaper a heartbeat timeout later at the cost of a

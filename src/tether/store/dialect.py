@@ -6,7 +6,8 @@ subclasses do):
 
 - ``candidates`` / ``lock`` / ``share``: how claim candidates, read-then-CAS rows and
   rows read against a writer are locked (``SKIP LOCKED`` / ``FOR UPDATE`` / ``FOR SHARE``,
-  or nothing: SQLite serialises writers at ``BEGIN IMMEDIATE``);
+  or nothing: SQLite serialises writers at ``BEGIN IMMEDIATE``), and ``among``: how an
+  UPDATE names the rows a pick chose;
 - ``wake``: how idle workers are told a run became ready (``pg_notify`` on
   ``listen.RUNS_CHANNEL``, or nothing: they poll), and ``listen_dsn``, the DSN of a
   connection that listens or sends notices;
@@ -63,6 +64,10 @@ class Dialect:
     # Whether the claim may read each user's best run with a LATERAL join (``claim_order``).
     laterals: ClassVar[bool] = False
 
+    # Whether concurrent claimers skip the candidates another holds (so a claim ranks spare
+    # ones: ``fair_pick.pick_sizes``); here claims are serialised.
+    skips_locked: ClassVar[bool] = False
+
     # The execution options of a connection that only reads (``StoreBase.reading``).
     read_options: ClassVar[dict[str, Any]] = {"isolation_level": "AUTOCOMMIT"}
 
@@ -79,6 +84,11 @@ class Dialect:
         """Lock the row read against writers but not other sharers, until the transaction
         ends (a user's row while a run of theirs is created: ``users.admit``)."""
         return query
+
+    def among(self, column: sa.ColumnElement[Any], ids: sa.Select[Any]) -> sa.ColumnElement[bool]:
+        """``column`` is one of the values ``ids`` selects (an UPDATE of the rows a pick
+        chose): here ``IN``."""
+        return column.in_(ids)
 
     def wake(self, conn: Connection) -> None:
         """Tell idle workers a run became ready (sent at commit)."""

@@ -38,6 +38,7 @@ REVISIONS = (
     "0011",
     "0012",
     "0013",
+    "0014",
 )
 _VERSION = sa.text("SELECT version_num FROM alembic_version")
 

@@ -323,6 +323,7 @@ class PostgresDialect(Dialect):
     notifies: ClassVar[bool] = True
 
     laterals: ClassVar[bool] = True
+    skips_locked: ClassVar[bool] = True
 
     def candidates(self, query: Query, of: Any = None) -> Query:
         return query.with_for_update(skip_locked=True, of=of)
@@ -332,6 +333,12 @@ class PostgresDialect(Dialect):
 
     def share(self, query: Query) -> Query:
         return query.with_for_update(read=True)
+
+    def among(self, column: sa.ColumnElement[Any], ids: sa.Select[Any]) -> sa.ColumnElement[bool]:
+        # ``= ANY(ARRAY(pick))``: the pick runs once, and the rows are found by the primary
+        # key (as the inner side of an ``IN``'s semi-join the pick was scanned again for
+        # every waiting run).
+        return column == sa.any_(sa.func.array(ids.scalar_subquery()))
 
     def wake(self, conn: Connection) -> None:
         conn.execute(_NOTIFY)

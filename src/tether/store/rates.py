@@ -1,51 +1,91 @@
 """The fleet's model rate (reference §17): leases of request starts and the tokens reported,
-in ``model_usage``, decided one at a time under the ``gates`` row ``model``.
+by user, in ``model_usage``; the users whose runs wait, by limiter, in ``model_waits``;
+decided one at a time under the ``gates`` row ``model``.
 
 ``lease_capacity`` is one transaction: lock the gate (``FOR UPDATE`` on PostgreSQL; SQLite
-serialises writers at ``BEGIN IMMEDIATE``), read the database's clock, sum the requests of
-the rows of the last ``window_s + valid_s`` seconds and the tokens of the last ``window_s``,
-grant up to the requests asked for, and insert one row holding the grant and the tokens
-the caller reports. A granted slot is good for ``valid_s`` after the row's ``at``: counting
-requests over ``window_s + valid_s`` makes every slot used in that time still obey "no more
-than RPM request starts in any ``window_s``" (``window`` below has the argument).
+serialises writers at ``BEGIN IMMEDIATE``), read the database's clock, sum what was used
+(requests over the last ``window_s + valid_s`` seconds, tokens over the last ``window_s``,
+and both over the parts of them the spread counts: ``rate_shares.Pace``), in all and by
+user, and share what is free among every user waiting fleet-wide (this limiter's wants
+and the other limiters' rows), in turn, the user who used least of the window first
+(``rate_shares.shares``). The caller gets its users' part, one row per user; the part of
+the other limiters' users is left for their next lease, and the caller's users still
+waiting are written down for the other limiters to see. A granted slot is good for
+``valid_s`` after the row's ``at``: counting requests over ``window_s + valid_s`` makes
+every slot used in that time still obey "no more than RPM request starts in any
+``window_s``" (``rate_shares.window`` has the argument).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from tether.errors import LeaseLost
 from tether.runs import Lease
 from tether.store.base import StoreBase
 from tether.store.clock import db_now
-from tether.store.schema import gates, model_usage, run_events
+from tether.store.rate_shares import (
+    Pace,
+    Used,
+    Waiting,
+    free_at,
+    merged,
+    room,
+    shares,
+    window,
+)
+from tether.store.schema import gates, model_usage, model_waits, run_events
 from tether.store.statements import LEASE_HELD, add_event, lease_params
 
 # Rows older than this many windows are deleted when a lease is asked to purge.
 KEPT_WINDOWS = 2.0
+# A limiter's waiting users are owed capacity until this long after it was told to come
+# back (it comes back on time unless it died).
+GRACE_S = 5.0
+# A limiter told to come back is never told sooner than this (capacity owed to another
+# limiter's users is not in the rows until that limiter takes it).
+RETRY_S = 0.05
 
 _GATE = sa.select(gates.c.name).where(gates.c.name == "model")
 _NOW = sa.select(db_now())
-_USED = sa.select(
-    sa.func.coalesce(sa.func.sum(model_usage.c.requests), 0),
-    sa.func.coalesce(
-        sa.func.sum(
-            sa.case((model_usage.c.at > sa.bindparam("b_tokens_since"), model_usage.c.tokens))
-        ),
-        0,
-    ),
-).where(model_usage.c.at > sa.bindparam("b_since"))
+
+
+def _since(name: str) -> sa.BindParameter[float]:
+    return sa.bindparam(name, type_=sa.Float)
+
+
+def _sum(column: sa.ColumnElement[int], since: str) -> sa.ColumnElement[int]:
+    """The sum of ``column`` over the rows after ``since`` (0 for none)."""
+    return sa.func.coalesce(
+        sa.func.sum(sa.case((model_usage.c.at > _since(since), column), else_=0)), 0
+    )
+
+
+_SUMS = (
+    _sum(model_usage.c.requests, "b_since"),
+    _sum(model_usage.c.tokens, "b_tokens_since"),
+    _sum(model_usage.c.requests, "b_paced_since"),
+    _sum(model_usage.c.tokens, "b_paced_tokens_since"),
+)
+_IN_WINDOW = model_usage.c.at > _since("b_since")
+_USED = sa.select(*_SUMS).where(_IN_WINDOW)
+_USED_BY_USER = (
+    sa.select(model_usage.c.user_id, _SUMS[0], _SUMS[1])
+    .where(_IN_WINDOW, model_usage.c.user_id.is_not(None))
+    .group_by(model_usage.c.user_id)
+)
 _REQUEST_ROWS = (
     sa.select(model_usage.c.at, model_usage.c.requests)
-    .where(model_usage.c.at > sa.bindparam("b_since"), model_usage.c.requests > 0)
+    .where(model_usage.c.at > _since("b_rows_since"), model_usage.c.requests > 0)
     .order_by(model_usage.c.at)
 )
 _TOKEN_ROWS = (
     sa.select(model_usage.c.at, model_usage.c.tokens)
-    .where(model_usage.c.at > sa.bindparam("b_since"), model_usage.c.tokens > 0)
+    .where(model_usage.c.at > _since("b_rows_since"), model_usage.c.tokens > 0)
     .order_by(model_usage.c.at)
 )
 _INSERT = (
@@ -54,6 +94,7 @@ _INSERT = (
         at=sa.bindparam("b_at"),
         requests=sa.bindparam("b_requests"),
         tokens=sa.bindparam("b_tokens"),
+        user_id=sa.bindparam("b_user"),
     )
     .returning(model_usage.c.id)
 )
@@ -64,6 +105,13 @@ _GIVE_BACK = (
     .values(requests=sa.case((_LEFT > 0, _LEFT), else_=0))
 )
 _PURGE = model_usage.delete().where(model_usage.c.at < sa.bindparam("b_before"))
+_WAITER = model_waits.c.waiter == sa.bindparam("b_waiter")
+_LAPSED = model_waits.delete().where(model_waits.c.until < sa.bindparam("b_now"))
+_WAITS = sa.select(
+    model_waits.c.waiter, model_waits.c.user_id, model_waits.c.wanting, model_waits.c.since
+)
+_FORGET = model_waits.delete().where(_WAITER)
+_WAIT = model_waits.insert()
 # The latest ``rate_limited`` and ``model_turn`` events of a run: a step has had its
 # ``rate_limited`` event when one came after the run's last stored turn.
 _LAST_OF_KIND = sa.select(sa.func.max(run_events.c.id)).where(
@@ -73,50 +121,50 @@ _LAST_OF_KIND = sa.select(sa.func.max(run_events.c.id)).where(
 
 @dataclass(frozen=True, kw_only=True)
 class Grant:
-    """What one lease decided: ``granted`` request starts (0 when full), the row that
-    holds them (``lease_id``, None when nothing was inserted), the database time ``at``
-    of the decision and, when no capacity is left after it, ``next_at``: the database time
-    at which capacity is next expected (rows of the window aging out), with ``limit``, the
-    one that binds then (``"rpm"`` or ``"tpm"``)."""
+    """What one lease decided: request starts ``granted`` per user (none when full), the
+    row that holds each user's (``rows``), the database time ``at`` of the decision and,
+    when the caller did not get all it asked, ``next_at``: the database time at which
+    capacity is next expected for it (rows of the window aging out, after what the other
+    waiting users are owed), with ``limit``, the one that binds then (``"rpm"`` or
+    ``"tpm"``)."""
 
-    granted: int
-    lease_id: int | None
+    granted: dict[str, int] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
     at: float
     next_at: float | None = None
     limit: str | None = None
 
-
-def granted(want: int, requests: int, tokens: int, *, rpm: int | None, tpm: int | None) -> int:
-    """How many of ``want`` request starts may be granted while ``requests`` were leased in
-    the request window and ``tokens`` reported in the token window: none while the
-    tokens are at ``tpm`` or over; else up to what ``rpm`` leaves."""
-    if tpm is not None and tokens >= tpm:
-        return 0
-    if rpm is None:
-        return want
-    return max(0, min(want, rpm - requests))
+    @property
+    def total(self) -> int:
+        """Every request start granted."""
+        return sum(self.granted.values())
 
 
-def free_at(rows: Sequence[tuple[float, int]], most: int, span: float) -> float:
-    """When rows of a window ``span`` seconds long (``(at, amount)``, oldest first, all in
-    the window now) will have aged out enough that the amounts left sum below ``most``:
-    the ``at`` of the last row that must go, plus ``span`` (a row at ``at`` is out of the
-    window from ``at + span`` on). The last row's when even every row must go."""
-    left = sum(amount for _, amount in rows)
-    for at, amount in rows:
-        left -= amount
-        if left < most:
-            return at + span
-    return rows[-1][0] + span if rows else 0.0
+@dataclass(frozen=True, kw_only=True)
+class _Limits:
+    """The limits a lease applies, and the spans it counts over."""
 
+    rpm: int | None
+    tpm: int | None
+    window_s: float
+    valid_s: float
 
-def window(window_s: float, valid_s: float) -> float:
-    """The span a lease counts requests over. A slot leased at ``a`` starts a request at
-    some ``s`` in ``[a, a + valid_s]``. Take any ``window_s`` of starts ``[t, t + window_s)``:
-    their leases fall in ``(t - valid_s, t + window_s)``, and the last of those leases, at
-    ``a_last``, counted every row after ``a_last - window_s - valid_s < t - valid_s``, so
-    with its own grant they add up to RPM at most."""
-    return window_s + valid_s
+    @property
+    def span(self) -> float:
+        return window(self.window_s, self.valid_s)
+
+    @property
+    def pace(self) -> Pace:
+        return Pace.of(self.rpm, self.tpm, self.window_s)
+
+    def params(self, now: float) -> dict[str, float]:
+        pace = self.pace
+        return {
+            "b_since": now - self.span,
+            "b_tokens_since": now - self.window_s,
+            "b_paced_since": now - pace.requests_s,
+            "b_paced_tokens_since": now - pace.tokens_s,
+        }
 
 
 class Rates(StoreBase):
@@ -125,56 +173,81 @@ class Rates(StoreBase):
     def lease_capacity(
         self,
         *,
-        requests: int,
+        wants: Mapping[str, int],
         rpm: int | None,
         tpm: int | None,
         window_s: float,
         valid_s: float,
-        tokens: int = 0,
+        waiter: str = "",
+        tokens: Mapping[str, int] | None = None,
         give_back: Sequence[tuple[int, int]] = (),
         purge: bool = False,
     ) -> Grant:
-        """Grant up to ``requests`` request starts (0: only report), having first given
-        back the unused slots of ``give_back`` (``(lease_id, count)``) and recorded
-        ``tokens`` (ended requests' input and output tokens) at the database's now; with
-        ``purge``, rows older than ``KEPT_WINDOWS`` windows are deleted on the way. Not
-        safe to run twice blindly (a second grant is more capacity), and never retried
-        after an ambiguous COMMIT (``hop``): a lost grant is capacity held until it ages
-        out, never capacity used twice."""
-        span = window(window_s, valid_s)
+        """Grant request starts to the users of ``wants`` (user: how many; none: only
+        report), as the fleet's turn says, having first given back the unused slots of
+        ``give_back`` (``(row id, count)``) and recorded ``tokens`` (ended requests' input
+        and output tokens, by user) at the database's now; the users of ``wants`` left
+        short are written down as ``waiter``'s, replacing what it wrote before. With
+        ``purge``, rows older than ``KEPT_WINDOWS`` windows are deleted on the way. Not safe
+        to run twice blindly (a second grant is more capacity), and never retried after an
+        ambiguous COMMIT (``hop``): a lost grant is capacity held until it ages out, never
+        capacity used twice."""
+        limits = _Limits(rpm=rpm, tpm=tpm, window_s=window_s, valid_s=valid_s)
+        reported = {user: n for user, n in (tokens or {}).items() if n > 0}
+        asked = {user: n for user, n in wants.items() if n > 0}
         with self.engine.begin() as conn:
-            if conn.execute(self.dialect.lock(_GATE)).first() is None:
-                # The migration's row is gone (a restore without it): put it back, so that
-                # leases are still decided one at a time, never side by side unlocked.
-                conn.execute(self.dialect.insert_new(gates).values(name="model"))
-                conn.execute(self.dialect.lock(_GATE)).one()
-            now = float(conn.execute(_NOW).scalar_one())
+            now = self._gate(conn)
             for row_id, count in give_back:
                 conn.execute(_GIVE_BACK, {"b_id": row_id, "b_n": count})
             if purge:
-                conn.execute(_PURGE, {"b_before": now - KEPT_WINDOWS * max(span, 60.0)})
-            params = {"b_since": now - span, "b_tokens_since": now - window_s}
-            used, seen = (int(v) for v in conn.execute(_USED, params).one())
-            seen += tokens
-            grant = granted(requests, used, seen, rpm=rpm, tpm=tpm)
-            lease_id: int | None = None
-            if grant or tokens:
-                values = {"b_at": now, "b_requests": grant, "b_tokens": tokens}
-                lease_id = conn.execute(_INSERT, values).scalar_one()
-            full_rpm = rpm is not None and used + grant >= rpm
-            full_tpm = tpm is not None and seen >= tpm
-            if not requests or not (full_rpm or full_tpm):
-                return Grant(granted=grant, lease_id=lease_id, at=now)
-            due: dict[str, float] = {}
-            if full_rpm and rpm is not None:
-                rows = [(float(a), int(n)) for a, n in conn.execute(_REQUEST_ROWS, params)]
-                due["rpm"] = free_at(rows, rpm, span)
-            if full_tpm and tpm is not None:
-                since = {"b_since": now - window_s}
-                rows = [(float(a), int(n)) for a, n in conn.execute(_TOKEN_ROWS, since)]
-                due["tpm"] = free_at(rows, tpm, window_s)
-        limit = max(due, key=lambda name: due[name])
-        return Grant(granted=grant, lease_id=lease_id, at=now, next_at=due[limit], limit=limit)
+                conn.execute(_PURGE, {"b_before": now - KEPT_WINDOWS * max(limits.span, 60.0)})
+            params = limits.params(now)
+            used = _used(conn, params, sum(reported.values()))
+            if not asked:
+                _record(conn, now, {}, reported)
+                return Grant(at=now)
+            waiting = _waiting(conn, waiter, asked, params, reported, now)
+            free = room(used, limits.pace, rpm=rpm, tpm=tpm)
+            given = shares(free, waiting, rpm=rpm, tpm=tpm)
+            grant = {user: min(n, given.get(user, 0)) for user, n in asked.items()}
+            rows = _record(conn, now, grant, reported)
+            short = {user: n - grant[user] for user, n in asked.items() if n > grant[user]}
+            since = {w.user: w.since for w in waiting}
+            conn.execute(_FORGET, {"b_waiter": waiter})
+            full = free is not None and sum(given.values()) >= free
+            if not (short or full):
+                return Grant(granted=grant, rows=rows, at=now)
+            # Full: when more is due, so that the caller's next runs sleep until then.
+            owed = sum(given.values()) - sum(grant.values())
+            next_at, limit = _next_due(conn, limits, now, used, sum(given.values()), owed)
+            if short:
+                conn.execute(
+                    _WAIT,
+                    [
+                        {
+                            "waiter": waiter,
+                            "user_id": user,
+                            "wanting": n,
+                            "since": since.get(user, now),
+                            "until": next_at + GRACE_S,
+                        }
+                        for user, n in short.items()
+                    ],
+                )
+        return Grant(granted=grant, rows=rows, at=now, next_at=next_at, limit=limit)
+
+    def forget_waits(self, waiter: str) -> None:
+        """Strike ``waiter``'s waiting users (its limiter is closing)."""
+        with self.engine.begin() as conn:
+            conn.execute(_FORGET, {"b_waiter": waiter})
+
+    def _gate(self, conn: Connection) -> float:
+        """Lock the gate row (put it back if a restore lost it, so leases are still decided
+        one at a time); the database's now."""
+        if conn.execute(self.dialect.lock(_GATE)).first() is None:
+            conn.execute(self.dialect.insert_new(gates).values(name="model"))
+            conn.execute(self.dialect.lock(_GATE)).one()
+        return float(conn.execute(_NOW).scalar_one())
 
     def note_rate_limited(self, lease: Lease, data: dict[str, object]) -> bool:
         """Write the run's ``rate_limited`` event unless its step has one already (one came
@@ -194,3 +267,87 @@ class Rates(StoreBase):
                 return False
             add_event(conn, lease.run_id, "rate_limited", dict(data))
         return True
+
+
+def _used(conn: Connection, params: dict[str, float], reported: int) -> Used:
+    """What the fleet used, the tokens being reported now included."""
+    requests, tokens, paced, paced_tokens = (int(v) for v in conn.execute(_USED, params).one())
+    return Used(
+        requests=requests,
+        tokens=tokens + reported,
+        paced_requests=paced,
+        paced_tokens=paced_tokens + reported,
+    )
+
+
+def _waiting(
+    conn: Connection,
+    waiter: str,
+    asked: Mapping[str, int],
+    params: dict[str, float],
+    reported: Mapping[str, int],
+    now: float,
+) -> list[Waiting]:
+    """Every user waiting fleet-wide (``asked`` for ``waiter``, the other limiters' rows
+    still good), each with what it used of the window."""
+    conn.execute(_LAPSED, {"b_now": now})
+    mine: dict[str, float] = {}
+    others: list[tuple[str, int, float]] = []
+    for row in conn.execute(_WAITS):
+        if row.waiter == waiter:
+            mine[row.user_id] = float(row.since)
+        else:
+            others.append((row.user_id, int(row.wanting), float(row.since)))
+    used = {user: (int(r), int(t)) for user, r, t in conn.execute(_USED_BY_USER, params)}
+    for user, n in reported.items():
+        requests, tokens = used.get(user, (0, 0))
+        used[user] = (requests, tokens + n)
+    return merged(asked, mine, others, used, now)
+
+
+def _record(
+    conn: Connection, now: float, grant: Mapping[str, int], reported: Mapping[str, int]
+) -> dict[str, int]:
+    """One row per user granted or reporting tokens; the granted users' row ids."""
+    rows: dict[str, int] = {}
+    for user in sorted({*grant, *reported}):
+        requests, tokens = grant.get(user, 0), reported.get(user, 0)
+        if requests or tokens:
+            values = {"b_at": now, "b_requests": requests, "b_tokens": tokens, "b_user": user}
+            row_id = conn.execute(_INSERT, values).scalar_one()
+            if requests:
+                rows[user] = row_id
+    return rows
+
+
+def _next_due(
+    conn: Connection, limits: _Limits, now: float, used: Used, given: int, owed: int
+) -> tuple[float, str]:
+    """When capacity is next expected for a limiter left short, now that ``given`` starts
+    were given out and ``owed`` of them are other limiters' to take: the latest time at
+    which every limit that binds frees (the window's and its spread's), and which binds
+    then. Never sooner than ``RETRY_S`` from now."""
+    pace = limits.pace
+    due: list[tuple[float, str]] = []
+
+    def rows(statement: sa.Select[tuple[float, int]], span: float) -> list[tuple[float, int]]:
+        return [
+            (float(a), int(n)) for a, n in conn.execute(statement, {"b_rows_since": now - span})
+        ]
+
+    if limits.rpm is not None and used.requests + given >= limits.rpm:
+        due.append(
+            (free_at(rows(_REQUEST_ROWS, limits.span), limits.rpm - owed, limits.span), "rpm")
+        )
+    if pace.requests is not None and used.paced_requests + given >= pace.requests:
+        spread = pace.requests_s
+        due.append((free_at(rows(_REQUEST_ROWS, spread), pace.requests - owed, spread), "rpm"))
+    if limits.tpm is not None and used.tokens >= limits.tpm:
+        due.append(
+            (free_at(rows(_TOKEN_ROWS, limits.window_s), limits.tpm, limits.window_s), "tpm")
+        )
+    if pace.tokens is not None and used.paced_tokens >= pace.tokens:
+        spread = pace.tokens_s
+        due.append((free_at(rows(_TOKEN_ROWS, spread), pace.tokens, spread), "tpm"))
+    at, limit = max(due, default=(now, "rpm"))
+    return max(at, now + RETRY_S), limit

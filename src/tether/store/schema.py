@@ -385,10 +385,11 @@ user_load = sa.Table(
     sa.Column("ready", sa.Integer, nullable=False, server_default="0"),
 )
 
-# The model's requests and tokens, fleet-wide (reference §17, migration 0012): each row is
-# a lease of ``requests`` request starts taken at ``at`` (the database's clock), or the
-# ``tokens`` requests reported when they ended at ``at``. The limiter sums the rows of the
-# last minute; ``gates`` holds the row a lease locks, so leases are taken one at a time.
+# The model's requests and tokens, fleet-wide (reference §17, migrations 0012 and 0014):
+# each row is a lease of ``requests`` request starts taken at ``at`` (the database's clock)
+# for the runs of ``user_id``, or the ``tokens`` that user's requests reported when they
+# ended at ``at``. The limiter sums the rows of the last minute, in all and by user;
+# ``gates`` holds the row a lease locks, so leases are taken one at a time.
 model_usage = sa.Table(
     "model_usage",
     metadata,
@@ -396,8 +397,24 @@ model_usage = sa.Table(
     sa.Column("at", sa.Float, nullable=False),
     sa.Column("requests", sa.Integer, nullable=False, server_default="0"),
     sa.Column("tokens", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("user_id", sa.String(128), nullable=True),
 )
 sa.Index("model_usage_at", model_usage.c.at)
+
+# Who waits for the model's capacity, fleet-wide (reference §17, migration 0014): one row
+# per limiter (``waiter``, a process's engine) and user whose runs it holds back now,
+# ``wanting`` request starts, waiting ``since``; good ``until`` a little after the limiter
+# was told to come back, so a limiter that died stops being owed capacity. A lease gives
+# what frees to these users in turn, the one who used least of the window first.
+model_waits = sa.Table(
+    "model_waits",
+    metadata,
+    sa.Column("waiter", sa.String(64), primary_key=True),
+    sa.Column("user_id", sa.String(128), primary_key=True),
+    sa.Column("wanting", sa.Integer, nullable=False),
+    sa.Column("since", sa.Float, nullable=False),
+    sa.Column("until", sa.Float, nullable=False),
+)
 
 # Rows locked to serialise one fleet-wide decision each (``FOR UPDATE`` on PostgreSQL;
 # SQLite serialises writers anyway): ``model`` for leases of model capacity.
