@@ -503,7 +503,8 @@ async def test_a_claim_cut_off_at_its_commit_is_settled_by_the_transactions_fate
 
         @sa.event.listens_for(store.engine, "before_cursor_execute")
         def spot(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
-            if statement.lstrip().startswith("UPDATE runs") and "txid_current" in statement:
+            # The claim's UPDATE, its pick written before it as CTEs (``WITH ...``).
+            if "UPDATE runs" in statement and "txid_current" in statement:
                 claims.append(statement)
                 if len(claims) == 1:
                     cutter.arm(lands=lands)

@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -566,9 +566,15 @@ class RunMachine(RuleBasedStateMachine):
         waiting)."""
         ready = self._ready()
         if pick is None:
-            waiting = {r.id: r.updated_at for r in self.store.list_runs(limit=1000)}
-            first = min(waiting[i] for i in ready)
-            longest = [i for i in ready if waiting[i] == first]
+            listed = {r.id: r for r in self.store.list_runs(limit=1000)}
+            carried = Counter(
+                r.user_id for r in listed.values() if r.state is RUNNING and r.owner is not None
+            )
+            # The fair claim (reference §17): the user carrying the fewest runs first, then
+            # the run waiting longest.
+            order = {i: (carried[listed[i].user_id], listed[i].updated_at) for i in ready}
+            first = min(order.values())
+            longest = [i for i in ready if order[i] == first]
             # On a tie (one tick of the clock) the store may take either: name one.
             run = self.store.claim_ready(worker, None if len(longest) == 1 else longest[0])
             assert run is not None and run.id == longest[0]

@@ -100,6 +100,7 @@ class RateLimiter:
         self.flush_s = flush_s
         self.enabled = store is not None and (rpm is not None or tpm is not None)
         self.waiter = uuid.uuid4().hex  # this limiter's name among the fleet's waiting
+        self._leased = False  # whether a lease was asked for: its waits may be stored
         self._lock = threading.Lock()
         self._flight = InFlight()
         self._slots: list[_Slots] = []  # leased, not handed out yet
@@ -201,7 +202,7 @@ class RateLimiter:
             self._closed = True  # no timer is armed from now on
             tokens, returns = self._pending()
         self._send(tokens, returns)
-        if self.store is not None:
+        if self.store is not None and self._leased:
             try:
                 self.store.forget_waits(self.waiter)
             except Exception:  # they lapse by themselves (``store/rates.py``)
@@ -259,6 +260,7 @@ class RateLimiter:
             if purge:
                 self._purged = now
         assert self.store is not None
+        self._leased = True
         try:
             grant = await hop(
                 self.store.lease_capacity,
