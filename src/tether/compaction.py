@@ -5,7 +5,7 @@ the model as a summary and its last turns, while the stored messages stay whole.
 reports more than N input tokens, the next call sees the system message, one summary of
 what came before, and the last K turns. The summary is written by the agent's model unless
 ``summarize`` is given: a function ``(messages) -> str``, sync or async. The view and the
-cut are ``tether._runtime.compacting``'s.
+cut are ``tether._runtime.step.compaction``'s.
 """
 
 from __future__ import annotations

@@ -15,16 +15,18 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from tether import inputs
-from tether._runtime import control, deltas, forks, versions
+from tether._runtime import control, forks
 from tether._runtime.accounts import AccountMethods
-from tether._runtime.feed import Feed
-from tether._runtime.heartbeat import Heartbeat
+from tether._runtime.fleet import versions
+from tether._runtime.fleet.runner import Runner, new_worker_id
+from tether._runtime.fleet.schedules import ScheduleMethods
 from tether._runtime.hop import hop, hop_once
+from tether._runtime.live import deltas
+from tether._runtime.live.events import Feed
 from tether._runtime.opening import opens
-from tether._runtime.rate_limit import RateLimiter
-from tether._runtime.runner import Runner, new_worker_id
-from tether._runtime.schedules import ScheduleMethods
-from tether._runtime.services import Services
+from tether._runtime.shared.heartbeat import Heartbeat
+from tether._runtime.shared.model_rate_limiter import RateLimiter
+from tether._runtime.shared.services import Services
 from tether._runtime.starting import CreationMethods
 from tether.agent import Agent
 from tether.approvals.methods import DecisionMethods
@@ -332,8 +334,8 @@ class Engine(DecisionMethods, AccountMethods, CreationMethods, ScheduleMethods):
         """The run's events after SEQ ``after`` as they are stored, until a terminal state
         (reference §11); ``not_found`` if missing or not ``user``'s, ``invalid_input`` for an
         ``after`` that is not a SEQ. With ``deltas``, also the text of the step being
-        generated, as ``Delta`` items (reference §16). See ``tether._runtime.feed`` and
-        ``tether._runtime.deltas``."""
+        generated, as ``Delta`` items (reference §16). See ``tether._runtime.live.events`` and
+        ``tether._runtime.live.deltas``."""
         start = after_seq(after)
         if not isinstance(deltas, bool):
             raise InvalidInput("deltas must be true or false")

@@ -39,8 +39,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from tether._runtime.recovery import OrphanClaim
-from tether._runtime.versions import Registration
+from tether._runtime.fleet.recovery import OrphanClaim
+from tether._runtime.fleet.versions import Registration
 from tether.engine import Engine
 from tether.errors import DatabaseUnavailable
 from tether.runs import Run

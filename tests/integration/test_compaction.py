@@ -18,7 +18,7 @@ import pytest
 from waiting import until
 
 from tether import Agent, Compaction, Engine, MemoryNotifier, StopKind, tool
-from tether._runtime.compacting import SUMMARY_INSTRUCTION
+from tether._runtime.step.compaction import SUMMARY_INSTRUCTION
 from tether.config import Settings
 from tether.errors import ModelError
 from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage

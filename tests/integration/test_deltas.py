@@ -25,7 +25,7 @@ from served import DANA, DEADLINE_S, serving
 from waiting import poll_until, until
 
 from tether import Engine, StopKind
-from tether._runtime.deltas import DeltaHub
+from tether._runtime.live.deltas import DeltaHub
 from tether.errors import InvalidInput
 from tether.models.base import Message, Model, ModelResponse, TextSink, ToolSpec, Usage
 from tether.results import Delta, LiveEvent

@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from waiting import until
 
 from tether import MemoryNotifier, StopKind
-from tether._runtime.loop import drive
-from tether._runtime.session import RunSession
+from tether._runtime.step.loop import drive
+from tether._runtime.step.session import RunSession
 from tether.errors import LeaseLost
 from tether.messages import tool_result
 from tether.store import Intent, Store

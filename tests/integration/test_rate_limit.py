@@ -24,7 +24,7 @@ from fakellm import OPENAI_PATH, FakeLLMServer, Reply, openai_completion, runnin
 from waiting import until
 
 from tether import Compaction, Engine, MemoryNotifier, StopKind
-from tether._runtime.compacting import SUMMARY_INSTRUCTION
+from tether._runtime.step.compaction import SUMMARY_INSTRUCTION
 from tether.config import Settings
 from tether.models import from_spec
 from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage

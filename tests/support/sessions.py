@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from tether import Agent, MemoryNotifier, Scope, ScriptedModel
-from tether._runtime.heartbeat import Heartbeat
 from tether._runtime.hop import hop
-from tether._runtime.services import Services
-from tether._runtime.session import RunSession
+from tether._runtime.shared.heartbeat import Heartbeat
+from tether._runtime.shared.services import Services
+from tether._runtime.step.session import RunSession
 from tether.budget import parse_limits
 from tether.config import Settings
 from tether.messages import ToolCall

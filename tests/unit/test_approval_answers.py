@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from tether._runtime.decided_call import Resolution
+from tether._runtime.step.decided_call import Resolution
 from tether.approvals import answers
 from tether.errors import CallAnswer, Changed, GuardFailed, PendingToolUnavailable
 from tether.notify import Notice

@@ -18,8 +18,8 @@ from agents import call
 from sessions import Bench
 
 from tether import GuardResult, Reconciled, Scope, ToolContext, tool
-from tether._runtime import loop, tool_call
-from tether._runtime.session import RunSession
+from tether._runtime.step import loop, tool_call
+from tether._runtime.step.session import RunSession
 from tether.errors import ConfigError
 from tether.results import StopKind
 from tether.runs import RunState

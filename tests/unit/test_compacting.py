@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tether import Agent, Compaction
-from tether._runtime.compacting import cut, summary_request, to_summarise, view
+from tether._runtime.step.compaction import cut, summary_request, to_summarise, view
 from tether.errors import ConfigError
 from tether.models.base import Message
 from tether.store import CompactionRecord

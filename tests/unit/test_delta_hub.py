@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tether._runtime.deltas import DeltaHub, texts
+from tether._runtime.live.deltas import DeltaHub, texts
 from tether.results import Delta
 
 

@@ -1,4 +1,4 @@
-"""The live event stream's cursor (``tether._runtime.feed``): ``after`` is a SEQ, as a number
+"""The live event stream's cursor (``tether._runtime.live.events``): ``after`` is a SEQ, as a number
 or its text. The stream itself is tests/integration/test_live_events.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The step loop (``tether._runtime.loop``) on a real SQLite store: ``drive`` carries a
+"""The step loop (``tether._runtime.step.loop``) on a real SQLite store: ``drive`` carries a
 claimed run to its next stop and returns how it stopped (answered, suspended, halted,
 failed, released, abandoned, lease lost); it never raises for control flow. ``carry`` starts
 the session first; ``batches`` groups the calls that may run together; ``process`` carries
@@ -16,8 +16,8 @@ from sessions import Bench
 from waiting import until
 
 from tether import GuardResult, Scope, ScriptedModel, ToolContext, tool
-from tether._runtime import loop
-from tether._runtime.session import RunSession
+from tether._runtime.step import loop
+from tether._runtime.step.session import RunSession
 from tether.errors import DatabaseUnavailable, ModelError
 from tether.messages import ToolCall
 from tether.models.base import Message, Model, ModelResponse, ToolSpec

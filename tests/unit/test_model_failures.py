@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tether._runtime.model_failures import backoff_s
+from tether._runtime.step.model_failures import backoff_s
 from tether.config import Settings
 from tether.errors import ConfigError
 

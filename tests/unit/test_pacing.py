@@ -8,7 +8,7 @@ import contextlib
 
 import pytest
 
-from tether._runtime.pacing import FLOOR, TARGET_S, Pacer
+from tether._runtime.shared.pacing import FLOOR, TARGET_S, Pacer
 
 
 async def _hold(pacer: Pacer, count: int, stack: contextlib.AsyncExitStack) -> None:

@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from tether._runtime.schedules import cron, missed_ticks, next_tick, timezone
+from tether._runtime.fleet.schedules import cron, missed_ticks, next_tick, timezone
 from tether.errors import InvalidInput
 from tether.store.schedules import ScheduleRecord
 

@@ -1,4 +1,4 @@
-"""A run session (``tether._runtime.session.RunSession``) on a real SQLite store: what it
+"""A run session (``tether._runtime.step.session.RunSession``) on a real SQLite store: what it
 loads when it starts, that each durable write keeps the in-memory messages and budget equal
 to what the store holds, that the budget only grows and is restored on load, and that every
 write is fenced by the lease."""
@@ -14,8 +14,8 @@ from agents import call
 from sessions import Bench
 
 from tether import Scope, tool
-from tether._runtime import suspending, tool_call
-from tether._runtime.session import RunSession
+from tether._runtime.step import suspending, tool_call
+from tether._runtime.step.session import RunSession
 from tether.budget import Budget
 from tether.errors import LeaseLost
 from tether.reasons import FailReason, HaltReason

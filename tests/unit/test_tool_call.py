@@ -1,4 +1,4 @@
-"""One tool call (``tether._runtime.tool_call``) on a real SQLite store: resolve → re-check
+"""One tool call (``tether._runtime.step.tool_call``) on a real SQLite store: resolve → re-check
 (permitted → preview → guard) → execute under the call's idempotency key → reconcile a
 write whose outcome is not known. Each test drives the module's own functions on a
 claimed run's session and reads back what the store holds."""
@@ -15,8 +15,8 @@ from sessions import Bench
 from waiting import until
 
 from tether import GuardResult, Reconciled, Scope, ToolContext, tool
-from tether._runtime import loop, tool_call
-from tether._runtime.session import RunSession
+from tether._runtime.step import loop, tool_call
+from tether._runtime.step.session import RunSession
 from tether.errors import LeaseLost
 from tether.previews import digest
 from tether.reasons import HaltReason

@@ -16,7 +16,7 @@ from tether.errors import InvalidInput, NotFound
 from tether.store.users import Removal, UserSettings, hash_key, new_key
 
 if TYPE_CHECKING:
-    from tether._runtime.services import Services
+    from tether._runtime.shared.services import Services
 
 log = logging.getLogger(__name__)
 

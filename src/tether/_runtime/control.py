@@ -11,7 +11,7 @@ from typing import Any
 
 from tether import inputs
 from tether._runtime.hop import hop
-from tether._runtime.services import Services
+from tether._runtime.shared.services import Services
 from tether.budget import Limits, parse_limits, within_cap
 from tether.errors import (
     AlreadyFinished,

@@ -10,11 +10,10 @@ from typing import Any
 
 from tether import inputs
 from tether._runtime.hop import hop
-from tether._runtime.services import Services
-from tether.agent import Agent
+from tether._runtime.shared.services import Services
+from tether._runtime.step.first_messages import first_messages
 from tether.budget import Limits, parse_limits, within_cap
 from tether.errors import IdempotencyMismatch
-from tether.models.base import Message
 from tether.previews import digest as json_digest
 from tether.results import Accepted
 from tether.store.records import RunRequest
@@ -92,18 +91,6 @@ async def start_run(
         key, digest = request
         stored = await hop(services.store.create_requested_run, key=key, digest=digest, **fields)
         return _answer(stored, digest)
-
-
-def first_messages(agent: Agent, question: str, *, follow_up: bool) -> list[Message]:
-    """What a new run stores now: a new thread's first run, the system message and its
-    question; a follow-up nothing (its messages are written when it starts, once its
-    thread's calls left without a result are answered)."""
-    if follow_up:
-        return []
-    return [
-        {"role": "system", "content": agent.instructions},
-        {"role": "user", "content": question},
-    ]
 
 
 def _answer(request: RunRequest, digest: str) -> Accepted:

@@ -21,7 +21,7 @@ from tether.runs import Run
 from tether.telemetry import tracing
 
 if TYPE_CHECKING:
-    from tether._runtime.services import Services
+    from tether._runtime.shared.services import Services
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from tether.results import Accepted
 from tether.runs import Run
 
 if TYPE_CHECKING:
-    from tether._runtime.services import Services
+    from tether._runtime.shared.services import Services
 
 
 class CreationMethods:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from tether._runtime.decided_call import Resolution
+from tether._runtime.step.decided_call import Resolution
 from tether.errors import (
     Changed,
     GuardFailed,

@@ -15,7 +15,7 @@ from typing import Any
 
 from tether import inputs
 from tether._runtime.hop import hop
-from tether._runtime.services import Services
+from tether._runtime.shared.services import Services
 from tether.approvals import resume
 from tether.approvals.inbox import may_decide
 from tether.approvals.request import Asked, asked, suspended_on, tool_arguments

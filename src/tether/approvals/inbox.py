@@ -7,7 +7,7 @@ import logging
 
 from tether import inputs
 from tether._runtime.hop import hop
-from tether._runtime.services import Services
+from tether._runtime.shared.services import Services
 from tether.approvals.request import suspended_on
 from tether.errors import InvalidInput, ScopeUnavailable, TetherError, UnknownOrExpired
 from tether.results import Inbox, TokenLookup

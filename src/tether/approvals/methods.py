@@ -14,7 +14,7 @@ from tether.approvals.request import asked
 from tether.results import ApprovalPreview, ApprovalResult, CallDecision, Inbox, TokenLookup
 
 if TYPE_CHECKING:
-    from tether._runtime.services import Services
+    from tether._runtime.shared.services import Services
     from tether.runs import Run
 
 

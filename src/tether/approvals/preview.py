@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tether import inputs
-from tether._runtime.services import Services
+from tether._runtime.shared.services import Services
 from tether.approvals.request import (
     check_decider,
     checked_arguments,

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from tether import inputs
 from tether._runtime.hop import hop
-from tether._runtime.services import Services
+from tether._runtime.shared.services import Services
 from tether.errors import (
     FourEyes,
     InvalidInput,

@@ -17,11 +17,12 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from tether import inputs
-from tether._runtime import handover, loop, versions
-from tether._runtime.decided_call import Resolution
+from tether._runtime.fleet import versions
 from tether._runtime.hop import hop
-from tether._runtime.services import Services
-from tether._runtime.session import RunSession
+from tether._runtime.shared.services import Services
+from tether._runtime.step import approval_deadline, loop
+from tether._runtime.step.decided_call import Resolution
+from tether._runtime.step.session import RunSession
 from tether.approvals import answers
 from tether.approvals.request import (
     Asked,
@@ -257,9 +258,9 @@ async def _claim_then_decide(
     except LeaseLost:
         return await _elsewhere(services, run.id, ask.choice, own, carried)
     try:
-        with handover.answering_within(services.settings.approval_reconcile_s):
+        with approval_deadline.answering_within(services.settings.approval_reconcile_s):
             return await _carry_out(session, ask.choice, own, carried)
-    except handover.HandOver as over:
+    except approval_deadline.HandOver as over:
         return await _reconciling(session, ask.choice, over, own, carried)
     except LeaseLost:
         return await _elsewhere(services, run.id, ask.choice, own, carried)
@@ -277,7 +278,7 @@ async def _claim_then_decide(
 async def _reconciling(
     session: RunSession,
     choice: Choice,
-    over: handover.HandOver,
+    over: approval_deadline.HandOver,
     own: str,
     carried: dict[str, Resolution],
 ) -> ApprovalResult:

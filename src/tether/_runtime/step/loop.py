@@ -2,7 +2,7 @@
 
 Durable writes of a step, in order (each a transaction, each fenced by the lease):
 0. when the last model call reported more input tokens than the agent's compaction
-   threshold, a compaction (``compacting.py``): the model is handed its view from then on;
+   threshold, a compaction (``compaction.py``): the model is handed its view from then on;
 1. the assistant turn, with its spend, step count and the ledger intents of its calls
    (a model call that failed writes no turn: see ``model_failures.py``);
 2. for each tool call of the turn, in order: the tool's result with its counters.
@@ -19,13 +19,13 @@ import logging
 import time
 
 from tether import output
-from tether._runtime import compacting, parallel, tool_call
-from tether._runtime.capacity import model_capacity, model_ended
-from tether._runtime.decided_call import Resolution, decide
 from tether._runtime.hop import hop
-from tether._runtime.model_failures import model_failed
-from tether._runtime.services import Services
-from tether._runtime.session import RunSession
+from tether._runtime.shared.services import Services
+from tether._runtime.step import compaction, parallel, tool_call
+from tether._runtime.step.decided_call import Resolution, decide
+from tether._runtime.step.model_failures import model_failed
+from tether._runtime.step.model_rate import model_capacity, model_ended
+from tether._runtime.step.session import RunSession
 from tether.errors import (
     DatabaseUnavailable,
     FailpointError,
@@ -123,7 +123,7 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
             STEP_SECONDS.observe(time.monotonic() - step_started)
         if session.stopping:
             return await session.release("worker stopping")
-        stop = await compacting.compact_if_due(session, failures)  # a write of its own
+        stop = await compaction.compact_if_due(session, failures)  # a write of its own
         if stop is not None:
             return stop
         reason = session.budget.check_before_model_call(session.run.limits)
@@ -178,7 +178,7 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
 async def _streamed(session: RunSession) -> ModelResponse:
     """The model's next turn, its text handed to the run's watchers as it is written."""
     services = session.services
-    messages = compacting.view(session.conversation(), session.compaction)
+    messages = compaction.view(session.conversation(), session.compaction)
     tools = list(services.agent.tool_specs)
     if services.deltas is None:
         return await services.model.request(messages, tools)

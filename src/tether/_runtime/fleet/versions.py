@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tether import inputs
 from tether._runtime.hop import hop
-from tether._runtime.services import Services
+from tether._runtime.shared.services import Services
 from tether.agent import MAX_VERSION_CHARS
 from tether.errors import (
     AlreadyFinished,

@@ -8,10 +8,10 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tether._runtime.deltas import DeltaHub
-from tether._runtime.heartbeat import Heartbeat
-from tether._runtime.pacing import Pacer
-from tether._runtime.rate_limit import RateLimiter
+from tether._runtime.live.deltas import DeltaHub
+from tether._runtime.shared.heartbeat import Heartbeat
+from tether._runtime.shared.model_rate_limiter import RateLimiter
+from tether._runtime.shared.pacing import Pacer
 from tether._runtime.single_flight import InFlight
 from tether.agent import Agent
 from tether.config import Settings

@@ -20,9 +20,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tether._runtime.capacity import model_capacity, model_ended
-from tether._runtime.model_failures import model_failed
-from tether._runtime.session import RunSession
+from tether._runtime.step.model_failures import model_failed
+from tether._runtime.step.model_rate import model_capacity, model_ended
+from tether._runtime.step.session import RunSession
 from tether.compaction import Compaction
 from tether.errors import ModelError
 from tether.failpoints import fail

@@ -13,12 +13,12 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from tether import inputs
-from tether._runtime import recovery, schedules, upkeep
+from tether._runtime.fleet import recovery, schedules, upkeep
+from tether._runtime.fleet.recovery import OrphanClaim
+from tether._runtime.fleet.versions import Registration
 from tether._runtime.hop import hop
-from tether._runtime.loop import carry
-from tether._runtime.recovery import OrphanClaim
-from tether._runtime.services import Services
-from tether._runtime.versions import Registration
+from tether._runtime.shared.services import Services
+from tether._runtime.step.loop import carry
 from tether.config import Settings
 from tether.results import Outcome, ReapReport, StopKind
 from tether.runs import Run

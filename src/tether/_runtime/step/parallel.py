@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import asyncio
 
-from tether._runtime import dry_run
-from tether._runtime.session import RunSession
-from tether._runtime.tool_call import (
+from tether._runtime.step import dry_run
+from tether._runtime.step.resolution import Resolved, refusal, resolved
+from tether._runtime.step.session import RunSession
+from tether._runtime.step.tool_call import (
     Check,
-    Resolved,
     first_call,
     invoke,
     recheck,
     reconcile,
-    refusal,
-    resolved,
     room_for,
     traced,
 )
-from tether._runtime.turns import Result
+from tether._runtime.step.writes import Result
 from tether.errors import LeaseLost
 from tether.failpoints import fail
 from tether.messages import ToolCall

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tether._runtime.session import RunSession
+from tether._runtime.step.session import RunSession
 from tether.failpoints import fail
 from tether.messages import ToolCall
 from tether.results import Outcome

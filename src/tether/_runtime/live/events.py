@@ -26,8 +26,8 @@ import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from tether._runtime.deltas import DeltaHub
 from tether._runtime.hop import hop
+from tether._runtime.live.deltas import DeltaHub
 from tether.results import Delta, LiveEvent
 from tether.runs import RunState
 from tether.store import Event, Store

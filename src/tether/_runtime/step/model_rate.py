@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from tether._runtime.hop import hop
-from tether._runtime.session import RunSession
+from tether._runtime.step.session import RunSession
 from tether.failpoints import fail
 from tether.models.base import Usage
 

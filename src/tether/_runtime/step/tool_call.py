@@ -16,12 +16,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
-from pydantic import BaseModel
-
-from tether._runtime import dry_run, handover, suspending
-from tether._runtime.session import RunSession
-from tether._runtime.tool_retries import attempts, failure_content
-from tether._runtime.turns import Result, error_content
+from tether._runtime.step import approval_deadline, dry_run, suspending
+from tether._runtime.step.resolution import Resolved, refusal, resolved
+from tether._runtime.step.session import RunSession
+from tether._runtime.step.tool_retries import attempts, failure_content
+from tether._runtime.step.writes import Result, error_content
 from tether.errors import DatabaseUnavailable, FailpointError, LeaseLost
 from tether.failpoints import fail
 from tether.messages import ToolCall
@@ -33,7 +32,6 @@ from tether.telemetry import tracing
 from tether.telemetry.metrics import TOOL_SECONDS
 from tether.tools.tool import (
     Effect,
-    InvalidToolArguments,
     OutcomeUnknown,
     Reconciled,
     ReconcileKind,
@@ -69,52 +67,6 @@ class Recheck:
     verdict: Check
     preview: dict[str, Any] | None = None
     reason: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Resolved:
-    """A call whose tool exists and whose arguments validate; ``edited`` holds the
-    arguments an approver edited the model's to (it runs with those, reference §9)."""
-
-    call: ToolCall
-    tool: Tool
-    args: BaseModel
-    edited: dict[str, Any] | None = None
-
-    def shown(self, content: Any) -> Any:
-        """The result the model sees: an edited call's says it ran with edited arguments."""
-        if self.edited is None:
-            return content
-        return {"edited_by_user": {"arguments": self.edited}, "result": content}
-
-
-def resolved(session: RunSession, call: ToolCall) -> Resolved | Result:
-    """The call's tool and validated arguments, or, when there is no such tool or the
-    arguments do not fit, the refusal to store as its result (nothing is written)."""
-    tool = session.services.agent.tool(call.name)
-    if tool is None:
-        return refusal(call, "unknown_tool", f"there is no tool {call.name!r}")
-    try:
-        return Resolved(call=call, tool=tool, args=tool.validate(call.parsed_arguments()))
-    except InvalidToolArguments as exc:
-        return refusal(call, exc.code, exc.message)
-
-
-def edited(r: Resolved, arguments: dict[str, Any]) -> Resolved | Result:
-    """The call with an approver's edited ``arguments`` validated by the tool's schema,
-    or the refusal to store when they no longer fit it (the tool changed since)."""
-    try:
-        args = r.tool.validate(arguments)
-    except InvalidToolArguments as exc:
-        return refusal(r.call, exc.code, exc.message)
-    return Resolved(call=r.call, tool=r.tool, args=args, edited=args.model_dump(mode="json"))
-
-
-def refusal(call: ToolCall, code: str, message: str) -> Result:
-    """A call that did not run, with why: stored as its result, not counted."""
-    return Result(
-        call=call, content=error_content(code, message), status=CallStatus.ERROR, counted=False
-    )
 
 
 async def resolve(session: RunSession, call: ToolCall) -> Resolved | None:
@@ -409,7 +361,7 @@ async def find_outcome(session: RunSession, r: Resolved, *, confirmed: bool) -> 
     backoff for up to ``reconcile_patience_s`` while the heartbeat keeps the run's lease;
     only then is the answer ``unreachable`` for good (the run fails ``unreconcilable``)."""
     key = idempotency_key(session.run.id, r.call.id)
-    deadline, bounded = handover.reconcile_deadline(session.services.settings)
+    deadline, bounded = approval_deadline.reconcile_deadline(session.services.settings)
     delay = RECONCILE_FIRST_S
     tries = 0
     while True:
@@ -419,7 +371,9 @@ async def find_outcome(session: RunSession, r: Resolved, *, confirmed: bool) -> 
         if found.kind is not ReconcileKind.UNREACHABLE:
             return found
         if time.monotonic() + delay > deadline:
-            handover.give_up(key, r.call.id, r.call.name, bounded=bounded)  # a request hands over
+            approval_deadline.give_up(
+                key, r.call.id, r.call.name, bounded=bounded
+            )  # a request hands over
             log.error(
                 "reconcile gave up",
                 extra={"run_id": session.run.id, "action": "reconcile", "tries": tries},

@@ -27,9 +27,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterError, croniter
 
 from tether import inputs
-from tether._runtime.creation import first_messages
 from tether._runtime.hop import hop
 from tether._runtime.opening import opens
+from tether._runtime.step.first_messages import first_messages
 from tether.budget import Limits, parse_limits, within_cap
 from tether.errors import InvalidInput, NotFound
 from tether.failpoints import fail
@@ -38,7 +38,7 @@ from tether.store.schedules import ScheduleRecord
 from tether.telemetry.metrics import SCHEDULE_TICKS
 
 if TYPE_CHECKING:
-    from tether._runtime.services import Services
+    from tether._runtime.shared.services import Services
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether._runtime import suspending, tool_call
-from tether._runtime.session import RunSession
-from tether._runtime.tool_call import Check, Resolved
-from tether._runtime.turns import Result, error_content
+from tether._runtime.step import suspending, tool_call
+from tether._runtime.step.resolution import Resolved, edited
+from tether._runtime.step.session import RunSession
+from tether._runtime.step.tool_call import Check
+from tether._runtime.step.writes import Result, error_content
 from tether.messages import ToolCall
 from tether.previews import diff_previews
 from tether.reasons import FailReason, HaltReason
@@ -60,7 +61,7 @@ async def decide(
         return Resolution(verdict=CallVerdict.REFUSED)
     unseen = decision.decision == UNSEEN_EDIT  # never runs: it waits again on the edit
     if decision.arguments is not None:
-        edit = tool_call.edited(r, decision.arguments)
+        edit = edited(r, decision.arguments)
         if isinstance(edit, Result):
             await session.append_result(call, edit.content, edit.status, counted=False)
             return Resolution(verdict=CallVerdict.REFUSED)

@@ -1,5 +1,5 @@
 """The ``DeltaHub`` of one database in a process, and the registry of hubs (``hub_for``,
-``release``); see ``tether._runtime.deltas``."""
+``release``); see ``tether._runtime.live.deltas``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 
-from tether._runtime.deltas.texts import (
+from tether._runtime.live.deltas.texts import (
     DeltaSubscription,
     Local,
     RunTexts,

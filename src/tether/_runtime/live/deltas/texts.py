@@ -1,4 +1,4 @@
-"""What one process holds of the text of the steps in flight (``tether._runtime.deltas``):
+"""What one process holds of the text of the steps in flight (``tether._runtime.live.deltas``):
 each model call's text (``Text``), what of a local one went to other processes
 (``Local``), each watcher's bounded queue (``DeltaSubscription``), and the payloads of the
 notices that carry text between processes."""
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from tether.results import Delta
 
 if TYPE_CHECKING:
-    from tether._runtime.deltas.hub import DeltaHub
+    from tether._runtime.live.deltas.hub import DeltaHub
 
 MAX_QUEUED_CHARS = 65_536  # a watcher further behind than this is dropped to a catch-up
 MAX_QUEUED = 1024  # or this many deltas behind

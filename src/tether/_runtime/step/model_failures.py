@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import random
 
-from tether._runtime.session import RunSession
+from tether._runtime.step.session import RunSession
 from tether.config import Settings
 from tether.errors import ModelError
 from tether.reasons import FailReason

@@ -29,7 +29,7 @@ notice came back (``caught_up``). PostgreSQL hands each listener notices in the 
 transactions committed, so every delta committed before the turn has come by then.
 """
 
-from tether._runtime.deltas.hub import DeltaHub, hub_for, release
-from tether._runtime.deltas.texts import DeltaSubscription
+from tether._runtime.live.deltas.hub import DeltaHub, hub_for, release
+from tether._runtime.live.deltas.texts import DeltaSubscription
 
 __all__ = ["DeltaHub", "DeltaSubscription", "hub_for", "release"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from tether._runtime.hop import hop
-from tether._runtime.services import Services
+from tether._runtime.shared.services import Services
 from tether.notify import Notice
 from tether.runs import iso
 from tether.telemetry.metrics import EXPIRIES

@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tether._runtime.session import RunSession
-from tether._runtime.turns import error_content
+from tether._runtime.step.session import RunSession
+from tether._runtime.step.writes import error_content
 from tether.tools.tool import Effect, OutcomeUnknown, Tool, ToolContext, ToolFailed, ToolUnavailable
 
 log = logging.getLogger(__name__)

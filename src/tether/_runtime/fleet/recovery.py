@@ -9,9 +9,9 @@ import logging
 from dataclasses import dataclass, field
 
 from tether._runtime.hop import hop
-from tether._runtime.loop import batches, process_group
-from tether._runtime.services import Services
-from tether._runtime.session import RunSession
+from tether._runtime.shared.services import Services
+from tether._runtime.step.loop import batches, process_group
+from tether._runtime.step.session import RunSession
 from tether.errors import (
     DatabaseUnavailable,
     FailpointError,

@@ -16,8 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tether._runtime import dry_run, tool_call
-from tether._runtime.session import RunSession
+from tether._runtime.step import dry_run
+from tether._runtime.step.resolution import Resolved, resolved
+from tether._runtime.step.session import RunSession
 from tether.messages import ToolCall
 from tether.notify import Notice
 from tether.previews import digest
@@ -89,8 +90,8 @@ async def suspend_turn(
 
 async def _asked(session: RunSession, call: ToolCall) -> Pending | None:
     """A later call of the turn, when it needs a human's decision now."""
-    r = tool_call.resolved(session, call)
-    if isinstance(r, tool_call.Resolved) and not dry_run.skips(session, r.tool):
+    r = resolved(session, call)
+    if isinstance(r, Resolved) and not dry_run.skips(session, r.tool):
         try:
             if await r.tool.confirmation_needed(r.args, session.scope):
                 preview = await r.tool.render_preview(r.args, session.scope)

@@ -15,10 +15,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tether._runtime.follow_ups import open_follow_up
 from tether._runtime.hop import hop
-from tether._runtime.services import Services
-from tether._runtime.turns import Result, Turn, error_content, turn_of
+from tether._runtime.shared.services import Services
+from tether._runtime.step.first_messages import open_follow_up
+from tether._runtime.step.writes import Result, Turn, error_content, turn_of
 from tether.budget import Budget
 from tether.errors import DatabaseUnavailable, LeaseLost, TetherError
 from tether.failpoints import fail
