@@ -171,7 +171,7 @@ def measured(
     The engine's connections are closed first, so the rows counted before are all the
     rows written before (a backend sends its counts when it exits, or idle, at most once
     a second)."""
-    engine._store.engine.dispose()
+    engine.runner.store.engine.dispose()
     rows0, wal0, cpu0 = _rows(url), _wal(url), postgres_cpu_s()
     s0, t0 = counts.statements, counts.transactions
     yield
@@ -210,7 +210,7 @@ def engine_for(
         settings=Settings(database_url=url, max_limits=CAP),
         notifier=notifier or MemoryNotifier(),
     )
-    counts.attach(engine._store.engine)
+    counts.attach(engine.runner.store.engine)
     return engine
 
 
@@ -240,7 +240,7 @@ async def run_steps(kind: str, tool_name: str, steps: int, out: list[Work]) -> N
             outcome = await engine.run_until_stop(run.id)
             if outcome.kind is not StopKind.ANSWERED:
                 raise RuntimeError(f"the {kind} run stopped {outcome.kind.value}")
-        rows_since(out[-1], url, engine._store.engine)
+        rows_since(out[-1], url, engine.runner.store.engine)
 
 
 async def run_suspensions(count: int, out: list[Work]) -> None:
@@ -257,13 +257,13 @@ async def run_suspensions(count: int, out: list[Work]) -> None:
                 done = await engine.run_until_stop(asked.run_id)
                 if done.kind is not StopKind.ANSWERED:
                     raise RuntimeError(f"the approved run stopped {done.kind.value}")
-        rows_since(out[-1], url, engine._store.engine)
+        rows_since(out[-1], url, engine.runner.store.engine)
 
 
 async def run_claims(count: int, out: list[Work]) -> None:
     async with bench_engine([{"content": "done"}]) as (url, engine, counts):
         ids = [(await engine.start_run("bench", f"q{i}")).id for i in range(count)]
-        store = engine._store
+        store = engine.runner.store
         claimed: list[str] = []
         with measured("claim", count, url, engine, counts, out):
             for _ in range(count):

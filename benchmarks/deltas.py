@@ -307,7 +307,7 @@ def _memory_role(url: str, count: int, stalled: int, out_file: str) -> None:
         carrying = asyncio.create_task(worker.run(reap=False))
         step = max(count // 10, 1)
         while True:
-            done = (await eng.counts_by_state())["answered"]
+            done = (await eng.operator.counts_by_state())["answered"]
             if done >= step * (len(samples) + 1) or done == count:
                 samples.append((done, _rss_kib()))
             if done == count:
@@ -315,7 +315,7 @@ def _memory_role(url: str, count: int, stalled: int, out_file: str) -> None:
             await asyncio.sleep(0.2)
         worker.stop()
         await carrying
-        hub = eng._services.deltas
+        hub = eng.runner.services.deltas
         held = 0 if hub is None else len(hub._runs)
         Path(out_file).write_text(json.dumps({"samples": samples, "held": held}))
         for watch in watches:

@@ -51,7 +51,7 @@ async def client(url: str) -> AsyncIterator[httpx.AsyncClient]:
         notifier=MemoryNotifier(),
         migrate=True,
     )
-    await engine.add_user("bench", KEY)
+    await engine.operator.add_user("bench", KEY)
     transport = httpx.ASGITransport(app=create_app(engine))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://bench") as c:

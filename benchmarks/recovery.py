@@ -88,7 +88,7 @@ def make_orphans(eng: Engine, count: int) -> list[str]:
     """``count`` runs claimed by ``DEAD``, half of them with an unanswered read; then every
     heartbeat made stale."""
     ids = asyncio.run(_create(eng, count))
-    store = eng._store
+    store = eng.runner.store
     for i, run_id in enumerate(ids):
         run = store.claim_ready(DEAD, run_id)
         assert run is not None, run_id
@@ -176,12 +176,12 @@ def measure(count: int, interval: float, deadline_s: float) -> dict[str, Any]:
         eng = engine(url, "ten")
         make_orphans(eng, count)
         with tempfile.TemporaryDirectory() as tmp:
-            t0 = _now(eng._store)
+            t0 = _now(eng.runner.store)
             procs = _start_workers(url, interval, Path(tmp))
             try:
                 deadline = time.monotonic() + deadline_s
                 while True:
-                    seen = _progress(eng._store)
+                    seen = _progress(eng.runner.store)
                     if seen["answered"][0] >= count or time.monotonic() > deadline:
                         break
                     if any(p.poll() is not None for p in procs):

@@ -57,13 +57,13 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as logs:
             procs = start_workers(command, env, logs, args.workers)
             last_tick = first_tick + 60 * (args.ticks - 1)
-            while eng._store.now() < last_tick + 10:
+            while eng.runner.store.now() < last_tick + 10:
                 time.sleep(0.5)
             for proc in procs:
                 proc.terminate()
             for proc in procs:
                 proc.wait(timeout=60)
-        with eng._store.engine.connect() as conn:
+        with eng.runner.store.engine.connect() as conn:
             rows = conn.execute(
                 sa.select(runs.c.schedule_id, runs.c.started_at).where(
                     runs.c.schedule_id.is_not(None)

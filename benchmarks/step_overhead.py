@@ -191,7 +191,7 @@ def time_store_writes(engine: Engine) -> list[float]:
     """Wrap the step write of this engine's store; the seconds of each call, in order (a
     read-only step is one ``persist_turn``; the final answer is one more)."""
     spans: list[float] = []
-    method = engine._store.persist_turn
+    method = engine.runner.store.persist_turn
 
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> None:
@@ -200,8 +200,8 @@ def time_store_writes(engine: Engine) -> list[float]:
         spans.append(time.perf_counter() - start)
 
     # ``tether._runtime.hop`` finds the store's thread pool and retry window through ``__self__``.
-    call.__self__ = engine._store  # type: ignore[attr-defined]
-    engine._store.persist_turn = call  # type: ignore[method-assign]
+    call.__self__ = engine.runner.store  # type: ignore[attr-defined]
+    engine.runner.store.persist_turn = call  # type: ignore[method-assign]
     return spans
 
 

@@ -160,7 +160,7 @@ class Spans:
 def time_parts(engine: Engine) -> Spans:
     """Wrap this engine's claim and its store's snapshot; each call's seconds, in order."""
     spans = Spans(claims=[], snapshots=[])
-    runner = engine._runner
+    runner = engine.runner
     claim = runner.claim
 
     @functools.wraps(claim)
@@ -172,7 +172,7 @@ def time_parts(engine: Engine) -> Spans:
             spans.claims.append(time.perf_counter() - start)
 
     runner.claim = timed_claim  # type: ignore[method-assign]
-    store = engine._store
+    store = engine.runner.store
     snapshot = store.snapshot
 
     @functools.wraps(snapshot)

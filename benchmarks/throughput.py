@@ -138,7 +138,7 @@ def runs_per_second(workers: int, count: int) -> tuple[float, float]:
 def carried(eng: Engine, count: int) -> tuple[float, float]:
     """(runs/s, seconds) of the ``count`` runs just carried on ``eng``'s database, on the
     database's clock from the first step to the last answer; every run must have answered."""
-    with eng._store.engine.connect() as conn:
+    with eng.runner.store.engine.connect() as conn:
         counted = conn.execute(sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state))
         states: dict[str, int] = {str(state): int(n) for state, n in counted}
         first, last = conn.execute(
@@ -260,11 +260,11 @@ def _sized(eng: Engine, url: str, size: int | None) -> None:
     before its first use; None keeps the default."""
     if size is None:
         return
-    eng._store.engine.dispose()
-    eng._store.engine = sa.create_engine(
+    eng.runner.store.engine.dispose()
+    eng.runner.store.engine = sa.create_engine(
         normalize_url(url), pool_size=size, max_overflow=0, pool_timeout=30
     )
-    faults.track_commits(eng._store.engine)
+    faults.track_commits(eng.runner.store.engine)
 
 
 def _timed_claims(store: Store, decided: dict[str, float]) -> None:
@@ -288,7 +288,7 @@ async def _claim_round(eng: Engine, notifier: MemoryNotifier, concurrent: int) -
     outcome = await eng.ask("bench", "publish a")
     token = notifier.last(outcome.run_id).token
     decided: dict[str, float] = {}
-    _timed_claims(eng._store, decided)
+    _timed_claims(eng.runner.store, decided)
 
     async def approve() -> tuple[float, bool]:
         start = time.perf_counter()

@@ -114,7 +114,7 @@ def _carry(url: str, count: int, tmp: str, *, notices: bool) -> tuple[float, flo
 
 def _check(eng: Engine, ids: list[str], seen: dict[str, list[int]]) -> None:
     for run_id in ids:
-        stored = len(eng._store.events(run_id))
+        stored = len(eng.runner.store.events(run_id))
         if seen.get(run_id) != list(range(1, stored + 1)):
             raise RuntimeError(f"run {run_id}: watched {seen.get(run_id)}, stored {stored}")
 

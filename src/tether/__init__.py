@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tether.compaction import Compaction
     from tether.config import Settings
     from tether.engine import Engine
+    from tether.engine.sync import SyncEngine
     from tether.errors import TetherError
     from tether.models import Model, ScriptedModel
     from tether.notify import MemoryNotifier, Notice, Notifier
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     )
     from tether.runs import Run, RunState
     from tether.scope import Scope
-    from tether.sync import SyncEngine
     from tether.tools.tool import (
         Approvers,
         Effect,
@@ -85,7 +85,7 @@ _HOMES = {
     "ScriptedModel": "tether.models",
     "Settings": "tether.config",
     "StopKind": "tether.results",
-    "SyncEngine": "tether.sync",
+    "SyncEngine": "tether.engine.sync",
     "TetherError": "tether.errors",
     "TokenLookup": "tether.results",
     "Tool": "tether.tools.tool",

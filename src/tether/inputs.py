@@ -31,6 +31,20 @@ def run_id(value: Any) -> str:
     return value
 
 
+_REQUESTS_CURSOR = re.compile(
+    r"([0-9]{1,12}(?:\.[0-9]{1,20})?(?:e\+?[0-9]{1,3})?):([A-Za-z0-9_-]{1,64})"
+)
+
+
+def requests_cursor(value: Any) -> tuple[float, str]:
+    """A page of open requests' ``after`` cursor (``Inbox.after``: the last request's
+    expiry and run id); anything else is ``invalid_input``."""
+    found = _REQUESTS_CURSOR.fullmatch(value) if isinstance(value, str) else None
+    if found is None:
+        raise InvalidInput("after must be a page's `after` cursor (the page before's last)")
+    return float(found.group(1)), found.group(2)
+
+
 def thread_id(value: Any, *, missing: bool = False) -> str:
     """A well-formed thread id. In a request's body anything else is ``invalid_input``;
     where it names the thread to read (``missing``), it cannot name one: ``not_found``."""

@@ -197,13 +197,11 @@ class CallVerdict(str, enum.Enum):
 @dataclass(frozen=True, kw_only=True)
 class Inbox:
     """A page of the pending requests a viewer may decide (soonest expiry first), the
-    database clock they were judged by, where the page starts (``offset``) and how many
-    more follow it (``more``: ask again with ``offset + len(inbox)``). It reads like the
-    list of its runs: iterable and sized."""
+    database clock they were judged by, and how many more follow it (``more``: ask again
+    with ``after``). It reads like the list of its runs: iterable and sized."""
 
     runs: list[Run]
     now: float
-    offset: int = 0
     more: int = 0
 
     def __iter__(self) -> Iterator[Run]:
@@ -213,17 +211,27 @@ class Inbox:
         return len(self.runs)
 
     @property
-    def next_offset(self) -> int | None:
-        """Where the next page starts, or None when this is the last."""
-        return self.offset + len(self.runs) if self.more else None
+    def after(self) -> str | None:
+        """The cursor of the next page (its last request's expiry and id); None at the
+        end."""
+        if not self.more or not self.runs or self.runs[-1].expires_at is None:
+            return None
+        return f"{self.runs[-1].expires_at!r}:{self.runs[-1].id}"
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunPage:
-    """One page of a user's runs, newest first, and how many more runs follow it."""
+    """One page of runs, newest first, and how many more runs follow it. It reads like
+    the list of its runs: iterable and sized."""
 
     runs: list[Run]
     more: int
+
+    def __iter__(self) -> Iterator[Run]:
+        return iter(self.runs)
+
+    def __len__(self) -> int:
+        return len(self.runs)
 
     @property
     def after(self) -> str | None:

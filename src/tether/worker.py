@@ -71,10 +71,10 @@ class Worker:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.engine = engine
-        self._runner = engine._runner  # the plumbing of claims and upkeep (tether._runtime)
+        self._runner = engine.runner  # the plumbing of claims and upkeep (tether._runtime)
         self.concurrency = concurrency
         # Where the store wakes workers by NOTIFY, the poll is only a fallback.
-        notifies = engine._runner.notifies
+        notifies = engine.runner.notifies
         self.poll_s = poll_s if poll_s is not None else (5.0 if notifies else 0.25)
         self.stopping = asyncio.Event()
         # How the runs this worker handled stopped (StopKind values, "error") and how

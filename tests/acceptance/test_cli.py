@@ -56,10 +56,10 @@ def test_approve_of_an_expired_token_tells_the_owner_how_to_continue_and_nobody_
     )
     run_id = engine.sync.ask("dana", "send").run_id
     token = notifier.last(run_id).token
-    run = engine._store.get_run(run_id)
+    run = engine.runner.store.get_run(run_id)
     assert run is not None and run.expires_at is not None
-    poll_until(lambda: engine._store.now() > (run.expires_at or 0))
-    assert run_sync(engine._runner.expire_suspended()) == [run_id]
+    poll_until(lambda: engine.runner.store.now() > (run.expires_at or 0))
+    assert run_sync(engine.runner.expire_suspended()) == [run_id]
     engine.close()
     env = processes.tether_env(db_url)
 
@@ -290,7 +290,7 @@ async def test_migrate_creates_the_agents_published_users_and_users_add_prints_a
 
     async with inprocess.engine(empty_url) as engine:
         owners = [
-            await engine.user_for_key(k)
+            await engine.web.user_for_key(k)
             for k in ("tether-demo-dana", "tether-demo-miguel", key, "tether-demo-nobody")
         ]
     assert owners == ["dana", "miguel", "erin", None]
@@ -348,7 +348,7 @@ async def test_users_list_remove_and_rotate_key_revoke_keys_at_once(db_url: str)
     missing = processes.tether("users", "remove", "finn", env=env)
     assert missing.returncode == 1 and "not_found" in missing.stderr
     async with inprocess.engine(db_url) as engine:
-        owners = [await engine.user_for_key(k) for k in (keys["erin"], new_key, keys["finn"])]
+        owners = [await engine.web.user_for_key(k) for k in (keys["erin"], new_key, keys["finn"])]
     assert owners == [None, "erin", None]
 
 
@@ -384,7 +384,7 @@ def test_ask_starts_a_thread_and_follow_ups_refused_or_queued_while_it_is_busy(
         assert answer.returncode == 1 and f"error {code}:" in answer.stderr, refused
     store = Store(db_url)
     try:
-        assert [r.id for r in store.list_runs(None, 10)] == [second["id"], first["id"]]
+        assert [r.id for r in store.list_runs(None, limit=10)] == [second["id"], first["id"]]
     finally:
         store.close()
 
@@ -409,7 +409,7 @@ def test_ask_takes_a_priority_and_a_start_time_and_refuses_bad_ones(db_url: str)
         assert refused.returncode == 1 and "error invalid_input:" in refused.stderr, bad
     store = Store(db_url)
     try:
-        (run,) = store.list_runs(None, 10)
+        (run,) = store.list_runs(None, limit=10)
         assert (run.priority, run.start_at) == (7, 32472172800.0)
     finally:
         store.close()
@@ -502,6 +502,6 @@ def test_threads_list_show_and_delete_as_the_owner_and_delete_is_refused_while_b
     assert gone.returncode == 1 and "not_found" in gone.stderr
     store = Store(db_url)
     try:
-        assert [r.id for r in store.list_runs(None, 10)] == [others.id]
+        assert [r.id for r in store.list_runs(None, limit=10)] == [others.id]
     finally:
         store.close()

@@ -41,12 +41,12 @@ def test_ask_takes_the_runs_limits_within_the_cap_and_refuses_bad_ones(db_url: s
         assert "error invalid_input:" in refused.stderr and said in refused.stderr, bad
     store = Store(db_url)
     try:
-        assert store.list_runs(None, 10) == []  # nothing created
+        assert store.list_runs(None, limit=10) == []  # nothing created
         asked = processes.tether(
             "ask", "q", "--as", "dana", "--limits", '{"max_steps": 3, "max_spend_usd": 2}', env=env
         )
         assert asked.returncode == 0, asked.stderr
-        (run,) = store.list_runs(None, 10)
+        (run,) = store.list_runs(None, limit=10)
         assert run.id == _json(asked.stdout)["id"]
         # The limits named, and the others the defaults (lowered to the cap).
         assert run.limits.to_json() == {

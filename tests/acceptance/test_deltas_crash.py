@@ -56,12 +56,12 @@ async def test_a_worker_killed_mid_stream_restarts_the_step_at_offset_0(
     assert stored == [1]  # killed while the answer's turn was not stored
 
     def stale() -> bool:
-        current = engine._store.get_run(run.id)
+        current = engine.runner.store.get_run(run.id)
         assert current is not None
-        return engine._store.now() - (current.heartbeat_at or 0) > 0.35
+        return engine.runner.store.now() - (current.heartbeat_at or 0) > 0.35
 
     await until(stale, timeout=DEADLINE_S, what="the killed worker's heartbeat to go stale")
-    assert run.id in (await engine.reap()).recovered
+    assert run.id in (await engine.operator.reap()).recovered
     assert (await engine.run_until_stop(run.id)).kind is StopKind.ANSWERED
     await asyncio.wait_for(watching, DEADLINE_S)
 

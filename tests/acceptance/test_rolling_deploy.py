@@ -127,7 +127,7 @@ def test_a_rolling_deploy_strands_old_runs_until_they_are_migrated(
         stranded = json.loads(listed.stdout)["items"]
         assert {r["id"] for r in stranded} == set(ids)
         assert {r["agent_version"] for r in stranded} == {"kit@v1"}
-        assert run_sync(new.count_stranded()) == 2
+        assert run_sync(new.operator.count_stranded()) == 2
 
         for run_id in ids:
             # No --agent: the live v2 worker registered what v2 has (the default agent,
@@ -153,7 +153,7 @@ def test_a_rolling_deploy_strands_old_runs_until_they_are_migrated(
             assert migrated == [
                 {"by": "ops", "why": "deploy 43", "from_version": "kit@v1", "to_version": "kit@v2"}
             ]
-        assert run_sync(new.count_stranded()) == 0
+        assert run_sync(new.operator.count_stranded()) == 0
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:

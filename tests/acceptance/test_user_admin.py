@@ -28,7 +28,7 @@ WORKER = (processes.PYTHON, "-m", "tether", "worker")
 def test_removing_a_user_fences_the_worker_carrying_their_run(db_url: str) -> None:
     downstream.set_world("lookup_ms", "1500")
     engine = inprocess.engine(db_url, script_name="standard")
-    run_sync(engine.add_user("ana"))
+    run_sync(engine.operator.add_user("ana"))
     run = engine.sync.start_run("ana", "go")
     engine.close()
     store = Store(db_url)
@@ -121,7 +121,7 @@ def test_users_add_and_set_bound_the_priority_a_user_may_ask(db_url: str) -> Non
     assert json.loads(asked.stdout)["state"] == "running"
     store = Store(db_url)
     try:
-        assert sorted(r.priority for r in store.list_runs("erin", 10)) == [-1, 5]
+        assert sorted(r.priority for r in store.list_runs("erin", limit=10)) == [-1, 5]
     finally:
         store.close()
 

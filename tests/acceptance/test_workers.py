@@ -18,7 +18,7 @@ from tether.results import LiveEvent
 
 
 def _states(engine: Engine) -> dict[str, int]:
-    return {state: n for state, n in run_sync(engine.counts_by_state()).items() if n}
+    return {state: n for state, n in run_sync(engine.operator.counts_by_state()).items() if n}
 
 
 def _run(engine: Engine, run_id: str) -> Run | None:

@@ -58,7 +58,7 @@ def payment_script(account: str = SPOOF) -> ScriptedModel:
 def payments(sqlite_url: str) -> Iterator[Served]:
     """The app for the payments agent, with dana (who asks) and boss (who decides)."""
     with _serving(sqlite_url, payments_agent(), payment_script()) as app:
-        app.keys["boss"] = off_loop(lambda: app.engine.add_user("boss"))
+        app.keys["boss"] = off_loop(lambda: app.engine.operator.add_user("boss"))
         yield app
 
 

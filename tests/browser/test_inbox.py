@@ -174,7 +174,7 @@ def _serving(url: str, agent: Agent, model: ScriptedModel) -> Iterator[Served]:
             notifier=notifier,
             url=f"http://127.0.0.1:{port}",
             posts=posts,
-            keys={"dana": off_loop(lambda: engine.add_user("dana"))},
+            keys={"dana": off_loop(lambda: engine.operator.add_user("dana"))},
         )
     finally:
         server.should_exit = True

@@ -69,7 +69,7 @@ def test_the_owner_continues_a_halted_run_from_its_page_then_cancels_it(
 def test_an_approver_opens_the_run_behind_a_request_and_decides_it_there(
     served: Served, page: Page
 ) -> None:
-    served.keys["boss"] = off_loop(lambda: served.engine.add_user("boss"))
+    served.keys["boss"] = off_loop(lambda: served.engine.operator.add_user("boss"))
     run_id, _ = served.suspend()
     sign_in(page, served, "boss")
     page.locator(f"#run-{run_id}").get_by_role("link", name="Open the run").click()

@@ -83,7 +83,7 @@ async def build_engine(
         notifier=notifier,
     )
     for user, key in KEYS.items():
-        await engine.add_user(user, key)
+        await engine.operator.add_user(user, key)
     return engine
 
 
@@ -125,7 +125,7 @@ async def fingerprint(engine: Engine) -> list[tuple[Any, ...]]:
             r.owner,
             len(await engine.events(r.id)),
         )
-        for r in await engine.list_runs(None, 1000)
+        for r in await engine.list_runs(None, limit=1000)
     ]
 
 
@@ -719,7 +719,7 @@ async def test_an_oversized_streamed_body_is_413_before_the_handler_reads_it(db_
             "/v1/runs", content=chunks(), headers={**DANA, "Content-Type": "application/json"}
         )
         refused(response, 413, "payload_too_large")
-        assert await api.engine.list_runs(None, 10) == []
+        assert list(await api.engine.list_runs(None, limit=10)) == []
 
 
 # -- health ---------------------------------------------------------------------------------

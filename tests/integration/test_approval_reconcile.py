@@ -88,7 +88,7 @@ async def test_a_lost_send_whose_lookup_fails_answers_reconciling_and_a_reaper_f
             await engine.resume_after_confirmation(token, "approve", "dana")
 
         d.down = False  # the lookup comes back: a reaper's recovery asks it by key
-        recovered = await engine._runner.recover_orphans()
+        recovered = await engine.runner.recover_orphans()
         assert [o.run_id for o in recovered] == [run_id]
         done = await engine.run_until_stop(run_id)
         assert done.kind is StopKind.ANSWERED
@@ -105,7 +105,7 @@ async def test_a_lost_send_whose_lookup_fails_answers_reconciling_and_a_reaper_f
 async def test_over_http_and_on_the_approval_page_the_answer_is_reconciling(db_url: str) -> None:
     notifier = MemoryNotifier()
     engine = _engine(db_url, Downstream(), notifier)
-    key = await engine.add_user("dana")
+    key = await engine.operator.add_user("dana")
     transport = httpx.ASGITransport(app=create_app(engine, public_url="http://tether.test"))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://tether.test") as c:

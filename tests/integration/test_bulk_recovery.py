@@ -62,11 +62,11 @@ async def orphans(
     its first turn, if ``turns``), once their heartbeats are stale."""
     ids = [(await engine.start_run(user, f"orphan {i}")).id for i in range(count)]
     for i, run_id in enumerate(ids):
-        run = engine._store.claim_ready(DEAD, run_id)
+        run = engine.runner.store.claim_ready(DEAD, run_id)
         assert run is not None
         if turns and i % 2 == 0:
-            _lookup_turn(engine._store, run)
-    last = engine._store.get_run(ids[-1])
+            _lookup_turn(engine.runner.store, run)
+    last = engine.runner.store.get_run(ids[-1])
     assert last is not None and last.heartbeat_at is not None
     heartbeat = last.heartbeat_at
 
@@ -78,7 +78,7 @@ async def orphans(
 
 
 def recovering(engine: Engine, run_id: str) -> int:
-    return sum(1 for e in engine._store.events(run_id) if e.kind == "recovering")
+    return sum(1 for e in engine.runner.store.events(run_id) if e.kind == "recovering")
 
 
 def answered(engine: Engine, ids: list[str]) -> Callable[[], Awaitable[bool]]:
@@ -105,7 +105,7 @@ async def test_one_reaper_pass_recovers_every_orphan_through_the_slots(
     )
     ids = await orphans(engine, 20, turns=True)
     in_flight = {"now": 0, "most": 0}
-    recover = engine._runner.recover
+    recover = engine.runner.recover
 
     async def counted(run: Run) -> Any:
         in_flight["now"] += 1
@@ -115,7 +115,7 @@ async def test_one_reaper_pass_recovers_every_orphan_through_the_slots(
         finally:
             in_flight["now"] -= 1
 
-    monkeypatch.setattr(engine._runner, "recover", counted)
+    monkeypatch.setattr(engine.runner, "recover", counted)
     worker = Worker(engine, concurrency=2)
     running = asyncio.create_task(worker.run())
     try:
@@ -124,7 +124,7 @@ async def test_one_reaper_pass_recovers_every_orphan_through_the_slots(
         # An hour's interval and no restart of the reaper: the first pass took them all.
         assert not worker.restarts
         assert [recovering(engine, i) for i in ids] == [1] * 20
-        assert {r.recovery_attempts for i in ids if (r := engine._store.get_run(i))} == {1}
+        assert {r.recovery_attempts for i in ids if (r := engine.runner.store.get_run(i))} == {1}
         assert 1 <= in_flight["most"] <= 2  # through the worker's two slots, never more
     finally:
         await stopped(worker, running)
@@ -149,8 +149,10 @@ async def test_two_workers_recover_each_orphan_once(db_url: str) -> None:
     try:
         await until(answered(engines[0], ids), timeout=120)
         assert [recovering(engines[0], i) for i in ids] == [1] * 30
-        events = [e for i in ids for e in engines[0]._store.events(i) if e.kind == "recovering"]
-        assert {e.data["owner"] for e in events} <= {e.worker_id for e in engines}
+        events = [
+            e for i in ids for e in engines[0].runner.store.events(i) if e.kind == "recovering"
+        ]
+        assert {e.data["owner"] for e in events} <= {e.runner.worker_id for e in engines}
     finally:
         for worker, task in zip(workers, tasks, strict=True):
             await stopped(worker, task)
@@ -208,8 +210,8 @@ async def gated_orphans(url: str, gate: Gate, count: int) -> tuple[Engine, list[
     )
     ids = [(await engine.start_run("olga", f"orphan {i}")).id for i in range(count)]
     for run_id in ids:
-        assert engine._store.claim_ready(DEAD, run_id) is not None
-    with engine._store.engine.begin() as conn:
+        assert engine.runner.store.claim_ready(DEAD, run_id) is not None
+    with engine.runner.store.engine.begin() as conn:
         old = runs.c.heartbeat_at - HOUR
         conn.execute(sa.update(runs).where(runs.c.id.in_(ids)).values(heartbeat_at=old))
     return engine, ids
@@ -269,7 +271,7 @@ async def test_stop_ends_a_reaper_pass_after_the_recoveries_in_hand(db_url: str)
         await asyncio.wait_for(running, timeout=60)
         taken = [i for i in ids if recovering(engine, i)]
         assert len(taken) == 2  # the two in hand, handed back; no claim after stop
-        left = [engine._store.get_run(i) for i in ids if i not in taken]
+        left = [engine.runner.store.get_run(i) for i in ids if i not in taken]
         assert all(r is not None and r.owner == DEAD and r.recovery_attempts == 0 for r in left)
     finally:
         gate.opened.set()
@@ -285,7 +287,7 @@ async def test_a_pass_takes_an_orphan_at_most_once_even_when_it_goes_stale_again
 ) -> None:
     engine = inprocess.engine(db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S)
     (run_id,) = await orphans(engine, 1)
-    store = engine._store
+    store = engine.runner.store
     began = store.now()
     params: dict[str, Any] = {"stale_after_s": HEARTBEAT_S, "max_attempts": 5, "batch": 5}
     try:
@@ -310,10 +312,10 @@ async def test_reap_takes_every_orphan_in_one_pass_in_batches(db_url: str) -> No
     )
     ids = await orphans(engine, 12, turns=True)
     try:
-        outcomes = await engine._runner.recover_orphans()
+        outcomes = await engine.runner.recover_orphans()
         assert sorted(o.run_id for o in outcomes) == sorted(ids)
         assert {o.kind for o in outcomes} == {StopKind.RELEASED}
-        runs = [engine._store.get_run(i) for i in ids]
+        runs = [engine.runner.store.get_run(i) for i in ids]
         assert all(r is not None and r.owner is None and r.recovery_attempts == 1 for r in runs)
     finally:
         engine.close()
@@ -322,7 +324,7 @@ async def test_reap_takes_every_orphan_in_one_pass_in_batches(db_url: str) -> No
 async def test_a_batch_claim_counts_attempts_and_fails_the_exhausted(db_url: str) -> None:
     engine = inprocess.engine(db_url, script_name="work", heartbeat_timeout_s=HEARTBEAT_S)
     ids = await orphans(engine, 4)
-    store = engine._store
+    store = engine.runner.store
     params: dict[str, Any] = {"stale_after_s": HEARTBEAT_S, "max_attempts": 1, "batch": 2}
     try:
         first, _ = store.claim_orphans(owner="reaper-1", **params)  # the two oldest

@@ -94,7 +94,9 @@ async def test_concurrent_approvals_in_and_across_processes_resume_once(db_url: 
         won = [r for r in results if isinstance(r, ApprovalResult)]
         lost = [r for r in results if isinstance(r, AlreadyResumed)]
         assert len(won) == 1 and len(lost) == 23
-        (_, recorded) = await asyncio.to_thread(engines[0]._store.find_by_token, hash_token(token))
+        (_, recorded) = await asyncio.to_thread(
+            engines[0].runner.store.find_by_token, hash_token(token)
+        )
         assert recorded is not None and recorded.decision == won[0].decision.value
         expected = {
             "decision": recorded.decision,
@@ -142,7 +144,7 @@ async def test_an_expired_token_claims_nothing_for_any_concurrent_approver(db_ur
         assert all(isinstance(r, UnknownOrExpired) for r in results), results
         after = (await engine.get_run(run_id)).run
         assert after is not None and after.state.value == "suspended"  # until the sweep
-        found, used = await asyncio.to_thread(engine._store.find_by_token, hash_token(token))
+        found, used = await asyncio.to_thread(engine.runner.store.find_by_token, hash_token(token))
         assert used is None and found is not None  # the token still names its run, unused
         assert dataclasses.replace(found, pending_calls=after.pending_calls) == after
     finally:
@@ -155,10 +157,10 @@ async def test_fifty_approvers_in_one_process_send_one_claim(
     approvers = 50
     _, token = await suspended(db_url)
     engine = inprocess.engine(db_url, script_name="send")
-    inflight = engine._services.single_flight
+    inflight = engine.runner.services.single_flight
     key = ("claim", hash_token(token))
     claims: list[str] = []
-    claim = engine._store.claim_decision
+    claim = engine.runner.store.claim_decision
 
     def counted(store: Store, **kwargs: Any) -> SuspensionClaim:
         # The first claim waits (in its thread) until every other approver waits on it,
@@ -168,7 +170,9 @@ async def test_fifty_approvers_in_one_process_send_one_claim(
         return claim(**kwargs)
 
     # Bound to the store, as ``hop`` expects of a store method.
-    monkeypatch.setattr(engine._store, "claim_decision", types.MethodType(counted, engine._store))
+    monkeypatch.setattr(
+        engine.runner.store, "claim_decision", types.MethodType(counted, engine.runner.store)
+    )
     try:
         results = await asyncio.gather(
             *(_approve(engine, token, "approve") for _ in range(approvers))

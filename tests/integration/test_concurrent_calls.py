@@ -237,7 +237,7 @@ async def test_a_dry_runs_concurrent_write_gets_its_would_call_and_never_runs(
     engine = _engine(db_url, _turns(call("tally", label="w"), call("look", label="r")), calls)
     try:
         run = await engine.start_run("dana", "go")
-        with engine._store.engine.begin() as conn:
+        with engine.runner.store.engine.begin() as conn:
             conn.execute(
                 sa.update(schema.runs).where(schema.runs.c.id == run.id).values(dry_run=True)
             )
@@ -288,7 +288,7 @@ async def test_after_a_crash_with_a_groups_writes_committed_each_is_reconciled_b
     reaper = _engine(db_url, turns, calls, heartbeat_timeout_s=0.2)
     try:
         assert _results((await reaper.get_run(run.id)).messages) == []  # none stored
-        await until(reaper._runner.recover_orphans, interval=0.05, what="an orphan recovered")
+        await until(reaper.runner.recover_orphans, interval=0.05, what="an orphan recovered")
         recovered = _results((await reaper.get_run(run.id)).messages)
         assert (await reaper.run_until_stop(run.id)).kind is StopKind.ANSWERED
         view = await reaper.get_run(run.id)

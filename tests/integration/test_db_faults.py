@@ -198,7 +198,7 @@ async def test_runs_finish_while_their_connections_are_killed(pg_url: str) -> No
             await asyncio.to_thread(
                 poll_until, functools.partial(_stale, engine, run_id, 1.0), timeout=30
             )
-        await engine._runner.recover_orphans()
+        await engine.runner.recover_orphans()
         finals = [await engine.run_until_stop(r.id) for r in runs]
     finally:
         engine.close()
@@ -238,7 +238,7 @@ async def test_a_run_whose_database_stays_away_is_let_go_and_finished_after(
             await asyncio.to_thread(
                 poll_until, lambda: _stale(engine, run.id), what="the run to go stale"
             )
-            recovered = await reaper._runner.recover_orphans()
+            recovered = await reaper.runner.recover_orphans()
             assert [o.run_id for o in recovered] == [run.id]
             final = await reaper.run_until_stop(run.id)
         finally:
@@ -251,14 +251,14 @@ async def test_a_run_whose_database_stays_away_is_let_go_and_finished_after(
 
 def _stale(engine: Engine, run_id: str, after_s: float = 0.6) -> bool:
     try:
-        run = engine._store.get_run(run_id)
+        run = engine.runner.store.get_run(run_id)
     except sa.exc.OperationalError as exc:
         # A direct store call (no ``hop``, so no retry) on a pooled connection that was
         # killed while idle: the pool reconnects on the next poll.
         assert exc.connection_invalidated
         return False
     assert run is not None
-    return engine._store.now() - (run.heartbeat_at or 0) > after_s
+    return engine.runner.store.now() - (run.heartbeat_at or 0) > after_s
 
 
 # -- approvals and reconciliation ------------------------------------------------------------
@@ -342,7 +342,7 @@ async def test_an_approval_that_loses_its_run_says_the_decision_continues_elsewh
         )
         await asyncio.to_thread(gate["guard_started"].wait, 30)
         # Another process takes the run over while the request re-checks it.
-        taken, _ = engine._store.claim_orphans(
+        taken, _ = engine.runner.store.claim_orphans(
             owner="thief", stale_after_s=-1, max_attempts=9, batch=5
         )
         assert [r.id for r in taken] == [suspended.run_id]
@@ -354,7 +354,7 @@ async def test_an_approval_that_loses_its_run_says_the_decision_continues_elsewh
 
         # The owner that took the run over carries the recorded decision out.
         gate.pop("guard_started")
-        recovered = await engine._runner.recover(taken[0])
+        recovered = await engine.runner.recover(taken[0])
         assert recovered.kind is StopKind.RELEASED
         assert [e[1] for e in downstream.effects()] == ["transfer"]
     finally:
@@ -425,14 +425,14 @@ async def test_a_hung_notifier_holds_up_no_run(db_url: str) -> None:
         assert suspended.kind is StopKind.SUSPENDED
         assert answered.kind is StopKind.ANSWERED
         await asyncio.to_thread(poll_until, lambda: notifier.sent, what="the notice")
-        assert engine._services.outbox.pending == 0  # taken by a sender, which waits
-        with engine._store.engine.connect() as conn:
+        assert engine.runner.services.outbox.pending == 0  # taken by a sender, which waits
+        with engine.runner.store.engine.connect() as conn:
             notified = conn.execute(
                 sa.text("SELECT notified_at FROM runs WHERE id = :id"), {"id": suspended.run_id}
             ).scalar_one()
         assert notified is None  # undelivered: the reaper re-issues it
     finally:
-        engine._services.outbox.timeout_s = 0.01
+        engine.runner.services.outbox.timeout_s = 0.01
         await engine.aclose()
         await answering.aclose()
 
@@ -458,7 +458,7 @@ async def test_a_step_write_cut_off_after_its_commit_landed_is_retried_and_appli
         engine = inprocess.engine(url, script_name="work", db_retry_s=10.0)
         step_writes: list[str] = []
 
-        @sa.event.listens_for(engine._store.engine, "before_cursor_execute")
+        @sa.event.listens_for(engine.runner.store.engine, "before_cursor_execute")
         def spot(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
             if statement.lstrip().startswith("WITH r AS"):
                 step_writes.append(statement)
@@ -498,7 +498,7 @@ async def test_a_claim_cut_off_at_its_commit_is_settled_by_the_transactions_fate
     with pgproxy.proxy() as cutter:
         url = f"{base.rsplit('@', 1)[0]}@127.0.0.1:{cutter.port}/{dbname}"
         engine = inprocess.engine(url, db_retry_s=10.0)
-        store = engine._store
+        store = engine.runner.store
         claims: list[str] = []
 
         @sa.event.listens_for(store.engine, "before_cursor_execute")

@@ -311,17 +311,17 @@ async def test_one_users_many_requests_never_hide_anothers_and_the_inbox_says_ho
     assert [run.id for run in page] == [mine] and len(page) == 1 and page.more == 0
     first = await engine.pending_approvals("dana", limit=2)
     assert [run.id for run in first] == danas[:2] and first.more == 1
-    assert first.next_offset == 2
-    rest = await engine.pending_approvals("dana", limit=2, offset=first.next_offset)
-    assert [run.id for run in rest] == danas[2:] and rest.more == 0 and rest.next_offset is None
+    assert first.after is not None and first.after.endswith(":" + danas[1])
+    rest = await engine.pending_approvals("dana", limit=2, after=first.after)
+    assert [run.id for run in rest] == danas[2:] and rest.more == 0 and rest.after is None
     everything = await engine.pending_approvals("boss", limit=3)  # boss approves for all
     assert [run.id for run in everything] == [*danas, mine][:3] and everything.more == 1
-    operator = await engine.open_approvals(limit=10)
+    operator = await engine.operator.pending_approvals(limit=10)
     assert [run.id for run in operator] == [*danas, mine] and operator.more == 0
     with pytest.raises(InvalidInput):
         await engine.pending_approvals("dana", limit=0)
     with pytest.raises(InvalidInput):
-        await engine.pending_approvals("dana", offset=-1)
+        await engine.pending_approvals("dana", after="-1")
 
 
 async def test_deciding_by_run_and_call_id_executes_once_and_answers_as_its_token_would(
@@ -420,7 +420,7 @@ async def test_an_edit_without_a_digest_says_so_suspends_on_the_edit_and_records
     kinds = [e.kind for e in await engine.events(run_id)]
     assert "approved" not in kinds and kinds[-1] == "suspended"
     decision = await asyncio.to_thread(
-        engine._store.decision_for_call, run_id, again.pending.tool_call_id
+        engine.runner.store.decision_for_call, run_id, again.pending.tool_call_id
     )
     assert decision is not None and decision.decision != "approve"
     (entry,) = [e for e in await engine.ledger(run_id) if e.tool == "send"]

@@ -64,7 +64,7 @@ async def _collect(engine: Engine, run_id: str, deltas: bool = False) -> list[Li
 
 def watched(engine: Engine) -> bool:
     """Whether a watcher of this process subscribed to deltas."""
-    hub = engine._services.deltas
+    hub = engine.runner.services.deltas
     assert hub is not None
     return any(run.watchers for run in hub._runs.values())
 
@@ -146,7 +146,7 @@ async def test_a_reader_that_lags_gets_a_step_s_last_deltas_before_its_model_tur
     assert (await driving).kind is StopKind.ANSWERED
 
     def turn_read() -> bool:
-        return any(e.kind == "model_turn" for w in engine._feed._watchers for e in w.read)
+        return any(e.kind == "model_turn" for w in inprocess.watchers(engine) for e in w.read)
 
     await until(turn_read, what="the feed to read the stored turn")
     seen += [item async for item in watch]

@@ -312,7 +312,7 @@ async def test_an_unreachable_crm_is_a_503_that_keeps_its_address_in_the_log(
     )
     caplog.set_level(logging.WARNING, logger="tether.demo.crm")
     try:
-        await engine.add_user("dana", "key-dana")
+        await engine.operator.add_user("dana", "key-dana")
         transport = httpx.ASGITransport(app=create_app(engine))
         async with httpx.AsyncClient(transport=transport, base_url="http://tether.test") as api:
             answer = await api.post(
@@ -325,6 +325,6 @@ async def test_an_unreachable_crm_is_a_503_that_keeps_its_address_in_the_log(
         assert "unreachable" in body["message"]
         assert address not in answer.text and "127.0.0.1" not in answer.text
         assert any(address in r.getMessage() + str(r.__dict__) for r in caplog.records)
-        assert await engine.list_runs("dana") == []  # nothing was created
+        assert list(await engine.list_runs("dana")) == []  # nothing was created
     finally:
         engine.close()

@@ -49,7 +49,7 @@ class Recording(ScriptedModel):
 
 def make_dry(engine: Engine, run_id: str) -> None:
     """Mark a waiting run as a dry run, as a dry-run fork is created."""
-    with engine._store.engine.begin() as conn:
+    with engine.runner.store.engine.begin() as conn:
         conn.execute(sa.update(schema.runs).where(schema.runs.c.id == run_id).values(dry_run=True))
 
 
@@ -63,7 +63,7 @@ def would(tool_name: str, **arguments: Any) -> dict[str, Any]:
 
 async def recovered(engine: Engine) -> list[Outcome]:
     """Reaper passes until one recovers something (the orphan's heartbeat must go stale)."""
-    return await until(engine._runner.recover_orphans, interval=0.05, what="an orphan recovered")
+    return await until(engine.runner.recover_orphans, interval=0.05, what="an orphan recovered")
 
 
 async def dry_run_of(engine: Engine, question: str = "go", **limits: Any) -> str:

@@ -27,7 +27,7 @@ async def test_scripted_run_answers_and_messages_read_back_identical(db_url: str
     engine = inprocess.engine(db_url, script_name="standard")
     outcome = await engine.ask("dana", "do the thing")
     assert outcome.kind is StopKind.SUSPENDED
-    token = engine._services.notifier.last().token  # type: ignore[attr-defined]
+    token = engine.runner.services.notifier.last().token  # type: ignore[attr-defined]
     await engine.resume_after_confirmation(token, "approve", "dana")
     final = await engine.run_until_stop(outcome.run_id)
     assert final.kind is StopKind.ANSWERED
@@ -94,7 +94,7 @@ async def test_suspension_stores_only_the_tokens_hash(db_url: str) -> None:
     assert len(set(tokens)) == 2
     for token in tokens:
         assert len(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))) >= 32
-    dump = _dump_database(engine._store)
+    dump = _dump_database(engine.runner.store)
     engine.close()
     for token in tokens:
         assert token not in dump
@@ -104,18 +104,18 @@ async def test_suspension_stores_only_the_tokens_hash(db_url: str) -> None:
 async def test_a_driver_whose_lease_was_taken_stops_before_it_executes(db_url: str) -> None:
     engine = inprocess.engine(db_url, script_name="write_once", heartbeat_timeout_s=0.001)
     run = await engine.start_run("dana", "write")
-    stale = engine._store.claim_ready("worker-a", run.id)
+    stale = engine.runner.store.claim_ready("worker-a", run.id)
     assert stale is not None
     taker = inprocess.engine(db_url, script_name="write_once", heartbeat_timeout_s=0.001)
-    await until(lambda: engine._store.now() - (stale.heartbeat_at or 0) > 0.01)
-    recovered = await taker._runner.recover_orphans()
+    await until(lambda: engine.runner.store.now() - (stale.heartbeat_at or 0) > 0.01)
+    recovered = await taker.runner.recover_orphans()
     assert [o.run_id for o in recovered] == [run.id]
 
     # The stale worker's session is fenced before it can run a write.
-    taken = engine._store.claim_ready("worker-b", run.id)
+    taken = engine.runner.store.claim_ready("worker-b", run.id)
     assert taken is not None
-    session = await RunSession.start(engine._services, taken)
-    engine._store.claim_orphans(owner="thief", stale_after_s=-1, max_attempts=9, batch=5)
+    session = await RunSession.start(engine.runner.services, taken)
+    engine.runner.store.claim_orphans(owner="thief", stale_after_s=-1, max_attempts=9, batch=5)
     outcome = await drive(session)
     assert outcome.kind is StopKind.LEASE_LOST
     assert downstream.effects() == []
@@ -126,10 +126,10 @@ async def test_a_driver_whose_lease_was_taken_stops_before_it_executes(db_url: s
 async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) -> None:
     engine = inprocess.engine(db_url, script_name="write_once")
     run = await engine.start_run("dana", "write")
-    claimed = engine._store.claim_ready("worker-a", run.id)
+    claimed = engine.runner.store.claim_ready("worker-a", run.id)
     assert claimed is not None
     call = {"id": "c1", "type": "function", "function": {"name": "write_once", "arguments": "{}"}}
-    engine._store.persist_turn(
+    engine.runner.store.persist_turn(
         claimed.lease(),
         seq=2,
         message={"role": "assistant", "content": None, "tool_calls": [call]},
@@ -139,16 +139,16 @@ async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) ->
         final=False,
         event={},
     )
-    engine._store.claim_orphans(owner="thief", stale_after_s=-1, max_attempts=9, batch=5)
+    engine.runner.store.claim_orphans(owner="thief", stale_after_s=-1, max_attempts=9, batch=5)
 
     def stored() -> tuple[object, ...]:
-        store = engine._store
+        store = engine.runner.store
         return store.get_run(run.id), store.messages(run.id), store.events(run.id)
 
     before = stored()
 
     with pytest.raises(LeaseLost):
-        engine._store.persist_tool_result(
+        engine.runner.store.persist_tool_result(
             claimed.lease(),
             seq=3,
             tool_call_id="c1",
@@ -159,7 +159,7 @@ async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) ->
             event={"late": True},
         )
     with pytest.raises(LeaseLost):
-        engine._store.persist_turn(
+        engine.runner.store.persist_turn(
             claimed.lease(),
             seq=3,
             message={"role": "assistant", "content": "late"},
@@ -170,7 +170,7 @@ async def test_a_fenced_out_turn_or_result_writes_nothing_at_all(db_url: str) ->
             event={},
         )
     assert stored() == before
-    assert [(e.tool_call_id, e.status) for e in engine._store.ledger(run.id)] == [
+    assert [(e.tool_call_id, e.status) for e in engine.runner.store.ledger(run.id)] == [
         ("c1", CallStatus.INTENT)
     ]
     engine.close()
@@ -225,17 +225,17 @@ async def test_bytes_written_per_step_do_not_grow_with_history(db_url: str) -> N
     per_step: list[int] = []
     written = [0]
 
-    @sa.event.listens_for(engine._store.engine, "before_cursor_execute")
+    @sa.event.listens_for(engine.runner.store.engine, "before_cursor_execute")
     def count(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
         # PostgreSQL sends each step write as one WITH … statement.
         if statement.lstrip().upper().startswith(("INSERT", "UPDATE", "WITH")):
             written[0] += len(statement) + _param_bytes(parameters)
 
-    @sa.event.listens_for(engine._store.engine, "connect")
+    @sa.event.listens_for(engine.runner.store.engine, "connect")
     def trace(dbapi_conn, _record):  # type: ignore[no-untyped-def]
         # SQLite's step writes go to the driver's cursor (``store/sqlite.py``): its trace
         # callback sees each statement with its values expanded.
-        if engine._store.dialect.name == "sqlite":
+        if engine.runner.store.dialect.name == "sqlite":
             dbapi_conn.set_trace_callback(sqlite_write)
 
     def sqlite_write(statement: str) -> None:
@@ -243,7 +243,7 @@ async def test_bytes_written_per_step_do_not_grow_with_history(db_url: str) -> N
             written[0] += len(statement)
 
     run = await engine.start_run("dana", "go", limits={"max_steps": 200, "max_tool_calls": 200})
-    original = engine._store.persist_turn
+    original = engine.runner.store.persist_turn
 
     def persist(*args, **kwargs):  # type: ignore[no-untyped-def]
         before = written[0]
@@ -251,7 +251,7 @@ async def test_bytes_written_per_step_do_not_grow_with_history(db_url: str) -> N
         if kwargs.get("results"):  # a read-only step: the turn and its result, one write
             per_step.append(written[0] - before)
 
-    engine._store.persist_turn = persist  # type: ignore[method-assign]
+    engine.runner.store.persist_turn = persist  # type: ignore[method-assign]
     outcome = await engine.run_until_stop(run.id)
     assert outcome.kind is StopKind.ANSWERED
     assert len(per_step) == 80
@@ -310,7 +310,7 @@ async def test_bad_input_to_start_run_is_refused_and_stores_nothing(
     engine = inprocess.engine(db_url)
     with pytest.raises(InvalidInput):
         await engine.start_run(user, question)  # type: ignore[arg-type]
-    assert await engine.list_runs() == []
+    assert list(await engine.list_runs()) == []
     engine.close()
 
 

@@ -210,7 +210,7 @@ async def test_a_bad_priority_or_start_time_is_invalid_input_and_stores_nothing(
 
 async def test_the_python_api_validates_priority_and_start_at(db_url: str) -> None:
     async with serving(db_url) as api:
-        await api.engine.set_user("dana", max_priority=3)
+        await api.engine.operator.set_user("dana", max_priority=3)
         with pytest.raises(InvalidInput, match="priority"):
             await api.engine.start_run("dana", "q", priority=20)
         with pytest.raises(InvalidInput, match="UTC offset"):
@@ -228,9 +228,9 @@ async def test_an_approval_past_the_cap_is_recorded_and_carried_once_a_slot_free
         run_id, token = await api.suspended()
         blocker = await api.start(MIGUEL)  # another user's run does not count against dana's
         dana_other = await api.start()
-        settings = api.engine._services.settings
+        settings = api.engine.runner.services.settings
         object.__setattr__(settings, "max_active_per_user", 1)
-        store = api.engine._store
+        store = api.engine.runner.store
         assert store.claim_ready("elsewhere", dana_other, cap=1) is not None  # dana at cap
         response = await api.decide(token)
         assert response.status_code == 200, response.text
@@ -257,7 +257,7 @@ async def test_an_approval_past_the_cap_is_recorded_and_carried_once_a_slot_free
 
 async def test_metrics_count_the_waiting_runs_by_why(db_url: str) -> None:
     async with serving(db_url) as api:
-        settings = api.engine._services.settings
+        settings = api.engine.runner.services.settings
         object.__setattr__(settings, "max_active_per_user", 1)
         later = datetime.now(UTC) + timedelta(hours=1)
         await api.start(start_at=later.isoformat())
@@ -265,7 +265,7 @@ async def test_metrics_count_the_waiting_runs_by_why(db_url: str) -> None:
         thread = (await api.run(first))["thread_id"]
         await api.start(thread_id=thread, if_busy="enqueue")
         carried, held = await api.start(MIGUEL), await api.start(MIGUEL)
-        assert api.engine._store.claim_ready("w", carried, cap=1) is not None
+        assert api.engine.runner.store.claim_ready("w", carried, cap=1) is not None
         text = (await api.client.get("/metrics")).text
         waiting = _samples(text, "tether_runs_waiting")
         assert waiting[(("reason", "start_time"),)] == 1

@@ -55,7 +55,7 @@ async def stored(engine: Engine) -> list[tuple[Any, ...]]:
     """Everything a refused fork could have changed."""
     return [
         (r.id, r.state.value, r.updated_at, r.message_count, len(await engine.events(r.id)))
-        for r in await engine.list_runs(None, 1000)
+        for r in await engine.list_runs(None, limit=1000)
     ]
 
 
@@ -202,7 +202,7 @@ async def test_a_running_run_is_refused_and_another_users_or_a_missing_run_is_no
     before = await stored(engine)
     with pytest.raises(InvalidInput, match="running"):
         await engine.fork_run(waiting.id, "dana", at_step=1)
-    claimed = await engine._runner.claim()  # running under an owner
+    claimed = await engine.runner.claim()  # running under an owner
     assert claimed is not None and claimed.id == waiting.id
     with pytest.raises(InvalidInput, match="running"):
         await engine.fork_run(waiting.id, "dana", at_step=1)
@@ -325,7 +325,7 @@ async def test_a_dry_run_fork_replays_nothing_and_skips_the_writes_of_its_contin
 async def serving(url: str) -> AsyncIterator[tuple[Engine, httpx.AsyncClient]]:
     engine = inprocess.engine(url, script_name="standard")
     for user, key in KEYS.items():
-        await engine.add_user(user, key)
+        await engine.operator.add_user(user, key)
     transport = httpx.ASGITransport(app=create_app(engine, public_url="http://tether.test"))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://tether.test") as c:
@@ -420,7 +420,7 @@ async def web(db_url: str) -> AsyncIterator[Web]:
         settings=Settings(database_url=db_url),
         notifier=MemoryNotifier(),
     )
-    keys = {name: await engine.add_user(name) for name in ("dana", "eve")}
+    keys = {name: await engine.operator.add_user(name) for name in ("dana", "eve")}
     yield Web(engine=engine, keys=keys, app=create_app(engine))
     engine.close()
 
@@ -560,7 +560,9 @@ async def test_a_failed_runs_page_offers_to_fork_it_before_the_step_it_failed_in
     )
     try:
         web = Web(
-            engine=engine, keys={"dana": await engine.add_user("dana")}, app=create_app(engine)
+            engine=engine,
+            keys={"dana": await engine.operator.add_user("dana")},
+            app=create_app(engine),
         )
         downstream.inject_failure("blind_write", "after_commit")  # cannot tell whether it ran
         outcome = await engine.ask("dana", "go")

@@ -22,6 +22,7 @@ import pytest
 
 from tether import Approvers, Engine, MemoryNotifier, StopKind
 from tether.api.app import create_app
+from tether.approvals.inbox import may_decide
 from tether.config import Settings
 from tether.errors import FourEyes, UnknownOrExpired
 from tether.runs import RunState
@@ -65,7 +66,7 @@ async def kit(db_url: str) -> AsyncIterator[FourEyesKit]:
         settings=Settings(database_url=db_url),
         notifier=notifier,
     )
-    keys = {name: await engine.add_user(name) for name in ("dana", "boss", "eve")}
+    keys = {name: await engine.operator.add_user(name) for name in ("dana", "boss", "eve")}
     try:
         yield FourEyesKit(engine, notifier, keys)
     finally:
@@ -84,22 +85,24 @@ async def test_the_owner_cannot_decide_a_four_eyes_call_and_an_approver_then_can
         assert refused.value.details == {"tool": "transfer"}
         assert "transfer" in refused.value.message and "owner" in refused.value.message
         with pytest.raises(FourEyes):
-            await engine.resume_by_run(
+            await engine.web.resume_by_run(
                 run_id, decision, "dana", tool_call_id=call, shown_digest=kit.digest
             )
     with pytest.raises(FourEyes):  # previews take the same authorisation as deciding
         await engine.preview_approval(token, "dana", {"item": "c"})
     with pytest.raises(FourEyes):
-        await engine.preview_by_run(run_id, "dana", tool_call_id=call)
+        await engine.web.preview_by_run(run_id, "dana", tool_call_id=call)
     # Someone the scope does not name still learns nothing, four eyes or not.
     with pytest.raises(UnknownOrExpired):
         await engine.resume_after_confirmation(token, "approve", "eve")
     assert await kit.unchanged(run_id) == before and downstream.effects() == []
 
-    assert await engine.may_decide("dana", "dana")  # the owner sees the request...
-    assert not await engine.may_decide("dana", "dana", tool="transfer")  # ...not to decide
-    assert await engine.may_decide("dana", "boss", tool="transfer")
-    assert not await engine.may_decide("dana", "eve", tool="transfer")
+    assert await may_decide(engine.runner.services, "dana", "dana")  # the owner sees the request...
+    assert not await may_decide(
+        engine.runner.services, "dana", "dana", tool="transfer"
+    )  # ...not to decide
+    assert await may_decide(engine.runner.services, "dana", "boss", tool="transfer")
+    assert not await may_decide(engine.runner.services, "dana", "eve", tool="transfer")
 
     result = await engine.resume_after_confirmation(token, "approve", "boss")
     assert result.outcome.value == "executed"

@@ -56,7 +56,7 @@ class Api:
         return await self.client.post("/v1/runs", json=BODY if body is None else body, headers=sent)
 
     async def runs(self) -> list[str]:
-        return [r.id for r in await self.engine.list_runs(None, 1000)]
+        return [r.id for r in await self.engine.list_runs(None, limit=1000)]
 
 
 def build(url: str, script: str = "send", **settings: Any) -> Engine:
@@ -72,7 +72,7 @@ def build(url: str, script: str = "send", **settings: Any) -> Engine:
 async def serving(url: str, script: str = "send") -> AsyncIterator[Api]:
     engine = build(url, script)
     for user, key in KEYS.items():
-        await engine.add_user(user, key)
+        await engine.operator.add_user(user, key)
     transport = httpx.ASGITransport(app=create_app(engine, public_url="http://tether.test"))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://tether.test") as c:
@@ -83,7 +83,7 @@ async def serving(url: str, script: str = "send") -> AsyncIterator[Api]:
 
 def stored_keys(engine: Engine) -> list[tuple[str, str, str]]:
     """Every stored (user, key, run) of the runs created with a key."""
-    with engine._store.engine.connect() as conn:
+    with engine.runner.store.engine.connect() as conn:
         query = "SELECT user_id, request_key, id FROM runs WHERE request_key IS NOT NULL"
         rows = conn.execute(sa.text(query)).all()
     return sorted((r.user_id, r.request_key, r.id) for r in rows)
@@ -282,7 +282,7 @@ async def test_start_run_with_a_key_returns_the_first_run_and_compares_the_argum
         # the first run as it is now; the answer first given, as it was
         now = await engine.start_run("dana", "q", limits={"max_steps": 3}, idempotency_key="p")
         assert (now.id, now.state) == (first.id, RunState.SUSPENDED)
-        accepted = await engine.accept_run(
+        accepted = await engine.web.accept_run(
             "dana", "q", limits={"max_steps": 3}, idempotency_key="p"
         )
         assert (accepted.status, accepted.body) == (202, {"id": first.id, "state": "running"})
@@ -331,7 +331,7 @@ async def test_start_run_refuses_a_bad_key_and_creates_nothing(db_url: str, key:
     try:
         with pytest.raises(InvalidInput, match=r"(?i)idempotency.key"):
             await engine.start_run("dana", "q", idempotency_key=key)
-        assert await engine.list_runs(None) == []
+        assert list(await engine.list_runs(None)) == []
     finally:
         engine.close()
 
@@ -365,7 +365,7 @@ async def test_a_creation_whose_commit_landed_but_answer_was_lost_is_answered_on
     engine = inprocess.engine(db_url, script_name="send", db_retry_s=10.0)
     try:
         await engine.open()
-        seen = _commit_lands_then_fails_once(engine._store.engine, db_url)
+        seen = _commit_lands_then_fails_once(engine.runner.store.engine, db_url)
         run = await engine.start_run("dana", "q", idempotency_key="k-cut")
         assert len(seen) >= 1
         assert [r.id for r in await engine.list_runs(None)] == [run.id]
@@ -383,7 +383,7 @@ async def test_without_a_key_a_cut_commit_is_unavailable_and_may_have_created_th
     engine = inprocess.engine(db_url, script_name="send", db_retry_s=10.0)
     try:
         await engine.open()
-        _commit_lands_then_fails_once(engine._store.engine, db_url)
+        _commit_lands_then_fails_once(engine.runner.store.engine, db_url)
         with pytest.raises(DatabaseUnavailable, match="outcome is unknown"):
             await engine.start_run("dana", "q")
         assert len(await engine.list_runs(None)) == 1
@@ -409,7 +409,7 @@ async def test_a_creation_whose_commit_never_landed_is_tried_again_and_made_once
 
     try:
         await engine.open()
-        sa.event.listen(engine._store.engine, "commit", hook)
+        sa.event.listen(engine.runner.store.engine, "commit", hook)
         run = await engine.start_run("dana", "q", idempotency_key="k-lost")
         assert len(seen) >= 2  # the first COMMIT failed, the second went through
         assert [r.id for r in await engine.list_runs(None)] == [run.id]

@@ -44,13 +44,13 @@ async def stored(engine: Engine) -> list[tuple[Any, ...]]:
             r.limits,
             len(await engine.events(r.id)),
         )
-        for r in await engine.list_runs(None, 1000)
+        for r in await engine.list_runs(None, limit=1000)
     ]
 
 
 @asynccontextmanager
 async def client(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
-    await engine.add_user("dana", "key-of-dana")
+    await engine.operator.add_user("dana", "key-of-dana")
     transport = httpx.ASGITransport(app=create_app(engine, public_url="http://tether.test"))
     async with httpx.AsyncClient(transport=transport, base_url="http://tether.test") as c:
         yield c

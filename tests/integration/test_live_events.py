@@ -34,7 +34,7 @@ NO_POLL_S = 600.0
 
 
 async def _approve(engine: Engine) -> None:
-    token = engine._services.notifier.last().token  # type: ignore[attr-defined]
+    token = engine.runner.services.notifier.last().token  # type: ignore[attr-defined]
     result = await engine.resume_after_confirmation(token, "approve", "dana")
     assert result.ok, result
 
@@ -184,7 +184,7 @@ async def test_a_reader_busy_while_the_run_ends_still_gets_every_event(db_url: s
     assert first.kind == "created"
     assert (await engine.run_until_stop(run.id)).kind is StopKind.ANSWERED
     await until(
-        lambda: any(w.ended for w in engine._feed._watchers), what="the feed to read the end"
+        lambda: any(w.ended for w in inprocess.watchers(engine)), what="the feed to read the end"
     )
     rest = [event async for event in watch]
     assert [(e.seq, e.kind) for e in [first, *rest]] == await _stored(engine, run.id)

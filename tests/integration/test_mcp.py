@@ -320,7 +320,7 @@ async def test_a_run_reads_suspends_on_the_destructive_write_and_runs_it_once_ap
         assert outcome.kind is StopKind.SUSPENDED
         suspended = (await engine.get_run(outcome.run_id)).run
         assert mcp_server.calls(str(notes), "delete_note") == []
-        notice = engine._services.notifier.last()  # type: ignore[attr-defined]
+        notice = engine.runner.services.notifier.last()  # type: ignore[attr-defined]
         await engine.resume_after_confirmation(notice.token, "approve", "dana")
         final = await engine.run_until_stop(outcome.run_id)
         view = await engine.get_run(outcome.run_id)

@@ -69,7 +69,7 @@ async def test_an_engine_may_migrate_an_empty_database_on_start(empty_url: str) 
         migrate=True,
     )
     await engine.open()
-    assert schema_status(engine._store.engine) is SchemaStatus.CURRENT
+    assert schema_status(engine.runner.store.engine) is SchemaStatus.CURRENT
     engine.close()
 
 
@@ -199,9 +199,9 @@ async def test_migration_0007_keeps_registered_workers_with_their_tools_unknown(
         outcome = await engine.ask("dana", "send it")
         assert outcome.kind is StopKind.SUSPENDED
         with pytest.raises(InvalidInput, match="registered no tools"):
-            await engine.move_run(outcome.run_id, "kit@v2", user="ops")
+            await engine.operator.move_run(outcome.run_id, "kit@v2", user="ops")
         store.register_worker("w-old", ["kit@v2"], ["send"])
-        moved = await engine.move_run(outcome.run_id, "kit@v2", user="ops")
+        moved = await engine.operator.move_run(outcome.run_id, "kit@v2", user="ops")
         assert moved.agent_version == "kit@v2"
     finally:
         engine.close()

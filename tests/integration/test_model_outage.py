@@ -121,13 +121,13 @@ async def until_stopped(engine: Engine, run_id: str) -> Outcome:
 
 
 def stored(engine: Engine, run_id: str) -> Run:
-    run = engine._store.get_run(run_id)
+    run = engine.runner.store.get_run(run_id)
     assert run is not None
     return run
 
 
 def ready_at(engine: Engine, run_id: str) -> float | None:
-    with engine._store.engine.connect() as conn:
+    with engine.runner.store.engine.connect() as conn:
         value = conn.execute(sa.select(runs.c.ready_at).where(runs.c.id == run_id)).scalar()
     return None if value is None else float(value)
 
@@ -200,8 +200,8 @@ async def test_a_run_waiting_out_its_backoff_has_no_owner_and_is_not_claimable(
     assert run.state.value == "running" and run.owner is None
     assert run.model_failures == 1
     waits_until = ready_at(engine, run_id)
-    assert waits_until is not None and waits_until > engine._store.now()
-    assert await engine._runner.claim() is None  # no worker may take it yet
+    assert waits_until is not None and waits_until > engine.runner.store.now()
+    assert await engine.runner.claim() is None  # no worker may take it yet
     (retry,) = await of_kind(engine, run_id, "model_retry")
     assert retry.data["attempt"] == 1 and "HTTP 529: overloaded" in retry.data["error"]
     assert datetime.fromisoformat(retry.data["retry_at"]).timestamp() == pytest.approx(
@@ -380,7 +380,7 @@ async def test_the_runs_json_shows_each_model_fail_reason(
     servers["openai"].script(Reply.failure(401, "bad key"), Reply.failure(500, "down"))
     engine, denied = await start(opened, db_url, "openai:test-model", max_model_attempts=1)
     down = (await engine.start_run("dana", "again")).id
-    await engine.add_user("dana", "key-of-dana")
+    await engine.operator.add_user("dana", "key-of-dana")
     assert (await engine.run_until_stop(denied)).reason == "model_error"
     assert (await engine.run_until_stop(down)).reason == "model_unavailable"
 

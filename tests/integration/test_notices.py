@@ -30,22 +30,22 @@ async def test_an_undelivered_notice_is_reissued_with_a_fresh_token(db_url: str)
         outcome = await engine.ask("dana", "send")
         assert outcome.kind is StopKind.SUSPENDED and outcome.notice is not None
         lost_token = outcome.notice.token
-        await engine._services.outbox.drain(10)  # the one attempt was made, and refused
+        await engine.runner.services.outbox.drain(10)  # the one attempt was made, and refused
         assert hook.received == []
-        run = engine._store.get_run(outcome.run_id)
+        run = engine.runner.store.get_run(outcome.run_id)
         assert run is not None
-        await until(lambda: engine._store.now() - (run.suspended_at or 0) > WINDOW_S)
+        await until(lambda: engine.runner.store.now() - (run.suspended_at or 0) > WINDOW_S)
         hook.failures = 0
-        summary = await engine.reap()
+        summary = await engine.operator.reap()
         assert summary.notices_reissued == [outcome.run_id]
-        await engine._services.outbox.drain(10)
+        await engine.runner.services.outbox.drain(10)
         assert len(hook.received) == 1
         fresh = hook.received[0]["token"]
         assert fresh != lost_token
         with pytest.raises(UnknownOrExpired):
             await engine.resume_after_confirmation(lost_token, "approve", "dana")
         assert (await engine.resume_after_confirmation(fresh, "approve", "dana")).ok
-        assert (await engine.reap()).notices_reissued == []
+        assert (await engine.operator.reap()).notices_reissued == []
     finally:
         engine.close()
         hook.close()
@@ -68,12 +68,12 @@ async def test_every_notice_link_starts_with_the_public_url_of_the_settings(db_u
         assert outcome.notice is not None
         first = outcome.notice
         assert first.approve_url == f"https://tether.example.com/ops/approve/{first.token}"
-        await engine._services.outbox.drain(10)  # refused: the reaper re-issues it
-        run = engine._store.get_run(outcome.run_id)
+        await engine.runner.services.outbox.drain(10)  # refused: the reaper re-issues it
+        run = engine.runner.store.get_run(outcome.run_id)
         assert run is not None
-        await until(lambda: engine._store.now() - (run.suspended_at or 0) > WINDOW_S)
-        assert (await engine.reap()).notices_reissued == [outcome.run_id]
-        await engine._services.outbox.drain(10)
+        await until(lambda: engine.runner.store.now() - (run.suspended_at or 0) > WINDOW_S)
+        assert (await engine.operator.reap()).notices_reissued == [outcome.run_id]
+        await engine.runner.services.outbox.drain(10)
         [reissued] = hook.received
         assert reissued["approve_url"] == (
             f"https://tether.example.com/ops/approve/{reissued['token']}"

@@ -34,7 +34,7 @@ async def test_a_users_own_bound_is_theirs_alone_and_applies_wherever_a_priority
     db_url: str,
 ) -> None:
     async with serving(db_url) as api:
-        await api.engine.set_user("dana", max_priority=7)
+        await api.engine.operator.set_user("dana", max_priority=7)
         first = await api.run(await api.start(priority=7))
         assert first["priority"] == 7
         before = await fingerprint(api.engine)
@@ -60,7 +60,7 @@ async def test_a_users_own_bound_is_theirs_alone_and_applies_wherever_a_priority
 
 async def test_a_bound_below_0_lowers_the_runs_that_ask_none(db_url: str) -> None:
     async with serving(db_url) as api:
-        await api.engine.set_user("dana", max_priority=-3)
+        await api.engine.operator.set_user("dana", max_priority=-3)
         assert (await api.run(await api.start()))["priority"] == -3
         assert (await api.run(await api.start(priority=-5)))["priority"] == -5
         response = await api.client.post(
@@ -68,10 +68,10 @@ async def test_a_bound_below_0_lowers_the_runs_that_ask_none(db_url: str) -> Non
         )
         refused(response, 422, "invalid_input", extras=("max_priority",))
         scheduled = await api.engine.add_schedule("dana", YEARLY, "report")
-        due = api.engine._store.now() - 1
-        with api.engine._store.begin() as conn:
+        due = api.engine.runner.store.now() - 1
+        with api.engine.runner.store.begin() as conn:
             conn.execute(schedules.update().values(next_at=due))
-        assert (await api.engine._runner.fire_schedules())[0] == 1
+        assert (await api.engine.runner.fire_schedules())[0] == 1
         (fired,) = [r for r in await api.engine.list_runs("dana") if r.schedule_id]
         assert (fired.schedule_id, fired.priority) == (scheduled.id, -3)
 
@@ -81,22 +81,22 @@ async def test_tether_max_priority_is_everyones_bound_unless_they_have_their_own
 ) -> None:
     engine = inprocess.engine(db_url, max_priority=3)
     try:
-        await engine.add_user("erin", max_priority=9)
+        await engine.operator.add_user("erin", max_priority=9)
         assert (await engine.start_run("dana", "q", priority=3)).priority == 3
         with pytest.raises(InvalidInput, match="bound of 3"):
             await engine.start_run("dana", "q", priority=4)
         assert (await engine.start_run("erin", "q", priority=9)).priority == 9
-        await engine.set_user("erin", max_priority=-10)
+        await engine.operator.set_user("erin", max_priority=-10)
         with pytest.raises(InvalidInput, match="bound of -10"):
             await engine.start_run("erin", "q", priority=-9)
         for bad in (11, -11, True, "3"):
             with pytest.raises(InvalidInput, match="max priority"):
-                await engine.set_user("erin", max_priority=bad)  # type: ignore[arg-type]
+                await engine.operator.set_user("erin", max_priority=bad)  # type: ignore[arg-type]
         with pytest.raises(InvalidInput, match="setting"):
-            await engine.set_user("erin")
+            await engine.operator.set_user("erin")
         with pytest.raises(NotFound):
-            await engine.set_user("nobody", max_priority=1)
-        listed = {u["name"]: u["max_priority"] for u in await engine.list_users()}
+            await engine.operator.set_user("nobody", max_priority=1)
+        listed = {u["name"]: u["max_priority"] for u in await engine.operator.list_users()}
         assert listed == {"erin": -10}
     finally:
         engine.close()

@@ -140,7 +140,7 @@ async def test_two_engines_never_start_more_than_rpm_requests_in_any_window(
             assert event.data["step"] == 1
         waited += len(events)
     assert waited >= 4  # 7 runs, 3 starts per window: at least 4 had to wait
-    stored_failures = [first._store.get_run(r) for r in run_ids]
+    stored_failures = [first.runner.store.get_run(r) for r in run_ids]
     assert all(r is not None and r.model_failures == 0 for r in stored_failures)
 
 
@@ -151,15 +151,15 @@ async def test_waiting_is_neither_a_model_failure_nor_active_time(
     fill(db_url, requests=1)  # another worker just took the only slot
     engine = engine_on(opened, db_url, model_rpm=1, heartbeat_timeout_s=0.6)
     run_id = (await engine.start_run("dana", "q")).id
-    limiter = engine._services.limiter
+    limiter = engine.runner.services.limiter
 
     carried = asyncio.create_task(engine.run_until_stop(run_id))
     await until(lambda: limiter.waiting == 1, what="the run to wait for capacity")
     assert REGISTRY.get_sample_value("tether_rate_limited_runs") == 1
-    waiting = engine._store.get_run(run_id)
+    waiting = engine.runner.store.get_run(run_id)
     assert waiting is not None and waiting.owner is not None
     await until(  # its heartbeat goes on while it waits: it keeps its lease
-        lambda: (r := engine._store.get_run(run_id)) is not None
+        lambda: (r := engine.runner.store.get_run(run_id)) is not None
         and (r.heartbeat_at or 0) > (waiting.heartbeat_at or 0)
         and limiter.waiting == 1,
         what="a heartbeat during the wait",
@@ -175,7 +175,7 @@ async def test_waiting_is_neither_a_model_failure_nor_active_time(
     # the database's clock).
     filled, granted = sorted(at for at, requests, _ in usage_rows(db_url) if requests)
     assert granted - filled >= WINDOW_S + VALID_S
-    run = engine._store.get_run(run_id)
+    run = engine.runner.store.get_run(run_id)
     assert run is not None
     assert run.model_failures == 0 and run.recovery_attempts == 0
     assert run.lease_epoch == 1  # the lease was kept the whole time

@@ -65,7 +65,7 @@ async def served(db_url: str) -> AsyncIterator[Served]:
         agent=agents.agent(), model=agents.script("send"), settings=settings, notifier=notifier
     )
     for user, key in KEYS.items():
-        await engine.add_user(user, key)
+        await engine.operator.add_user(user, key)
     transport = httpx.ASGITransport(app=create_app(engine, public_url="http://tether.test"))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://tether.test") as c:
@@ -87,7 +87,7 @@ async def test_an_expired_token_tells_its_owner_the_run_is_halted_and_how_to_con
 ) -> None:
     run_id, token = await served.suspended()
     await served.expire(run_id)
-    assert await served.engine._runner.expire_suspended() == [run_id]
+    assert await served.engine.runner.expire_suspended() == [run_id]
     decide = {"decision": "approve"}
     for path, body in ((f"/v1/approvals/{token}", decide), (f"/v1/approvals/{token}/preview", {})):
         owner = await served.post(path, "dana", body)
@@ -101,7 +101,7 @@ async def test_an_expired_token_tells_its_owner_the_run_is_halted_and_how_to_con
     unknown = await served.post("/v1/approvals/no-such-token", "dana", {"decision": "approve"})
     assert unknown.json() == GENERIC
     # What the CLI does: act as the token's owner, who is told the same.
-    assert await served.engine.token_owner(token) == "dana"
+    assert await served.engine.operator.token_owner(token) == "dana"
     with pytest.raises(UnknownOrExpired) as told:
         await served.engine.resume_after_confirmation(token, "approve", "dana")
     _told_the_owner(told.value.to_dict(), run_id, "halted")
@@ -125,7 +125,7 @@ async def test_the_approval_page_tells_only_the_owner_that_the_request_expired(
 ) -> None:
     run_id, token = await served.suspended()
     await served.expire(run_id)
-    await served.engine._runner.expire_suspended()
+    await served.engine.runner.expire_suspended()
     pages = {}
     for user in ("dana", "boss"):
         transport = httpx.ASGITransport(app=create_app(served.engine))

@@ -38,7 +38,7 @@ async def _suspended(url: str, script: str = "send", **settings: Any) -> tuple[E
 
 
 def _run(engine: Engine, run_id: str) -> Run:
-    run = engine._store.get_run(run_id)
+    run = engine.runner.store.get_run(run_id)
     assert run is not None
     return run
 
@@ -171,12 +171,12 @@ async def test_tokens_are_unknown_to_strangers_and_to_nobody(db_url: str) -> Non
 async def test_an_expired_suspension_halts_and_its_token_stops_working(db_url: str) -> None:
     engine, run_id, token = await _suspended(db_url, suspension_ttl_min=0.002)
     expires_at = _run(engine, run_id).expires_at or 0
-    await until(lambda: engine._store.now() > expires_at)
-    assert engine._store.open_suspensions(10)[0] == []  # past its window, swept or not
+    await until(lambda: engine.runner.store.now() > expires_at)
+    assert engine.runner.store.open_suspensions(10)[0] == []  # past its window, swept or not
     # The claim checks the window itself, even before the sweep ran.
     with pytest.raises(UnknownOrExpired):
         await engine.resume_after_confirmation(token, "approve", "dana")
-    assert await engine._runner.expire_suspended() == [run_id]
+    assert await engine.runner.expire_suspended() == [run_id]
     run = (await engine.get_run(run_id)).run
     assert run.state.value == "halted" and run.halt_reason == "suspension_expired"
     with pytest.raises(UnknownOrExpired):
@@ -190,10 +190,10 @@ async def test_an_approval_racing_the_expiry_sweep_is_decided_once(db_url: str) 
         engine, run_id, token = await _suspended(db_url, suspension_ttl_min=0.003)
         try:
             deadline = (_run(engine, run_id).expires_at or 0) - 0.05
-            await until(functools.partial(_past, engine._store, deadline))
+            await until(functools.partial(_past, engine.runner.store, deadline))
             approval, expired = await asyncio.gather(
                 engine.resume_after_confirmation(token, "approve", "dana"),
-                engine._runner.expire_suspended(),
+                engine.runner.expire_suspended(),
                 return_exceptions=True,
             )
             run = (await engine.get_run(run_id)).run
@@ -205,7 +205,7 @@ async def test_an_approval_racing_the_expiry_sweep_is_decided_once(db_url: str) 
                 assert run.state.value in {"halted", "suspended"} and downstream.effects() == []
                 if run.state.value == "suspended":
                     assert expired == []
-                    assert await engine._runner.expire_suspended() == [run_id]
+                    assert await engine.runner.expire_suspended() == [run_id]
                 else:
                     assert expired == [run_id]
                 run = (await engine.get_run(run_id)).run
@@ -259,11 +259,11 @@ async def test_purge_deletes_old_finished_runs_with_their_rows(db_url: str) -> N
     outcome = await engine.ask("dana", "hi")
     live, _, _ = await _suspended(db_url)
     updated_at = _run(engine, outcome.run_id).updated_at
-    await until(lambda: engine._store.now() - updated_at > 0.01)
-    assert await engine._runner.purge_retained() == 1
+    await until(lambda: engine.runner.store.now() - updated_at > 0.01)
+    assert await engine.runner.purge_retained() == 1
     with pytest.raises(NotFound):
         await engine.get_run(outcome.run_id)
-    assert engine._store.events(outcome.run_id) == []
+    assert engine.runner.store.events(outcome.run_id) == []
     assert len(await engine.list_runs()) == 1  # the suspended run is kept
     engine.close()
     live.close()
@@ -305,16 +305,18 @@ async def test_deciding_from_the_inbox_by_run_claims_once_and_checks_the_digest(
     assert run.pending is not None
     call, shown = run.pending.tool_call_id, run.pending.digest
     with pytest.raises(UnknownOrExpired):
-        await engine.resume_by_run(
+        await engine.web.resume_by_run(
             run_id, "approve", "mallory", tool_call_id=call, shown_digest=shown
         )
     with pytest.raises(UnknownOrExpired):  # a digest the approver was never shown
-        await engine.resume_by_run(
+        await engine.web.resume_by_run(
             run_id, "approve", "dana", tool_call_id=call, shown_digest="0" * 64
         )
     results = await asyncio.gather(
         *[
-            engine.resume_by_run(run_id, "approve", "dana", tool_call_id=call, shown_digest=shown)
+            engine.web.resume_by_run(
+                run_id, "approve", "dana", tool_call_id=call, shown_digest=shown
+            )
             for _ in range(5)
         ],
         return_exceptions=True,
@@ -336,7 +338,9 @@ async def test_an_inbox_click_on_a_preview_that_changed_does_not_approve_the_new
     with pytest.raises(Changed):
         await engine.resume_after_confirmation(token, "approve", "dana")
     with pytest.raises(AlreadyResumed):  # the old page's click: the approval it carried is used
-        await engine.resume_by_run(run_id, "approve", "dana", tool_call_id=call, shown_digest=shown)
+        await engine.web.resume_by_run(
+            run_id, "approve", "dana", tool_call_id=call, shown_digest=shown
+        )
     assert (await engine.get_run(run_id)).run.state.value == "suspended"
     assert downstream.effects() == []
     engine.close()

@@ -30,7 +30,7 @@ def _past(
     """Make the schedule's tick due ``seconds_ago`` (as if no worker ran meanwhile), from
     the start of the current minute if ``whole_minute`` (so the ticks since are counted
     the same whatever the second the test runs at)."""
-    store = engine._store
+    store = engine.runner.store
     now = store.now()
     base = now // 60 * 60 if whole_minute else now
     with store.begin() as conn:
@@ -42,7 +42,7 @@ def _past(
 
 
 def _runs_of(engine: Engine, schedule_id: str) -> list[Any]:
-    with engine._store.engine.connect() as conn:
+    with engine.runner.store.engine.connect() as conn:
         return list(conn.execute(sa.select(runs).where(runs.c.schedule_id == schedule_id)))
 
 
@@ -102,7 +102,7 @@ async def test_a_due_tick_starts_exactly_one_run_however_many_workers_race(db_ur
     try:
         added = await engines[0].add_schedule("dana", YEARLY, "tick", limits={"max_steps": 3})
         _past(engines[0], added.id, 1.0)
-        fired = await asyncio.gather(*(e._runner.fire_schedules() for e in engines))
+        fired = await asyncio.gather(*(e.runner.fire_schedules() for e in engines))
         assert sum(count for count, _ in fired) == 1
         (run,) = _runs_of(engines[0], added.id)
         assert (run.user_id, run.question, run.max_steps) == ("dana", "tick", 3)
@@ -111,7 +111,7 @@ async def test_a_due_tick_starts_exactly_one_run_however_many_workers_race(db_ur
         after = await engines[0].get_schedule(added.id)
         assert (after.fired, after.missed) == (1, 0) and after.last_fired_at is not None
         assert after.next_at > (await engines[0].now())
-        assert sum([(await e._runner.fire_schedules())[0] for e in engines]) == 0  # not due
+        assert sum([(await e.runner.fire_schedules())[0] for e in engines]) == 0  # not due
     finally:
         for engine in engines:
             engine.close()
@@ -122,7 +122,7 @@ async def test_ticks_missed_while_no_worker_ran_start_one_catch_up_run(db_url: s
     try:
         added = await engine.add_schedule("dana", "* * * * *", "catch up")
         _past(engine, added.id, 5 * 60, whole_minute=True)  # five minutes idle: six ticks due
-        fired, next_in = await engine._runner.fire_schedules()
+        fired, next_in = await engine.runner.fire_schedules()
         assert fired == 1 and len(_runs_of(engine, added.id)) == 1
         after = await engine.get_schedule(added.id)
         assert (after.fired, after.missed) == (1, 5)

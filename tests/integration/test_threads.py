@@ -143,7 +143,7 @@ async def test_a_busy_thread_refuses_a_follow_up_or_queues_it_and_starts_it_afte
         assert (await engine.run_until_stop(first.id)).kind is StopKind.ANSWERED
         assert (await engine.run_until_stop(queued.id)).answer == "answer to q2"
         await engine.delete_thread(first.thread_id, user="dana")
-        assert await engine.list_runs(None) == []
+        assert list(await engine.list_runs(None)) == []
         with pytest.raises(NotFound):
             await engine.get_thread(first.thread_id, user="dana")
     finally:
@@ -224,13 +224,13 @@ async def test_concurrent_enqueued_follow_ups_all_run_one_at_a_time_in_order(db_
         await engine.run_until_stop(first.id)
         started = []
         while True:
-            run = await engine._runner.claim()
+            run = await engine.runner.claim()
             if run is None:
                 break
             started.append(run.id)
             # Nothing else of the thread is claimable while this one is going.
-            assert await engine._runner.claim() is None
-            await engine._runner.carry(run)
+            assert await engine.runner.claim() is None
+            await engine.runner.carry(run)
         assert started == [r.id for r in order]
     finally:
         await engine.aclose()
@@ -245,7 +245,7 @@ async def test_a_follow_up_stores_only_its_own_messages(db_url: str) -> None:
         for i in range(5):
             run = await engine.start_run("dana", f"follow {i}", thread_id=thread)
             await engine.run_until_stop(run.id)
-        with engine._store.engine.connect() as conn:
+        with engine.runner.store.engine.connect() as conn:
             stored = conn.execute(sa.text("SELECT count(*) FROM run_messages")).scalar_one()
         assert stored == 3 + 5 * 2  # system, question, answer; then question, answer each
     finally:
@@ -264,7 +264,7 @@ async def test_a_follow_ups_statements_do_not_grow_with_its_thread(db_url: str) 
         # Each parameter set of an executemany counts as one statement of its own.
         issued.extend([sql] * (len(params) if many else 1))
 
-    sa.event.listen(engine._store.engine, "before_cursor_execute", record)
+    sa.event.listen(engine.runner.store.engine, "before_cursor_execute", record)
     try:
         first = await engine.start_run("dana", "q1")
         await engine.run_until_stop(first.id)
@@ -281,7 +281,7 @@ async def test_a_follow_ups_statements_do_not_grow_with_its_thread(db_url: str) 
         assert counts[20] == counts[3]
         assert sum(counts[20].values()) == sum(counts[3].values()) > 0
     finally:
-        sa.event.remove(engine._store.engine, "before_cursor_execute", record)
+        sa.event.remove(engine.runner.store.engine, "before_cursor_execute", record)
         await engine.aclose()
 
 
@@ -290,14 +290,14 @@ async def test_retention_purges_a_thread_only_when_its_latest_run_is_past_it(db_
     try:
         first = await engine.start_run("dana", "q1")
         await engine.run_until_stop(first.id)
-        with engine._store.begin() as conn:
+        with engine.runner.store.begin() as conn:
             conn.execute(sa.text("UPDATE runs SET updated_at = updated_at - 1000"))
         second = await engine.start_run("dana", "q2", thread_id=first.thread_id)
         await engine.run_until_stop(second.id)
-        assert await asyncio.to_thread(engine._store.purge_retained, 500.0, 10) == 0
-        with engine._store.begin() as conn:
+        assert await asyncio.to_thread(engine.runner.store.purge_retained, 500.0, 10) == 0
+        with engine.runner.store.begin() as conn:
             conn.execute(sa.text("UPDATE runs SET updated_at = updated_at - 1000"))
-        assert await asyncio.to_thread(engine._store.purge_retained, 500.0, 10) == 2
+        assert await asyncio.to_thread(engine.runner.store.purge_retained, 500.0, 10) == 2
         assert await engine.list_threads("dana") == []
     finally:
         await engine.aclose()
@@ -308,8 +308,8 @@ async def test_retention_purges_a_thread_only_when_its_latest_run_is_past_it(db_
 
 async def test_threads_over_http_shapes_refusals_and_deletion(db_url: str) -> None:
     engine = build(db_url, Recorder())
-    await engine.add_user("dana", "key-dana")
-    await engine.add_user("miguel", "key-miguel")
+    await engine.operator.add_user("dana", "key-dana")
+    await engine.operator.add_user("miguel", "key-miguel")
     dana = {"Authorization": "Bearer key-dana"}
     miguel = {"Authorization": "Bearer key-miguel"}
     transport = httpx.ASGITransport(app=create_app(engine))

@@ -292,15 +292,15 @@ async def test_the_heartbeat_keeps_the_lease_while_a_tool_outlasts_the_heartbeat
     try:
         asking = asyncio.ensure_future(engine.ask("dana", "go"))
         await asyncio.wait_for(down.started.wait(), 30)
-        started = await asyncio.to_thread(engine._store.now)
+        started = await asyncio.to_thread(engine.runner.store.now)
 
         async def beaten_well_after_the_call_began() -> bool:
-            run = await asyncio.to_thread(engine._store.get_run, down.run_id)
+            run = await asyncio.to_thread(engine.runner.store.get_run, down.run_id)
             assert run is not None
             return (run.heartbeat_at or 0) > started + 1.5
 
         await until(beaten_well_after_the_call_began, what="a heartbeat during the call")
-        assert await rival._runner.recover_orphans() == []  # its lease is live: nobody takes it
+        assert await rival.runner.recover_orphans() == []  # its lease is live: nobody takes it
         assert not asking.done()
         down.release.set()
         outcome = await asyncio.wait_for(asking, 60)

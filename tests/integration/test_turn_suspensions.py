@@ -222,7 +222,7 @@ async def test_the_whole_suspension_expires_at_once(db_url: str) -> None:
         # A decision after the window never executes, even before the sweep halts the run.
         with pytest.raises(UnknownOrExpired):
             await engine.resume_after_confirmation(second.token, "approve", "dana")
-        await engine.reap()
+        await engine.operator.reap()
         view = await engine.get_run(run_id)
         assert (view.run.state, view.run.halt_reason) == (RunState.HALTED, "suspension_expired")
         for notice in (first, second):  # every token of it, the recorded one included

@@ -91,7 +91,7 @@ class Api:
 @asynccontextmanager
 async def serving(url: str, model: Model) -> AsyncIterator[Api]:
     engine = typed_engine(url, model)
-    await engine.add_user("dana", DANA_KEY)
+    await engine.operator.add_user("dana", DANA_KEY)
     transport = httpx.ASGITransport(app=create_app(engine, public_url="http://tether.test"))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://tether.test") as c:

@@ -139,7 +139,7 @@ def engine_calls(
         ("resume_after_confirmation", lambda a: engine.resume_after_confirmation(**a), {
             "token": token, "decision": "decline", "approver": "dana", "reason": "r"
         }),
-        ("resume_by_run", lambda a: engine.resume_by_run(**a), {
+        ("resume_by_run", lambda a: engine.web.resume_by_run(**a), {
             **by_run, "decision": "approve", "shown_digest": None, "arguments": {"item": "c"}
         }),
         ("decide_calls", lambda a: engine.decide_calls(**a), {
@@ -148,10 +148,10 @@ def engine_calls(
         ("preview_approval", lambda a: engine.preview_approval(**a), {
             "token": token, "approver": "dana", "arguments": {"item": "c"}
         }),
-        ("preview_by_run", lambda a: engine.preview_by_run(**a), {
+        ("preview_by_run", lambda a: engine.web.preview_by_run(**a), {
             **by_run, "arguments": {"item": "c"}
         }),
-        ("request_of_run", lambda a: engine.request_of_run(**a), by_run),
+        ("request_of_run", lambda a: engine.web.request_of_run(**a), by_run),
         ("continue_run", lambda a: engine.continue_run(**a), {
             "run_id": halted, "user": "dana", "why": "w"
         }),
@@ -159,7 +159,7 @@ def engine_calls(
         ("fork_run", lambda a: engine.fork_run(**a), {
             "run_id": halted, "user": "dana", "at_step": 1
         }),
-        ("move_run", lambda a: engine.move_run(**a), {
+        ("move_run", lambda a: engine.operator.move_run(**a), {
             "run_id": halted, "to_version": "v9", "user": "dana"
         }),
         ("list_runs", lambda a: engine.list_runs(**a), {"user": "dana"}),
@@ -172,7 +172,7 @@ def engine_calls(
         ("delete_schedule", lambda a: engine.delete_schedule(**a), {
             "schedule_id": schedule, "user": "miguel"
         }),
-        ("runs_page", lambda a: engine.runs_page(**a), {"user": "dana", "state": "halted"}),
+        ("runs_page", lambda a: engine.list_runs(**a), {"user": "dana", "state": "halted"}),
     ]  # fmt: skip
 
 

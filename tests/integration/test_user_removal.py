@@ -56,14 +56,16 @@ async def ana(db_url: str) -> AsyncIterator[Ana]:
     notifier = MemoryNotifier()
     engine = inprocess.fault_engine(db_url, notifier=notifier)
     for user in ("ana", "bo"):
-        await engine.add_user(user)
+        await engine.operator.add_user(user)
     suspended = await engine.ask("ana", "script:send pay it")
     assert suspended.kind is StopKind.SUSPENDED
     halted = await engine.ask("ana", "script:work", limits={"max_steps": 1})
     answered = await engine.ask("ana", "script:answer")
     assert (halted.kind, answered.kind) == (StopKind.HALTED, StopKind.ANSWERED)
     ready = await engine.start_run("ana", "script:answer")
-    carried = engine._store.claim_ready("another-worker", (await engine.start_run("ana", "q")).id)
+    carried = engine.runner.store.claim_ready(
+        "another-worker", (await engine.start_run("ana", "q")).id
+    )
     assert carried is not None
     thread = (await engine.get_run(suspended.run_id)).run.thread_id
     queued = await engine.start_run("ana", "then", thread_id=thread, if_busy="enqueue")
@@ -93,7 +95,7 @@ async def test_removing_a_user_cancels_their_active_runs_and_keeps_their_stopped
     ana: Ana,
 ) -> None:
     engine = ana.engine
-    removal = await engine.remove_user("ana")
+    removal = await engine.operator.remove_user("ana")
     assert set(removal.runs_cancelled) == ana.active
     assert (removal.keys_revoked, removal.schedules_deleted) == (1, 1)
     for run_id in ana.active:
@@ -106,21 +108,21 @@ async def test_removing_a_user_cancels_their_active_runs_and_keeps_their_stopped
     assert [s.id for s in await engine.list_schedules()] == [ana.bos_schedule]
     assert (await engine.get_run(ana.bos_run)).run.state is RunState.RUNNING
     # The worker that carried one is fenced: its lease is gone and its next write refused.
-    assert engine._store.lease_held(ana.carried) is False
+    assert engine.runner.store.lease_held(ana.carried) is False
     with pytest.raises(LeaseLost):
-        engine._store.add_event(ana.carried, "model_turn", {"step": 1})
+        engine.runner.store.add_event(ana.carried, "model_turn", {"step": 1})
 
 
 async def test_nothing_of_a_removed_user_is_claimed_approved_continued_or_started(
     ana: Ana,
 ) -> None:
     engine = ana.engine
-    store = engine._store
+    store = engine.runner.store
     due = store.now() - 1
     with store.begin() as conn:  # both schedules due: only bo's may fire
         conn.execute(schedules.update().values(next_at=due))
-    await engine.remove_user("ana")
-    assert (await engine._runner.fire_schedules())[0] == 1
+    await engine.operator.remove_user("ana")
+    assert (await engine.runner.fire_schedules())[0] == 1
     claimed = []
     while (run := store.claim_ready("a-worker")) is not None:
         claimed.append(run.user_id)
@@ -138,11 +140,11 @@ async def test_nothing_of_a_removed_user_is_claimed_approved_continued_or_starte
         with pytest.raises(InvalidInput, match="removed"):
             await refusal
     with pytest.raises(InvalidInput, match="tether users erase ana"):
-        await engine.add_user("ana")
+        await engine.operator.add_user("ana")
     assert (await engine.get_run(ana.halted)).run.state is RunState.HALTED
     assert len(await engine.list_runs("ana")) == 7  # nothing new
     with pytest.raises(NotFound):
-        await engine.remove_user("ana")
+        await engine.operator.remove_user("ana")
 
 
 def test_runs_created_while_their_user_is_removed_end_cancelled_or_refused(db_url: str) -> None:

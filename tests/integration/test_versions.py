@@ -27,7 +27,7 @@ SEND: list[dict[str, Any]] = [{"tool_calls": [agents.call("send", item="b")]}, {
 
 
 def _token(engine: Engine) -> str:
-    return str(engine._services.notifier.last().token)  # type: ignore[attr-defined]
+    return str(engine.runner.services.notifier.last().token)  # type: ignore[attr-defined]
 
 
 async def test_a_run_records_its_agent_version_and_shows_it(db_url: str) -> None:
@@ -50,7 +50,7 @@ async def test_an_engine_claims_only_the_versions_it_serves(db_url: str) -> None
     accepting = versioned.engine(db_url, versioned.v2(), accept_versions=("kit@v1",))
     try:
         run = await old.start_run("dana", "hello")
-        assert await new._runner.claim() is None
+        assert await new.runner.claim() is None
         with pytest.raises(WrongVersion) as refused:
             await new.run_until_stop(run.id)
         assert refused.value.details["agent_version"] == "kit@v1"
@@ -73,21 +73,21 @@ async def test_orphans_and_expiries_of_another_version_are_left_alone(db_url: st
     )
     try:
         orphan = await old.start_run("dana", "work")
-        claimed = await old._runner.claim()
+        claimed = await old.runner.claim()
         assert claimed is not None and claimed.id == orphan.id
-        old._services.heartbeat.stop()  # its owner "dies": the heartbeat goes stale
+        old.runner.services.heartbeat.stop()  # its owner "dies": the heartbeat goes stale
         await until(lambda: _stale(new, orphan.id), what="a stale heartbeat")
-        assert (await new._runner.claim_orphans(10)).claimed == []
-        _, any_orphan = await new._runner.orphan_census()
+        assert (await new.runner.claim_orphans(10)).claimed == []
+        _, any_orphan = await new.runner.orphan_census()
         assert not any_orphan
         waiting = versioned.engine(db_url, versioned.v1(), turns=SEND, suspension_ttl_min=0.0001)
         suspended = await waiting.ask("dana", "send it")
         waiting.close()
         assert suspended.kind is StopKind.SUSPENDED
         await until(lambda: _expired(new, suspended.run_id), what="the window to pass")
-        assert await new._runner.expire_suspended() == []
+        assert await new.runner.expire_suspended() == []
         assert ((await new.get_run(suspended.run_id)).run).state is RunState.SUSPENDED
-        assert suspended.run_id in await old._runner.expire_suspended()
+        assert suspended.run_id in await old.runner.expire_suspended()
     finally:
         old.close()
         new.close()
@@ -95,15 +95,15 @@ async def test_orphans_and_expiries_of_another_version_are_left_alone(db_url: st
 
 def _expired(engine: Engine, run_id: str) -> bool:
     """The run's approval window has passed by the database's clock."""
-    now, _ = engine._store.orphan_census(stale_after_s=0.05)
-    run = engine._store.get_run(run_id)
+    now, _ = engine.runner.store.orphan_census(stale_after_s=0.05)
+    run = engine.runner.store.get_run(run_id)
     return run is not None and run.expires_at is not None and now > run.expires_at
 
 
 def _stale(engine: Engine, run_id: str) -> bool:
     """The run's owner's heartbeat is stale by the database's clock (any version)."""
-    now, _ = engine._store.orphan_census(stale_after_s=0.05)
-    run = engine._store.get_run(run_id)
+    now, _ = engine.runner.store.orphan_census(stale_after_s=0.05)
+    run = engine.runner.store.get_run(run_id)
     return run is not None and run.heartbeat_at is not None and now - run.heartbeat_at > 0.05
 
 
@@ -115,19 +115,19 @@ async def test_stranded_runs_are_those_no_live_worker_serves(db_url: str) -> Non
         assert (await old.run_until_stop(halted.id)).kind is StopKind.HALTED
         suspended = (await _suspended(db_url)).run_id
         assert await _stranded_ids(old) == {queued.id, suspended}  # no worker at all
-        assert await old.count_stranded() == 2
-        old._store.register_worker("w-old", ["kit@v1", "kit@v0"], ["send"])
+        assert await old.operator.count_stranded() == 2
+        old.runner.store.register_worker("w-old", ["kit@v1", "kit@v0"], ["send"])
         assert await _stranded_ids(old) == set()
-        assert await old.count_stranded() == 0
-        assert old._store.beat_worker("w-old") is True
-        old._store.leave("w-old")
-        assert old._store.beat_worker("w-old") is False
+        assert await old.operator.count_stranded() == 0
+        assert old.runner.store.beat_worker("w-old") is True
+        old.runner.store.leave("w-old")
+        assert old.runner.store.beat_worker("w-old") is False
         assert await _stranded_ids(old) == {queued.id, suspended}
-        old._store.register_worker("w-new", ["kit@v2"], ["send"])
-        assert old._store.live_versions(stale_after_s=600) == ["kit@v2"]
-        assert await old.count_stranded() == 2
+        old.runner.store.register_worker("w-new", ["kit@v2"], ["send"])
+        assert old.runner.store.live_versions(stale_after_s=600) == ["kit@v2"]
+        assert await old.operator.count_stranded() == 2
         with pytest.raises(InvalidInput):
-            await old.stranded_runs(0)
+            await old.operator.stranded_runs(0)
     finally:
         old.close()
 
@@ -143,7 +143,7 @@ async def _suspended(db_url: str, agent: Agent | None = None) -> Any:
 
 
 async def _stranded_ids(engine: Engine) -> set[str]:
-    return {run.id for run in await engine.stranded_runs()}
+    return {run.id for run in await engine.operator.stranded_runs()}
 
 
 async def test_a_decision_on_another_version_is_wrong_version_and_claims_nothing(
@@ -173,14 +173,14 @@ async def test_migrate_moves_a_waiting_run_with_a_recorded_event(db_url: str) ->
     new = versioned.engine(db_url, versioned.v2())
     try:
         run = await old.start_run("dana", "hello")
-        await new._runner.registration().join()  # a live worker of v2
-        moved = await new.move_run(run.id, "kit@v2", user="ops", why="deploy 42")
+        await new.runner.registration().join()  # a live worker of v2
+        moved = await new.operator.move_run(run.id, "kit@v2", user="ops", why="deploy 42")
         assert moved.agent_version == "kit@v2"
         migrated = [e for e in await new.events(run.id) if e.kind == "migrated"]
         assert [e.data for e in migrated] == [
             {"by": "ops", "why": "deploy 42", "from_version": "kit@v1", "to_version": "kit@v2"}
         ]
-        assert await old._runner.claim() is None  # the old version no longer takes it
+        assert await old.runner.claim() is None  # the old version no longer takes it
         outcome = await new.run_until_stop(run.id)
         assert outcome.kind is StopKind.ANSWERED
     finally:
@@ -193,22 +193,22 @@ async def test_migrate_refuses_what_it_cannot_do_and_changes_nothing(db_url: str
     new = versioned.engine(db_url, versioned.v2())
     try:
         run = await old.start_run("dana", "hello")
-        await new._runner.registration().join()
+        await new.runner.registration().join()
         with pytest.raises(InvalidInput, match="no live worker serves agent version 'kit@v9'"):
-            await new.move_run(run.id, "kit@v9", user="ops")
+            await new.operator.move_run(run.id, "kit@v9", user="ops")
         with pytest.raises(InvalidInput, match="already on"):
-            await old.move_run(run.id, "kit@v1", user="ops")
+            await old.operator.move_run(run.id, "kit@v1", user="ops")
         with pytest.raises(InvalidInput):
-            await new.move_run(run.id, "kit@v2", user="not a user id!")
+            await new.operator.move_run(run.id, "kit@v2", user="not a user id!")
         with pytest.raises(NotFound):
-            await new.move_run("0" * 32, "kit@v2", user="ops")
-        claimed = await old._runner.claim()  # a live owner carries it now
+            await new.operator.move_run("0" * 32, "kit@v2", user="ops")
+        claimed = await old.runner.claim()  # a live owner carries it now
         assert claimed is not None
         with pytest.raises(InvalidInput, match="live worker"):
-            await new.move_run(run.id, "kit@v2", user="ops")
-        assert (await old._runner.carry(claimed)).kind is StopKind.ANSWERED
+            await new.operator.move_run(run.id, "kit@v2", user="ops")
+        assert (await old.runner.carry(claimed)).kind is StopKind.ANSWERED
         with pytest.raises(AlreadyFinished):
-            await new.move_run(run.id, "kit@v2", user="ops")
+            await new.operator.move_run(run.id, "kit@v2", user="ops")
         assert ((await new.get_run(run.id)).run).agent_version == "kit@v1"
         assert not [e for e in await new.events(run.id) if e.kind == "migrated"]
     finally:
@@ -220,9 +220,9 @@ async def test_migrate_refuses_a_version_without_the_pending_tool(db_url: str) -
     suspended = await _suspended(db_url)
     no_send = versioned.engine(db_url, versioned.v3())
     try:
-        await no_send._runner.registration().join()
+        await no_send.runner.registration().join()
         with pytest.raises(PendingToolUnavailable) as refused:
-            await no_send.move_run(suspended.run_id, "kit@v3", user="ops")
+            await no_send.operator.move_run(suspended.run_id, "kit@v3", user="ops")
         assert refused.value.code == "tool_unavailable"
         assert refused.value.details["tool"] == "send"
         run = (await no_send.get_run(suspended.run_id)).run
@@ -233,31 +233,31 @@ async def test_migrate_refuses_a_version_without_the_pending_tool(db_url: str) -
 
 
 async def test_migrate_needs_only_a_live_worker_of_the_version_not_its_code(db_url: str) -> None:
-    """The operator's process loads no code of the target version (reference §12): the
+    """The ops's process loads no code of the target version (reference §12): the
     version's live workers registered their tools, and the pending tool is checked
     against those."""
     suspended = await _suspended(db_url)
-    operator = versioned.engine(db_url, versioned.v1())  # serves v1 only
+    ops = versioned.engine(db_url, versioned.v1())  # serves v1 only
     v2_worker = versioned.engine(db_url, versioned.v2())
     v3_worker = versioned.engine(db_url, versioned.v3())  # has no ``send``
     try:
         with pytest.raises(InvalidInput, match="no live worker serves"):
-            await operator.move_run(suspended.run_id, "kit@v2", user="ops")
-        await v3_worker._runner.registration().join()
+            await ops.operator.move_run(suspended.run_id, "kit@v2", user="ops")
+        await v3_worker.runner.registration().join()
         with pytest.raises(PendingToolUnavailable) as refused:
-            await operator.move_run(suspended.run_id, "kit@v3", user="ops")
+            await ops.operator.move_run(suspended.run_id, "kit@v3", user="ops")
         assert refused.value.details["tool"] == "send"
-        await v2_worker._runner.registration().join()
-        moved = await operator.move_run(suspended.run_id, "kit@v2", user="ops", why="deploy")
+        await v2_worker.runner.registration().join()
+        moved = await ops.operator.move_run(suspended.run_id, "kit@v2", user="ops", why="deploy")
         assert moved.agent_version == "kit@v2" and moved.state is RunState.SUSPENDED
         result = await v2_worker.resume_after_confirmation(suspended.answer, "approve", "dana")
         assert result.outcome.value == "executed"
-        await v2_worker._runner.registration().leave()
+        await v2_worker.runner.registration().leave()
         other = await _suspended(db_url)
         with pytest.raises(InvalidInput, match="no live worker serves"):  # it stopped
-            await operator.move_run(other.run_id, "kit@v2", user="ops")
+            await ops.operator.move_run(other.run_id, "kit@v2", user="ops")
     finally:
-        operator.close()
+        ops.close()
         v2_worker.close()
         v3_worker.close()
 
@@ -269,12 +269,12 @@ async def test_a_version_is_refused_when_one_of_its_live_workers_lacks_the_pendi
     suspended = await _suspended(db_url)
     operator = versioned.engine(db_url, versioned.v1())
     try:
-        operator._store.register_worker("w-a", ["kit@v2"], ["send", "lookup"])
-        operator._store.register_worker("w-b", ["kit@v2"], ["lookup"])
+        operator.runner.store.register_worker("w-a", ["kit@v2"], ["send", "lookup"])
+        operator.runner.store.register_worker("w-b", ["kit@v2"], ["lookup"])
         with pytest.raises(PendingToolUnavailable):
-            await operator.move_run(suspended.run_id, "kit@v2", user="ops")
-        operator._store.leave("w-b")
-        moved = await operator.move_run(suspended.run_id, "kit@v2", user="ops")
+            await operator.operator.move_run(suspended.run_id, "kit@v2", user="ops")
+        operator.runner.store.leave("w-b")
+        moved = await operator.operator.move_run(suspended.run_id, "kit@v2", user="ops")
         assert moved.agent_version == "kit@v2"
     finally:
         operator.close()
@@ -311,7 +311,7 @@ async def test_over_http_a_decision_of_another_version_is_a_409_and_metrics_coun
 
     suspended = await _suspended(db_url)
     engine = versioned.engine(db_url, versioned.v2())
-    await engine.add_user("dana", "key-of-dana")
+    await engine.operator.add_user("dana", "key-of-dana")
     app = create_app(engine, public_url="http://tether.test")
     dana = {"Authorization": "Bearer key-of-dana"}
     try:

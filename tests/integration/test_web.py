@@ -145,8 +145,8 @@ async def test_approving_acts_once_and_a_second_post_shows_who_decided(web: Web)
 async def test_an_approval_past_the_owners_cap_says_it_waits_for_a_slot(web: Web) -> None:
     run_id, token = await web.suspended()
     other = await web.engine.start_run("dana", "send b")
-    object.__setattr__(web.engine._services.settings, "max_active_per_user", 1)
-    assert web.engine._store.claim_ready("elsewhere", other.id, cap=1) is not None
+    object.__setattr__(web.engine.runner.services.settings, "max_active_per_user", 1)
+    assert web.engine.runner.store.claim_ready("elsewhere", other.id, cap=1) is not None
     async with web.client() as client:
         await sign_in(client, web.keys["dana"])
         csrf = await session_csrf(client)
@@ -429,15 +429,15 @@ async def test_removing_a_user_or_rotating_its_key_ends_the_sessions_its_keys_op
         async with web.client() as client:
             await sign_in(client, web.keys[user])
             cookies[user] = client.cookies["tether_session"]
-    await web.engine.remove_user("dana")
-    new_key = await web.engine.rotate_key("eve")
+    await web.engine.operator.remove_user("dana")
+    new_key = await web.engine.operator.rotate_key("eve")
     for user, status in (("dana", 303), ("eve", 303), ("boss", 200)):
         async with web.client() as client:
             client.cookies.set("tether_session", cookies[user])
             assert (await client.get("/")).status_code == status, user
-    assert await web.engine.user_for_key(web.keys["dana"]) is None
-    assert await web.engine.user_for_key(web.keys["eve"]) is None
-    assert await web.engine.user_for_key(new_key) == "eve"
+    assert await web.engine.web.user_for_key(web.keys["dana"]) is None
+    assert await web.engine.web.user_for_key(web.keys["eve"]) is None
+    assert await web.engine.web.user_for_key(new_key) == "eve"
     async with web.client() as client:
         assert (await try_sign_in(client, new_key)).status_code == 303
         assert (await client.get("/")).status_code == 200
@@ -461,7 +461,7 @@ async def test_one_click_sign_in_is_offered_only_for_the_agents_published_users(
     agent = dataclasses.replace(agents.agent(), name="any-agent", users=published)
     demo = await _web(db_url, agent=agent)
     try:
-        await demo.engine.ensure_agent_users()
+        await demo.engine.operator.ensure_agent_users()
         async with demo.client() as client:
             form = await client.get("/login")
             assert "Sign in as dana" in form.text and "Sign in as miguel" in form.text

@@ -30,7 +30,7 @@ INLINE_SCRIPT = re.compile(r"<script(?![^>]*\bsrc=)")
 
 def watched(engine: Engine) -> bool:
     """Whether a watcher of this process subscribed to deltas."""
-    hub = engine._services.deltas
+    hub = engine.runner.services.deltas
     assert hub is not None
     return any(run.watchers for run in hub._runs.values())
 

@@ -252,7 +252,7 @@ async def test_an_approver_opens_the_run_behind_a_request_exactly_while_they_may
 
 async def test_the_runs_pages_say_why_a_queued_run_waits(app: Web) -> None:
     later = datetime.now(UTC) + timedelta(hours=3)
-    await app.engine.set_user("dana", max_priority=4)
+    await app.engine.operator.set_user("dana", max_priority=4)
     timed = await app.engine.start_run("dana", "script:answer hi", start_at=later, priority=4)
     first, _ = await app.suspended("script:send b")
     behind = await app.engine.start_run(

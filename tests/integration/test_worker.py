@@ -164,7 +164,7 @@ async def test_a_reaper_that_raises_is_logged_and_restarted(
     engine = tiny_engine(db_url, reaper_interval_s=0.05)
     monkeypatch.setattr(worker_module, "RESTART_FIRST_S", 0.05)
     calls = 0
-    expire = engine._runner.expire_suspended
+    expire = engine.runner.expire_suspended
 
     async def broken_once() -> list[str]:
         nonlocal calls
@@ -173,7 +173,7 @@ async def test_a_reaper_that_raises_is_logged_and_restarted(
             raise RuntimeError("the reaper broke")
         return await expire()
 
-    monkeypatch.setattr(engine._runner, "expire_suspended", broken_once)
+    monkeypatch.setattr(engine.runner, "expire_suspended", broken_once)
     caplog.set_level(logging.WARNING, logger="tether.worker")
     worker = Worker(engine, concurrency=2)
     running = asyncio.create_task(worker.run())
@@ -201,7 +201,7 @@ async def test_a_listener_that_cannot_connect_is_restarted_and_claiming_goes_on(
     port = closed.getsockname()[1]
     closed.close()  # nothing listens on this port now
     dsn = f"postgresql://postgres@127.0.0.1:{port}/nowhere?connect_timeout=2"
-    monkeypatch.setattr(engine._store, "listen_dsn", lambda: dsn)
+    monkeypatch.setattr(engine.runner.store, "listen_dsn", lambda: dsn)
     monkeypatch.setattr(worker_module, "RESTART_FIRST_S", 0.05)
     caplog.set_level(logging.WARNING, logger="tether.worker")
     worker = Worker(engine, concurrency=2, poll_s=0.1)
@@ -261,13 +261,13 @@ async def test_orphans_are_claimed_into_free_slots_and_recovered_by_the_worker(
         db_url, script_name="work", heartbeat_timeout_s=0.3, reaper_interval_s=0.05
     )
     limits: list[int] = []
-    claim = engine._runner.claim_orphans
+    claim = engine.runner.claim_orphans
 
     async def counted(limit: int, **kwargs: Any) -> Any:
         limits.append(limit)
         return await claim(limit, **kwargs)
 
-    monkeypatch.setattr(engine._runner, "claim_orphans", counted)
+    monkeypatch.setattr(engine.runner, "claim_orphans", counted)
     worker = Worker(engine, concurrency=1)
     running = asyncio.create_task(worker.run())
     try:
@@ -402,7 +402,7 @@ async def test_exit_when_idle_claims_again_when_a_run_ends_during_a_claim(db_url
     more, not take the empty claim for idleness and exit with the follow-up left queued."""
     engine = tiny_engine(db_url)
     worker = Worker(engine, concurrency=4)
-    claim_many, carry = worker._runner.claim_many, worker._runner.carry
+    claim_many, carry = worker.engine.runner.claim_many, worker.engine.runner.carry
     gate = asyncio.Event()  # the first run is carried once a claim found nothing
     empty_while_carrying = 0
 
@@ -423,8 +423,8 @@ async def test_exit_when_idle_claims_again_when_a_run_ends_during_a_claim(db_url
                 await asyncio.wait(in_hand)
         return claimed
 
-    worker._runner.claim_many = claim_then_let_the_run_end  # type: ignore[method-assign]
-    worker._runner.carry = held  # type: ignore[method-assign]
+    worker.engine.runner.claim_many = claim_then_let_the_run_end  # type: ignore[method-assign]
+    worker.engine.runner.carry = held  # type: ignore[method-assign]
     try:
         first = await engine.start_run("dana", "first")
         follow_up = await engine.start_run(

@@ -63,7 +63,7 @@ async def web(db_url: str, model: Model | None = None, agent: Agent | None = Non
         settings=Settings(database_url=db_url),
         notifier=notifier,
     )
-    keys = {name: await engine.add_user(name) for name in ("dana", "boss", "eve")}
+    keys = {name: await engine.operator.add_user(name) for name in ("dana", "boss", "eve")}
     return Web(engine=engine, notifier=notifier, keys=keys, app=create_app(engine))
 
 

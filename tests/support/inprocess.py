@@ -53,11 +53,18 @@ def count_calls(engine: Engine, name: str) -> list[dict[str, Any]]:
     """Record the keyword arguments of each call of the store's method ``name`` (the
     calls still go through)."""
     seen: list[dict[str, Any]] = []
-    method: Callable[..., Any] = getattr(engine._store, name)
+    method: Callable[..., Any] = getattr(engine.runner.store, name)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         seen.append(kwargs)
         return method(*args, **kwargs)
 
-    setattr(engine._store, name, counted)
+    setattr(engine.runner.store, name, counted)
     return seen
+
+
+def watchers(engine: Engine) -> list[Any]:
+    """The live event streams ``engine`` is feeding now (its watchers, white-box)."""
+    feed = engine.runner.services.feed
+    assert feed is not None
+    return list(feed._watchers)

@@ -43,7 +43,7 @@ async def serving(
     """The app on a loopback port, served by uvicorn on this test's event loop."""
     engine = inprocess.engine(url, script_name=script_name, **settings)
     for user, key in KEYS.items():
-        await engine.add_user(user, key)
+        await engine.operator.add_user(user, key)
     port = free_port()
     app = create_app(engine)
     config = uvicorn.Config(

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tether._runtime.opening import opens
+from tether.engine.opening import opens
 from tether.errors import InvalidInput
 from tether.inputs import json_value, start_at, storable
 

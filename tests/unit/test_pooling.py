@@ -139,7 +139,7 @@ def test_settings_read_the_listen_url_and_the_engine_hands_it_to_its_store() -> 
     agent = Agent(name="a", system_prompt="")
     engine = Engine(agent=agent, model=ScriptedModel([]), settings=settings)
     try:
-        assert engine._store.listen_dsn() == DIRECT
+        assert engine.runner.store.listen_dsn() == DIRECT
     finally:
         engine.close()
 

@@ -205,7 +205,7 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
     async def readyz() -> dict[str, bool]:
         if app.state.unready:
             raise NotReady(app.state.unready)
-        await engine.ready()  # NotReady (503 not_ready) when the database is unreachable
+        await engine.operator.ready()  # NotReady (503 not_ready) when the database is unreachable
         return {"ok": True}
 
     @app.get("/metrics", include_in_schema=False)

@@ -46,7 +46,7 @@ async def api_user(request: Request) -> str:
         raise Unauthenticated("send Authorization: Bearer API_KEY")
     attempts = attempts_of(request)
     attempts.check(key.strip())
-    user = await engine_of(request).user_for_key(key.strip())
+    user = await engine_of(request).web.user_for_key(key.strip())
     if user is None:
         refused = attempts.failed(address_of(request), key.strip())
         raise refused or Unauthenticated("unknown API key")

@@ -75,8 +75,8 @@ class _Scrape(Collector):
 async def render(engine: Engine) -> tuple[bytes, str]:
     """The exposition text of every metric, with the runs counted by state just now."""
     # Every state is exported, zero when no run is in it, so a series never disappears.
-    by_state = {state.value: 0 for state in RunState} | await engine.counts_by_state()
+    by_state = {state.value: 0 for state in RunState} | await engine.operator.counts_by_state()
     scrape = CollectorRegistry(auto_describe=False)
-    waiting = await engine.counts_waiting()
-    scrape.register(_Scrape(by_state, await engine.count_stranded(), waiting))
+    waiting = await engine.operator.counts_waiting()
+    scrape.register(_Scrape(by_state, await engine.operator.count_stranded(), waiting))
     return generate_latest(scrape), CONTENT_TYPE_LATEST

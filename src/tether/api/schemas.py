@@ -240,7 +240,12 @@ class RunDetailOut(RunOut):
 
 
 class RunListOut(BaseModel):
+    """A page of the caller's runs, newest first."""
+
     items: list[RunOut]
+    more: int = Field(description="how many more runs follow this page")
+    after: str | None = Field(description="the next page's cursor (its last run), or null")
+    next: str | None = Field(description="the next page's path, or null on the last")
 
 
 class AcceptedOut(BaseModel):
@@ -379,8 +384,8 @@ class PendingApprovalListOut(BaseModel):
     """A page of the requests the caller may decide, soonest expiry first."""
 
     items: list[PendingApprovalOut]
-    more: int = Field(description="how many more follow this page")
-    offset: int
+    more: int = Field(description="how many more runs follow this page")
+    after: str | None = Field(description="the next page's cursor, or null on the last")
     limit: int
     next: str | None = Field(description="the next page's path, or null on the last")
 

@@ -91,7 +91,7 @@ async def start_run(
     ] = None,
 ) -> dict[str, Any]:
     limits = body.limits.model_dump(exclude_none=True) if body.limits is not None else None
-    accepted = await engine.accept_run(
+    accepted = await engine.web.accept_run(
         user,
         body.question,
         limits=limits,
@@ -121,9 +121,18 @@ async def list_runs(
     user: Caller,
     engine: EngineDep,
     limit: Annotated[int, Query(ge=1, le=1000, description="at most this many")] = 100,
+    after: Annotated[
+        str | None, Query(description="the page after this run (the page before's `after`)")
+    ] = None,
 ) -> dict[str, Any]:
-    found = await engine.list_runs(user, limit)
-    return {"items": [run_to_json(run) for run in found]}
+    found = await engine.list_runs(user, after=after, limit=limit)
+    nxt = found.after
+    return {
+        "items": [run_to_json(run) for run in found],
+        "more": found.more,
+        "after": nxt,
+        "next": None if nxt is None else f"/v1/runs?after={nxt}&limit={limit}",
+    }
 
 
 @router.get(
@@ -295,8 +304,9 @@ async def fork_run(
     summary="The requests the caller may decide",
     description="Suspended runs inside their window that the caller owns or may approve "
     "(by the owner's scope now), soonest expiry first, one page of runs at a time: `limit` "
-    "runs after the first `offset`; `more` says how many runs follow and `next` is the next "
-    "page. A run is listed once per undecided call of its turn (reference §15). Each "
+    "runs after the cursor `after`; `more` says how many runs follow, `after` is the next "
+    "page's cursor and `next` its link. A run is listed once per undecided call of its "
+    "turn (reference §15). Each "
     "is decided by `POST /v1/runs/{id}/decisions` with its `tool_call_id` (the token is "
     "only ever in the notice).",
     responses=responses((401, AUTH), (422, INVALID)),
@@ -306,13 +316,13 @@ async def list_approvals(
     user: Caller,
     engine: EngineDep,
     limit: Annotated[int, Query(ge=1, le=1000, description="at most this many")] = 100,
-    offset: Annotated[
-        int, Query(ge=0, le=1_000_000_000, description="skip the first this many")
-    ] = 0,
+    after: Annotated[
+        str | None, Query(description="the page after this cursor (the page before's `after`)")
+    ] = None,
 ) -> dict[str, Any]:
-    found = await engine.pending_approvals(user, limit=limit, offset=offset)
+    found = await engine.pending_approvals(user, after=after, limit=limit)
     base = request.app.state.public_url
-    nxt = found.next_offset
+    nxt = found.after
     return {
         "items": [
             {
@@ -323,9 +333,9 @@ async def list_approvals(
             for call in run.undecided_calls()
         ],
         "more": found.more,
-        "offset": found.offset,
+        "after": nxt,
         "limit": limit,
-        "next": None if nxt is None else f"/v1/approvals?offset={nxt}&limit={limit}",
+        "next": None if nxt is None else f"/v1/approvals?after={nxt}&limit={limit}",
     }
 
 

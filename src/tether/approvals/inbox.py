@@ -47,26 +47,24 @@ async def may_decide(
 
 
 async def pending_approvals(
-    services: Services, viewer: str | None, *, limit: int = 100, offset: int = 0
+    services: Services, viewer: str | None, *, after: str | None = None, limit: int = 100
 ) -> Inbox:
     """A page of the suspended runs inside their window that ``viewer`` owns or may
     approve (every one when ``viewer`` is None: the operator's view), soonest expiry
-    first, and how many more there are. Filtered by the viewer in the query, so nobody's
+    first, after the cursor ``after``, and how many more follow. Filtered by the viewer
+    in the query, so nobody's
     many requests hide another's: the owners with open suspensions are read first, the
     ones the viewer may decide are resolved from each owner's scope now, and only their
     runs are paged."""
-    if not 1 <= limit <= 1000:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
         raise InvalidInput("limit must be between 1 and 1000")
-    if not isinstance(offset, int) or offset < 0:
-        raise InvalidInput("offset must be an integer >= 0")
+    cursor = inputs.requests_cursor(after) if after is not None else None
     owners = None
     if viewer is not None:
         everyone, _ = await hop(services.store.open_suspension_owners)
         owners = [owner for owner in everyone if await may_decide(services, owner, viewer)]
-    runs, total, now = await hop(
-        services.store.open_suspensions, limit, owners=owners, offset=offset
-    )
-    return Inbox(runs=runs, now=now, offset=offset, more=max(0, total - offset - len(runs)))
+    runs, more, now = await hop(services.store.open_suspensions, limit, owners=owners, after=cursor)
+    return Inbox(runs=runs, now=now, more=more)
 
 
 async def approval_request(services: Services, token: str, approver: str) -> TokenLookup:

@@ -156,7 +156,9 @@ def reap(agent: AgentOpt = DEFAULT_AGENT) -> None:
     configure("WARNING")
     from tether.cli.wiring import on_engine
 
-    report = on_engine(agent, lambda engine: engine.reap(), serve_agent=True, interactive=False)
+    report = on_engine(
+        agent, lambda engine: engine.operator.reap(), serve_agent=True, interactive=False
+    )
     emit(report.to_json())
 
 
@@ -301,7 +303,11 @@ def users_add(
     configure("WARNING")
     from tether.cli.wiring import NO_AGENT, on_engine
 
-    typer.echo(on_engine(NO_AGENT, lambda engine: engine.add_user(name, max_priority=max_priority)))
+    typer.echo(
+        on_engine(
+            NO_AGENT, lambda engine: engine.operator.add_user(name, max_priority=max_priority)
+        )
+    )
 
 
 # -- the demo ------------------------------------------------------------------------------

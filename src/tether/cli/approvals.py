@@ -39,9 +39,11 @@ def approvals_list(
         as_option("(only the requests they may decide; default: every open request)"),
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="at most this many")] = 100,
-    offset: Annotated[int, typer.Option(min=0, help="skip the first this many")] = 0,
+    after: Annotated[
+        str | None, typer.Option(help="the page after this cursor (a page's `after`)")
+    ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help='print {"items": [...], "more": N, "offset": K}')
+        bool, typer.Option("--json", help='print {"items": [...], "more": N, "after": CURSOR}')
     ] = False,
     agent: AgentOpt = DEFAULT_AGENT,
 ) -> None:
@@ -49,15 +51,16 @@ def approvals_list(
     of a run's turn: every open request (the operator's view), or with --as those USER may
     decide, by each owner's scope now (the agent's lifespan runs for it: the demo's starts
     its sandbox). Each shows the run's question, the call's tool and its preview, and is
-    decided with tether approve --run RUN_ID --call ID (--offset and --limit count runs)."""
+    decided with tether approve --run RUN_ID --call ID (--limit counts runs; --after
+    CURSOR is the next page)."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
     from tether.runs import request_to_json
 
     def listed(engine: Engine) -> Any:
         if as_user is None:
-            return engine.open_approvals(limit=limit, offset=offset)
-        return engine.pending_approvals(as_user, limit=limit, offset=offset)
+            return engine.operator.pending_approvals(after=after, limit=limit)
+        return engine.pending_approvals(as_user, after=after, limit=limit)
 
     # Whose requests ``--as`` may see is a question for each owner's scope, which the agent
     # answers inside its lifespan (the demo asks its CRM): as ``approve`` does.
@@ -66,7 +69,7 @@ def approvals_list(
     requests = [(run, call) for run in found for call in run.undecided_calls()]
     if as_json:
         items = [request_to_json(run, call=call) for run, call in requests]
-        emit({"items": items, "more": found.more, "offset": found.offset})
+        emit({"items": items, "more": found.more, "after": found.after})
         return
     if not requests:
         out.print("Nothing is waiting for a decision.")
@@ -75,7 +78,7 @@ def approvals_list(
     if requests:
         out.print("Decide one with: tether approve --run RUN --call CALL", highlight=False)
     if found.more:
-        out.print(f"{found.more} more: --offset {found.next_offset}")
+        out.print(f"{found.more} more: --after {found.after}", highlight=False)
 
 
 def described(run: Run, call: Pending) -> Text:
@@ -128,7 +131,7 @@ def approvals_preview(
     async def shown(engine: Engine) -> dict[str, Any] | TetherError:
         try:
             edited = None if arguments is None else json_arg(arguments, "--arguments")
-            viewer = as_user or await engine.token_owner(token)
+            viewer = as_user or await engine.operator.token_owner(token)
             if viewer is None:
                 raise UnknownOrExpired("this token is unknown or expired")
             return (await engine.preview_approval(token, viewer, edited)).to_json()
@@ -144,7 +147,7 @@ async def decide_by_token(
     """``tether approve TOKEN``: the decision ``entry`` on the call the token names, as the
     run's owner unless ``as_user`` names another; its answer, or its refusal."""
     try:
-        approver = as_user or await engine.token_owner(token)
+        approver = as_user or await engine.operator.token_owner(token)
         if approver is None:
             raise UnknownOrExpired("this token is unknown or expired")
         result = await engine.resume_after_confirmation(

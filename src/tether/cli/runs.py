@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import getpass
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -25,6 +26,7 @@ from tether.telemetry.logs import configure
 
 if TYPE_CHECKING:
     from tether.engine import Engine
+    from tether.runs import Run
 
 runs_app = typer.Typer(help="Read, watch, fork and migrate runs.", no_args_is_help=True)
 
@@ -55,9 +57,9 @@ def runs_list(
     if stranded:
         if user is not None:
             raise InvalidInput("--stranded lists every user's runs; leave out --as")
-        found = on_engine(agent, lambda engine: engine.stranded_runs(limit))
+        found: Sequence[Run] = on_engine(agent, lambda engine: engine.operator.stranded_runs(limit))
     else:
-        found = on_engine(agent, lambda engine: engine.list_runs(user, limit))
+        found = list(on_engine(agent, lambda engine: engine.list_runs(user, limit=limit)))
     if as_json:
         emit({"items": [run_to_json(run) for run in found]})
         return
@@ -106,7 +108,9 @@ def runs_migrate(
     from tether.runs import run_to_json
 
     who = acting_as(as_user, by) or getpass.getuser()
-    run = on_engine(agent, lambda engine: engine.move_run(run_id, to_version, user=who, why=reason))
+    run = on_engine(
+        agent, lambda engine: engine.operator.move_run(run_id, to_version, user=who, why=reason)
+    )
     emit(run_to_json(run))
 
 

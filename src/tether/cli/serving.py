@@ -97,7 +97,7 @@ async def _serve(
         own_url=own_url,
     ) as engine:
         base = engine.public_url
-        await engine.ensure_agent_users()
+        await engine.operator.ensure_agent_users()
         app = create_app(engine, public_url=base)
         server = uvicorn.Server(server_config(app, host, port, engine.settings))
         runner = Worker(engine, concurrency=slots) if slots else None

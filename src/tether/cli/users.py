@@ -31,7 +31,7 @@ def users_list(agent: IgnoredAgentOpt = None) -> None:
     configure("WARNING")
     from tether.cli.wiring import NO_AGENT, on_engine
 
-    emit({"items": on_engine(NO_AGENT, lambda engine: engine.list_users())})
+    emit({"items": on_engine(NO_AGENT, lambda engine: engine.operator.list_users())})
 
 
 @users_app.command("remove")
@@ -45,7 +45,7 @@ def users_remove(
     configure("WARNING")
     from tether.cli.wiring import NO_AGENT, on_engine
 
-    done = on_engine(NO_AGENT, lambda engine: engine.remove_user(name))
+    done = on_engine(NO_AGENT, lambda engine: engine.operator.remove_user(name))
     out.print(
         f"removed {name}: {done.keys_revoked} key(s) revoked and their sessions ended, "
         f"{done.schedules_deleted} schedule(s) deleted, {len(done.runs_cancelled)} run(s) "
@@ -66,7 +66,7 @@ def users_set(
     configure("WARNING")
     from tether.cli.wiring import NO_AGENT, on_engine
 
-    on_engine(NO_AGENT, lambda engine: engine.set_user(name, max_priority=max_priority))
+    on_engine(NO_AGENT, lambda engine: engine.operator.set_user(name, max_priority=max_priority))
     out.print(f"set {name}: max priority {max_priority}", markup=False, soft_wrap=True)
 
 
@@ -79,4 +79,4 @@ def users_rotate_key(
     configure("WARNING")
     from tether.cli.wiring import NO_AGENT, on_engine
 
-    typer.echo(on_engine(NO_AGENT, lambda engine: engine.rotate_key(name)))
+    typer.echo(on_engine(NO_AGENT, lambda engine: engine.operator.rotate_key(name)))

@@ -154,7 +154,7 @@ def migrate_database(agent_spec: str) -> None:
         model = pick_model(loaded, settings, required=False)
         engine = Engine(agent=loaded, model=model, settings=settings)
         try:
-            await engine.migrate()
+            await engine.operator.migrate()
         finally:
             await engine.aclose()
 

@@ -170,7 +170,7 @@ async def reap_until_recovered(engine: Engine, run_id: str) -> None:
     """Run reaper passes until one takes over ``run_id`` (its heartbeat must go stale)."""
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
-        if any(o.run_id == run_id for o in await engine._runner.recover_orphans()):
+        if any(o.run_id == run_id for o in await engine.runner.recover_orphans()):
             return
         await asyncio.sleep(HEARTBEAT_TIMEOUT_S / 5)
     raise TimeoutError(f"the reaper did not recover run {run_id} within {DEADLINE_S}s")

@@ -56,32 +56,48 @@ _OF_OWNERS = runs.c.user_id.in_(sa.bindparam("b_owners", expanding=True))
 _OPEN_OWNERS = sa.select(runs.c.user_id).where(_OPEN).distinct()
 
 
-def _open_page(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    return (
-        sa.select(runs)
-        .where(where)
-        .order_by(runs.c.expires_at, runs.c.id)
-        .limit(sa.bindparam("b_limit", type_=sa.Integer))
-        .offset(sa.bindparam("b_offset", type_=sa.Integer))
-    )
-
-
-_OPEN_SUSPENSIONS = _open_page(_OPEN)
-_OPEN_SUSPENSIONS_OF = _open_page(sa.and_(_OPEN, _OF_OWNERS))
-_COUNT_OPEN = sa.select(sa.func.count()).select_from(runs).where(_OPEN)
-_COUNT_OPEN_OF = sa.select(sa.func.count()).select_from(runs).where(_OPEN, _OF_OWNERS)
-
-_RUN_OF_USER = sa.select(runs.c.started_at).where(
-    runs.c.id == sa.bindparam("b_id"), runs.c.user_id == sa.bindparam("b_user")
+# A page of open requests starts after the cursor (``b_exp``, ``b_after``): the last
+# request of the page before, in the page order (soonest expiry, then id).
+_AFTER_CURSOR = sa.or_(
+    runs.c.expires_at > sa.bindparam("b_exp"),
+    sa.and_(runs.c.expires_at == sa.bindparam("b_exp"), runs.c.id > sa.bindparam("b_after")),
 )
 
 
+def _open_page(*where: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    return (
+        sa.select(runs)
+        .where(*where)
+        .order_by(runs.c.expires_at, runs.c.id)
+        .limit(sa.bindparam("b_limit", type_=sa.Integer))
+    )
+
+
+def _count(*where: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    return sa.select(sa.func.count()).select_from(runs).where(*where)
+
+
+# (owners given, after a cursor) -> the page's statement
+_OPEN_PAGES = {
+    (False, False): _open_page(_OPEN),
+    (False, True): _open_page(_OPEN, _AFTER_CURSOR),
+    (True, False): _open_page(_OPEN, _OF_OWNERS),
+    (True, True): _open_page(_OPEN, _OF_OWNERS, _AFTER_CURSOR),
+}
+_COUNT_OPEN_AFTER = {
+    False: _count(_OPEN, _AFTER_CURSOR),
+    True: _count(_OPEN, _OF_OWNERS, _AFTER_CURSOR),
+}
+
+_RUN_STARTED = sa.select(runs.c.started_at, runs.c.user_id).where(runs.c.id == sa.bindparam("b_id"))
+
+
 def _page_where(
-    user_id: str, state: RunState | None, after: tuple[float, str] | None
+    user_id: str | None, state: RunState | None, after: tuple[float, str] | None
 ) -> list[sa.ColumnElement[bool]]:
-    """The runs of a page of ``runs_page``: the user's, in ``state``, after ``after``
-    (``started_at``, ``id``) in the page order (newest first, then by id)."""
-    where = [runs.c.user_id == user_id]
+    """The runs of a page of ``runs_page``: the user's (everyone's for None), in ``state``,
+    after ``after`` (``started_at``, ``id``) in the page order (newest first, then by id)."""
+    where = [] if user_id is None else [runs.c.user_id == user_id]
     if state is not None:
         where.append(runs.c.state == state.value)
     if after is not None:
@@ -228,17 +244,18 @@ class Reads(StoreBase):
             return [Run.from_row(r._mapping) for r in conn.execute(query)]
 
     def runs_page(
-        self, user_id: str, *, state: RunState | None, after: str | None, limit: int
+        self, user_id: str | None, *, state: RunState | None, after: str | None, limit: int
     ) -> tuple[list[Run], int] | None:
-        """One page of a user's runs, newest first (only those in ``state`` if given),
+        """One page of a user's runs (everyone's for None), newest first (only those in
+        ``state`` if given),
         after the run ``after`` (the last of the page before: a keyset cursor, so runs
         started meanwhile never shift a page); and how many more follow it. None when
         ``after`` is none of the user's runs (never theirs, or purged). One transaction."""
         with self.engine.begin() as conn:
             anchor = None
             if after is not None:
-                found = conn.execute(_RUN_OF_USER, {"b_id": after, "b_user": user_id}).first()
-                if found is None:
+                found = conn.execute(_RUN_STARTED, {"b_id": after}).first()
+                if found is None or (user_id is not None and found.user_id != user_id):
                     return None
                 anchor = (float(found.started_at), after)
             query = _RUNS.where(*_page_where(user_id, state, anchor))
@@ -247,7 +264,11 @@ class Reads(StoreBase):
             more = 0
             if len(page) == limit:
                 last = (page[-1].started_at, page[-1].id)
-                rest = sa.select(sa.func.count()).where(*_page_where(user_id, state, last))
+                rest = (
+                    sa.select(sa.func.count())
+                    .select_from(runs)
+                    .where(*_page_where(user_id, state, last))
+                )
                 more = int(conn.execute(rest).scalar_one())
             return page, more
 
@@ -260,29 +281,37 @@ class Reads(StoreBase):
             return sorted(owners), now
 
     def open_suspensions(
-        self, limit: int, *, owners: list[str] | None = None, offset: int = 0
+        self,
+        limit: int,
+        *,
+        owners: list[str] | None = None,
+        after: tuple[float, str] | None = None,
     ) -> tuple[list[Run], int, float]:
         """A page of the suspended runs still inside their approval window (of ``owners``
-        only, when given), soonest expiry first: at most ``limit`` after the first
-        ``offset``; how many there are in all; and the database's clock they were judged
-        by. Served by the partial index on suspended runs' ``expires_at``, so finished runs
-        never weigh on it."""
+        only, when given), soonest expiry first: at most ``limit`` after the cursor
+        ``after`` (``expires_at``, ``id`` of the last of the page before: a keyset, so
+        requests decided meanwhile never shift a page); how many more follow it; and the
+        database's clock they were judged by. Served by the partial index on suspended
+        runs' ``expires_at``, so finished runs never weigh on it."""
         if owners is not None and not owners:
             return [], 0, self.now()
-        page, count = (
-            (_OPEN_SUSPENSIONS, _COUNT_OPEN)
-            if owners is None
-            else (_OPEN_SUSPENSIONS_OF, _COUNT_OPEN_OF)
-        )
+        of_owners = owners is not None
         with self.engine.begin() as conn:
             now = float(conn.execute(_NOW).scalar_one())
             bound: dict[str, Any] = {"b_now": now}
             if owners is not None:
                 bound["b_owners"] = owners
-            total = int(conn.execute(count, bound).scalar_one())
-            rows = conn.execute(page, {**bound, "b_limit": limit, "b_offset": offset})
+            cursor = {} if after is None else {"b_exp": after[0], "b_after": after[1]}
+            page = _OPEN_PAGES[of_owners, after is not None]
+            rows = conn.execute(page, {**bound, **cursor, "b_limit": limit})
             found = with_calls(conn, [Run.from_row(r._mapping) for r in rows])
-            return found, total, now
+            more = 0
+            if len(found) == limit and found[-1].expires_at is not None:
+                last = {"b_exp": found[-1].expires_at, "b_after": found[-1].id}
+                more = int(
+                    conn.execute(_COUNT_OPEN_AFTER[of_owners], {**bound, **last}).scalar_one()
+                )
+            return found, more, now
 
     def decision_for_call(self, run_id: str, tool_call_id: str) -> Decision | None:
         """The latest decision taken on a call of a run, if any."""

@@ -22,6 +22,7 @@ from tether._runtime.step.loop import carry
 from tether.config import Settings
 from tether.results import Outcome, ReapReport, StopKind
 from tether.runs import Run
+from tether.store import Store
 from tether.store.listen import listen
 
 
@@ -38,15 +39,22 @@ class Runner:
     """
 
     def __init__(
-        self, services: Services, worker_id: str, opened: Callable[[], Awaitable[None]]
+        self,
+        services: Services,
+        worker_id: str | None,
+        opened: Callable[[], Awaitable[None]],
     ) -> None:
         self.services = services
-        self.worker_id = worker_id
+        self.worker_id = worker_id or new_worker_id()  # the owner name its claims carry
         self._opened = opened
 
     @property
     def settings(self) -> Settings:
         return self.services.settings
+
+    @property
+    def store(self) -> Store:
+        return self.services.store
 
     @property
     def notifies(self) -> bool:

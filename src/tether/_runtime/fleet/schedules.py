@@ -1,5 +1,6 @@
 """Schedules (reference §17): validating a cron expression and its timezone, the ticks it
-gives, the ``Engine``'s schedule methods, and firing the ticks that are due.
+gives, adding, reading and deleting schedules (the Engine's schedule methods call these),
+and firing the ticks that are due.
 
 A schedule's expression has the five standard fields (or ``@hourly``, ``@daily``,
 ``@weekly``, ``@monthly``), read by croniter in the schedule's IANA timezone (UTC by
@@ -28,7 +29,6 @@ from croniter import CroniterError, croniter
 
 from tether import inputs
 from tether._runtime.hop import hop
-from tether._runtime.opening import opens
 from tether._runtime.step.first_messages import first_messages
 from tether.budget import Limits, parse_limits, within_cap
 from tether.errors import InvalidInput, NotFound
@@ -104,66 +104,59 @@ def missed_ticks(schedule: ScheduleRecord, now: float) -> tuple[int, float]:
     return missed, tick
 
 
-class ScheduleMethods:
-    """Mixed into ``Engine``: it supplies ``_services`` and ``open()``."""
+async def add_schedule(
+    services: Services,
+    user: str,
+    cron_expression: str,
+    question: str,
+    *,
+    limits: Limits | Mapping[str, Any] | None = None,
+    timezone_name: str = "UTC",
+) -> ScheduleRecord:
+    """A schedule of ``user``: each tick of ``cron_expression`` (in ``timezone_name``)
+    starts a run of ``user`` asking ``question`` with ``limits``. ``invalid_input``
+    for a bad expression, timezone, question or limits (nothing is stored)."""
+    inputs.user_id(user)
+    inputs.text(question, "question", inputs.MAX_QUESTION_CHARS)
+    expression, zone = cron(cron_expression), timezone(timezone_name)
+    given = limits.to_json() if isinstance(limits, Limits) else limits
+    if given is not None:  # checked now, applied to each run as it starts
+        settings = services.settings
+        limits_ = parse_limits(dict(given), settings.default_limits)
+        within_cap(limits_, settings.max_limits, "the schedule's limits")
+    added = await hop(
+        services.store.create_schedule,
+        schedule_id=uuid.uuid4().hex,
+        user_id=user,
+        cron=expression,
+        timezone=zone,
+        question=question,
+        limits=dict(given) if given is not None else None,
+        first_tick=lambda now: next_tick(expression, zone, now),
+    )
+    services.schedules_added.set()  # this process's ticking wakes for it
+    return added
 
-    _services: Services
 
-    async def open(self) -> None:
-        raise NotImplementedError
+async def list_schedules(services: Services, user: str | None = None) -> list[ScheduleRecord]:
+    """``user``'s schedules (everyone's without ``user``: the operator's view)."""
+    return await hop(services.store.list_schedules, user)
 
-    @opens
-    async def add_schedule(
-        self,
-        user: str,
-        cron_expression: str,
-        question: str,
-        *,
-        limits: Limits | Mapping[str, Any] | None = None,
-        timezone_name: str = "UTC",
-    ) -> ScheduleRecord:
-        """A schedule of ``user``: each tick of ``cron_expression`` (in ``timezone_name``)
-        starts a run of ``user`` asking ``question`` with ``limits``. ``invalid_input``
-        for a bad expression, timezone, question or limits (nothing is stored)."""
-        inputs.user_id(user)
-        inputs.text(question, "question", inputs.MAX_QUESTION_CHARS)
-        expression, zone = cron(cron_expression), timezone(timezone_name)
-        given = limits.to_json() if isinstance(limits, Limits) else limits
-        if given is not None:  # checked now, applied to each run as it starts
-            settings = self._services.settings
-            limits_ = parse_limits(dict(given), settings.default_limits)
-            within_cap(limits_, settings.max_limits, "the schedule's limits")
-        added = await hop(
-            self._services.store.create_schedule,
-            schedule_id=uuid.uuid4().hex,
-            user_id=user,
-            cron=expression,
-            timezone=zone,
-            question=question,
-            limits=dict(given) if given is not None else None,
-            first_tick=lambda now: next_tick(expression, zone, now),
-        )
-        self._services.schedules_added.set()  # this process's ticking wakes for it
-        return added
 
-    @opens
-    async def list_schedules(self, user: str | None = None) -> list[ScheduleRecord]:
-        """``user``'s schedules (everyone's without ``user``: the operator's view)."""
-        return await hop(self._services.store.list_schedules, user)
+async def get_schedule(
+    services: Services, schedule_id: str, *, user: str | None = None
+) -> ScheduleRecord:
+    """A schedule; ``not_found`` when it is missing or not ``user``'s."""
+    found = await hop(services.store.get_schedule, _schedule_id(schedule_id))
+    if found is None or (user is not None and found.user_id != user):
+        raise NotFound("no such schedule")
+    return found
 
-    @opens
-    async def get_schedule(self, schedule_id: str, *, user: str | None = None) -> ScheduleRecord:
-        """A schedule; ``not_found`` when it is missing or not ``user``'s."""
-        found = await hop(self._services.store.get_schedule, _schedule_id(schedule_id))
-        if found is None or (user is not None and found.user_id != user):
-            raise NotFound("no such schedule")
-        return found
 
-    @opens
-    async def delete_schedule(self, schedule_id: str, *, user: str) -> None:
-        """Delete ``user``'s schedule (its runs stay); ``not_found`` if it is not theirs."""
-        if not await hop(self._services.store.delete_schedule, _schedule_id(schedule_id), user):
-            raise NotFound("no such schedule")
+async def delete_schedule(services: Services, schedule_id: str, *, user: str) -> None:
+    """Delete ``user``'s schedule (its runs stay); ``not_found`` if it is not theirs."""
+    if not await hop(services.store.delete_schedule, _schedule_id(schedule_id), user):
+        raise NotFound("no such schedule")
 
 
 def _schedule_id(value: Any) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tether._runtime.live.deltas import DeltaHub
+from tether._runtime.live.events import Feed
 from tether._runtime.shared.heartbeat import Heartbeat
 from tether._runtime.shared.model_rate_limiter import RateLimiter
 from tether._runtime.shared.pacing import Pacer
@@ -34,6 +35,8 @@ class Services:
     approve_url: Callable[[str], str] = field(default=lambda token: f"/approve/{token}")
     # Concurrent lookups and claims of one token in this process, sent once (decided_call.py).
     single_flight: InFlight = field(default_factory=InFlight)
+    # The live event streams of this engine's watchers (reference §11); None: none here.
+    feed: Feed | None = None
     # Where the model's text goes as it is written (reference §16); None: nowhere.
     deltas: DeltaHub | None = None
     # Set when this process adds a schedule, so its ticking wakes for it (reference §17).

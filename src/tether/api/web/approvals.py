@@ -72,7 +72,7 @@ async def approval_page(request: Request, token: str) -> Response:
         return unknown_or_expired(request, session)
     engine = engine_of(request)
     try:
-        lookup = await engine.approval_request(token, session.user)
+        lookup = await engine.web.approval_request(token, session.user)
     except UnknownOrExpired:
         return unknown_or_expired(request, session)
     view = pending_view(
@@ -142,7 +142,7 @@ async def decide_from_inbox(request: Request, run_id: str) -> Response:
         reason, arguments = _reason_and_arguments(form)
     except InvalidInput as exc:
         return _invalid(request, session, exc)
-    deciding = engine_of(request).resume_by_run(
+    deciding = engine_of(request).web.resume_by_run(
         run_id,
         decision,
         session.user,
@@ -277,7 +277,7 @@ async def _also(
         run_id = answer.details.get("run_id")
     if run_id is None and token is not None:
         try:
-            lookup = await engine.approval_request(token, viewer)
+            lookup = await engine.web.approval_request(token, viewer)
         except UnknownOrExpired:
             lookup = None
         run = lookup and (lookup.decided_run or lookup.run)
@@ -297,7 +297,7 @@ async def _changed(
     new_token = str(exc.details.get("token") or "")
     item = None
     if new_token:
-        lookup = await engine.approval_request(new_token, session.user)
+        lookup = await engine.web.approval_request(new_token, session.user)
         item = pending_view(
             lookup.run,
             session.user,

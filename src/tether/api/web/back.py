@@ -33,7 +33,7 @@ async def _waits_on(engine: Engine, run: Run, viewer: str) -> bool:
     undecided = run.undecided_calls() if run.state is RunState.SUSPENDED else ()
     if not undecided:
         return False
-    return await engine.request_of_run(run.id, undecided[0].tool_call_id, viewer) is not None
+    return await engine.web.request_of_run(run.id, undecided[0].tool_call_id, viewer) is not None
 
 
 async def _decided_in(engine: Engine, run: Run, viewer: str) -> bool:
@@ -60,7 +60,7 @@ async def run_of_token(engine: Engine, token: str, viewer: str) -> str | None:
     """The run an approval token named, as ``viewer`` may see it now (pending, used, or
     expired for its owner); None when it names nothing they may see."""
     try:
-        lookup = await engine.approval_request(token, viewer)
+        lookup = await engine.web.approval_request(token, viewer)
     except (UnknownOrExpired, InvalidInput):
         return None
     found = lookup.run or lookup.decided_run or lookup.expired

@@ -56,7 +56,7 @@ async def preview_from_link(request: Request, token: str) -> Response:
         return unknown_or_expired(request, session)
     engine = engine_of(request)
     try:
-        lookup = await engine.approval_request(token, session.user)
+        lookup = await engine.web.approval_request(token, session.user)
     except UnknownOrExpired:
         return unknown_or_expired(request, session)
     item = pending_view(
@@ -83,7 +83,7 @@ async def preview_from_inbox(request: Request, run_id: str) -> Response:
     if not call or not inputs.RUN_ID.fullmatch(run_id):
         return unknown_or_expired(request, session)
     engine = engine_of(request)
-    run = await engine.request_of_run(run_id, call, session.user)
+    run = await engine.web.request_of_run(run_id, call, session.user)
     named = undecided_call(run, call)
     now = await engine.now()
     item = pending_view(run, session.user, now, agent=engine.agent, call=named) if named else None
@@ -92,7 +92,9 @@ async def preview_from_inbox(request: Request, run_id: str) -> Response:
     item = dataclasses.replace(item, target=run_target(run_id, call, shown))
 
     def previewing(arguments: dict[str, Any]) -> Awaitable[ApprovalPreview]:
-        return engine.preview_by_run(run_id, session.user, tool_call_id=call, arguments=arguments)
+        return engine.web.preview_by_run(
+            run_id, session.user, tool_call_id=call, arguments=arguments
+        )
 
     return await _edited(request, session, item, form, previewing)
 

@@ -25,7 +25,7 @@ from tether.models.base import Message
 from tether.runs import Run, RunState
 
 # How many open suspensions (soonest expiry first) one page of the inbox shows; the page
-# says how many more there are and links to the next (``/?offset=N``).
+# says how many more there are and links to the next (``/?after=CURSOR``).
 INBOX_LIMIT = 100
 
 router = APIRouter(include_in_schema=False)
@@ -39,8 +39,8 @@ async def inbox(request: Request) -> Response:
         return RedirectResponse(login_url("/"), status_code=303)
     engine = engine_of(request)
     try:
-        offset = _offset(request.query_params.get("offset"))
-        found = await engine.pending_approvals(session.user, limit=INBOX_LIMIT, offset=offset)
+        after = request.query_params.get("after")
+        found = await engine.pending_approvals(session.user, after=after, limit=INBOX_LIMIT)
     except InvalidInput as exc:
         return message(request, session, 422, "Not a page", exc.message, kind="refused")
     except TetherError as exc:  # a scope that cannot be resolved: never an empty inbox
@@ -50,17 +50,8 @@ async def inbox(request: Request) -> Response:
         )
     views = (turn_view(run, session.user, found.now, agent=engine.agent) for run in found)
     items = [view for view in views if view is not None]
-    context = {"items": items, "more": found.more, "next_offset": found.next_offset}
+    context = {"items": items, "more": found.more, "after": found.after}
     return page(request, "inbox.html", context, session=session)
-
-
-def _offset(text: str | None) -> int:
-    """The inbox page's ``offset`` query parameter: absent is 0."""
-    if text is None:
-        return 0
-    if not text.isascii() or not text.isdigit() or len(text) > 9:
-        raise InvalidInput("offset must be an integer >= 0")
-    return int(text)
 
 
 @router.get("/runs/{run_id}")
@@ -159,7 +150,7 @@ async def _as_approver(
     undecided = view.run.undecided_calls()
     run = None
     if view.run.state is RunState.SUSPENDED and undecided:
-        run = await engine.request_of_run(run_id, undecided[0].tool_call_id, session.user)
+        run = await engine.web.request_of_run(run_id, undecided[0].tool_call_id, session.user)
     now = await engine.now()
     pending = turn_view(run, session.user, now, agent=engine.agent)
     if run is None or pending is None:

@@ -41,7 +41,7 @@ async def runs(request: Request, state: str = "", after: str = "") -> Response:
         return RedirectResponse(login_url(f"/runs{query}"), status_code=303)
     engine = engine_of(request)
     try:
-        found = await engine.runs_page(
+        found = await engine.list_runs(
             session.user, state=state or None, after=after or None, limit=PAGE_SIZE
         )
     except (InvalidInput, NotFound) as exc:

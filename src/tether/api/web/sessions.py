@@ -1,5 +1,5 @@
 """Signing in and out of the inbox: a session is a signed cookie (HMAC-SHA256) naming a
-server-side session (``Engine.open_session``), checked on every use, so signing out or
+server-side session (``WebSide.sign_in``), checked on every use, so signing out or
 removing the key that opened it ends it at once. Every POST that acts carries a CSRF token
 bound to the session. The sign-in form has its own nonce, so another site cannot sign a
 browser into its account (login CSRF)."""
@@ -99,7 +99,7 @@ async def session_of(request: Request) -> Session | None:
         return None
     if not 0 <= time.time() - issued < SESSION_MAX_AGE_S:
         return None
-    if await engine_of(request).session_user(sid) != user:
+    if await engine_of(request).web.signed_in_user(sid) != user:
         return None
     return Session(user=user, sid=sid, csrf=_mac(secret, "csrf", sid))
 
@@ -273,9 +273,9 @@ async def _authenticate(engine: Engine, key: str, dev_user: str) -> tuple[str, s
         if published is None:
             return None
         key = published
-    opened = await engine.open_session(key.strip(), SESSION_MAX_AGE_S)
+    opened = await engine.web.sign_in(key.strip(), SESSION_MAX_AGE_S)
     if opened is not None and dev_user and opened[0] != dev_user:
-        await engine.end_session(opened[1])
+        await engine.web.sign_out(opened[1])
         return None
     return opened
 
@@ -290,7 +290,7 @@ async def logout(request: Request) -> Response:
     if not acts(request, session, form):
         return message(request, session, 403, "Refused", "Sign out from the page's own button.")
     if session is not None:  # always, once acts() agreed
-        await engine_of(request).end_session(session.sid)
+        await engine_of(request).web.sign_out(session.sid)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from tether.engine import Engine
+from tether.engine.engine import Engine
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -37,7 +37,8 @@ class _Blocking(Generic[P, T]):
 
 
 class SyncEngine:
-    """The engine's main calls, blocking, with the same signatures as ``Engine``'s."""
+    """The engine's main calls, blocking, with the same signatures as ``Engine``'s; an
+    engine gives its own as ``Engine.sync``."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -49,7 +50,6 @@ class SyncEngine:
     continue_run = _Blocking(Engine.continue_run)
     cancel_run = _Blocking(Engine.cancel_run)
     fork_run = _Blocking(Engine.fork_run)
-    reap = _Blocking(Engine.reap)
     get_run = _Blocking(Engine.get_run)
     get_thread = _Blocking(Engine.get_thread)
     list_threads = _Blocking(Engine.list_threads)
@@ -58,9 +58,7 @@ class SyncEngine:
     list_schedules = _Blocking(Engine.list_schedules)
     delete_schedule = _Blocking(Engine.delete_schedule)
     list_runs = _Blocking(Engine.list_runs)
-    runs_page = _Blocking(Engine.runs_page)
     events = _Blocking(Engine.events)
     ledger = _Blocking(Engine.ledger)
     pending_approvals = _Blocking(Engine.pending_approvals)
     decide_calls = _Blocking(Engine.decide_calls)
-    resume_by_run = _Blocking(Engine.resume_by_run)

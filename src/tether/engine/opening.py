@@ -1,6 +1,6 @@
-"""``opens``: an engine method that refuses input no backend can store, then checks the
-schema first (once per engine, by its ``open()``), shared by the ``Engine`` and the method
-groups it is made of."""
+"""``opens``: the one way an engine's method opens the engine. It refuses input no backend
+can store, then checks the schema first (once per engine, by its ``open()``); the
+``Engine``, its web side and its operator side all use it."""
 
 from __future__ import annotations
 

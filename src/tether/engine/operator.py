@@ -1,58 +1,66 @@
-"""The ``Engine``'s account methods: inbox sessions (opened by a key, checked on every use,
-ended by signing out or when the key goes) and user management (add, set, list, remove,
-rotate a key, the agent's fixed users; reference §6). Each is one store call through one
-thread hop."""
+"""The operator's side of an ``Engine`` (``Engine.operator``): the schema, the reaper,
+users and their keys (reference §6), every open request, runs stranded on an agent
+version (reference §12) and the counts ``/metrics`` shows. The CLI's operator commands
+call these; an application rarely does."""
 
 from __future__ import annotations
 
 import logging
-import secrets
 from typing import TYPE_CHECKING, Any
 
 from tether import inputs
-from tether._runtime.hop import hop
-from tether._runtime.opening import opens
-from tether.errors import InvalidInput, NotFound
-from tether.store.users import Removal, UserSettings, hash_key, new_key
+from tether._runtime.fleet import versions
+from tether._runtime.hop import hop, hop_once
+from tether.approvals import inbox
+from tether.engine.opening import opens
+from tether.errors import InvalidInput, NotFound, NotReady
+from tether.results import Inbox, ReapReport
+from tether.runs import Run
+from tether.store import upgrade
+from tether.store.users import Removal, UserSettings, new_key
 
 if TYPE_CHECKING:
-    from tether._runtime.shared.services import Services
+    from tether.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
-MAX_SID_CHARS = 128
 
+class Operator:
+    """What an operator calls on an engine (``Engine.operator``)."""
 
-class AccountMethods:
-    """Mixed into ``Engine``: it supplies ``_services`` and ``open()``."""
-
-    _services: Services
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._services = engine._services
 
     async def open(self) -> None:
-        raise NotImplementedError
+        """The engine's ``open``: every method here that reads the store awaits it."""
+        await self._engine.open()
 
-    @opens
-    async def open_session(self, key: str, ttl_s: float) -> tuple[str, str] | None:
-        """Sign in with an API key: ``(user, session id)`` for a session of ``ttl_s``
-        seconds, or None for a key that is no key. Only the id's hash is stored."""
-        if not isinstance(key, str) or not key:
-            return None
-        sid = secrets.token_urlsafe(24)
-        user = await hop(self._services.store.open_session, key, hash_key(sid), ttl_s)
-        return None if user is None else (user, sid)
+    # -- the schema and the reaper ---------------------------------------------------------
 
-    @opens
-    async def session_user(self, sid: str) -> str | None:
-        """The user of a live session; None once it was ended, expired, or its key removed."""
-        if not isinstance(sid, str) or not sid or len(sid) > MAX_SID_CHARS:
-            return None
-        return await hop(self._services.store.session_user, hash_key(sid))
+    async def migrate(self) -> None:
+        """Upgrade the schema to this code's version, then make sure the agent's fixed
+        users exist. Safe twice: both are no-ops the second time."""
+        store = self._services.store
+        await hop(store.check_commits)
+        await hop(upgrade, store.engine)
+        self._engine._opened = True
+        await self.ensure_agent_users()
 
-    @opens
-    async def end_session(self, sid: str) -> None:
-        """Sign out: the session no longer works, anywhere. Safe twice."""
-        if isinstance(sid, str) and sid and len(sid) <= MAX_SID_CHARS:
-            await hop(self._services.store.end_session, hash_key(sid))
+    async def ready(self) -> None:
+        """Raise ``not_ready`` unless the database answers and its schema is current."""
+        try:
+            await hop_once(self._services.store.ping)
+        except Exception as exc:
+            raise NotReady(f"database unreachable: {type(exc).__name__}") from exc
+        await self.open()
+
+    async def reap(self) -> ReapReport:
+        """One reaper pass: recover orphans, expire suspensions, re-send undelivered
+        notices, purge past retention (what a worker's reaper does on its interval)."""
+        return await self._engine.runner.reap()
+
+    # -- users -------------------------------------------------------------------------------
 
     @opens
     async def list_users(self) -> list[dict[str, Any]]:
@@ -102,13 +110,7 @@ class AccountMethods:
             raise NotFound(f"no user named {user!r}")
         return key
 
-    async def user_for_key(self, key: str) -> str | None:
-        """The user an API key belongs to, or None."""
-        if not isinstance(key, str) or not key or len(key) > 512:
-            return None
-        await self.open()
-        return await hop(self._services.store.user_for_key, key)
-
+    @opens
     async def add_user(
         self, user: str, key: str | None = None, *, max_priority: int | None = None
     ) -> str:
@@ -119,10 +121,10 @@ class AccountMethods:
         inputs.user_id(user, "a user name")
         settings = _settings(max_priority)
         key = key or new_key()
-        await self.open()
         await hop(self._services.store.add_user, user, key, settings)
         return key
 
+    @opens
     async def ensure_agent_users(self) -> None:
         """Make sure the users the agent publishes (``Agent.users``) exist: each is created
         with its published key only if there never was such a user, and never with a key
@@ -130,7 +132,6 @@ class AccountMethods:
         bound (``Agent.users_max_priority``) fills one the operator did not set."""
         agent = self._services.agent
         settings = UserSettings(max_priority=agent.users_max_priority)
-        await self.open()
         for user, key in agent.users.items():
             inputs.user_id(user, "a published user's name")
             there = await hop(self._services.store.add_published_user, user, key, settings)
@@ -138,6 +139,51 @@ class AccountMethods:
                 log.info(
                     "published user removed: not added", extra={"action": "users", "user": user}
                 )
+
+    # -- requests, versions, counts ------------------------------------------------------------
+
+    @opens
+    async def pending_approvals(self, *, after: str | None = None, limit: int = 100) -> Inbox:
+        """Every open request, whoever may decide it (``tether approvals list``), paged as
+        ``Engine.pending_approvals``."""
+        return await inbox.pending_approvals(self._services, None, after=after, limit=limit)
+
+    @opens
+    async def token_owner(self, token: str) -> str | None:
+        """The user whose run a token belongs to (pending or used), or None."""
+        return await inbox.token_owner(self._services, token)
+
+    @opens
+    async def move_run(
+        self, run_id: str, to_version: str, *, user: str, why: str | None = None
+    ) -> Run:
+        """Move a waiting run to agent version ``to_version`` deliberately, by ``user``
+        (reference §12)."""
+        return await versions.move_run(self._services, run_id, to_version, by=user, why=why)
+
+    @opens
+    async def stranded_runs(self, limit: int = 100) -> list[Run]:
+        """Runs waiting on an agent version no live worker serves (reference §12)."""
+        return await versions.stranded(self._services, limit)
+
+    @opens
+    async def count_stranded(self) -> int:
+        """How many runs are stranded (the ``tether_runs_stranded`` gauge)."""
+        return await versions.count_stranded(self._services)
+
+    @opens
+    async def counts_by_state(self) -> dict[str, int]:
+        """How many runs are in each state, fleet-wide (every state present)."""
+        return await hop(self._services.store.count_by_state)
+
+    @opens
+    async def counts_waiting(self) -> dict[str, int]:
+        """How many runs wait by why (reference §17): fleet-wide, their thread, their start
+        time, their user's cap (this engine's ``max_active_per_user``); in this process,
+        the model's rate limit (``rate_limit``)."""
+        cap = self._services.settings.max_active_per_user
+        counts = await hop(self._services.store.count_waiting, cap)
+        return {**counts, "rate_limit": self._services.limiter.waiting}
 
 
 def _settings(max_priority: int | None) -> UserSettings:
