@@ -326,7 +326,7 @@ async def test_a_request_is_found_in_the_approvals_list_and_decided_by_run_witho
         listed = await api.client.get("/v1/approvals", headers=BOSS)
         assert listed.status_code == 200, listed.text
         body = listed.json()
-        assert body["more"] == 0 and body["next"] is None and body["offset"] == 0
+        assert body["more"] == 0 and body["next"] is None and body["after"] is None
         (item,) = body["items"]
         call_id = (await api.run(run_id))["pending"]["tool_call_id"]
         assert item == {
@@ -416,10 +416,12 @@ async def test_the_approvals_list_pages_and_bad_paging_is_invalid_input(db_url: 
         runs = [(await api.suspended())[0] for _ in range(3)]
         first = (await api.client.get("/v1/approvals?limit=2", headers=DANA)).json()
         assert [i["run_id"] for i in first["items"]] == runs[:2] and first["more"] == 1
-        assert first["next"] == "/v1/approvals?offset=2&limit=2"
+        assert first["after"].endswith(":" + runs[1])
+        assert first["next"] == f"/v1/approvals?after={first['after']}&limit=2"
         rest = (await api.client.get(first["next"], headers=DANA)).json()
         assert [i["run_id"] for i in rest["items"]] == runs[2:] and rest["more"] == 0
-        for query in ("limit=0", "limit=1001", "offset=-1", "offset=x"):
+        assert rest["after"] is None and rest["next"] is None
+        for query in ("limit=0", "limit=1001", "after=-1", "after=x", "after=1.5:"):
             response = await api.client.get(f"/v1/approvals?{query}", headers=DANA)
             refused(response, 422, "invalid_input")
 

@@ -106,7 +106,7 @@ async def test_a_nul_in_a_url_or_a_header_is_invalid_input(db_url: str) -> None:
             ("GET", f"/v1/runs/{run_id}%00/events"),
             ("GET", f"/v1/runs/{run_id}/events/stream?after=0%00"),
             ("GET", "/v1/runs?limit=1%00"),
-            ("GET", "/v1/approvals?offset=%000"),
+            ("GET", "/v1/approvals?after=1.5:ab%00"),
             ("POST", f"/v1/runs/{run_id}%00/cancel"),
             ("DELETE", f"/v1/threads/{thread}%00"),
             ("GET", f"/runs/{run_id}%00"),  # the inbox's pages too

@@ -40,15 +40,18 @@ async def runs_page(
 ) -> RunPage:
     """A page of runs, newest first, after the run ``after``; ``invalid_input`` for an
     unknown state or a cursor that names none of the runs listed."""
+    whose = "the user's runs" if user is not None else "the runs"
+    if after is not None and not (isinstance(after, str) and inputs.RUN_ID.fullmatch(after)):
+        raise InvalidInput(f"there is no such page: after must name one of {whose}")
     found = await hop(
         services.store.runs_page,
         user,
         state=inputs.run_state(state) if state is not None else None,
-        after=inputs.run_id(after) if after is not None else None,
+        after=after,
         limit=limit_of(limit),
     )
     if found is None:
-        raise InvalidInput("after must name one of the runs listed (a page's last run)")
+        raise InvalidInput(f"after must name one of {whose} (a page's last run)")
     return RunPage(runs=found[0], more=found[1])
 
 

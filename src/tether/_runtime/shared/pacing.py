@@ -28,10 +28,9 @@ from collections.abc import AsyncIterator
 log = logging.getLogger(__name__)
 
 # The event loop's lag the limit aims under, how often it is sampled, and the fewest model
-# requests a process is ever held to. The target trades steps per second for lag: with a
-# thousand runs in flight on this project's machine, 10 ms gave 204 steps/s and a p99 lag
-# of 44 ms, 50 ms gave 345 steps/s and 103 ms, no pacing ~350 and 958 ms
-# (benchmarks/README.md, capacity).
+# requests a process is ever held to. The target trades steps per second for lag: a lower
+# one keeps the lag lower and stores fewer steps a second (benchmarks/README.md, capacity,
+# has the figures of each target).
 TARGET_S = 0.05
 SAMPLE_S = 0.05
 FLOOR = 16

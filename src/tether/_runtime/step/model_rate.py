@@ -1,11 +1,11 @@
 """A run's side of the fleet's model rate (reference §17): every model request of a run
-(the step's call in ``loop.py``, a compaction's summary in ``compacting.py``) starts with
+(the step's call in ``loop.py``, a compaction's summary in ``compaction.py``) starts with
 ``model_capacity`` and reports its usage with ``model_ended``.
 
 Capacity is asked for and counted as the run's user's, so the fleet gives it to waiting
-users in turn (``rate_limit.py``). A run that must wait keeps its lease (the heartbeat goes
-on beating for it), counts no model failure, and does not count the wait as active time
-(``elapsed_ms``); its wait shows as one ``rate_limited`` event in the step
+users in turn (``shared/model_rate_limiter.py``). A run that must wait keeps its lease (the
+heartbeat goes on beating for it), counts no model failure, and does not count the wait as
+active time (``elapsed_ms``); its wait shows as one ``rate_limited`` event in the step
 (``store.note_rate_limited``).
 """
 

@@ -64,7 +64,7 @@ class RunSession:
         self.messages = messages
         self.history: list[Message] = list(history)
         # The compaction the model sees the conversation through, and what the latest
-        # model call reported (reference §14, ``compacting.py``), as stored.
+        # model call reported (reference §14, ``compaction.py``), as stored.
         self.compaction = compaction
         self.input_tokens = input_tokens
         self.budget: Budget = run.budget

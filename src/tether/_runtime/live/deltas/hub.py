@@ -34,8 +34,8 @@ LINGER_S = 10.0  # a process listens to asks this long after its last model call
 _ROLL_CALL = '{"roll":1}'
 _KEEP = "~"  # an ask to keep a run's text coming, not to send it again from 0
 # How long the text of a burst is gathered into one notice per run (and one transaction of
-# notices for all): fewer notices for PostgreSQL to wake its listeners with, for about 6 ms
-# more lag at the median than 10 ms (p99 28 ms with 100 watchers, ``benchmarks/deltas.py``).
+# notices for all): fewer notices for PostgreSQL to wake its listeners with, for a few ms
+# more lag than a shorter batch (benchmarks/README.md, deltas.py, has both).
 BATCH_S = 0.025
 # How long a step's turn waits for its last text to be committed as notices, and a
 # watcher's ``model_turn`` for the deltas before it (both are one round trip unless
