@@ -3,7 +3,7 @@ of ready runs, suspensions and orphans, continuing a halted run, cancelling.
 
 Every state change here is a ``Transition`` (one conditional UPDATE checked against the
 table), so two claimers racing for one run cannot both win: the loser's UPDATE matches
-no row and it is told so (None). The claims' statements are ``claim_statements``; the
+no row and it is told so (None). The claims' statements are ``sql.claims``; the
 claims of suspensions and orphans are sent by the dialect (``Dialect.claim_suspension``,
 ``Dialect.claim_orphans``): statement sequences, or one statement each on PostgreSQL.
 """
@@ -20,9 +20,12 @@ from sqlalchemy.engine import Connection
 from tether.budget import Limits
 from tether.models.base import Message
 from tether.runs import Run, RunState, can_transition, iso
+from tether.store.backend.clock import db_now
+from tether.store.backend.dialect import Dialect
 from tether.store.base import StoreBase
-from tether.store.claim_order import claim_next
-from tether.store.claim_statements import (
+from tether.store.records import Decision
+from tether.store.sql.claim_order import claim_next
+from tether.store.sql.claims import (
     CLAIM_GIVEN,
     CLAIM_GIVEN_CAPPED,
     ID,
@@ -30,16 +33,13 @@ from tether.store.claim_statements import (
     RUNNING,
     STALE,
 )
-from tether.store.clock import db_now
-from tether.store.dialect import Dialect
-from tether.store.fair_pick import pick_sizes
-from tether.store.records import Decision
-from tether.store.schema import decisions, runs, user_load
-from tether.store.served import served
-from tether.store.statements import INSERT_MESSAGE, add_event
+from tether.store.sql.fair_pick import pick_sizes
+from tether.store.sql.schema import decisions, runs, user_load
+from tether.store.sql.served import served
+from tether.store.sql.steps import INSERT_MESSAGE, add_event
+from tether.store.sql.transitions import Transition, state_in
 from tether.store.suspensions import clear_calls
 from tether.store.threads import moved_on, place_run
-from tether.store.transitions import Transition, state_in
 from tether.store.users import admit
 
 _DECISION_OF_TOKEN = sa.select(decisions).where(
@@ -222,7 +222,7 @@ class Claims(StoreBase):
 
     def create_run(self, **fields: Any) -> Run:
         """Insert a new run (``insert_run`` of ``fields``) in a transaction of its own.
-        With an ``Idempotency-Key`` a creation is ``requests.Requests.create_requested_run``."""
+        With an ``Idempotency-Key`` a creation is ``creation.Requests.create_requested_run``."""
         with self.begin() as conn:
             return insert_run(conn, self.dialect, **fields)
 

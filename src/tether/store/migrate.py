@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tether.errors import SchemaNotReady
-from tether.store.connect import READ, check_folder, sqlite_file
+from tether.store.backend.connect import READ, check_folder, sqlite_file
 
 if TYPE_CHECKING:
     from alembic.config import Config

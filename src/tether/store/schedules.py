@@ -18,10 +18,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Row
 
 from tether.runs import Run, iso
+from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
 from tether.store.claims import insert_run
-from tether.store.clock import db_now
-from tether.store.schema import schedules
+from tether.store.sql.schema import schedules
 from tether.store.users import admit, is_removed
 
 _ID = schedules.c.id == sa.bindparam("b_id")

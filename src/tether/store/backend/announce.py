@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
-from tether.store.listen import EVENTS_CHANNEL
+from tether.store.backend.listen import EVENTS_CHANNEL
 
 if TYPE_CHECKING:
     import psycopg
@@ -173,7 +173,7 @@ class Announcer:
             try:
                 if conn is None or conn.closed:
                     # Never prepared on the server: the notices may go through a transaction
-                    # pooler (``store.pooling``), and one statement per batch parses cheaply.
+                    # pooler (``pooling``), and one statement per batch parses cheaply.
                     conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
                 conn.execute(_SEND, ([c for c, _ in batch], [p for _, p in batch]))
                 return conn

@@ -4,7 +4,7 @@ SQLite: WAL, ``synchronous=FULL``, a busy timeout, and every transaction opened 
 ``BEGIN IMMEDIATE`` so two writers serialise at BEGIN instead of failing at COMMIT.
 PostgreSQL: psycopg 3, ``synchronous_commit=on`` (the driver is loaded by SQLAlchemy only
 for a PostgreSQL URL); behind a transaction pooler (``?pool_mode=transaction``) what the
-pooler allows instead (``store.pooling``). The database's clock is ``clock.db_now()``.
+pooler allows instead (``pooling``). The database's clock is ``clock.db_now()``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tether.errors import ConfigError
-from tether.store.faults import name_refusals, track_commits
-from tether.store.pooling import connect_args, pool_mode, without_pool_mode
+from tether.store.backend.faults import name_refusals, track_commits
+from tether.store.backend.pooling import connect_args, pool_mode, without_pool_mode
 
 # The execution option of a SQLite connection that only reads (``StoreBase.reading``).
 READ = "tether_read"

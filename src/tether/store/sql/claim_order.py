@@ -35,12 +35,12 @@ import sqlalchemy as sa
 from sqlalchemy.sql.util import ClauseAdapter
 
 from tether.runs import RunState
-from tether.store.claim_statements import _DUE, _READY, CAP, CLAIMED, RUNNING
-from tether.store.dialect import Dialect, dialect_for
-from tether.store.fair_pick import fair_pick
-from tether.store.schema import runs, user_load
-from tether.store.served import SERVED
-from tether.store.transitions import Transition
+from tether.store.backend.dialect import Dialect, dialect_for
+from tether.store.sql.claims import _DUE, _READY, CAP, CLAIMED, RUNNING
+from tether.store.sql.fair_pick import fair_pick
+from tether.store.sql.schema import runs, user_load
+from tether.store.sql.served import SERVED
+from tether.store.sql.transitions import Transition
 
 
 def _kind(where: sa.ColumnElement[bool], since: sa.ColumnElement[Any]) -> sa.Select[Any]:

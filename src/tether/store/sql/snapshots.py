@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tether.models.base import Message
-from tether.store.schema import decisions, pending_calls, run_messages, runs
+from tether.store.sql.schema import decisions, pending_calls, run_messages, runs
 
 _DECISION_COLUMNS = [c.label(f"d_{c.name}") for c in decisions.c]
 # A call's columns beside a run's (``p_*``), for a read of the run with its calls.

@@ -23,11 +23,11 @@ from sqlalchemy.exc import IntegrityError
 
 from tether.errors import ThreadBusy
 from tether.runs import Run
-from tether.store import faults
+from tether.store.backend import faults
 from tether.store.base import StoreBase
 from tether.store.claims import insert_run
 from tether.store.records import RunRequest
-from tether.store.schema import runs
+from tether.store.sql.schema import runs
 
 # The status a creation answers (reference §6: 202 Accepted).
 ACCEPTED = 202

@@ -18,10 +18,10 @@ from sqlalchemy.engine import Connection
 
 from tether.errors import LeaseLost
 from tether.runs import Lease, Run
+from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
-from tether.store.clock import db_now
-from tether.store.schema import compactions, runs
-from tether.store.statements import LEASE, add_event, lease_params
+from tether.store.sql.schema import compactions, runs
+from tether.store.sql.steps import LEASE, add_event, lease_params
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +99,7 @@ def compaction_state(
     return latest, int(tokens or 0)
 
 
-class Compactions(StoreBase):
+class Compaction(StoreBase):
     """Storing a compaction."""
 
     def compact(
