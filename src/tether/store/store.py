@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tether.store.claims import Claims
 from tether.store.compaction import Compaction
-from tether.store.creation import Requests
+from tether.store.creation import Creation
 from tether.store.forks import Forks
 from tether.store.model_rate import ModelRate
 from tether.store.reads import Reads
@@ -23,7 +23,7 @@ from tether.store.wait_counts import WaitCounts
 class Store(
     Steps,
     Compaction,
-    Requests,
+    Creation,
     Claims,
     Suspensions,
     Forks,
@@ -42,8 +42,8 @@ class Store(
     ``dialect_for``).
 
     ``steps``: a running owner's fenced writes; ``compaction``: storing a summary the
-    model sees in place of the messages it covers; ``creation``: creating a run under an
-    ``Idempotency-Key``; ``claims``: creating, claiming, continuing, cancelling, deciding a
+    model sees in place of the messages it covers; ``creation``: creating a run, under an
+    ``Idempotency-Key`` or not; ``claims``: claiming, continuing, cancelling, deciding a
     suspension's calls; ``suspensions``: what a token or a suspended call names;
     ``forks``: forking a run at a step; ``threads``: a run's place in its conversation,
     reading, listing and deleting threads; ``upkeep``: expiry, notices, retention;
