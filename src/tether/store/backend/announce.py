@@ -3,9 +3,9 @@ writers' commits.
 
 A ``NOTIFY`` inside a transaction makes its commit take PostgreSQL's one notification lock,
 held until the commit is durable: every notifying commit of the cluster then waits for the
-one before it, and concurrent step writes lose their group commit (measured with
-``benchmarks/watchers.py``: a trigger notifying on each event cost the workers about 30% of
-their throughput). So a transaction that adds events only marks its runs on its connection
+one before it, and concurrent step writes lose their group commit (a trigger notifying
+on each event cost the workers a large part of their throughput: benchmarks/README.md,
+watchers.py). So a transaction that adds events only marks its runs on its connection
 (``mark``); when the transaction has ended, the store hands them to the ``Announcer``, whose
 thread sends them, batched every ``BATCH_S``, as ``pg_notify`` on ``listen.EVENTS_CHANNEL``,
 on a connection of its own. A notice is a hint to read again: one for a transaction that

@@ -137,8 +137,8 @@ class _Writer:
 
     SQLite lets one writer in at a time. Threads that met its lock held waited in SQLite's
     busy handler, which sleeps 1, 2, 5, 10 ... 100 ms between tries rather than waking when
-    the lock frees: with a thousand runs in flight a worker made 316 steps a second with
-    half its CPU idle (benchmarks/capacity.py). On a lock of our own a thread goes in as
+    the lock frees: with a thousand runs in flight a worker left much of its CPU idle
+    (benchmarks/README.md, capacity.py). On a lock of our own a thread goes in as
     soon as the one before is done; other processes still meet SQLite's lock and its
     handler. A thread that opens a second transaction while it holds the lock (another
     engine on the same file, say) goes on holding it."""

@@ -3,8 +3,8 @@ decisions, its messages, and the conversation of its thread before it.
 
 A long run (or a long conversation) is picked up by this one read, so its cost is what
 resuming costs: no per-message work but decoding each message, one ``json.loads`` of its
-stored text (not the driver's JSON loader nor SQLAlchemy's result processor: together
-they cost a third of the read). On PostgreSQL it is one statement, sent outside any
+stored text (not the driver's JSON loader nor SQLAlchemy's result processor, which cost
+more: benchmarks/README.md, threads.py). On PostgreSQL it is one statement, sent outside any
 transaction (``StoreBase.reading``), so one round trip whatever the run's length: the
 run's rows, each as its ``row_to_json``, then the messages, in one ordered ``UNION
 ALL`` of (kind, place, seq, text). A single statement sees one snapshot, so the messages
