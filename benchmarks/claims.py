@@ -50,7 +50,7 @@ from compare_common import fresh_database  # noqa: E402
 
 from tether.budget import Limits  # noqa: E402
 from tether.store import Store, upgrade  # noqa: E402
-from tether.store.schema import runs  # noqa: E402
+from tether.store.sql.schema import runs  # noqa: E402
 
 
 def _rows(n: int, users: int, *, blocks: bool) -> list[dict[str, object]]:

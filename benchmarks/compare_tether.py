@@ -39,8 +39,8 @@ from compare_common import (
 # Both backends' modules (their statements are built when they are imported) come in
 # with the rest of tether's imports, before any timer, as the peers' do (LangGraph's
 # savers for both backends, DBOS): a system's imports are not what the figures measure.
-import tether.store.postgres
-import tether.store.sqlite  # noqa: F401
+import tether.store.backend.postgres
+import tether.store.backend.sqlite  # noqa: F401
 from tether import Agent, Engine, Limits, MemoryNotifier, ScriptedModel, Settings, StopKind, tool
 
 USER = "bench"

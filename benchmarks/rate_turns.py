@@ -35,7 +35,7 @@ from compare_common import fresh_database  # noqa: E402
 from tether import Engine, MemoryNotifier  # noqa: E402
 from tether.config import Settings  # noqa: E402
 from tether.store import Store, upgrade  # noqa: E402
-from tether.store.schema import run_events  # noqa: E402
+from tether.store.sql.schema import run_events  # noqa: E402
 
 
 def _new(url: str, user: str, question: str) -> str:

@@ -47,8 +47,8 @@ from throughput import drop_database, engine, fresh_database  # noqa: E402
 from tether import Engine  # noqa: E402
 from tether.runs import Run  # noqa: E402
 from tether.store import Intent, Store  # noqa: E402
-from tether.store.clock import db_now  # noqa: E402
-from tether.store.schema import run_events, runs  # noqa: E402
+from tether.store.backend.clock import db_now  # noqa: E402
+from tether.store.sql.schema import run_events, runs  # noqa: E402
 
 DEAD = "dead-host:1:00000000"  # the owner that crashed
 WORKERS = 2

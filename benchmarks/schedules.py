@@ -34,7 +34,7 @@ from throughput import (  # noqa: E402
     worker_env,
 )
 
-from tether.store.schema import runs, schedules  # noqa: E402
+from tether.store.sql.schema import runs, schedules  # noqa: E402
 
 
 def main() -> None:

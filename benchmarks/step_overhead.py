@@ -10,7 +10,7 @@ its result together) and all the loop's work; ``Store.persist_turn`` is wrapped 
 instance to tell the time inside the store transaction from the rest.
 
 The floor runs in the same process, on the same database, through the same engine factory
-(``tether.store.connect.create_db_engine``, hence the same durability settings): one
+(``tether.store.backend.connect.create_db_engine``, hence the same durability settings): one
 transaction per step that INSERTs the step's two messages (a small turn row and the same
 8 KB payload) and UPDATEs a counters row. For information, a one-INSERT commit of the
 payload alone is timed too. Half of each floor's steps run before the tether run and half
@@ -64,8 +64,8 @@ from tether import Agent, Engine, MemoryNotifier, ScriptedModel, Settings, StopK
 from tether.budget import Limits
 from tether.messages import canonical_json
 from tether.models.base import Message, ModelResponse, ToolSpec
-from tether.store.connect import create_db_engine
-from tether.store.schema import metadata as tether_metadata
+from tether.store.backend.connect import create_db_engine
+from tether.store.sql.schema import metadata as tether_metadata
 
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 PAYLOAD_BYTES = 8192

@@ -65,7 +65,7 @@ from step_overhead import BUSY_LOAD, DATABASES, TETHER_TABLES, Footprint, footpr
 from tether import Agent, Engine, MemoryNotifier, Settings, StopKind
 from tether.messages import canonical_json
 from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
-from tether.store.connect import create_db_engine
+from tether.store.backend.connect import create_db_engine
 
 ANSWER_CHARS = 4000
 WARM_UP = 4  # runs of the warm-up thread

@@ -50,10 +50,11 @@ import bench_agent  # noqa: E402
 from tether import Engine, MemoryNotifier  # noqa: E402
 from tether.config import Settings  # noqa: E402
 from tether.errors import AlreadyResumed  # noqa: E402
-from tether.store import Store, faults, upgrade  # noqa: E402
+from tether.store import Store, upgrade  # noqa: E402
+from tether.store.backend import faults  # noqa: E402
+from tether.store.backend.connect import normalize_url  # noqa: E402
 from tether.store.claims import SuspensionClaim  # noqa: E402
-from tether.store.connect import normalize_url  # noqa: E402
-from tether.store.schema import run_events, runs  # noqa: E402
+from tether.store.sql.schema import run_events, runs  # noqa: E402
 
 ADMIN = os.environ.get("TETHER_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 

@@ -11,7 +11,7 @@ follow queued or running runs for the whole window. Every event of every run mus
 its watcher exactly once, in SEQ order (checked against the store).
 
 A third setup has no watchers and workers whose store announces nothing: what sending the
-notices (``tether.store.announce``) costs the workers.
+notices (``tether.store.backend.announce``) costs the workers.
 
 Printed: runs/s without and with watchers (medians over ``--repeat`` rounds) and their
 ratio; the watchers' delivery lag (local clock at delivery minus the event's stored time,
@@ -94,7 +94,7 @@ def _round(count: int, watchers: int, *, notices: bool = True) -> tuple[float, l
 
 # A worker process whose store announces nothing: the baseline of what announcing costs.
 _SILENT = (
-    "import tether.store.announce as a; a.Announcer.announce = lambda self, ids: None; "
+    "import tether.store.backend.announce as a; a.Announcer.announce = lambda self, ids: None; "
     "from tether.cli.app import main; main()"
 )
 

@@ -16,7 +16,7 @@ from waiting import poll_until, run_sync
 
 from tether.runs import RunState
 from tether.store import Store
-from tether.store.schema import model_usage
+from tether.store.sql.schema import model_usage
 
 WINDOW_S = 3.0
 VALID_S = 1.0  # rate_limit.VALID_S

@@ -13,7 +13,7 @@ from waiting import run_sync
 
 from tether.runs import RunState
 from tether.store import Store
-from tether.store.schema import runs, schedules
+from tether.store.sql.schema import runs, schedules
 
 worker = processes.worker_until_idle
 

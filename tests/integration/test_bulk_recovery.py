@@ -22,7 +22,7 @@ from waiting import until
 from tether import Agent, Engine, MemoryNotifier, Run, Scope, ScriptedModel, StopKind
 from tether.config import Settings
 from tether.store import Intent, Store
-from tether.store.schema import runs
+from tether.store.sql.schema import runs
 from tether.worker import Worker
 
 DEAD = "dead-host:1:0"  # the owner that crashed

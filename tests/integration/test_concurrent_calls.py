@@ -34,7 +34,8 @@ from tether import (
 from tether.errors import FailpointError
 from tether.failpoints import clear_failpoints, set_failpoint
 from tether.runs import RunState
-from tether.store import CallStatus, schema
+from tether.store import CallStatus
+from tether.store.sql import schema
 
 DEADLINE_S = 5.0
 

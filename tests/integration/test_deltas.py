@@ -29,7 +29,7 @@ from tether._runtime.live.deltas import DeltaHub
 from tether.errors import InvalidInput
 from tether.models.base import Message, Model, ModelResponse, TextSink, ToolSpec, Usage
 from tether.results import Delta, LiveEvent
-from tether.store.listen import DELTAS_CHANNEL, Subscriber
+from tether.store.backend.listen import DELTAS_CHANNEL, Subscriber
 
 TEXTS = [turn["content"] for turn in agents.SCRIPTS["streamed"]]
 STEP_TEXTS = [turn["content"] for turn in agents.SCRIPTS["streamed_steps"]]

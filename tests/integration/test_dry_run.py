@@ -32,7 +32,8 @@ from tether.errors import FailpointError
 from tether.failpoints import clear_failpoints, set_failpoint
 from tether.models.base import Message, ModelResponse, ToolSpec
 from tether.runs import RunState
-from tether.store import CallStatus, schema
+from tether.store import CallStatus
+from tether.store.sql import schema
 
 
 class Recording(ScriptedModel):

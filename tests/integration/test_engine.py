@@ -19,7 +19,7 @@ from tether.errors import LeaseLost
 from tether.messages import tool_result
 from tether.store import Intent, Store
 from tether.store.records import CallStatus
-from tether.store.schema import metadata
+from tether.store.sql.schema import metadata
 from tether.tokens import hash_token
 
 
@@ -233,7 +233,7 @@ async def test_bytes_written_per_step_do_not_grow_with_history(db_url: str) -> N
 
     @sa.event.listens_for(engine.runner.store.engine, "connect")
     def trace(dbapi_conn, _record):  # type: ignore[no-untyped-def]
-        # SQLite's step writes go to the driver's cursor (``store/sqlite.py``): its trace
+        # SQLite's step writes go to the driver's cursor (``store/backend/sqlite.py``): its trace
         # callback sees each statement with its values expanded.
         if engine.runner.store.dialect.name == "sqlite":
             dbapi_conn.set_trace_callback(sqlite_write)

@@ -18,8 +18,8 @@ from test_flow_control import _claims, _load, _truth
 from test_store import new_run
 
 from tether.store import Store
-from tether.store.fair_pick import pick_sizes
-from tether.store.schema import runs
+from tether.store.sql.fair_pick import pick_sizes
+from tether.store.sql.schema import runs
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from tether import Engine, StopKind
 from tether.errors import InvalidInput
 from tether.runs import RunState
 from tether.store import Store
-from tether.store.schema import runs, user_load
+from tether.store.sql.schema import runs, user_load
 from tether.worker import Worker
 
 

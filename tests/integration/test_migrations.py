@@ -15,7 +15,7 @@ from alembic.runtime.migration import MigrationContext
 from tether.errors import SchemaNotReady
 from tether.store import SchemaStatus, Store, schema_status, upgrade
 from tether.store.migrate import alembic_config
-from tether.store.schema import metadata
+from tether.store.sql.schema import metadata
 
 
 @pytest.mark.parametrize("empty_url", ["sqlite", "postgresql"], indirect=True)

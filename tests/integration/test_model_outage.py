@@ -39,7 +39,7 @@ from tether.models.base import Model
 from tether.models.openai import OpenAIChatModel
 from tether.results import LiveEvent, Outcome
 from tether.runs import Run
-from tether.store.schema import runs
+from tether.store.sql.schema import runs
 
 DEADLINE_S = 30.0
 FAST = {"model_retry_first_s": 0.01, "model_retry_max_s": 0.05}

@@ -19,8 +19,8 @@ from waiting import until
 from tether import Engine
 from tether.errors import DatabaseMisconfigured
 from tether.store import SchemaStatus, Store, schema_status
-from tether.store.connect import create_db_engine
-from tether.store.listen import EVENTS_CHANNEL
+from tether.store.backend.connect import create_db_engine
+from tether.store.backend.listen import EVENTS_CHANNEL
 from tether.worker import Worker
 
 NOTICE_DEADLINE_S = 30.0

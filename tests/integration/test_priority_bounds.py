@@ -11,7 +11,7 @@ import pytest
 from test_api import DANA, MIGUEL, fingerprint, refused, serving
 
 from tether.errors import InvalidInput, NotFound
-from tether.store.schema import schedules
+from tether.store.sql.schema import schedules
 
 YEARLY = "0 0 1 1 *"
 

@@ -30,8 +30,8 @@ from tether.models import from_spec
 from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
 from tether.results import LiveEvent
 from tether.store import Grant, Store
-from tether.store.rate_shares import SPREAD
-from tether.store.schema import gates, model_usage
+from tether.store.model_rate_shares import SPREAD
+from tether.store.sql.schema import gates, model_usage
 from tether.telemetry.metrics import REGISTRY
 
 WINDOW_S = 2.0

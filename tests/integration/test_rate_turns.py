@@ -21,7 +21,7 @@ from tether import Agent, Engine, MemoryNotifier, StopKind, tool
 from tether.config import Settings
 from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
 from tether.store import Grant, Store
-from tether.store.schema import model_usage, model_waits
+from tether.store.sql.schema import model_usage, model_waits
 
 WINDOW_S = 60.0  # the store's tests never wait for it
 VALID_S = 1.0

@@ -25,7 +25,7 @@ def store(db_url: str) -> Iterator[Store]:
 
 def _grow(store: Store, run_id: str, messages: int) -> None:
     """Append ``messages`` tool messages to the run, as its steps would have."""
-    from tether.store.statements import INSERT_MESSAGE
+    from tether.store.sql.steps import INSERT_MESSAGE
 
     with store.begin() as conn:
         rows = [

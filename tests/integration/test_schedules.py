@@ -16,7 +16,7 @@ from test_worker import tiny_engine
 from waiting import until
 
 from tether import Engine
-from tether.store.schema import runs, schedules
+from tether.store.sql.schema import runs, schedules
 from tether.worker import Worker
 
 # Once a tick fires, the schedule's next tick must not come due while a test still

@@ -62,7 +62,7 @@ from tether.runs import (
 from tether.store import CallStatus, Intent, Store
 from tether.store.claims import SuspensionClaim
 from tether.store.records import Decision
-from tether.store.schema import decisions, run_events, run_messages, runs, tool_calls
+from tether.store.sql.schema import decisions, run_events, run_messages, runs, tool_calls
 
 PG_ADMIN_URL = os.environ.get("TETHER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 BACKENDS = ["sqlite", "postgresql"]

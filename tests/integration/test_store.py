@@ -16,13 +16,14 @@ from waiting import poll_until
 from tether.budget import Limits
 from tether.errors import IllegalTransition, InvalidInput, LeaseLost
 from tether.runs import FailReason, HaltReason, Lease, Pending, Run, RunState
-from tether.store import Store, claim_statements, upkeep
-from tether.store.claim_order import pick_next
-from tether.store.fair_pick import pick_sizes
+from tether.store import Store, upkeep
 from tether.store.reads import _COUNT_BY_STATE
-from tether.store.schema import runs
-from tether.store.served import served
-from tether.store.transitions import Transition
+from tether.store.sql import claims as claim_sql
+from tether.store.sql.claim_order import pick_next
+from tether.store.sql.fair_pick import pick_sizes
+from tether.store.sql.schema import runs
+from tether.store.sql.served import served
+from tether.store.sql.transitions import Transition
 from tether.store.users import hash_key
 
 
@@ -304,7 +305,7 @@ SCANS: dict[str, tuple[Any, dict[str, Any], str | tuple[str, ...]]] = {
         ("runs_ready_user", "runs_ready"),
     ),
     "orphans": (
-        claim_statements.ORPHANS,
+        claim_sql.ORPHANS,
         {"b_stale": 10.0, "b_batch": 5, **_ONE},
         "runs_orphan_scan",
     ),

@@ -21,7 +21,7 @@ from tether import Engine, MemoryNotifier, StopKind
 from tether.errors import InvalidInput, LeaseLost, NotFound, UnknownOrExpired
 from tether.runs import Lease, RunState
 from tether.store import Store
-from tether.store.schema import runs, schedules
+from tether.store.sql.schema import runs, schedules
 from tether.store.users import add_user
 
 # A schedule whose next tick never comes due while a test watches (unless it is moved).

@@ -7,7 +7,7 @@ import sqlalchemy as sa
 
 from tether.errors import InvalidInput
 from tether.store import Store
-from tether.store.schema import api_keys
+from tether.store.sql.schema import api_keys
 from tether.store.users import UserSettings, add_user, hash_key
 
 

@@ -1,12 +1,12 @@
 """Which connection failures are refusals (never retried, reported with what to change) and
-which stay transient (``tether.store.faults``)."""
+which stay transient (``tether.store.backend.faults``)."""
 
 from __future__ import annotations
 
 import psycopg
 import pytest
 
-from tether.store import faults
+from tether.store.backend import faults
 
 SERVER = 'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
 

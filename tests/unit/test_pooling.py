@@ -1,4 +1,4 @@
-"""Behind a transaction pooler (``?pool_mode=transaction``, ``tether.store.pooling``): what
+"""Behind a transaction pooler (``?pool_mode=transaction``, ``tether.store.backend.pooling``): what
 the store's connections ask for, where LISTEN goes, and the settings it refuses, all
 without connecting (a store opens connections on first use; a connection's arguments are
 caught as the driver would get them). The pooler itself is exercised in
@@ -19,9 +19,9 @@ from tether.engine import Engine
 from tether.errors import ConfigError
 from tether.models.scripted import ScriptedModel
 from tether.store import Store
-from tether.store.connect import create_db_engine
-from tether.store.faults import refusal
-from tether.store.pooling import PoolMode, pool_mode
+from tether.store.backend.connect import create_db_engine
+from tether.store.backend.faults import refusal
+from tether.store.backend.pooling import PoolMode, pool_mode
 
 DIRECT = "postgresql://tether@db.internal:5432/tether"
 POOLED = "postgresql://tether@bouncer.internal:6432/tether?pool_mode=transaction"

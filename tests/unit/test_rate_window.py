@@ -1,5 +1,5 @@
-"""The window arithmetic of the fleet's model rate (reference §17, ``store/rates.py``) and
-the limiter's coalescing (``_runtime/shared/model_rate_limiter.py``) on a SQLite store.
+"""The window arithmetic of the fleet's model rate (reference §17, ``store/model_rate.py``)
+and the limiter's coalescing (``_runtime/shared/model_rate_limiter.py``) on a SQLite store.
 
 A lease at ``a`` counts the requests leased over the window plus the slots' validity, so
 that however each slot is used within its validity, no window holds more than RPM starts.
@@ -16,8 +16,8 @@ from waiting import until
 
 from tether._runtime.shared.model_rate_limiter import RateLimiter
 from tether.store import Store
-from tether.store.rate_shares import Pace, Waiting, free_at, granted, load, shares, window
-from tether.store.schema import model_usage
+from tether.store.model_rate_shares import Pace, Waiting, free_at, granted, load, shares, window
+from tether.store.sql.schema import model_usage
 
 W = 60.0
 V = 1.0

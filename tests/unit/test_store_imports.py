@@ -12,7 +12,7 @@ _SCRIPT = """
 import sys
 from tether.budget import Limits
 from tether.store import Store, upgrade
-from tether.store.faults import is_transient
+from tether.store.backend.faults import is_transient
 
 store = Store(sys.argv[1])
 upgrade(store.engine)
@@ -25,7 +25,7 @@ store.claim_orphans(owner="reaper", stale_after_s=0.0, max_attempts=3, batch=5)
 assert not is_transient(ValueError("not a database error"))
 store.close()
 print(sorted(m for m in sys.modules if m.split(".")[0] == "psycopg"))
-print("tether.store.postgres" in sys.modules)
+print("tether.store.backend.postgres" in sys.modules)
 """
 
 

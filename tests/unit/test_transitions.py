@@ -1,4 +1,4 @@
-"""The store's transitions (``tether.store.transitions``) are the table's (``tether.runs``):
+"""The store's transitions (``tether.store.sql.transitions``) are the table's (``tether.runs``):
 a transition builds exactly when the table allows it, and the store declares every legal
 transition and no other. That each is enforced on the rows is
 tests/integration/test_store.py."""
@@ -9,8 +9,10 @@ import pytest
 
 from tether.errors import IllegalTransition
 from tether.runs import TRANSITIONS, RunState
-from tether.store import claim_statements, claims, statements, upkeep
-from tether.store.transitions import Transition
+from tether.store import claims, upkeep
+from tether.store.sql import claims as claim_sql
+from tether.store.sql import steps as step_sql
+from tether.store.sql.transitions import Transition
 
 ALL_PAIRS = [(src, dst) for src in RunState for dst in RunState]
 LEGAL = {(src, dst) for src in TRANSITIONS for dst in TRANSITIONS[src]}
@@ -28,7 +30,7 @@ def test_a_transition_builds_exactly_when_the_table_allows_it(src: RunState, dst
 def test_the_store_declares_every_transition_of_the_table_and_no_other() -> None:
     declared = {
         pair
-        for module in (statements, claim_statements, claims, upkeep)
+        for module in (step_sql, claim_sql, claims, upkeep)
         for value in vars(module).values()
         if isinstance(value, Transition)
         for pair in value.pairs()

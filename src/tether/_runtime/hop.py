@@ -1,5 +1,5 @@
 """The one way from async code to the synchronous store: a thread hop per call, with
-retries of transient database errors (``tether.store.faults``)."""
+retries of transient database errors (``tether.store.backend.faults``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from concurrent.futures import Executor
 from typing import ParamSpec, TypeVar
 
 from tether.errors import DatabaseUnavailable
-from tether.store import faults
+from tether.store.backend import faults
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -32,7 +32,7 @@ async def hop(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     with a backoff, for up to the store's ``retry_s``; so is an ``idempotent`` one (a step
     write) whose COMMIT was cut off, since it cannot apply twice. After that, or when the
     COMMIT of another call was cut off (it may have landed), ``DatabaseUnavailable`` is
-    raised (see ``tether.store.faults``). ``fn`` is a method of the store.
+    raised (see ``tether.store.backend.faults``). ``fn`` is a method of the store.
     """
     patience = float(getattr(getattr(fn, "__self__", None), "retry_s", 0.0))
     deadline: float | None = None

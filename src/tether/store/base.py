@@ -10,12 +10,12 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from tether.store import faults, pooling
-from tether.store.announce import Announcer, take
-from tether.store.connect import create_db_engine, normalize_url
-from tether.store.dialect import Dialect, dialect_for
+from tether.store.backend import faults, pooling
+from tether.store.backend.announce import Announcer, take
+from tether.store.backend.connect import create_db_engine, normalize_url
+from tether.store.backend.dialect import Dialect, dialect_for
+from tether.store.backend.pooling import PoolMode, pool_mode
 from tether.store.migrate import ensure_schema
-from tether.store.pooling import PoolMode, pool_mode
 
 T = TypeVar("T")
 
@@ -24,7 +24,7 @@ class StoreBase:
     """The engine for a URL and its dialect. Creating one does no I/O: connections are
     opened on first use. ``listen_url`` is where ``LISTEN`` connects (default ``url``);
     it must be given, and reach PostgreSQL directly, when ``url`` says
-    ``?pool_mode=transaction`` (``store.pooling``)."""
+    ``?pool_mode=transaction`` (``backend.pooling``)."""
 
     def __init__(
         self,
@@ -35,8 +35,8 @@ class StoreBase:
         retry_s: float = 0.0,
     ) -> None:
         self.url = url
-        # How long ``tether._runtime.services.hop`` retries a call that met a transient database
-        # error and committed nothing (``tether.store.faults``).
+        # How long ``tether._runtime.hop.hop`` retries a call that met a transient database
+        # error and committed nothing (``tether.store.backend.faults``).
         self.retry_s = retry_s
         self.engine: Engine = create_db_engine(url)
         self.dialect: Dialect = dialect_for(self.engine.dialect.name)
@@ -56,7 +56,7 @@ class StoreBase:
     @contextmanager
     def begin(self) -> Iterator[Connection]:
         """A transaction (``engine.begin()``) whose runs given events are announced to the
-        live event streams when it has ended (``tether.store.announce``)."""
+        live event streams when it has ended (``tether.store.backend.announce``)."""
         with self.engine.connect() as conn:
             try:
                 with conn.begin():
@@ -70,7 +70,7 @@ class StoreBase:
         PostgreSQL is asked the transaction's fate by its id (``xid(result)``, read in the
         transaction; ``Dialect.fate``). Committed: the result stands. Aborted: the call
         failed before anything landed and may be tried again. Unknown: the caller learns
-        the outcome is unknown, as of any cut-off COMMIT (``faults``)."""
+        the outcome is unknown, as of any cut-off COMMIT (``backend.faults``)."""
         done = False
         result: T
         try:
@@ -100,7 +100,7 @@ class StoreBase:
 
     @property
     def executor(self) -> ThreadPoolExecutor:
-        """The threads async callers reach the store through (``tether._runtime.hop``): one per
+        """The threads async callers reach the store through (``tether._runtime.hop.hop``): one per
         connection the pool keeps, so 50 concurrent approvals do not queue behind the event
         loop's default executor (min(32, cores + 4) threads, shared with every other
         ``to_thread``), and no call through them opens a connection the pool then closes.

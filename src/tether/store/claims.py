@@ -1,11 +1,13 @@
-"""Creating runs and the owner changes that are not a running owner's own writes: claims
-of ready runs, suspensions and orphans, continuing a halted run, cancelling.
+"""The owner changes that are not a running owner's own writes: claims of ready runs,
+suspensions and orphans, continuing a halted run, cancelling (creating a run is
+``creation``).
 
 Every state change here is a ``Transition`` (one conditional UPDATE checked against the
 table), so two claimers racing for one run cannot both win: the loser's UPDATE matches
-no row and it is told so (None). The claims' statements are ``claim_statements``; the
-claims of suspensions and orphans are sent by the dialect (``Dialect.claim_suspension``,
-``Dialect.claim_orphans``): statement sequences, or one statement each on PostgreSQL.
+no row and it is told so (None). The claims' statements are ``sql.claims``, their order
+``sql.claim_order``; the claims of suspensions and orphans are sent by the dialect
+(``Dialect.claim_suspension``, ``Dialect.claim_orphans``): statement sequences, or one
+statement each on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tether.budget import Limits
-from tether.models.base import Message
-from tether.runs import Run, RunState, can_transition, iso
+from tether.runs import Run, RunState, can_transition
+from tether.store.backend.clock import db_now
+from tether.store.backend.dialect import Dialect
 from tether.store.base import StoreBase
-from tether.store.claim_order import claim_next
-from tether.store.claim_statements import (
+from tether.store.records import Decision
+from tether.store.sql.claim_order import claim_next
+from tether.store.sql.claims import (
     CLAIM_GIVEN,
     CLAIM_GIVEN_CAPPED,
     ID,
@@ -30,16 +34,13 @@ from tether.store.claim_statements import (
     RUNNING,
     STALE,
 )
-from tether.store.clock import db_now
-from tether.store.dialect import Dialect
-from tether.store.fair_pick import pick_sizes
-from tether.store.records import Decision
-from tether.store.schema import decisions, runs, user_load
-from tether.store.served import served
-from tether.store.statements import INSERT_MESSAGE, add_event
+from tether.store.sql.fair_pick import pick_sizes
+from tether.store.sql.schema import decisions, runs, user_load
+from tether.store.sql.served import served
+from tether.store.sql.steps import add_event
+from tether.store.sql.transitions import Transition, state_in
 from tether.store.suspensions import clear_calls
-from tether.store.threads import moved_on, place_run
-from tether.store.transitions import Transition, state_in
+from tether.store.threads import moved_on
 from tether.store.users import admit
 
 _DECISION_OF_TOKEN = sa.select(decisions).where(
@@ -48,7 +49,6 @@ _DECISION_OF_TOKEN = sa.select(decisions).where(
 # A claim's event by its decision: an edit approved without the digest of its preview
 # (``edit``) is recorded ``edited``, never ``approved`` (reference §9).
 _EVENT_OF = {"decline": "declined", "edit": "edited"}
-_LATER_THAN_NOW = sa.select(sa.bindparam("b_at", type_=sa.Float) > db_now())
 _CENSUS = sa.select(db_now(), sa.select(runs.c.id).where(state_in([RUNNING]), STALE).exists())
 
 
@@ -105,101 +105,6 @@ _CANCEL = Transition(
 )
 
 
-def insert_run(
-    conn: Connection,
-    dialect: Dialect,
-    *,
-    run_id: str,
-    user_id: str,
-    question: str,
-    route: dict[str, Any],
-    limits: Limits,
-    scope: dict[str, Any],
-    versions: dict[str, Any],
-    agent_version: str,
-    messages: Sequence[Message],
-    trace_context: dict[str, str] | None = None,
-    thread_id: str | None = None,
-    follow_up: bool = False,
-    enqueue: bool = False,
-    request: tuple[str, str] | None = None,
-    priority: int | None = None,
-    priority_bound: int | None = None,
-    start_at: float | None = None,
-    schedule_id: str | None = None,
-) -> Run:
-    """Insert a new run with its first messages and the W3C trace context its spans
-    continue (``tracing.py``), in the thread ``thread_id`` (by default a new thread of the
-    run's id), inside the caller's transaction, once ``users.admit`` let its user and its
-    ``priority`` (under ``priority_bound``) in. A new thread's run is ready at once; a
-    ``follow_up`` joins the user's thread (else ``NotFound``): ready if the thread is idle,
-    else ``queued`` if ``enqueue``, else ``ThreadBusy``; its messages come when it starts.
-    ``request`` is the user's ``Idempotency-Key`` and its body's digest, stored with the
-    run (a key naming a run already is an ``IntegrityError`` of ``runs_request_key``). A
-    ``start_at`` (epoch seconds) still ahead by the database's clock keeps it ``queued``."""
-    priority = admit(conn, dialect, user_id, priority=priority, bound=priority_bound)
-    thread_id = thread_id or run_id
-    state, place = place_run(
-        conn, dialect, thread_id=thread_id, user_id=user_id, follow_up=follow_up, enqueue=enqueue
-    )
-    if start_at is not None and conn.execute(_LATER_THAN_NOW, {"b_at": start_at}).scalar():
-        state = RunState.QUEUED
-    # A conflict on the key (or the id: a retried creation whose COMMIT landed) is answered.
-    keyed = {} if request is None else _keyed(request, state)
-    row = conn.execute(
-        runs.insert()
-        .values(
-            id=run_id,
-            user_id=user_id,
-            question=question,
-            route=route,
-            state=state.value,
-            thread_id=thread_id,
-            thread_pos=place,
-            **limits.to_json(),
-            scope_snapshot=scope,
-            scope_resolved_at=db_now(),
-            versions=versions,
-            agent_version=agent_version,
-            message_count=len(messages),
-            trace_context=trace_context,
-            priority=priority,
-            start_at=start_at,
-            schedule_id=schedule_id,
-            started_at=db_now(),
-            updated_at=db_now(),
-            **keyed,
-        )
-        .returning(runs)
-    ).one()
-    run = Run.from_row(row._mapping)
-    _first_writes(conn, dialect, run, messages, limits)
-    return run
-
-
-def _first_writes(
-    conn: Connection, dialect: Dialect, run: Run, messages: Sequence[Message], limits: Limits
-) -> None:
-    """What a new run's row is written with: its first messages, its ``created`` event
-    (who, the limits, its thread and its order), and a wake-up when it is ready."""
-    if messages:
-        conn.execute(
-            INSERT_MESSAGE,
-            [{"run_id": run.id, "seq": i, "message": m} for i, m in enumerate(messages)],
-        )
-    created: dict[str, Any] = {"user_id": run.user_id, "limits": limits.to_json()}
-    created.update(thread_id=run.thread_id, priority=run.priority)
-    if run.state is RunState.QUEUED:
-        created["queued"] = True
-    if run.start_at is not None:
-        created["start_at"] = iso(run.start_at)
-    if run.schedule_id is not None:
-        created["schedule_id"] = run.schedule_id
-    add_event(conn, run.id, "created", created)
-    if run.state is RUNNING:
-        dialect.wake(conn)
-
-
 _USER_LOAD_OF_RUN = sa.select(user_load.c.carried).where(
     user_load.c.user_id == sa.select(runs.c.user_id).where(ID).scalar_subquery()
 )
@@ -212,19 +117,8 @@ def _has_slot(conn: Connection, dialect: Dialect, run_id: str, cap: int) -> bool
     return carried is None or carried < cap
 
 
-def _keyed(request: tuple[str, str], state: RunState) -> dict[str, Any]:
-    """The columns of a run created with an ``Idempotency-Key`` (reference §14)."""
-    return {"request_key": request[0], "request_digest": request[1], "request_state": state.value}
-
-
 class Claims(StoreBase):
-    """Creating runs, claiming them, continuing and cancelling them."""
-
-    def create_run(self, **fields: Any) -> Run:
-        """Insert a new run (``insert_run`` of ``fields``) in a transaction of its own.
-        With an ``Idempotency-Key`` a creation is ``requests.Requests.create_requested_run``."""
-        with self.begin() as conn:
-            return insert_run(conn, self.dialect, **fields)
+    """Claiming runs, continuing and cancelling them."""
 
     def claim_ready(
         self,
@@ -271,7 +165,7 @@ class Claims(StoreBase):
         off is settled by asking PostgreSQL the transaction's fate."""
         params: dict[str, Any] = {"b_owner": owner, "b_cap": cap, **served(versions)}
         params.update(pick_sizes(max(1, limit), spare=self.dialect.skips_locked))
-        claim = claim_next(self.dialect.name, capped=cap is not None)
+        claim = claim_next(self.dialect, capped=cap is not None)
         # A COMMIT cut off would leave the runs claimed by a worker that does not know
         # it, each taken back by a reaper a heartbeat timeout later at the cost of a
         # recovery attempt: it is settled at once instead (``StoreBase.settled``).

@@ -20,10 +20,10 @@ from tether.errors import InvalidInput, NotFound
 from tether.models.base import Message
 from tether.reasons import HaltReason
 from tether.runs import Run, RunState
+from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
-from tether.store.clock import db_now
-from tether.store.schema import run_events, runs
-from tether.store.statements import INSERT_MESSAGE, SELECT_MESSAGES, add_event
+from tether.store.sql.schema import run_events, runs
+from tether.store.sql.steps import INSERT_MESSAGE, SELECT_MESSAGES, add_event
 from tether.store.threads import place_run, thread_history
 from tether.store.users import admit
 

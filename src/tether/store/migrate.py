@@ -1,8 +1,8 @@
 """Schema migrations (Alembic) and the check that the schema matches this code.
 
 Checking the schema is one indexed read of ``alembic_version`` against ``REVISIONS``, so
-a process that starts on a current database never loads Alembic (a third of the import
-time of a ``tether`` command); Alembic is imported only to migrate.
+a process that starts on a current database never loads Alembic (a large part of the
+import time of a ``tether`` command); Alembic is imported only to migrate.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tether.errors import SchemaNotReady
-from tether.store.connect import READ, check_folder, sqlite_file
+from tether.store.backend.connect import READ, check_folder, sqlite_file
 
 if TYPE_CHECKING:
     from alembic.config import Config

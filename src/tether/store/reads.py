@@ -13,11 +13,11 @@ import sqlalchemy as sa
 
 from tether.models.base import Message
 from tether.runs import Pending, Run, RunState
+from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
-from tether.store.clock import db_now
-from tether.store.compactions import CompactionRecord, compaction_state
+from tether.store.compaction import CompactionRecord, compaction_state
 from tether.store.records import Decision, Event, LedgerEntry
-from tether.store.schema import (
+from tether.store.sql.schema import (
     COUNTABLE,
     decisions,
     run_events,
@@ -25,13 +25,13 @@ from tether.store.schema import (
     runs,
     tool_calls,
 )
+from tether.store.sql.transitions import state_in
 from tether.store.suspensions import (
     asked_of_rows,
     calls_of_rows,
     decision_of,
     with_calls,
 )
-from tether.store.transitions import state_in
 
 _NOW = sa.select(db_now())
 
@@ -178,7 +178,7 @@ class Snapshot:
     asked: dict[str, Pending] = field(default_factory=dict)
     # The conversation before the run in its thread (reference §14), when asked for; with
     # it, the compaction the model sees it through and the input tokens the conversation's
-    # latest model call reported (``compactions.compaction_state``).
+    # latest model call reported (``compaction.compaction_state``).
     history: list[Message] = field(default_factory=list)
     compaction: CompactionRecord | None = None
     input_tokens: int = 0
@@ -343,10 +343,10 @@ class Reads(StoreBase):
     def events_of_runs(
         self, cursors: dict[str, int], *, limit: int
     ) -> tuple[dict[str, RunState], list[Event]]:
-        """For many runs at once (live event streams, ``tether._runtime.feed``): their states, then
-        up to ``limit`` of their events, oldest first, after the id each run is mapped to.
-        A run missing from the states is gone. The states are read first, so a run whose
-        state is terminal has all its events in this read or a later one."""
+        """For many runs at once (live event streams, ``tether._runtime.live.events``): their
+        states, then up to ``limit`` of their events, oldest first, after the id each run is
+        mapped to. A run missing from the states is gone. The states are read first, so a run
+        whose state is terminal has all its events in this read or a later one."""
         after = sa.or_(
             *(
                 sa.and_(run_events.c.run_id == run_id, run_events.c.id > last)

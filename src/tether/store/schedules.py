@@ -2,7 +2,7 @@
 asks as the schedule's user, with the next tick due (``next_at``, the database's clock).
 
 A tick is claimed by a conditional UPDATE that moves ``next_at`` on from the value the
-firing worker read, in the transaction that also inserts its run (``claims.insert_run``):
+firing worker read, in the transaction that also inserts its run (``creation.insert_run``):
 a second worker's UPDATE of the same tick matches no row and creates nothing, and a
 worker that dies between the two leaves neither (the transaction never committed), so
 every tick starts exactly one run, fleet-wide.
@@ -18,10 +18,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Row
 
 from tether.runs import Run, iso
+from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
-from tether.store.claims import insert_run
-from tether.store.clock import db_now
-from tether.store.schema import schedules
+from tether.store.creation import insert_run
+from tether.store.sql.schema import schedules
 from tether.store.users import admit, is_removed
 
 _ID = schedules.c.id == sa.bindparam("b_id")

@@ -15,10 +15,10 @@ from sqlalchemy.engine import Connection
 from tether.errors import LeaseLost
 from tether.models.base import Message
 from tether.runs import FailReason, HaltReason, Lease, Pending, iso
-from tether.store import faults
+from tether.store.backend import faults
 from tether.store.base import StoreBase
 from tether.store.records import CallStatus
-from tether.store.statements import (
+from tether.store.sql.steps import (
     FAIL,
     HALT,
     HAND_OVER,
@@ -37,8 +37,8 @@ from tether.store.statements import (
     add_event,
     lease_params,
 )
+from tether.store.sql.transitions import Transition
 from tether.store.suspensions import write_calls
-from tether.store.transitions import Transition
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,10 +20,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tether.runs import HaltReason, Lease, Pending, PendingCall, Run, RunState, iso
+from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
-from tether.store.clock import db_now
 from tether.store.records import Decision
-from tether.store.schema import decisions, pending_calls, runs
+from tether.store.sql.schema import decisions, pending_calls, runs
 
 _DECISION_COLUMNS = [c.label(f"d_{c.name}") for c in decisions.c]
 _WITH_DECISION = pending_calls.outerjoin(

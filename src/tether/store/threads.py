@@ -20,10 +20,10 @@ from sqlalchemy.engine import Connection
 from tether.errors import NotFound, ThreadBusy
 from tether.models.base import Message
 from tether.runs import BUSY, Run, RunState
+from tether.store.backend.clock import db_now
+from tether.store.backend.dialect import Dialect
 from tether.store.base import StoreBase
-from tether.store.clock import db_now
-from tether.store.dialect import Dialect
-from tether.store.schema import (
+from tether.store.sql.schema import (
     RETAINED,
     compactions,
     decisions,
@@ -33,7 +33,7 @@ from tether.store.schema import (
     threads,
     tool_calls,
 )
-from tether.store.transitions import state_in
+from tether.store.sql.transitions import state_in
 
 _THREAD = threads.c.id == sa.bindparam("b_thread")
 _OF_USER = threads.c.user_id == sa.bindparam("b_user")

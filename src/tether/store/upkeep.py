@@ -11,14 +11,14 @@ from collections.abc import Callable, Sequence
 import sqlalchemy as sa
 
 from tether.runs import HaltReason, PendingCall, Run, RunState
+from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
-from tether.store.clock import db_now
-from tether.store.schema import RETAINED, decisions, pending_calls, runs
-from tether.store.served import SERVED, served
-from tether.store.statements import add_event
+from tether.store.sql.schema import RETAINED, decisions, pending_calls, runs
+from tether.store.sql.served import SERVED, served
+from tether.store.sql.steps import add_event
+from tether.store.sql.transitions import Transition, state_in
 from tether.store.suspensions import with_calls
 from tether.store.threads import delete_threads, kept, still_idle
-from tether.store.transitions import Transition, state_in
 
 _SUSPENDED = state_in([RunState.SUSPENDED])
 

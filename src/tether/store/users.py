@@ -26,13 +26,13 @@ from sqlalchemy.engine import Connection
 from tether import inputs
 from tether.errors import InvalidInput
 from tether.runs import RunState
-from tether.store.announce import mark
+from tether.store.backend.announce import mark
+from tether.store.backend.clock import db_now
+from tether.store.backend.dialect import Dialect
 from tether.store.base import StoreBase
-from tether.store.clock import db_now
-from tether.store.dialect import Dialect
-from tether.store.schema import api_keys, revoked_keys, runs, schedules, users, web_sessions
-from tether.store.statements import INSERT_EVENT
-from tether.store.transitions import Transition
+from tether.store.sql.schema import api_keys, revoked_keys, runs, schedules, users, web_sessions
+from tether.store.sql.steps import INSERT_EVENT
+from tether.store.sql.transitions import Transition
 
 MAX_KEY_CHARS = 512
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from tether.runs import Run, RunState
+from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
-from tether.store.clock import db_now
-from tether.store.schema import runs, workers
-from tether.store.statements import add_event
+from tether.store.sql.schema import runs, workers
+from tether.store.sql.steps import add_event
+from tether.store.sql.transitions import state_in
 from tether.store.suspensions import with_calls
-from tether.store.transitions import state_in
 
 # Rows of workers whose heartbeat is older than this are forgotten when a worker registers.
 FORGET_AFTER_S = 86_400.0

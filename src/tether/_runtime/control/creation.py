@@ -1,6 +1,6 @@
 """Creating a run (reference §14): validated input, the user's scope resolved now, and,
 with an ``Idempotency-Key``, the key stored with the run in one transaction
-(``tether.store.requests``), so a repeat answers the first request and creates nothing.
+(``tether.store.creation``), so a repeat answers the first request and creates nothing.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from tether.budget import Limits, parse_limits, within_cap
 from tether.errors import IdempotencyMismatch
 from tether.previews import digest as json_digest
 from tether.results import Accepted
+from tether.store.creation import ACCEPTED
 from tether.store.records import RunRequest
-from tether.store.requests import ACCEPTED
 from tether.telemetry import tracing
 
 
@@ -41,7 +41,7 @@ async def start_run(
     JSON, else ``idempotency_mismatch``.
 
     Safe to repeat with a key: the key is the first write of the transaction that would
-    create the run (``tether.store.requests``), so concurrent repeats and a retry after a
+    create the run (``tether.store.creation``), so concurrent repeats and a retry after a
     lost answer or a COMMIT cut off get the first answer. A repeat costs what a fresh
     request does up to that write (its scope is resolved again), so a fresh key costs
     one INSERT more than no key."""

@@ -23,7 +23,7 @@ from tether.config import Settings
 from tether.results import Outcome, ReapReport, StopKind
 from tether.runs import Run
 from tether.store import Store
-from tether.store.listen import listen
+from tether.store.backend.listen import listen
 
 
 def new_worker_id() -> str:

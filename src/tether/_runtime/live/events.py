@@ -11,7 +11,7 @@ SEQ, is a read of its own), at most one round per ``MIN_ROUND_S``. So 100 watche
 runs cost the database a few reads a second, not one per event per watcher. A run is due
 when a notice says it was given events, and every run is due after ``FALLBACK_S`` without
 one (or the poll interval, if longer). On PostgreSQL the store announces runs given events
-(``NOTIFY tether_events`` with the run's id, ``tether.store.announce``) and one ``LISTEN``
+(``NOTIFY tether_events`` with the run's id, ``tether.store.backend.announce``) and one ``LISTEN``
 connection per engine, open while anyone watches, marks them due; on SQLite every run is
 due every ``POLL_S``. A watch ends after the events of a run in a terminal state
 (answered, failed, cancelled), or when the run is gone (purged).
@@ -31,7 +31,7 @@ from tether._runtime.live.deltas import DeltaHub
 from tether.results import Delta, LiveEvent
 from tether.runs import RunState
 from tether.store import Event, Store
-from tether.store.listen import CONNECTED, EVENTS_CHANNEL, listen
+from tether.store.backend.listen import CONNECTED, EVENTS_CHANNEL, listen
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ transaction began, so each request leaves within ``valid_s`` of the lease's ``at
 margin the store counts); slots left at that deadline are given back.
 
 The store shares what is free among the users waiting fleet-wide, in turn, the user who
-used least of the window first (``store/rates.py``): a lease may get nothing for a user
+used least of the window first (``store/model_rate.py``): a lease may get nothing for a user
 because another limiter's user is owed it, and this limiter's users left short are
 written down under its ``waiter`` id for the other limiters' leases to see.
 
@@ -205,7 +205,7 @@ class RateLimiter:
         if self.store is not None and self._leased:
             try:
                 self.store.forget_waits(self.waiter)
-            except Exception:  # they lapse by themselves (``store/rates.py``)
+            except Exception:  # they lapse by themselves (``store/model_rate.py``)
                 log.warning("waiting users not struck", exc_info=True)
 
     # -- inside ----------------------------------------------------------------------------

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from tether.store.connect import create_db_engine
-from tether.store.schema import metadata
+from tether.store.backend.connect import create_db_engine
+from tether.store.sql.schema import metadata
 
 config = context.config
 

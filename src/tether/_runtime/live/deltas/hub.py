@@ -23,8 +23,8 @@ from tether._runtime.live.deltas.texts import (
 )
 from tether.results import Delta
 from tether.store import Store
-from tether.store.announce import Announcer, resolve
-from tether.store.listen import DELTAS_CHANNEL, WATCH_CHANNEL, Subscriber
+from tether.store.backend.announce import Announcer, resolve
+from tether.store.backend.listen import DELTAS_CHANNEL, WATCH_CHANNEL, Subscriber
 
 log = logging.getLogger(__name__)
 

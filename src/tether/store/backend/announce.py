@@ -3,9 +3,9 @@ writers' commits.
 
 A ``NOTIFY`` inside a transaction makes its commit take PostgreSQL's one notification lock,
 held until the commit is durable: every notifying commit of the cluster then waits for the
-one before it, and concurrent step writes lose their group commit (measured with
-``benchmarks/watchers.py``: a trigger notifying on each event cost the workers about 30% of
-their throughput). So a transaction that adds events only marks its runs on its connection
+one before it, and concurrent step writes lose their group commit (a trigger notifying
+on each event cost the workers a large part of their throughput: benchmarks/README.md,
+watchers.py). So a transaction that adds events only marks its runs on its connection
 (``mark``); when the transaction has ended, the store hands them to the ``Announcer``, whose
 thread sends them, batched every ``BATCH_S``, as ``pg_notify`` on ``listen.EVENTS_CHANNEL``,
 on a connection of its own. A notice is a hint to read again: one for a transaction that
@@ -13,7 +13,7 @@ rolled back, or a duplicate, costs a watcher one read; one lost (the announcer's
 failed) is covered by the watchers' fallback re-read.
 
 The same thread carries the model's text to watchers in other processes (reference §16,
-``tether._runtime.deltas``): a ``source`` added with ``add_source`` is asked, at each
+``tether._runtime.live.deltas``): a ``source`` added with ``add_source`` is asked, at each
 batch, for the notices it has ready (channel and payload), and ``poke`` says it has some;
 ``flush`` sends a batch at once and says when it is committed (a step's last text goes
 out before its turn is stored).
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
-from tether.store.listen import EVENTS_CHANNEL
+from tether.store.backend.listen import EVENTS_CHANNEL
 
 if TYPE_CHECKING:
     import psycopg
@@ -173,7 +173,7 @@ class Announcer:
             try:
                 if conn is None or conn.closed:
                     # Never prepared on the server: the notices may go through a transaction
-                    # pooler (``store.pooling``), and one statement per batch parses cheaply.
+                    # pooler (``pooling``), and one statement per batch parses cheaply.
                     conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
                 conn.execute(_SEND, ([c for c, _ in batch], [p for _, p in batch]))
                 return conn

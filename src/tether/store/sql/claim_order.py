@@ -28,19 +28,18 @@ second sees the first's run carried.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.sql.util import ClauseAdapter
 
 from tether.runs import RunState
-from tether.store.claim_statements import _DUE, _READY, CAP, CLAIMED, RUNNING
-from tether.store.dialect import Dialect, dialect_for
-from tether.store.fair_pick import fair_pick
-from tether.store.schema import runs, user_load
-from tether.store.served import SERVED
-from tether.store.transitions import Transition
+from tether.store.backend.dialect import Dialect
+from tether.store.sql.claims import _DUE, _READY, CAP, CLAIMED, RUNNING
+from tether.store.sql.fair_pick import fair_pick
+from tether.store.sql.schema import runs, user_load
+from tether.store.sql.served import SERVED
+from tether.store.sql.transitions import Transition
 
 
 def _kind(where: sa.ColumnElement[bool], since: sa.ColumnElement[Any]) -> sa.Select[Any]:
@@ -150,13 +149,22 @@ def pick_next(dialect: type[Dialect], *, capped: bool) -> sa.Select[Any]:
     )
 
 
-@functools.cache
-def claim_next(backend: str, *, capped: bool) -> Transition:
-    """The claim of the runs ``pick_next`` picks, each re-checked as it is claimed, for
-    the dialect of ``backend`` (``Dialect.name``), built once. A queued run of a thread
-    whose earlier run is in the same pick cannot be due (that run is still queued), so a
-    batch never starts two runs of one thread."""
-    dialect = dialect_for(backend)
+# The claims built, by dialect class and whether capped: once per backend, not per store.
+_BUILT: dict[tuple[type[Dialect], bool], Transition] = {}
+
+
+def claim_next(dialect: Dialect, *, capped: bool) -> Transition:
+    """The claim of the runs ``pick_next`` picks, each re-checked as it is claimed, in the
+    store's ``dialect``, built once per backend. A queued run of a thread whose earlier
+    run is in the same pick cannot be due (that run is still queued), so a batch never
+    starts two runs of one thread."""
+    key = (type(dialect), capped)
+    if key not in _BUILT:
+        _BUILT[key] = _claim(dialect, capped=capped)
+    return _BUILT[key]
+
+
+def _claim(dialect: Dialect, *, capped: bool) -> Transition:
     pick = pick_next(type(dialect), capped=capped)
     chosen = runs.c.id.in_(pick) if capped else dialect.among(runs.c.id, pick)
     conditions = [sa.or_(_READY, _DUE), SERVED]

@@ -35,18 +35,18 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from tether.errors import ConfigError
 from tether.runs import FailReason, Run
-from tether.store.claim_statements import (
+from tether.store.backend.clock import db_now
+from tether.store.records import Decision
+from tether.store.sql.claims import (
     CALL_OF_TOKEN,
     CLAIM_SUSPENDED,
     EXHAUST,
     ORPHANS,
     RECOVER,
 )
-from tether.store.clock import db_now
-from tether.store.records import Decision
-from tether.store.schema import decisions
-from tether.store.snapshots import Loaded, read_portable
-from tether.store.statements import add_event
+from tether.store.sql.schema import decisions
+from tether.store.sql.snapshots import Loaded, read_portable
+from tether.store.sql.steps import add_event
 
 # A SELECT a lock hook returns as it came, with its locking clause.
 Query = TypeVar("Query", bound=sa.Select[Any])
@@ -208,11 +208,11 @@ def dialect_for(backend: str) -> Dialect:
     """The dialect of the backend SQLAlchemy names ``backend`` (``engine.dialect.name``).
     Only that backend's module is imported."""
     if backend == "sqlite":
-        from tether.store.sqlite import SqliteDialect
+        from tether.store.backend.sqlite import SqliteDialect
 
         return SqliteDialect()
     if backend == "postgresql":
-        from tether.store.postgres import PostgresDialect
+        from tether.store.backend.postgres import PostgresDialect
 
         return PostgresDialect()
     raise ConfigError(f"unsupported database backend {backend!r}")

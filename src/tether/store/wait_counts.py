@@ -8,10 +8,10 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from tether.runs import RunState
+from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
-from tether.store.clock import db_now
-from tether.store.schema import runs, user_load
-from tether.store.transitions import state_in
+from tether.store.sql.schema import runs, user_load
+from tether.store.sql.transitions import state_in
 
 _QUEUED = state_in([RunState.QUEUED])
 _LATER = sa.and_(runs.c.start_at.is_not(None), runs.c.start_at > db_now())
@@ -24,7 +24,7 @@ _BY_CAP = sa.select(sa.func.coalesce(sa.func.sum(user_load.c.ready), 0)).where(
 )
 
 
-class Waiting(StoreBase):
+class WaitCounts(StoreBase):
     """Counting the runs that wait, by why."""
 
     def count_waiting(self, cap: int | None) -> dict[str, int]:

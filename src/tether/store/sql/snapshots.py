@@ -3,8 +3,8 @@ decisions, its messages, and the conversation of its thread before it.
 
 A long run (or a long conversation) is picked up by this one read, so its cost is what
 resuming costs: no per-message work but decoding each message, one ``json.loads`` of its
-stored text (not the driver's JSON loader nor SQLAlchemy's result processor: together
-they cost a third of the read). On PostgreSQL it is one statement, sent outside any
+stored text (not the driver's JSON loader nor SQLAlchemy's result processor, which cost
+more: benchmarks/README.md, threads.py). On PostgreSQL it is one statement, sent outside any
 transaction (``StoreBase.reading``), so one round trip whatever the run's length: the
 run's rows, each as its ``row_to_json``, then the messages, in one ordered ``UNION
 ALL`` of (kind, place, seq, text). A single statement sees one snapshot, so the messages
@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tether.models.base import Message
-from tether.store.schema import decisions, pending_calls, run_messages, runs
+from tether.store.sql.schema import decisions, pending_calls, run_messages, runs
 
 _DECISION_COLUMNS = [c.label(f"d_{c.name}") for c in decisions.c]
 # A call's columns beside a run's (``p_*``), for a read of the run with its calls.

@@ -20,7 +20,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from tether.errors import IllegalTransition
 from tether.runs import RunState, can_transition
-from tether.store.schema import runs
+from tether.store.sql.schema import runs
 
 
 def state_in(states: Iterable[RunState]) -> ColumnElement[bool]:

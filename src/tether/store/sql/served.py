@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tether.store.schema import runs
+from tether.store.sql.schema import runs
 
 # ``b_versions``: the versions served; ``b_any_version``: callers of the store that name
 # no versions (tests, tools) take any.

@@ -35,10 +35,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tether.store.claim_statements import _DUE, _READY
-from tether.store.dialect import Dialect
-from tether.store.schema import runs, user_load
-from tether.store.served import SERVED
+from tether.store.backend.dialect import Dialect
+from tether.store.sql.claims import _DUE, _READY
+from tether.store.sql.schema import runs, user_load
+from tether.store.sql.served import SERVED
 
 _ORDER = (runs.c.priority.desc(), runs.c.updated_at)
 

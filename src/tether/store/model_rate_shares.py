@@ -2,7 +2,7 @@
 of the window is free, when more frees, how request starts are spread over the window,
 and how what is free is shared out among the users who wait for it.
 
-``store/rates.py`` calls these under the ``gates`` row lock, with the rows of
+``store/model_rate.py`` calls these under the ``gates`` row lock, with the rows of
 ``model_usage`` and ``model_waits`` it read; the tests call them directly.
 """
 

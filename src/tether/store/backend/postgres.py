@@ -18,7 +18,7 @@ a round trip to the server, so they are chained in data-modifying CTEs:
 
 Built once, when a PostgreSQL store first picks its dialect (``dialect_for``), one
 statement per shape (final turn or not, event or not), from the same statements and
-transitions as the other backend (``statements.py``, ``claim_statements.py``), so the
+transitions as the other backend (``sql/steps.py``, ``sql/claims.py``), so the
 conditions are written once for both.
 """
 
@@ -34,8 +34,13 @@ from sqlalchemy.engine import URL, Connection, Engine
 from tether.errors import LeaseLost
 from tether.reasons import FailReason
 from tether.runs import Run, RunState
-from tether.store.announce import mark
-from tether.store.claim_statements import (
+from tether.store.backend.announce import mark
+from tether.store.backend.clock import db_now
+from tether.store.backend.dialect import Dialect, Query
+from tether.store.backend.listen import RUNS_CHANNEL
+from tether.store.backend.settling import transaction_fate
+from tether.store.records import CallStatus, Decision
+from tether.store.sql.claims import (
     CLAIM_SUSPENDED,
     EXHAUSTED,
     ORPHANS,
@@ -45,11 +50,7 @@ from tether.store.claim_statements import (
     STALE,
     WITHIN,
 )
-from tether.store.clock import db_now
-from tether.store.dialect import Dialect, Query
-from tether.store.listen import RUNS_CHANNEL
-from tether.store.records import CallStatus, Decision
-from tether.store.schema import (
+from tether.store.sql.schema import (
     decisions,
     pending_calls,
     run_events,
@@ -57,10 +58,9 @@ from tether.store.schema import (
     runs,
     tool_calls,
 )
-from tether.store.settling import transaction_fate
-from tether.store.snapshots import Loaded, read_in_one
-from tether.store.statements import RESULT, TURN, TURN_FINAL
-from tether.store.transitions import Transition
+from tether.store.sql.snapshots import Loaded, read_in_one
+from tether.store.sql.steps import RESULT, TURN, TURN_FINAL
+from tether.store.sql.transitions import Transition
 
 # -- the step writes ---------------------------------------------------------------------------
 

@@ -72,7 +72,7 @@ def _listen(
 
 
 # The model's text of a step in flight, for watchers in other processes (reference §16;
-# payload: a JSON delta, ``tether._runtime.deltas``).
+# payload: a JSON delta, ``tether._runtime.live.deltas``).
 DELTAS_CHANNEL = "tether_deltas"
 # A watcher's process wants a run's deltas, and its text so far (payload: the run's id).
 WATCH_CHANNEL = "tether_watch"

@@ -5,15 +5,15 @@ decided one at a time under the ``gates`` row ``model``.
 ``lease_capacity`` is one transaction: lock the gate (``FOR UPDATE`` on PostgreSQL; SQLite
 serialises writers at ``BEGIN IMMEDIATE``), read the database's clock, sum what was used
 (requests over the last ``window_s + valid_s`` seconds, tokens over the last ``window_s``,
-and both over the parts of them the spread counts: ``rate_shares.Pace``), in all and by
+and both over the parts of them the spread counts: ``model_rate_shares.Pace``), in all and by
 user, and share what is free among every user waiting fleet-wide (this limiter's wants
 and the other limiters' rows), in turn, the user who used least of the window first
-(``rate_shares.shares``). The caller gets its users' part, one row per user; the part of
+(``model_rate_shares.shares``). The caller gets its users' part, one row per user; the part of
 the other limiters' users is left for their next lease, and the caller's users still
 waiting are written down for the other limiters to see. A granted slot is good for
 ``valid_s`` after the row's ``at``: counting requests over ``window_s + valid_s`` makes
 every slot used in that time still obey "no more than RPM request starts in any
-``window_s``" (``rate_shares.window`` has the argument).
+``window_s``" (``model_rate_shares.window`` has the argument).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from sqlalchemy.engine import Connection
 
 from tether.errors import LeaseLost
 from tether.runs import Lease
+from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
-from tether.store.clock import db_now
-from tether.store.rate_shares import (
+from tether.store.model_rate_shares import (
     Pace,
     Used,
     Waiting,
@@ -38,8 +38,8 @@ from tether.store.rate_shares import (
     shares,
     window,
 )
-from tether.store.schema import gates, model_usage, model_waits, run_events
-from tether.store.statements import LEASE_HELD, add_event, lease_params
+from tether.store.sql.schema import gates, model_usage, model_waits, run_events
+from tether.store.sql.steps import LEASE_HELD, add_event, lease_params
 
 # Rows older than this many windows are deleted when a lease is asked to purge.
 KEPT_WINDOWS = 2.0
@@ -167,7 +167,7 @@ class _Limits:
         }
 
 
-class Rates(StoreBase):
+class ModelRate(StoreBase):
     """Leases of model capacity, reported tokens and the ``rate_limited`` event."""
 
     def lease_capacity(

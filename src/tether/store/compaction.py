@@ -4,7 +4,7 @@ cover, one row each, and the fenced write that stores one.
 The messages themselves are never rewritten (invariant 1): a compaction is a row that says
 "the first ``through_seq`` messages of this thread's conversation reach the model as this
 summary". The store keeps the rows and the counters; the view the model is handed is the
-runtime's (``tether._runtime.compacting``), which knows the chat format.
+runtime's (``tether._runtime.step.compaction``), which knows the chat format.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from sqlalchemy.engine import Connection
 
 from tether.errors import LeaseLost
 from tether.runs import Lease, Run
+from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
-from tether.store.clock import db_now
-from tether.store.schema import compactions, runs
-from tether.store.statements import LEASE, add_event, lease_params
+from tether.store.sql.schema import compactions, runs
+from tether.store.sql.steps import LEASE, add_event, lease_params
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +99,7 @@ def compaction_state(
     return latest, int(tokens or 0)
 
 
-class Compactions(StoreBase):
+class Compaction(StoreBase):
     """Storing a compaction."""
 
     def compact(

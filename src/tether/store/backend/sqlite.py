@@ -3,12 +3,12 @@
 statements as everywhere, sent to the driver's cursor directly.
 
 On SQLite a statement is a function call, not a round trip, so what a step write costs
-beyond its COMMIT is the work around each statement. SQLAlchemy's execution layer (the
-compiled cache, parameter processing, result set-up, events) costs about 50 µs a
-statement here; a read-only step has five of them, which measured 0.22 ms of a 0.72 ms
-write (2026-12-01). So the statements of ``statements.py`` are compiled by SQLAlchemy once,
-at import, and executed on the transaction's own driver connection with SQLAlchemy's bind
-processors (its JSON serialisation included): the SQL and the stored bytes are the same.
+beyond its COMMIT is the work around each statement: SQLAlchemy's execution layer (the
+compiled cache, parameter processing, result set-up, events) was a large part of a
+read-only step's five statements (benchmarks/README.md, step_overhead.py). So the
+statements of ``sql/steps.py`` are compiled by SQLAlchemy once, at import, and executed
+on the transaction's own driver connection with SQLAlchemy's bind processors (its JSON
+serialisation included): the SQL and the stored bytes are the same.
 The transaction itself (``BEGIN IMMEDIATE``, COMMIT, the commit mark of ``faults``) is
 still SQLAlchemy's.
 """
@@ -25,10 +25,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from tether.errors import LeaseLost
-from tether.store.connect import READ
-from tether.store.dialect import Dialect
-from tether.store.snapshots import EARLIER, OWN, Loaded, read_portable
-from tether.store.statements import (
+from tether.store.backend.connect import READ
+from tether.store.backend.dialect import Dialect
+from tether.store.sql.snapshots import EARLIER, OWN, Loaded, read_portable
+from tether.store.sql.steps import (
     INSERT_DONE,
     INSERT_EVENT,
     INSERT_INTENT,

@@ -14,11 +14,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tether.runs import Lease, RunState
-from tether.store.announce import mark
-from tether.store.clock import db_now
+from tether.store.backend.announce import mark
+from tether.store.backend.clock import db_now
 from tether.store.records import CallStatus
-from tether.store.schema import run_events, run_messages, runs, tool_calls
-from tether.store.transitions import Transition, state_in
+from tether.store.sql.schema import run_events, run_messages, runs, tool_calls
+from tether.store.sql.transitions import Transition, state_in
 
 RUNNING = RunState.RUNNING
 
@@ -217,7 +217,7 @@ INSERT_INTENT = tool_calls.insert().values(status=CallStatus.INTENT.value, inten
 INSERT_DONE = tool_calls.insert().values(intent_at=db_now(), outcome_at=db_now())
 
 # The statuses an outcome may replace, inlined (no expanding IN: the statement is also
-# compiled once for SQLite's driver cursor, ``sqlite.py``).
+# compiled once for SQLite's driver cursor, ``backend/sqlite.py``).
 _OPEN: list[sa.ColumnElement[str]] = [
     sa.literal_column(f"'{s.value}'") for s in (CallStatus.INTENT, CallStatus.UNKNOWN)
 ]

@@ -1,10 +1,11 @@
 """The claims' conditions and transitions, built once at import: a ready run's, a
 suspension's and an orphan's.
 
-``claims.py`` runs them; each dialect sends the claims of suspensions and orphans its
-own way (``Dialect.claim_suspension`` / ``Dialect.claim_orphans``): as the statement
-sequences of ``dialect.py``, or, on PostgreSQL, as one statement each built from these
-same transitions (``postgres.py``), so the conditions are written once for both backends.
+``tether.store.claims`` runs them; each dialect sends the claims of suspensions and
+orphans its own way (``Dialect.claim_suspension`` / ``Dialect.claim_orphans``): as the
+statement sequences of ``backend/dialect.py``, or, on PostgreSQL, as one statement each
+built from these same transitions (``backend/postgres.py``), so the conditions are
+written once for both backends.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from tether.runs import BUSY, FailReason, RunState
-from tether.store.clock import db_now
-from tether.store.schema import decisions, pending_calls, runs, user_load
-from tether.store.served import SERVED
-from tether.store.transitions import Transition, state_in
+from tether.store.backend.clock import db_now
+from tether.store.sql.schema import decisions, pending_calls, runs, user_load
+from tether.store.sql.served import SERVED
+from tether.store.sql.transitions import Transition, state_in
 
 RUNNING = RunState.RUNNING
 ID = runs.c.id == sa.bindparam("b_id")

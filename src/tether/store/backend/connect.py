@@ -4,7 +4,7 @@ SQLite: WAL, ``synchronous=FULL``, a busy timeout, and every transaction opened 
 ``BEGIN IMMEDIATE`` so two writers serialise at BEGIN instead of failing at COMMIT.
 PostgreSQL: psycopg 3, ``synchronous_commit=on`` (the driver is loaded by SQLAlchemy only
 for a PostgreSQL URL); behind a transaction pooler (``?pool_mode=transaction``) what the
-pooler allows instead (``store.pooling``). The database's clock is ``clock.db_now()``.
+pooler allows instead (``pooling``). The database's clock is ``clock.db_now()``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tether.errors import ConfigError
-from tether.store.faults import name_refusals, track_commits
-from tether.store.pooling import connect_args, pool_mode, without_pool_mode
+from tether.store.backend.faults import name_refusals, track_commits
+from tether.store.backend.pooling import connect_args, pool_mode, without_pool_mode
 
 # The execution option of a SQLite connection that only reads (``StoreBase.reading``).
 READ = "tether_read"
@@ -137,8 +137,8 @@ class _Writer:
 
     SQLite lets one writer in at a time. Threads that met its lock held waited in SQLite's
     busy handler, which sleeps 1, 2, 5, 10 ... 100 ms between tries rather than waking when
-    the lock frees: with a thousand runs in flight a worker made 316 steps a second with
-    half its CPU idle (benchmarks/capacity.py). On a lock of our own a thread goes in as
+    the lock frees: with a thousand runs in flight a worker left much of its CPU idle
+    (benchmarks/README.md, capacity.py). On a lock of our own a thread goes in as
     soon as the one before is done; other processes still meet SQLite's lock and its
     handler. A thread that opens a second transaction while it holds the lock (another
     engine on the same file, say) goes on holding it."""

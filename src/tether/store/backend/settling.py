@@ -3,11 +3,11 @@ transaction's id tells whether it committed, at once, instead of a heartbeat tim
 a recovery attempt (docs/operations.md, "Settled at once: a worker's claim").
 
 The id comes back with the write itself (``txid_current()`` in its RETURNING: a write has
-an id anyway, so it costs no round trip; a ``SELECT txid_current()`` of its own cost 18%
-of a step's transaction, ``benchmarks/db_work.py``). The question goes on another
-connection: the one the COMMIT was cut off on is gone. The server may still be finishing
-that COMMIT when the question comes (``in progress``), so it is asked again, for a
-bounded time.
+an id anyway, so it costs no round trip; a ``SELECT txid_current()`` of its own would
+cost one more per transaction: benchmarks/README.md, db_work.py). The question goes on
+another connection: the one the COMMIT was cut off on is gone. The server may still be
+finishing that COMMIT when the question comes (``in progress``), so it is asked again,
+for a bounded time.
 """
 
 from __future__ import annotations

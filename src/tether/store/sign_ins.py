@@ -1,15 +1,16 @@
-"""Inbox sessions, server-side (migration 0008): a session is a row tied to the API key
-that opened it, so signing out, removing a user or rotating a key ends it at once. Only
-the SHA-256 of the cookie's session id is stored; expiry is judged by the database's clock.
+"""The inbox's sign-ins, server-side (migration 0008, table ``web_sessions``): a browser's
+session is a row tied to the API key that opened it, so signing out, removing a user or
+rotating a key ends it at once. Only the SHA-256 of the cookie's session id is stored;
+expiry is judged by the database's clock.
 """
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 
+from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
-from tether.store.clock import db_now
-from tether.store.schema import api_keys, web_sessions
+from tether.store.sql.schema import api_keys, web_sessions
 from tether.store.users import hash_if_valid
 
 _OWNER = sa.select(api_keys.c.user_id).where(api_keys.c.key_hash == sa.bindparam("b_key"))
@@ -27,8 +28,8 @@ _USER = sa.select(web_sessions.c.user_id).where(
 _END = web_sessions.delete().where(web_sessions.c.sid_hash == sa.bindparam("b_sid"))
 
 
-class Sessions(StoreBase):
-    """Opening, checking and ending inbox sessions."""
+class SignIns(StoreBase):
+    """Opening, checking and ending the inbox's sign-in sessions."""
 
     def open_session(self, key: str, sid_hash: str, ttl_s: float) -> str | None:
         """Open a session of ``key``'s user for ``ttl_s`` seconds; returns the user, or None
