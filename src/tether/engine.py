@@ -377,7 +377,7 @@ class Engine(DecisionMethods, AccountMethods, CreationMethods, ScheduleMethods):
 
     @opens
     async def counts_waiting(self) -> dict[str, int]:
-        """How many runs wait by why (reference §17): fleet-wide, their thread, their start
+        """How many runs wait by why (reference §13): fleet-wide, their thread, their start
         time, their user's cap (this engine's ``max_active_per_user``); in this process,
         the model's rate limit (``rate_limit``)."""
         cap = self._services.settings.max_active_per_user

@@ -82,7 +82,7 @@ class AccountMethods:
     @opens
     async def set_user(self, user: str, *, max_priority: int | None = None) -> None:
         """Change settings of ``user``: ``max_priority``, the highest priority they may ask
-        (-10 to 10; reference §17). ``invalid_input`` without a setting or for a bad one,
+        (-10 to 10; reference §13). ``invalid_input`` without a setting or for a bad one,
         ``not_found`` if there is no such user (or they were removed)."""
         inputs.user_id(user, "a user name")
         settings = _settings(max_priority)

@@ -1,4 +1,4 @@
-"""Schedules (reference §17): validating a cron expression and its timezone, the ticks it
+"""Schedules (reference §13): validating a cron expression and its timezone, the ticks it
 gives, the ``Engine``'s schedule methods, and firing the ticks that are due.
 
 A schedule's expression has the five standard fields (or ``@hourly``, ``@daily``,

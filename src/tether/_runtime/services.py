@@ -36,9 +36,9 @@ class Services:
     single_flight: InFlight = field(default_factory=InFlight)
     # Where the model's text goes as it is written (reference §16); None: nowhere.
     deltas: DeltaHub | None = None
-    # Set when this process adds a schedule, so its ticking wakes for it (reference §17).
+    # Set when this process adds a schedule, so its ticking wakes for it (reference §13).
     schedules_added: asyncio.Event = field(default_factory=asyncio.Event)
-    # The fleet's model rate (reference §17, ``rate_limit.py``); off: no limit, no cost.
+    # The fleet's model rate (reference §13, ``rate_limit.py``); off: no limit, no cost.
     limiter: RateLimiter = field(default_factory=RateLimiter.off)
     # The model requests in flight in this process, bounded by its event loop's lag
     # (``pacing.py``).

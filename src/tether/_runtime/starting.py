@@ -1,4 +1,4 @@
-"""The ``Engine``'s methods that create runs (reference §6, §14, §17): a question for a
+"""The ``Engine``'s methods that create runs (reference §6, §13, §14): a question for a
 user, in a new thread or as a follow-up, with limits, an ``Idempotency-Key``, a priority
 and a start time; validated, then created in one transaction (``creation.py``)."""
 
@@ -53,7 +53,7 @@ class CreationMethods:
 
         ``priority`` (-10 to 10, default 0) orders the claims, highest first; ``start_at``
         (an aware ``datetime`` or ISO-8601 with a UTC offset) keeps the run ``queued``
-        until then by the database's clock (reference §17)."""
+        until then by the database's clock (reference §13)."""
         given: dict[str, Any] = {"limits": limits, "route": route, "thread_id": thread_id}
         given.update(if_busy=if_busy, idempotency_key=idempotency_key)
         given.update(priority=priority, start_at=start_at)
