@@ -1,4 +1,4 @@
-"""What a claim costs while many runs wait (reference §17), with the defaults (no cap: the
+"""What a claim costs while many runs wait (reference §13), with the defaults (no cap: the
 fair pick, the user carrying the fewest runs first) and under ``TETHER_MAX_ACTIVE_PER_USER``,
 on PostgreSQL and on SQLite, against a claim with no run waiting but the one it takes.
 

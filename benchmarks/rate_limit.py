@@ -1,4 +1,4 @@
-"""The fleet's model rate (reference §17) on PostgreSQL, with the real 60 s window.
+"""The fleet's model rate (reference §13) on PostgreSQL, with the real 60 s window.
 
 2 ``tether worker`` processes (concurrency 50 each) share ``TETHER_MODEL_RPM`` (300 by
 default) and carry 500 one-step runs whose model is ``openai:bench``: the fake OpenAI

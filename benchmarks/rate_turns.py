@@ -1,5 +1,5 @@
 """One user's looping run against another user's one-step run under the fleet's model rate
-(reference §17): how long the second user's run takes to be answered.
+(reference §13): how long the second user's run takes to be answered.
 
 Two ``tether worker`` processes (``--concurrency 1`` each, so each carries one of the two
 runs and the share is decided across processes) under ``TETHER_MODEL_RPM`` (10) over a

@@ -1,4 +1,4 @@
-"""Schedules fleet-wide (reference §17), on PostgreSQL: ``--schedules`` (100) schedules
+"""Schedules fleet-wide (reference §13), on PostgreSQL: ``--schedules`` (100) schedules
 ``* * * * *`` due in the same minute, 3 ``tether worker`` processes racing for their
 ticks: each tick must start exactly one run.
 

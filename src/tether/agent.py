@@ -48,7 +48,7 @@ class Agent:
     # users); user id → key.
     users: Mapping[str, str] = field(default_factory=dict)
     # The highest priority those users may ask while an operator set them none (reference
-    # §17; the demo's: 10); None: TETHER_MAX_PRIORITY.
+    # §13; the demo's: 10); None: TETHER_MAX_PRIORITY.
     users_max_priority: int | None = None
     # What the agent needs running beside it while a process serves it (the demo starts
     # its sandbox when no URL is configured). Entered by ``serve``, ``worker`` and

@@ -93,12 +93,12 @@ class Settings:
     # token (TETHER_LOG_APPROVAL_LINKS). Off: the log names the run and the tool only.
     log_approval_links: bool = False
     # Runs of one user carried at once, fleet-wide (TETHER_MAX_ACTIVE_PER_USER, reference
-    # §17); None: no limit.
+    # §13); None: no limit.
     max_active_per_user: int | None = None
-    # The highest priority a user may ask (TETHER_MAX_PRIORITY, -10 to 10, reference §17),
+    # The highest priority a user may ask (TETHER_MAX_PRIORITY, -10 to 10, reference §13),
     # unless ``tether users add|set --max-priority`` gave them their own.
     max_priority: int = 0
-    # The model's requests and tokens per minute, fleet-wide (reference §17,
+    # The model's requests and tokens per minute, fleet-wide (reference §13,
     # TETHER_MODEL_RPM / TETHER_MODEL_TPM); None: no limit. ``model_rate_window_s`` is the
     # minute (TETHER_MODEL_RATE_WINDOW_S: for tests, which need a short one).
     model_rpm: int | None = None

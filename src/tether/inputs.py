@@ -70,7 +70,7 @@ def if_busy(value: Any) -> bool:
 IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,255}")
 
 
-# Claim order (reference §17): higher first.
+# Claim order (reference §13): higher first.
 PRIORITIES = range(-10, 11)
 
 
@@ -85,7 +85,7 @@ def priority(value: Any) -> int:
 
 
 def max_priority(value: Any) -> int:
-    """A user's priority bound (``--max-priority``, reference §17): a whole number from -10
+    """A user's priority bound (``--max-priority``, reference §13): a whole number from -10
     to 10."""
     if isinstance(value, bool) or not isinstance(value, int) or value not in PRIORITIES:
         raise InvalidInput("max priority must be a whole number from -10 to 10")

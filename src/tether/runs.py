@@ -207,7 +207,7 @@ class Run:
     base_count: int = 0
     # How many calls of the current suspension have no decision yet (reference §15).
     undecided: int = 0
-    # Flow control (reference §17): the claim order (higher first), when a ``queued`` run
+    # Flow control (reference §13): the claim order (higher first), when a ``queued`` run
     # may start (epoch seconds; None: at once), the schedule whose tick created it.
     priority: int = 0
     start_at: float | None = None

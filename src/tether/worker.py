@@ -177,7 +177,7 @@ class Worker:
 
     async def _idle_for(self) -> float:
         """How long an idle claim loop waits unless woken: its poll interval, or less when
-        a queued run's start time comes sooner (reference §17)."""
+        a queued run's start time comes sooner (reference §13)."""
         if self._free() <= 0:
             return self.poll_s
         try:
@@ -336,7 +336,7 @@ class Worker:
             await self._pause(self._runner.settings.reaper_interval_s)
 
     async def _schedules(self) -> None:
-        """Fire the schedules' due ticks (reference §17), then sleep until the next tick
+        """Fire the schedules' due ticks (reference §13), then sleep until the next tick
         by the database's clock, at most one reaper interval (a catch-up after downtime
         starts within one), or until this process adds a schedule."""
         added = self._runner.services.schedules_added

@@ -1,4 +1,4 @@
-"""The fleet's model rate with real processes (reference §17, §7): a ``tether worker`` dies
+"""The fleet's model rate with real processes (reference §13, §7): a ``tether worker`` dies
 holding model capacity (``after_rate_lease``: the slot leased, the model not called) and
 another worker process recovers the run, which gets capacity again once the dead worker's
 lease has left the window, and answers. Nothing waits forever for a slot nobody gives back.

@@ -1,4 +1,4 @@
-"""A schedule's tick with real processes (reference §17, §7): a ``tether worker`` killed
+"""A schedule's tick with real processes (reference §13, §7): a ``tether worker`` killed
 between the tick's claim and its run's INSERT (``after_tick_claim``) leaves neither (they
 are one transaction), and the next worker fires the tick: exactly one run, once."""
 

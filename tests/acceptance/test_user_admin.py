@@ -1,4 +1,4 @@
-"""The operator's ``tether users`` commands against real processes (reference §6, §17): a
+"""The operator's ``tether users`` commands against real processes (reference §6, §13): a
 user removed while a worker carries their run, whose next write is fenced; published keys
 an operator revoked that stay revoked across ``serve`` restarts and ``migrate``; and the
 priority bounds set by ``users add|set --max-priority``."""

@@ -1,4 +1,4 @@
-"""Richer decisions (reference §9, §13) through the Python API, on both backends: a decline's
+"""Richer decisions (reference §9) through the Python API, on both backends: a decline's
 reason reaches the model and every record of the decision; an approver's edit is
 validated before anything is claimed, re-rendered, executed only on the digest the
 approver saw, once, under the call's one key; previews never change anything; a

@@ -1,4 +1,4 @@
-"""Dry runs (reference §12, §13) through the Python API, on both backends: a dry run never
+"""Dry runs (reference §12) through the Python API, on both backends: a dry run never
 executes a write. Each write gets the call it would have made as its result, which the
 model sees next, and a ``skipped`` ledger entry after its intent; reads execute; a write
 that needs confirmation (always or by condition) does not suspend; skipped calls count as

@@ -1,4 +1,4 @@
-"""Fair claims without a cap (reference §17), on both backends: among waiting runs of equal
+"""Fair claims without a cap (reference §13), on both backends: among waiting runs of equal
 priority a claim takes the run of the user carrying the fewest runs, the oldest first
 among those; a batch spreads the same way, counting the runs it takes itself; priority
 still comes first. Through the store, each claim's order asserted (no timing)."""

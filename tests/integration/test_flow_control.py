@@ -1,4 +1,4 @@
-"""Flow control (reference §17) on both backends: claims by priority then age, runs that
+"""Flow control (reference §13) on both backends: claims by priority then age, runs that
 wait for their start time, and at most ``TETHER_MAX_ACTIVE_PER_USER`` runs of a user
 carried at once, with the users behind nobody's backlog; through the store, the API and
 the Python API."""

@@ -1,9 +1,10 @@
-"""Forks (reference §12, §13 "steps and forks") on both backends, in one process: the step
-boundary, what a fork copies and what it does not (budget, ledger, effects), its lineage and
-``forked`` event, the forks of a run, continuing a fork, a dry-run fork, the HTTP endpoint,
-and a run's page in the inbox with its lineage and its "fork from step K" form (which forks
-only on a signed-in POST with the session's CSRF token and shows the new run; a refused step
-says why (422) and forks nothing; a run that is not the viewer's is not found).
+"""Forks (reference §12, "Steps and the fork's boundary") on both backends, in one
+process: the step boundary, what a fork copies and what it does not (budget, ledger,
+effects), its lineage and ``forked`` event, the forks of a run, continuing a fork, a dry-run
+fork, the HTTP endpoint, and a run's page in the inbox with its lineage and its "fork from
+step K" form (which forks only on a signed-in POST with the session's CSRF token and shows
+the new run; a refused step says why (422) and forks nothing; a run that is not the
+viewer's is not found).
 
 No worker runs here: the tests carry runs with ``engine.run_until_stop``. The step boundary
 itself is tests/unit/test_fork_boundary.py; forks with real processes are

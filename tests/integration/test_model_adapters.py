@@ -513,7 +513,7 @@ def test_anthropic_without_key_or_base_url_is_a_config_error() -> None:
         AnthropicModel("claude-haiku-4-5")
 
 
-# reference §13: transient = 408, 409, 429, 5xx (529 included); permanent = every other 4xx.
+# reference §10: transient = 408, 409, 429, 5xx (529 included); permanent = every other 4xx.
 CLASSIFIED = [
     *((status, True) for status in (408, 409, 429, 500, 502, 503, 529)),
     *((status, False) for status in (400, 401, 403, 404, 422)),

@@ -1,4 +1,4 @@
-"""A model that is down (reference §10, §13), on both backends, through the real ``openai:`` and
+"""A model that is down (reference §10), on both backends, through the real ``openai:`` and
 ``anthropic:`` adapters talking HTTP to local fake servers made to fail.
 
 A transient failure hands the run back, unowned, with a delay and a ``model_retry`` event;

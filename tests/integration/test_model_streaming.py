@@ -3,7 +3,7 @@ servers that stream as each provider does (``tests/support/fakellm.py``).
 
 The text reaches ``on_text`` in pieces that join into the turn's content, tool calls are
 put back together from their pieces, usage comes from the end of the stream, and a stream
-that breaks off is a ``ModelError`` classified as §13 says: an error sent mid-stream is
+that breaks off is a ``ModelError`` classified as reference §10 says: an error sent mid-stream is
 transient unless it says the request is invalid; a dropped connection, a stall past the
 client's timeout and a stream that ends before its final event are transient.
 """

@@ -1,4 +1,4 @@
-"""How high a priority a user may ask (reference §17) on both backends: ``TETHER_MAX_PRIORITY``
+"""How high a priority a user may ask (reference §13) on both backends: ``TETHER_MAX_PRIORITY``
 (default 0) or the user's own bound (``tether users add|set --max-priority``); above it is
 ``invalid_input`` naming the bound, with nothing stored, wherever a priority enters (a new
 run over HTTP or in Python, a follow-up, a creation under an ``Idempotency-Key``); a lower

@@ -1,4 +1,4 @@
-"""The fleet's model rate (reference §17), on both backends: engines on one database share
+"""The fleet's model rate (reference §13), on both backends: engines on one database share
 ``TETHER_MODEL_RPM`` / ``TETHER_MODEL_TPM``, through the real ``openai:`` adapter talking
 HTTP to a fake server that records when each request arrived.
 

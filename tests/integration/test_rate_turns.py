@@ -1,4 +1,4 @@
-"""The fleet's model capacity given to users in turn (reference §17), on both backends: when
+"""The fleet's model capacity given to users in turn (reference §13), on both backends: when
 runs of several users wait, what frees goes to the user who used least of the window
 first, across limiters (each engine's, as each process has its own), and request starts
 are spread over the window, so one user's looping run cannot hold another's for a whole

@@ -1,4 +1,4 @@
-"""Schedules (reference §17) on both backends: the API (add, list, delete, another user's
+"""Schedules (reference §13) on both backends: the API (add, list, delete, another user's
 404, bad input 422 with nothing stored), each tick firing exactly one run however many
 workers race for it, one catch-up run after downtime with the missed ticks counted, and
 the worker's side task firing a due tick on its own."""

@@ -570,7 +570,7 @@ class RunMachine(RuleBasedStateMachine):
             carried = Counter(
                 r.user_id for r in listed.values() if r.state is RUNNING and r.owner is not None
             )
-            # The fair claim (reference §17): the user carrying the fewest runs first, then
+            # The fair claim (reference §13): the user carrying the fewest runs first, then
             # the run waiting longest.
             order = {i: (carried[listed[i].user_id], listed[i].updated_at) for i in ready}
             first = min(order.values())

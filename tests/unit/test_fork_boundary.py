@@ -1,5 +1,6 @@
-"""The step boundary of a fork (reference §13 "§12 steps and forks"): through step K is every
-message before the (K+1)-th assistant message, and K's calls must all have results."""
+"""The step boundary of a fork (reference §12, "Steps and the fork's boundary"): through
+step K is every message before the (K+1)-th assistant message, and K's calls must all have
+results."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The window arithmetic of the fleet's model rate (reference §17, ``store/model_rate.py``)
+"""The window arithmetic of the fleet's model rate (reference §13, ``store/model_rate.py``)
 and the limiter's coalescing (``_runtime/shared/model_rate_limiter.py``) on a SQLite store.
 
 A lease at ``a`` counts the requests leased over the window plus the slots' validity, so

@@ -39,6 +39,7 @@ _HEADING = re.compile(r"^## (\d+)\. \S", re.MULTILINE)
 _CODE = re.compile(r"`([^`]+)`")
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
 _OPTION = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
+_CITATION = re.compile(r"§\s?(\d+)")
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,29 @@ def test_the_reference_keeps_the_contracts_section_numbers_and_cites_nothing_out
     assert list(sections()) == list(SECTIONS)
     assert "SPEC" not in text
     assert "../" not in text and "/work/" not in text
+
+
+def test_every_section_the_code_and_the_docs_cite_exists() -> None:
+    # Docstrings, comments, templates and the docs cite "reference §N" (or "§N" beside
+    # it): a renumbered or removed section must take its citations with it.
+    root = REFERENCE.parents[1]
+    cited = [
+        root / "README.md",
+        root / "pyproject.toml",
+        *(
+            path
+            for folder in ("src", "tests", "docs", "benchmarks")
+            for path in sorted((root / folder).rglob("*"))
+            if path.suffix in {".py", ".md", ".html", ".js"}
+        ),
+    ]
+    wrong = [
+        f"{path.relative_to(root)}: §{number}"
+        for path in cited
+        for number in _CITATION.findall(path.read_text(encoding="utf-8"))
+        if int(number) not in SECTIONS
+    ]
+    assert wrong == [], f"citations of sections the reference does not have: {wrong}"
 
 
 # -- (a) errors -------------------------------------------------------------------------------

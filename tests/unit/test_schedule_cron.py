@@ -1,4 +1,4 @@
-"""Schedules' cron expressions and timezones (reference §17): what is accepted, the next
+"""Schedules' cron expressions and timezones (reference §13): what is accepted, the next
 tick in a timezone (across a daylight saving change), and ticks missed counted."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The JSON API's schedules (reference §17): the caller's cron schedules, added, listed
+"""The JSON API's schedules (reference §13): the caller's cron schedules, added, listed
 and deleted; each tick starts one run of the caller, fleet-wide."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ router = json_router()
 
 
 class ScheduleIn(BaseModel):
-    """A schedule (§17): each tick of ``cron`` starts a run of the caller asking ``question``."""
+    """A schedule (§13): each tick of ``cron`` starts a run of the caller asking ``question``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -39,7 +39,7 @@ class ScheduleCreatedOut(BaseModel):
 
 
 class ScheduleOut(BaseModel):
-    """A schedule (§17) with its next tick and what it fired."""
+    """A schedule (§13) with its next tick and what it fired."""
 
     id: str
     user_id: str

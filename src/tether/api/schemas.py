@@ -60,7 +60,7 @@ class StartRunIn(BaseModel):
     priority: Annotated[StrictInt, Field(ge=-10, le=10)] | None = Field(
         default=None,
         description="-10 to 10 (null or absent: 0): workers claim higher priorities first, "
-        "then the runs that waited longest (§17)",
+        "then the runs that waited longest (§13)",
     )
     start_at: str | None = Field(
         default=None,
@@ -226,7 +226,7 @@ class RunOut(BaseModel):
     )
     dry_run: bool = Field(default=False, description="a dry run never executes a write")
     thread_id: str = Field(description="the thread (conversation) the run belongs to (§14)")
-    priority: int = Field(default=0, description="claimed before lower priorities (§17)")
+    priority: int = Field(default=0, description="claimed before lower priorities (§13)")
     start_at: str | None = Field(default=None, description="ISO-8601, UTC; queued till then")
     schedule_id: str | None = Field(default=None, description="the schedule that made it")
     created_at: str = Field(description="ISO-8601, UTC")

@@ -1,4 +1,4 @@
-"""``tether schedules`` (reference §17): add, list and delete cron schedules. Operator
+"""``tether schedules`` (reference §13): add, list and delete cron schedules. Operator
 commands: ``add`` needs ``--as`` (a schedule runs as the user it belongs to); ``list``
 shows every user's schedules unless ``--as`` names one; ``delete`` acts as the
 schedule's owner unless ``--as`` names another. They use nothing but the ``Engine``."""

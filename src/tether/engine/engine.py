@@ -1,5 +1,5 @@
 """The ``Engine``: what an application calls to start runs, carry them to their next stop,
-decide them, act on them and read them back (reference §20, "The Python API"). One way
+decide them, act on them and read them back (reference §17, "The Python API"). One way
 for each task; the HTTP/inbox side is ``Engine.web``, the operator's is
 ``Engine.operator``, and a worker's plumbing is ``Engine.runner``.
 
@@ -185,7 +185,7 @@ class Engine:
 
         ``priority`` (-10 to 10, default 0) orders the claims, highest first; ``start_at``
         (an aware ``datetime`` or ISO-8601 with a UTC offset) keeps the run ``queued``
-        until then by the database's clock (reference §17)."""
+        until then by the database's clock (reference §13)."""
         given: dict[str, Any] = {"limits": limits, "route": route, "thread_id": thread_id}
         given.update(if_busy=if_busy, idempotency_key=idempotency_key)
         given.update(priority=priority, start_at=start_at)
@@ -392,7 +392,7 @@ class Engine:
         timezone_name: str = "UTC",
     ) -> ScheduleRecord:
         """A schedule of ``user``: each tick of ``cron_expression`` (in ``timezone_name``)
-        starts a run of ``user`` asking ``question`` with ``limits`` (reference §17).
+        starts a run of ``user`` asking ``question`` with ``limits`` (reference §13).
         ``invalid_input`` for a bad expression, timezone, question or limits (nothing is
         stored)."""
         return await schedules.add_schedule(

@@ -90,7 +90,7 @@ class Operator:
     @opens
     async def set_user(self, user: str, *, max_priority: int | None = None) -> None:
         """Change settings of ``user``: ``max_priority``, the highest priority they may ask
-        (-10 to 10; reference §17). ``invalid_input`` without a setting or for a bad one,
+        (-10 to 10; reference §13). ``invalid_input`` without a setting or for a bad one,
         ``not_found`` if there is no such user (or they were removed)."""
         inputs.user_id(user, "a user name")
         settings = _settings(max_priority)
@@ -178,7 +178,7 @@ class Operator:
 
     @opens
     async def counts_waiting(self) -> dict[str, int]:
-        """How many runs wait by why (reference §17): fleet-wide, their thread, their start
+        """How many runs wait by why (reference §13): fleet-wide, their thread, their start
         time, their user's cap (this engine's ``max_active_per_user``); in this process,
         the model's rate limit (``rate_limit``)."""
         cap = self._services.settings.max_active_per_user

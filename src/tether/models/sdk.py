@@ -67,7 +67,7 @@ def provider_message(body: object) -> str | None:
     return None
 
 
-# Statuses worth asking again later (reference §13): a request timeout, a conflict, rate
+# Statuses worth asking again later (reference §10): a request timeout, a conflict, rate
 # limiting, and any 5xx, Anthropic's 529 "overloaded" included. Every other 4xx says the
 # request itself is wrong (bad key, bad model, bad schema): the same request fails again.
 TRANSIENT_STATUSES = frozenset({408, 409, 429})
@@ -120,7 +120,7 @@ class SDKErrors:
 
 def model_error(exc: Exception, name: str, timeout_s: float, errors: SDKErrors) -> ModelError:
     """A ``ModelError`` naming the HTTP status and the provider's message, from what a call
-    raised, marked ``transient`` or not (reference §13). Timeouts, connection errors (a
+    raised, marked ``transient`` or not (reference §10). Timeouts, connection errors (a
     connection lost mid-stream too) and a stream cut short are transient; an error sent in
     the stream is transient unless its type says the request is wrong; a reply that cannot
     be read is not. This is the error of the whole call, after the SDK's own retries."""

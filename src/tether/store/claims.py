@@ -208,7 +208,7 @@ class Claims(StoreBase):
         (None: any) is decided; the caller tells a run of another version apart
         (``wrong_version``).
 
-        With ``cap`` (reference §17), the run's user's row of ``user_load`` is locked
+        With ``cap`` (reference §13), the run's user's row of ``user_load`` is locked
         first; when the user already has ``cap`` runs carried, the last decision leaves
         the run ready for a worker (running, no owner) instead of claiming it: the
         decision is recorded, and the worker that claims the run once a slot frees

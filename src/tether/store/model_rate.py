@@ -1,4 +1,4 @@
-"""The fleet's model rate (reference §17): leases of request starts and the tokens reported,
+"""The fleet's model rate (reference §13): leases of request starts and the tokens reported,
 by user, in ``model_usage``; the users whose runs wait, by limiter, in ``model_waits``;
 decided one at a time under the ``gates`` row ``model``.
 

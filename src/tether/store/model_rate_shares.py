@@ -1,4 +1,4 @@
-"""The arithmetic of the fleet's model rate (reference §17), as pure functions: how much
+"""The arithmetic of the fleet's model rate (reference §13), as pure functions: how much
 of the window is free, when more frees, how request starts are spread over the window,
 and how what is free is shared out among the users who wait for it.
 

@@ -1,4 +1,4 @@
-"""Schedules (reference §17): a cron expression in a timezone and the question each tick
+"""Schedules (reference §13): a cron expression in a timezone and the question each tick
 asks as the schedule's user, with the next tick due (``next_at``, the database's clock).
 
 A tick is claimed by a conditional UPDATE that moves ``next_at`` on from the value the
@@ -64,7 +64,7 @@ class ScheduleRecord:
     missed: int
 
     def to_json(self) -> dict[str, Any]:
-        """The schedule as the API shows it (reference §17), times ISO-8601 in UTC."""
+        """The schedule as the API shows it (reference §13), times ISO-8601 in UTC."""
         last = self.last_fired_at
         return {
             "id": self.id,

@@ -53,7 +53,7 @@ _NEXT_PLACE = (
     .returning(threads.c.runs)
 )
 # The run a busy thread waits on: the earliest running or suspended one, else the
-# earliest queued one (reference §18), read through the thread's busy-runs index.
+# earliest queued one (reference §14), read through the thread's busy-runs index.
 _WAITED_ON = (
     sa.select(runs.c.id)
     .where(runs.c.thread_id == sa.bindparam("b_thread"), state_in(BUSY))

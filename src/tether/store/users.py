@@ -100,7 +100,7 @@ def hash_if_valid(key: object) -> str | None:
 class UserSettings:
     """What an operator sets on a user (``tether users add|set``); None leaves it as is."""
 
-    # The highest priority the user may ask (-10 to 10; reference §17).
+    # The highest priority the user may ask (-10 to 10; reference §13).
     max_priority: int | None = None
 
     def changes(self) -> dict[str, Any]:

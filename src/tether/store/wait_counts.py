@@ -1,4 +1,4 @@
-"""Why runs wait (reference §17), counted fleet-wide for ``/metrics``: queued on their
+"""Why runs wait (reference §13), counted fleet-wide for ``/metrics``: queued on their
 thread, queued until their start time, and ready but held back by their user's cap
 (``TETHER_MAX_ACTIVE_PER_USER``). Each count reads its partial index or ``user_load``,
 never the finished runs."""

@@ -62,7 +62,7 @@ SCHEDULE_TICKS = Counter(
 )
 RATE_LIMITED_WAITS = Counter(
     "tether_rate_limited_waits",
-    "Model calls that waited for the fleet's model capacity (reference §17), by the limit "
+    "Model calls that waited for the fleet's model capacity (reference §13), by the limit "
     "that held them (rpm or tpm).",
     ["limit"],
     registry=REGISTRY,

@@ -60,7 +60,7 @@ async def start_run(
             given = limits.to_json() if isinstance(limits, Limits) else limits
             body = {"question": question, "limits": given, "thread_id": thread_id}
             body["if_busy"] = if_busy
-            # Named only when given, so a key's digest from before §17 still matches.
+            # Named only when given, so a digest from before priority and start_at still matches.
             body.update({name: value for name, value in order.items() if value})
         request = (inputs.idempotency_key(idempotency_key), json_digest(body))
     agent = services.agent

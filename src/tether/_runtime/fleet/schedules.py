@@ -1,4 +1,4 @@
-"""Schedules (reference §17): validating a cron expression and its timezone, the ticks it
+"""Schedules (reference §13): validating a cron expression and its timezone, the ticks it
 gives, adding, reading and deleting schedules (the Engine's schedule methods call these),
 and firing the ticks that are due.
 

@@ -1,4 +1,4 @@
-"""The fleet's model rate in one process (reference §17): ``TETHER_MODEL_RPM`` and
+"""The fleet's model rate in one process (reference §13): ``TETHER_MODEL_RPM`` and
 ``TETHER_MODEL_TPM``, one budget for every worker of the database.
 
 One limiter per engine. A run about to call the model ``acquire``s a slot for its user:

@@ -39,9 +39,9 @@ class Services:
     feed: Feed | None = None
     # Where the model's text goes as it is written (reference §16); None: nowhere.
     deltas: DeltaHub | None = None
-    # Set when this process adds a schedule, so its ticking wakes for it (reference §17).
+    # Set when this process adds a schedule, so its ticking wakes for it (reference §13).
     schedules_added: asyncio.Event = field(default_factory=asyncio.Event)
-    # The fleet's model rate (reference §17, ``model_rate_limiter.py``); off: no limit, no cost.
+    # The fleet's model rate (reference §13, ``model_rate_limiter.py``); off: no limit, no cost.
     limiter: RateLimiter = field(default_factory=RateLimiter.off)
     # The model requests in flight in this process, bounded by its event loop's lag
     # (``pacing.py``).

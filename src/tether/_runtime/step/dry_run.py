@@ -38,7 +38,7 @@ def would_call(call: ToolCall, args: BaseModel) -> dict[str, Any]:
 
 async def skip(session: RunSession, call: ToolCall, args: BaseModel) -> Outcome | None:
     """Store ``call``'s dry-run result, ledger ``skipped``, counted as a tool call
-    (reference §13: budgets bind a dry run as any other); halt instead when the budget is spent.
+    (reference §12: budgets bind a dry run as any other); halt instead when the budget is spent.
 
     Safe twice (a crash before its result is durable): nothing ran, so skipping it again
     stores the same result.

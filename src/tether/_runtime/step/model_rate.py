@@ -1,4 +1,4 @@
-"""A run's side of the fleet's model rate (reference §17): every model request of a run
+"""A run's side of the fleet's model rate (reference §13): every model request of a run
 (the step's call in ``loop.py``, a compaction's summary in ``compaction.py``) starts with
 ``model_capacity`` and reports its usage with ``model_ended``.
 

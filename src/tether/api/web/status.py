@@ -1,4 +1,4 @@
-"""What a run's state says to a person, after the state's name (reference §1, §17): when a
+"""What a run's state says to a person, after the state's name (reference §1, §13): when a
 queued run starts, why a halted or failed run stopped, who cancelled a run. A halt
 reason belongs to a halted run only: a run cancelled after it halted reads as cancelled."""
 

@@ -74,7 +74,7 @@ async def decide_all(request: Request, run_id: str) -> Response:
         "waiting": 0 if again else waiting or 0,
         "wrote": carried.wrote(answered),
     }
-    # Every call decided, yet none carried out: its user is at the cap (reference §17).
+    # Every call decided, yet none carried out: its user is at the cap (reference §13).
     context["held"] = last is not None and last.outcome is CallVerdict.RECORDED and not waiting
     back = await run_link(engine, run_id, session.user)
     return outcome(request, session, 200, "decisions", back=back, **context)

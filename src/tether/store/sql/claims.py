@@ -37,7 +37,7 @@ CLAIMED: dict[str, Any] = {
 _NOT_DELAYED = sa.or_(runs.c.ready_at.is_(None), runs.c.ready_at <= db_now())
 _READY = sa.and_(state_in([RUNNING]), runs.c.owner.is_(None), _NOT_DELAYED)
 
-# A queued run (reference §14, §17) starts once no earlier run of its thread is running,
+# A queued run (reference §13, §14) starts once no earlier run of its thread is running,
 # suspended or queued, and once its start time has come by the database's clock: its
 # claim re-checks both in the same conditional UPDATE, so it starts once, in its thread's
 # order, however many workers race for it.
@@ -53,7 +53,7 @@ _BLOCKED = (
 )
 _STARTED = sa.or_(runs.c.start_at.is_(None), runs.c.start_at <= db_now())
 _DUE = sa.and_(state_in([RunState.QUEUED]), ~_BLOCKED, _STARTED)
-# At most ``b_cap`` runs of a user carried at once (reference §17), by ``user_load``.
+# At most ``b_cap`` runs of a user carried at once (reference §13), by ``user_load``.
 CAP = sa.bindparam("b_cap", type_=sa.Integer)
 _UNDER_CAP = (
     sa.select(user_load.c.user_id)

@@ -116,7 +116,7 @@ runs = sa.Table(
     # migration 0011): each decision takes one off in the conditional UPDATE that records
     # it, and the one that takes the last claims the run in that same UPDATE.
     sa.Column("undecided", sa.Integer, nullable=False, server_default="0"),
-    # Flow control (reference §17, migration 0012): the claim order (higher first, then the
+    # Flow control (reference §13, migration 0012): the claim order (higher first, then the
     # oldest), the time of the database's clock before which the run stays ``queued``
     # (NULL: none), and the schedule whose tick created it (NULL: asked).
     sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
@@ -127,7 +127,7 @@ runs = sa.Table(
 # Partial indexes: the reaper, the worker queue, expiry and retention each scan only the
 # rows in their state, so their cost does not grow with the number of finished runs.
 _partial(runs, "runs_orphan_scan", "heartbeat_at", where=f"{_RUNNING} AND owner IS NOT NULL")
-# The claim's order (reference §17): by priority, highest first, then by age. A user's
+# The claim's order (reference §13): by priority, highest first, then by age. A user's
 # own ready runs in that order serve the claim past users at their cap (``user_load``).
 _READY = f"{_RUNNING} AND owner IS NULL"
 _CLAIM_ORDER = (runs.c.priority.desc(), runs.c.updated_at)
@@ -370,7 +370,7 @@ workers = sa.Table(
 )
 sa.Index("workers_version", workers.c.version, workers.c.heartbeat_at)
 
-# Per user (reference §17, migration 0012): how many runs a worker carries now (running
+# Per user (reference §13, migration 0012): how many runs a worker carries now (running
 # under an owner) and how many wait for one (running, no owner), kept by triggers on
 # ``runs`` (written in migration 0012) on every change of a run's state or owner,
 # whichever statement makes it, so no path can forget them. A claim under
@@ -385,7 +385,7 @@ user_load = sa.Table(
     sa.Column("ready", sa.Integer, nullable=False, server_default="0"),
 )
 
-# The model's requests and tokens, fleet-wide (reference §17, migrations 0012 and 0014):
+# The model's requests and tokens, fleet-wide (reference §13, migrations 0012 and 0014):
 # each row is a lease of ``requests`` request starts taken at ``at`` (the database's clock)
 # for the runs of ``user_id``, or the ``tokens`` that user's requests reported when they
 # ended at ``at``. The limiter sums the rows of the last minute, in all and by user;
@@ -401,7 +401,7 @@ model_usage = sa.Table(
 )
 sa.Index("model_usage_at", model_usage.c.at)
 
-# Who waits for the model's capacity, fleet-wide (reference §17, migration 0014): one row
+# Who waits for the model's capacity, fleet-wide (reference §13, migration 0014): one row
 # per limiter (``waiter``, a process's engine) and user whose runs it holds back now,
 # ``wanting`` request starts, waiting ``since``; good ``until`` a little after the limiter
 # was told to come back, so a limiter that died stops being owed capacity. A lease gives
@@ -424,7 +424,7 @@ gates = sa.Table(
     sa.Column("name", sa.String(32), primary_key=True),
 )
 
-# Schedules (reference §17, migration 0012): a cron expression in a timezone, the
+# Schedules (reference §13, migration 0012): a cron expression in a timezone, the
 # question each tick asks as the schedule's user, and the next tick due (epoch seconds).
 # A tick is claimed by moving ``next_at`` on in a conditional UPDATE, in the transaction
 # that creates its run, so each tick starts exactly one run, fleet-wide.

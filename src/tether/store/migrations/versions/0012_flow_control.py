@@ -1,4 +1,4 @@
-"""Flow control for a fleet (reference §17): priorities, delayed starts, a per-user cap,
+"""Flow control for a fleet (reference §13): priorities, delayed starts, a per-user cap,
 the model's rate limit shared by every worker, and schedules.
 
 ``runs`` gains ``priority`` (the claim takes the highest first, then the oldest: the

@@ -1,4 +1,4 @@
-"""Removed users, priority bounds and revoked keys (reference §6, §17).
+"""Removed users, priority bounds and revoked keys (reference §6, §13).
 
 ``users`` gains ``removed_at`` (a removed user's row is kept, so the name is not taken
 again until their data is erased) and ``max_priority`` (the highest priority the user may

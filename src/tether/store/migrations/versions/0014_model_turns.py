@@ -1,4 +1,4 @@
-"""The model's capacity shared out by user (reference §17): ``model_usage`` rows name the
+"""The model's capacity shared out by user (reference §13): ``model_usage`` rows name the
 user whose requests and tokens they count, and ``model_waits`` lists, fleet-wide, the
 users whose runs wait for capacity in each limiter, so a lease in any process gives the
 capacity that frees to the waiting user who used least of the window first.
