@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tether.budget import Budget, Limits
-from tether.reasons import FailReason, HaltReason
 
 
 class RunState(str, enum.Enum):
@@ -67,8 +66,6 @@ TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
 __all__ = [
     "TERMINAL",
     "TRANSITIONS",
-    "FailReason",
-    "HaltReason",
     "Lease",
     "Pending",
     "PendingCall",

@@ -117,10 +117,10 @@ def test_migration_0008_keeps_users_and_keys_and_adds_revocable_sessions(empty_u
         )
     upgrade(store.engine)
     assert store.user_for_key("tth_kept-key") == "dana"
-    assert store.open_session("tth_kept-key", hash_key("sid"), 3600) == "dana"
-    assert store.session_user(hash_key("sid")) == "dana"
+    assert store.open_sign_in("tth_kept-key", hash_key("sid"), 3600) == "dana"
+    assert store.sign_in_user(hash_key("sid")) == "dana"
     assert store.rotate_key("dana", "tth_new-key")
-    assert store.session_user(hash_key("sid")) is None
+    assert store.sign_in_user(hash_key("sid")) is None
     store.close()
 
 

@@ -49,10 +49,9 @@ from waiting import poll_until
 from tether.budget import Budget, Limits
 from tether.errors import LeaseLost
 from tether.models.base import Message
+from tether.reasons import FailReason, HaltReason
 from tether.runs import (
     TERMINAL,
-    FailReason,
-    HaltReason,
     Lease,
     Pending,
     Run,

@@ -15,7 +15,8 @@ from waiting import poll_until
 
 from tether.budget import Limits
 from tether.errors import IllegalTransition, InvalidInput, LeaseLost
-from tether.runs import FailReason, HaltReason, Lease, Pending, Run, RunState
+from tether.reasons import FailReason, HaltReason
+from tether.runs import Lease, Pending, Run, RunState
 from tether.store import Store, upkeep
 from tether.store.reads import _COUNT_BY_STATE
 from tether.store.sql import claims as claim_sql

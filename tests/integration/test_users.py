@@ -46,15 +46,15 @@ def test_removing_a_user_revokes_their_keys_and_sessions_and_keeps_their_name_ta
     store = Store(db_url)
     dana, eve = add_user(store, "dana"), add_user(store, "eve")
     add_user(store, "dana")  # a second key
-    assert store.open_session(dana, hash_key("s-dana"), 3600) == "dana"
-    assert store.open_session(eve, hash_key("s-eve"), 3600) == "eve"
-    assert store.open_session("tth_no_such_key", hash_key("s-x"), 3600) is None
+    assert store.open_sign_in(dana, hash_key("s-dana"), 3600) == "dana"
+    assert store.open_sign_in(eve, hash_key("s-eve"), 3600) == "eve"
+    assert store.open_sign_in("tth_no_such_key", hash_key("s-x"), 3600) is None
     assert [(u["name"], u["keys"]) for u in store.list_users()] == [("dana", 2), ("eve", 1)]
     removed = store.remove_user("dana")
     assert removed is not None and removed.keys_revoked == 2
     assert store.remove_user("dana") is None  # safe twice
-    assert store.user_for_key(dana) is None and store.session_user(hash_key("s-dana")) is None
-    assert store.session_user(hash_key("s-eve")) == "eve"
+    assert store.user_for_key(dana) is None and store.sign_in_user(hash_key("s-dana")) is None
+    assert store.sign_in_user(hash_key("s-eve")) == "eve"
     listed = {u["name"]: u for u in store.list_users()}
     assert listed["dana"]["removed_at"] is not None and listed["dana"]["keys"] == 0
     assert listed["eve"]["removed_at"] is None
@@ -113,10 +113,10 @@ def test_a_published_user_that_exists_gets_no_key_and_keeps_the_operators_bound(
 def test_rotating_a_key_revokes_every_old_key_and_its_sessions(db_url: str) -> None:
     store = Store(db_url)
     old = add_user(store, "eve")
-    store.open_session(old, hash_key("s-eve"), 3600)
+    store.open_sign_in(old, hash_key("s-eve"), 3600)
     assert store.rotate_key("eve", "tth_fresh-key") is True
     assert store.user_for_key(old) is None and store.user_for_key("tth_fresh-key") == "eve"
-    assert store.session_user(hash_key("s-eve")) is None
+    assert store.sign_in_user(hash_key("s-eve")) is None
     with pytest.raises(InvalidInput, match="revoked"):
         store.add_user("eve", old)  # for good
     assert store.user_for_key(old) is None
@@ -128,11 +128,11 @@ def test_rotating_a_key_revokes_every_old_key_and_its_sessions(db_url: str) -> N
 def test_a_session_ends_by_signing_out_or_expiring_on_the_databases_clock(db_url: str) -> None:
     store = Store(db_url)
     key = add_user(store, "dana")
-    store.open_session(key, hash_key("s-1"), 3600)
-    store.open_session(key, hash_key("s-2"), 3600)
-    store.open_session(key, hash_key("s-old"), -1)  # already past its expiry
-    store.end_session(hash_key("s-1"))
-    store.end_session(hash_key("s-1"))  # safe twice
-    alive = [store.session_user(hash_key(s)) for s in ("s-1", "s-2", "s-old")]
+    store.open_sign_in(key, hash_key("s-1"), 3600)
+    store.open_sign_in(key, hash_key("s-2"), 3600)
+    store.open_sign_in(key, hash_key("s-old"), -1)  # already past its expiry
+    store.end_sign_in(hash_key("s-1"))
+    store.end_sign_in(hash_key("s-1"))  # safe twice
+    alive = [store.sign_in_user(hash_key(s)) for s in ("s-1", "s-2", "s-old")]
     assert alive == [None, "dana", None]
     store.close()

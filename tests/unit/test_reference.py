@@ -15,7 +15,8 @@ import click
 from tether import errors, failpoints
 from tether.api.statuses import STATUS, status_for
 from tether.config import Settings
-from tether.runs import TERMINAL, TRANSITIONS, FailReason, HaltReason, RunState
+from tether.reasons import FailReason, HaltReason
+from tether.runs import TERMINAL, TRANSITIONS, RunState
 
 
 def cli_command() -> click.Group:

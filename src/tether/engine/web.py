@@ -63,7 +63,7 @@ class WebSide:
         if not isinstance(key, str) or not key:
             return None
         sid = secrets.token_urlsafe(24)
-        user = await hop(self._services.store.open_session, key, hash_key(sid), ttl_s)
+        user = await hop(self._services.store.open_sign_in, key, hash_key(sid), ttl_s)
         return None if user is None else (user, sid)
 
     @opens
@@ -72,13 +72,13 @@ class WebSide:
         removed."""
         if not isinstance(sid, str) or not sid or len(sid) > MAX_SID_CHARS:
             return None
-        return await hop(self._services.store.session_user, hash_key(sid))
+        return await hop(self._services.store.sign_in_user, hash_key(sid))
 
     @opens
     async def sign_out(self, sid: str) -> None:
         """End a sign-in: it no longer works, anywhere. Safe twice."""
         if isinstance(sid, str) and sid and len(sid) <= MAX_SID_CHARS:
-            await hop(self._services.store.end_session, hash_key(sid))
+            await hop(self._services.store.end_sign_in, hash_key(sid))
 
     # -- creating ----------------------------------------------------------------------------
 

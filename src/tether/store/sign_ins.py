@@ -31,7 +31,7 @@ _END = web_sessions.delete().where(web_sessions.c.sid_hash == sa.bindparam("b_si
 class SignIns(StoreBase):
     """Opening, checking and ending the inbox's sign-in sessions."""
 
-    def open_session(self, key: str, sid_hash: str, ttl_s: float) -> str | None:
+    def open_sign_in(self, key: str, sid_hash: str, ttl_s: float) -> str | None:
         """Open a session of ``key``'s user for ``ttl_s`` seconds; returns the user, or None
         (nothing written) when ``key`` is no key. Expired sessions are purged on the way."""
         key_hash = hash_if_valid(key)
@@ -46,13 +46,13 @@ class SignIns(StoreBase):
             conn.execute(_OPEN, params)
         return str(user)
 
-    def session_user(self, sid_hash: str) -> str | None:
+    def sign_in_user(self, sid_hash: str) -> str | None:
         """The user of a live session, or None (ended, expired, or its key removed)."""
         with self.engine.connect() as conn:
             user = conn.execute(_USER, {"b_sid": sid_hash}).scalar()
         return None if user is None else str(user)
 
-    def end_session(self, sid_hash: str) -> None:
+    def end_sign_in(self, sid_hash: str) -> None:
         """End one session (signing out). Safe twice: an ended session stays ended."""
         with self.engine.begin() as conn:
             conn.execute(_END, {"b_sid": sid_hash})

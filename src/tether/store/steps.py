@@ -14,7 +14,8 @@ from sqlalchemy.engine import Connection
 
 from tether.errors import LeaseLost
 from tether.models.base import Message
-from tether.runs import FailReason, HaltReason, Lease, Pending, iso
+from tether.reasons import FailReason, HaltReason
+from tether.runs import Lease, Pending, iso
 from tether.store.backend import faults
 from tether.store.base import StoreBase
 from tether.store.records import CallStatus

@@ -19,7 +19,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from tether.runs import HaltReason, Lease, Pending, PendingCall, Run, RunState, iso
+from tether.reasons import HaltReason
+from tether.runs import Lease, Pending, PendingCall, Run, RunState, iso
 from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
 from tether.store.records import Decision

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 
 import sqlalchemy as sa
 
-from tether.runs import HaltReason, PendingCall, Run, RunState
+from tether.reasons import HaltReason
+from tether.runs import PendingCall, Run, RunState
 from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
 from tether.store.sql.schema import RETAINED, decisions, pending_calls, runs

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from tether.api.web import apidocs, approvals, edits, inbox, live, runs, sessions, turns
+from tether.api.web import apidocs, approvals, edits, inbox, live, runs, sign_in, turns
 from tether.api.web.pages import templates
 
 router = APIRouter(include_in_schema=False)
-router.include_router(sessions.router)
+router.include_router(sign_in.router)
 router.include_router(inbox.router)
 router.include_router(runs.router)
 router.include_router(approvals.router)

@@ -24,15 +24,15 @@ from tether.api.web.pages import (
     sign_in_first,
     unknown_or_expired,
 )
-from tether.api.web.sessions import (
-    Session,
+from tether.api.web.shown import when
+from tether.api.web.sign_in import (
+    SignIn,
     acting,
     back_to,
     field,
     login_url,
-    session_of,
+    sign_in_of,
 )
-from tether.api.web.shown import when
 from tether.engine import Engine
 from tether.errors import (
     AlreadyResumed,
@@ -58,7 +58,7 @@ router = APIRouter(include_in_schema=False)
 @router.get("/approve/{token}")
 async def approval_page(request: Request, token: str) -> Response:
     """Shows the request behind an approval link. Never changes anything."""
-    session = await session_of(request)
+    session = await sign_in_of(request)
     if session is None:
         return message(
             request,
@@ -170,11 +170,11 @@ def _reason_and_arguments(form: Mapping[str, Any]) -> tuple[str | None, dict[str
     return reason, arguments
 
 
-def _invalid(request: Request, session: Session, exc: InvalidInput) -> Response:
+def _invalid(request: Request, session: SignIn, exc: InvalidInput) -> Response:
     return message(request, session, 422, "Invalid", exc.message, kind="refused")
 
 
-def _invalid_decision(request: Request, session: Session) -> Response:
+def _invalid_decision(request: Request, session: SignIn) -> Response:
     return message(
         request, session, 422, "Invalid decision", "Choose approve or decline.", kind="refused"
     )
@@ -187,7 +187,7 @@ Refusal = tuple[int, str, dict[str, Any]]
 
 async def _carry_out(
     request: Request,
-    session: Session,
+    session: SignIn,
     deciding: Awaitable[ApprovalResult],
     *,
     reason: str | None,
@@ -232,7 +232,7 @@ async def _carry_out(
 
 
 async def _refusal(
-    engine: Engine, session: Session, exc: TetherError, also: list[dict[str, Any]]
+    engine: Engine, session: SignIn, exc: TetherError, also: list[dict[str, Any]]
 ) -> Refusal:
     """Why a decision took no effect on its own call, as its page shows it, with the other
     calls of its turn its request carried out (``also``); an error no page explains is
@@ -290,7 +290,7 @@ def _iso_for_people(stamp: Any) -> str:
 
 
 async def _changed(
-    engine: Engine, session: Session, exc: Changed, also: list[dict[str, Any]]
+    engine: Engine, session: SignIn, exc: Changed, also: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """The diff side by side, and the new request (from the store, by its new token) with
     its own Approve / Decline form; with the calls of its turn carried out before it."""

@@ -28,8 +28,8 @@ from tether.api.web.pages import (
     undecided_call,
     unknown_or_expired,
 )
-from tether.api.web.sessions import (
-    Session,
+from tether.api.web.sign_in import (
+    SignIn,
     acting,
     back_to,
     field,
@@ -101,7 +101,7 @@ async def preview_from_inbox(request: Request, run_id: str) -> Response:
 
 async def _edited(
     request: Request,
-    session: Session,
+    session: SignIn,
     item: PendingView,
     form: Mapping[str, Any],
     previewing: Previewing,

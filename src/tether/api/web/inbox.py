@@ -17,8 +17,8 @@ from tether.api.statuses import status_for
 from tether.api.web import lineage, threads, timeline
 from tether.api.web.actions import actions_for
 from tether.api.web.pages import message, page, turn_view
-from tether.api.web.sessions import Session, acting, back_to, login_url, session_of
 from tether.api.web.shown import show
+from tether.api.web.sign_in import SignIn, acting, back_to, login_url, sign_in_of
 from tether.api.web.status import cancelled_by, state_note
 from tether.errors import InvalidInput, NotFound, TetherError
 from tether.models.base import Message
@@ -34,7 +34,7 @@ router = APIRouter(include_in_schema=False)
 @router.get("/")
 async def inbox(request: Request) -> Response:
     """The requests waiting on the signed-in user, soonest expiry first."""
-    session = await session_of(request)
+    session = await sign_in_of(request)
     if session is None:
         return RedirectResponse(login_url("/"), status_code=303)
     engine = engine_of(request)
@@ -60,7 +60,7 @@ async def run_page(request: Request, run_id: str) -> Response:
     forms that continue, cancel, fork and follow it up, timeline and messages; for an
     approver of its pending request, that request with the run's question and
     conversation."""
-    session = await session_of(request)
+    session = await sign_in_of(request)
     if session is None:
         return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)
     return await run_response(request, session, run_id)
@@ -88,7 +88,7 @@ async def fork(request: Request, run_id: str) -> Response:
 
 async def run_response(
     request: Request,
-    session: Session,
+    session: SignIn,
     run_id: str,
     *,
     status: int = 200,
@@ -136,7 +136,7 @@ async def run_response(
 
 
 async def _as_approver(
-    request: Request, session: Session, run_id: str, *, notice: str | None = None
+    request: Request, session: SignIn, run_id: str, *, notice: str | None = None
 ) -> Response:
     """The run behind a request the viewer may decide (not their own run): its question,
     conversation and the calls its turn waits on, and nothing they could act on but the
@@ -167,7 +167,7 @@ async def _as_approver(
     return page(request, "run.html", context, session=session)
 
 
-def no_such_run(request: Request, session: Session) -> Response:
+def no_such_run(request: Request, session: SignIn) -> Response:
     return message(request, session, 404, "Not found", "There is no such run.", kind="refused")
 
 

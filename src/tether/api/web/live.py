@@ -36,7 +36,7 @@ from tether.api.deps import engine_of, stream_slots_of
 from tether.api.stream import event_stream
 from tether.api.web.inbox import no_such_run
 from tether.api.web.pages import ASSETS, message
-from tether.api.web.sessions import Session, login_url, session_of
+from tether.api.web.sign_in import SignIn, login_url, sign_in_of
 from tether.engine import Engine
 from tether.errors import InvalidInput, NotFound, TooManyStreams
 
@@ -52,7 +52,7 @@ router = APIRouter(include_in_schema=False)
 async def run_live(request: Request, run_id: str, after: str | None = None) -> Response:
     """The owner's run as Server-Sent Events with its deltas (reference §11, §16), after
     ``Last-Event-ID`` (which wins) or ``?after=SEQ``."""
-    session = await session_of(request)
+    session = await sign_in_of(request)
     if session is None:
         return RedirectResponse(login_url(f"/runs/{run_id}"), status_code=303)
     last = request.headers.get("last-event-id")
@@ -78,7 +78,7 @@ async def lists_live(request: Request) -> Response:
     """A signal for each event stored from now on of the viewer's runs among those the
     ``run`` parameters name that are not terminal; the others are left out (a list names
     what it shows)."""
-    session = await session_of(request)
+    session = await sign_in_of(request)
     if session is None:
         return RedirectResponse(login_url("/"), status_code=303)
     engine = engine_of(request)
@@ -96,7 +96,7 @@ async def lists_live(request: Request) -> Response:
     return _held(request, session, stream)
 
 
-def _held(request: Request, session: Session, stream: Response) -> Response:
+def _held(request: Request, session: SignIn, stream: Response) -> Response:
     """``stream`` counted among the viewer's open streams (``tether.api.stream_slots``,
     shared with the API's); past the bound, a page that says so (``EventSource`` stops
     on it, and the page itself still works)."""

@@ -21,7 +21,7 @@ from tether.api.web.shown import time_left
 from tether.runs import Pending, Run, RunState
 
 if TYPE_CHECKING:
-    from tether.api.web.sessions import Session
+    from tether.api.web.sign_in import SignIn
 
 # The templates and the stylesheet live beside the API package.
 ASSETS = Path(__file__).parent.parent
@@ -242,7 +242,7 @@ def page(
     name: str,
     context: dict[str, Any],
     *,
-    session: Session | None,
+    session: SignIn | None,
     status: int = 200,
 ) -> Response:
     """A rendered page with the security headers every page carries."""
@@ -255,7 +255,7 @@ def page(
 
 def message(
     request: Request,
-    session: Session | None,
+    session: SignIn | None,
     status: int,
     title: str,
     text: str,
@@ -269,7 +269,7 @@ def message(
 
 
 def unknown_or_expired(
-    request: Request, session: Session | None, expired_run: str | None = None
+    request: Request, session: SignIn | None, expired_run: str | None = None
 ) -> Response:
     """The one answer for a token that is unknown, expired, or not the viewer's to see: it
     never reveals whether the run exists. Only to the owner of the run whose request
@@ -296,7 +296,7 @@ def unknown_or_expired(
     )
 
 
-def not_from_this_session(request: Request, session: Session) -> Response:
+def not_from_this_session(request: Request, session: SignIn) -> Response:
     return message(
         request,
         session,
@@ -320,7 +320,7 @@ def sign_in_first(request: Request, sign_in: str, nothing: str) -> Response:
     )
 
 
-def outcome(request: Request, session: Session, status: int, kind: str, **context: Any) -> Response:
+def outcome(request: Request, session: SignIn, status: int, kind: str, **context: Any) -> Response:
     """The page that reports what became of a decision (or why there was none); ``back``
     (a ``back.RunLink``) leads to its run."""
     context = {"outcome": kind, "back": None, **context}

@@ -17,7 +17,7 @@ from fastapi.responses import RedirectResponse, Response
 from tether.api.deps import engine_of
 from tether.api.web.inbox import no_such_run, run_response
 from tether.api.web.pages import message, page
-from tether.api.web.sessions import acting, back_to, field, login_url, session_of
+from tether.api.web.sign_in import acting, back_to, field, login_url, sign_in_of
 from tether.api.web.status import state_note
 from tether.api.web.threads import read_follow_up
 from tether.errors import AlreadyFinished, InvalidInput, NotFound, NotHalted, ThreadBusy
@@ -35,7 +35,7 @@ router = APIRouter(include_in_schema=False)
 async def runs(request: Request, state: str = "", after: str = "") -> Response:
     """The viewer's runs, newest first: all, or those in ``state``; ``after`` is the last
     run of the page before (the "next page" link carries it)."""
-    session = await session_of(request)
+    session = await sign_in_of(request)
     if session is None:
         query = f"?{request.url.query}" if request.url.query else ""
         return RedirectResponse(login_url(f"/runs{query}"), status_code=303)

@@ -20,7 +20,7 @@ from tether.api.web import carried
 from tether.api.web.back import run_link
 from tether.api.web.inbox import no_such_run
 from tether.api.web.pages import message, outcome
-from tether.api.web.sessions import acting, back_to, field
+from tether.api.web.sign_in import acting, back_to, field
 from tether.errors import InvalidInput, NotFound
 from tether.results import CallVerdict
 

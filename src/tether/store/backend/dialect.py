@@ -34,7 +34,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
 from tether.errors import ConfigError
-from tether.runs import FailReason, Run
+from tether.reasons import FailReason
+from tether.runs import Run
 from tether.store.backend.clock import db_now
 from tether.store.records import Decision
 from tether.store.sql.claims import (

@@ -15,7 +15,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tether.runs import BUSY, FailReason, RunState
+from tether.reasons import FailReason
+from tether.runs import BUSY, RunState
 from tether.store.backend.clock import db_now
 from tether.store.sql.schema import decisions, pending_calls, runs, user_load
 from tether.store.sql.served import SERVED

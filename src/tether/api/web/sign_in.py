@@ -40,7 +40,7 @@ router = APIRouter(include_in_schema=False)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Session:
+class SignIn:
     """A signed-in browser: the user, the session's random id, and its CSRF token."""
 
     user: str
@@ -82,7 +82,7 @@ def _session_cookie(secret: bytes, user: str, sid: str) -> str:
     return f"{payload}.{_mac(secret, 'session', payload)}"
 
 
-async def session_of(request: Request) -> Session | None:
+async def sign_in_of(request: Request) -> SignIn | None:
     """The session the request's cookie proves, or None (missing, forged, too old, signed
     out, or its key removed)."""
     cookie = request.cookies.get(SESSION_COOKIE, "")
@@ -101,7 +101,7 @@ async def session_of(request: Request) -> Session | None:
         return None
     if await engine_of(request).web.signed_in_user(sid) != user:
         return None
-    return Session(user=user, sid=sid, csrf=_mac(secret, "csrf", sid))
+    return SignIn(user=user, sid=sid, csrf=_mac(secret, "csrf", sid))
 
 
 # -- forms -------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def field(form: Mapping[str, Any], name: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-def acts(request: Request, session: Session | None, form: Mapping[str, Any]) -> bool:
+def acts(request: Request, session: SignIn | None, form: Mapping[str, Any]) -> bool:
     """Whether a POST may act: a session, its CSRF token, and not a cross-site request
     (``Sec-Fetch-Site``, where the browser sends it, as a second line of defence)."""
     if session is None:
@@ -139,11 +139,11 @@ def acts(request: Request, session: Session | None, form: Mapping[str, Any]) -> 
 
 async def acting(
     request: Request, signed_out: Callable[[], Response]
-) -> tuple[Session, Mapping[str, Any]] | Response:
+) -> tuple[SignIn, Mapping[str, Any]] | Response:
     """The session and posted form of a POST that may act (:func:`acts`), or the answer
     to give instead: ``signed_out()`` without a session, a refusal (403, nothing done)
     for a form not sent from the session's own page. Every acting form starts here."""
-    session = await session_of(request)
+    session = await sign_in_of(request)
     try:
         form = await posted(request)
     except InvalidInput as exc:
@@ -206,7 +206,7 @@ async def _login_page(
         "dev_users": sorted(engine_of(request).agent.users),
     }
     response = page(
-        request, "login.html", context, session=await session_of(request), status=status
+        request, "login.html", context, session=await sign_in_of(request), status=status
     )
     _set_cookie(request, response, LOGIN_COOKIE, nonce, max_age=LOGIN_MAX_AGE_S, path="/login")
     return response
@@ -282,7 +282,7 @@ async def _authenticate(engine: Engine, key: str, dev_user: str) -> tuple[str, s
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    session = await session_of(request)
+    session = await sign_in_of(request)
     try:
         form = await posted(request)
     except InvalidInput as exc:
