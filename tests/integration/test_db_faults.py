@@ -23,6 +23,7 @@ from typing import Any
 
 import agents
 import downstream
+import heartbeats
 import inprocess
 import pgproxy
 import psycopg
@@ -196,7 +197,9 @@ async def test_runs_finish_while_their_connections_are_killed(pg_url: str) -> No
         assert {o.kind for o in outcomes} <= {StopKind.ANSWERED, StopKind.ABANDONED}
         for run_id in [o.run_id for o in outcomes if o.kind is StopKind.ABANDONED]:
             await asyncio.to_thread(
-                poll_until, functools.partial(_stale, engine, run_id, 1.0), timeout=30
+                poll_until,
+                functools.partial(heartbeats.stale, engine._store, run_id, 1.0, reconnects=True),
+                timeout=30,
             )
         await engine._runner.recover_orphans()
         finals = [await engine.run_until_stop(r.id) for r in runs]
@@ -236,7 +239,9 @@ async def test_a_run_whose_database_stays_away_is_let_go_and_finished_after(
         reaper = inprocess.engine(pg_url, script_name="work", heartbeat_timeout_s=0.5)
         try:
             await asyncio.to_thread(
-                poll_until, lambda: _stale(engine, run.id), what="the run to go stale"
+                poll_until,
+                lambda: heartbeats.stale(engine._store, run.id, 0.6, reconnects=True),
+                what="the run to go stale",
             )
             recovered = await reaper._runner.recover_orphans()
             assert [o.run_id for o in recovered] == [run.id]
@@ -247,18 +252,6 @@ async def test_a_run_whose_database_stays_away_is_let_go_and_finished_after(
         assert (await engine.get_run(run.id)).run.fail_reason is None
     finally:
         engine.close()
-
-
-def _stale(engine: Engine, run_id: str, after_s: float = 0.6) -> bool:
-    try:
-        run = engine._store.get_run(run_id)
-    except sa.exc.OperationalError as exc:
-        # A direct store call (no ``hop``, so no retry) on a pooled connection that was
-        # killed while idle: the pool reconnects on the next poll.
-        assert exc.connection_invalidated
-        return False
-    assert run is not None
-    return engine._store.now() - (run.heartbeat_at or 0) > after_s
 
 
 # -- approvals and reconciliation ------------------------------------------------------------

@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 import downstream
+import heartbeats
 import inprocess
 import pytest
 from waiting import until
@@ -296,7 +297,7 @@ async def test_a_busy_worker_takes_orphans_before_new_runs(db_url: str) -> None:
     running: asyncio.Task[None] | None = None
     try:
         queued = [(await engine.start_run("dana", f"queued {i}")).id for i in range(8)]
-        await until(partial(_stale, engine, orphan, 0.4), what="the orphan stale")
+        await until(partial(heartbeats.owner_stale, engine, orphan, 0.4), what="the orphan stale")
         running = asyncio.create_task(worker.run())
         await until(lambda: all_in(engine, [orphan, *queued], "answered"), what="all answered")
         # Its one slot always wanted by the queue, the worker gave the first slot that
@@ -309,12 +310,6 @@ async def test_a_busy_worker_takes_orphans_before_new_runs(db_url: str) -> None:
         if running is not None:
             await asyncio.wait_for(running, timeout=30)
         engine.close()
-
-
-async def _stale(engine: Engine, run_id: str, seconds: float) -> bool:
-    run = (await engine.get_run(run_id)).run
-    assert run is not None and run.owner is not None
-    return await engine.now() - (run.heartbeat_at or 0) > seconds
 
 
 async def test_a_failed_start_is_released_without_spending_a_recovery_attempt(
