@@ -33,11 +33,9 @@ from agents import call
 from waiting import poll_until
 
 from conftest import PG_ADMIN_URL
-from tether import Agent, Reconciled, Scope, ScriptedModel, ToolContext, tool
+from tether import Agent, Reconciled, Scope, ToolContext, tool
 from tether._runtime.hop import hop
 from tether.budget import Limits
-from tether.config import Settings
-from tether.engine import Engine
 from tether.errors import DatabaseUnavailable
 from tether.notify import MemoryNotifier, Notice
 from tether.results import CallVerdict, StopKind
@@ -311,21 +309,19 @@ def gate() -> Iterator[dict[str, Any]]:
     _GATE.clear()
 
 
-def _engine(url: str, **settings: Any) -> tuple[Engine, MemoryNotifier]:
-    notifier = MemoryNotifier()
-    engine = Engine(
-        agent=_agent(),
-        model=ScriptedModel([{"tool_calls": [call("transfer", item="t")]}, {"content": "done"}]),
-        settings=Settings(database_url=url, **settings),
-        notifier=notifier,
-    )
-    return engine, notifier
+_TRANSFER: list[dict[str, Any]] = [
+    {"tool_calls": [call("transfer", item="t")]},
+    {"content": "done"},
+]
 
 
 async def test_an_approval_that_loses_its_run_says_the_decision_continues_elsewhere(
     db_url: str, gate: dict[str, Any]
 ) -> None:
-    engine, notifier = _engine(db_url, heartbeat_timeout_s=30)
+    notifier = MemoryNotifier()
+    engine = inprocess.engine_for(
+        db_url, _agent(), _TRANSFER, notifier=notifier, heartbeat_timeout_s=30
+    )
     try:
         suspended = await engine.ask("dana", "transfer")
         assert suspended.kind is StopKind.SUSPENDED
@@ -359,7 +355,10 @@ async def test_reconcile_waits_for_a_downstream_it_cannot_reach(
 ) -> None:
     gate.update(unreachable=2)
     downstream.inject_failure("transfer", "after_commit")
-    engine, notifier = _engine(db_url, reconcile_patience_s=30)
+    notifier = MemoryNotifier()
+    engine = inprocess.engine_for(
+        db_url, _agent(), _TRANSFER, notifier=notifier, reconcile_patience_s=30
+    )
     try:
         suspended = await engine.ask("dana", "transfer")
         result = await engine.resume_after_confirmation(notifier.last().token, "approve", "dana")
@@ -379,7 +378,10 @@ async def test_a_downstream_unreachable_past_the_patience_fails_the_run_and_says
 ) -> None:
     gate.update(unreachable=10_000)
     downstream.inject_failure("transfer", "after_commit")
-    engine, notifier = _engine(db_url, reconcile_patience_s=0.6)
+    notifier = MemoryNotifier()
+    engine = inprocess.engine_for(
+        db_url, _agent(), _TRANSFER, notifier=notifier, reconcile_patience_s=0.6
+    )
     try:
         suspended = await engine.ask("dana", "transfer")
         result = await engine.resume_after_confirmation(notifier.last().token, "approve", "dana")

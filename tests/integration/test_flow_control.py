@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import inprocess
 import pytest
 import sqlalchemy as sa
 from test_api import DANA, MIGUEL, _samples, fingerprint, refused, serving
 from test_store import new_run
-from test_worker import tiny_engine
 from waiting import until
 
 from tether import Engine, StopKind
@@ -278,7 +278,7 @@ async def test_metrics_count_the_waiting_runs_by_why(db_url: str) -> None:
 async def test_an_idle_worker_starts_a_run_when_its_start_time_comes_not_at_its_poll(
     db_url: str,
 ) -> None:
-    engine = tiny_engine(db_url)
+    engine = inprocess.tiny_engine(db_url)
     try:
         soon = datetime.now(UTC) + timedelta(seconds=1.5)
         run = await engine.start_run("dana", "q", start_at=soon)
