@@ -12,7 +12,7 @@ from typing import Any
 import inprocess
 import pytest
 import sqlalchemy as sa
-from test_api import DANA, MIGUEL, refused, serving
+from json_api import DANA, MIGUEL, refused, serving
 from waiting import until
 
 from tether import Engine
