@@ -30,12 +30,12 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from agents import call
+from store_runs import new_run
 from waiting import poll_until
 
 from conftest import PG_ADMIN_URL
 from tether import Agent, Reconciled, Scope, ToolContext, tool
 from tether._runtime.hop import hop
-from tether.budget import Limits
 from tether.errors import DatabaseUnavailable
 from tether.notify import MemoryNotifier, Notice
 from tether.results import CallVerdict, StopKind
@@ -101,18 +101,7 @@ async def test_a_step_write_cut_off_at_its_commit_is_retried_and_applied_once(
     ``test_a_step_write_cut_off_after_its_commit_landed_...``)."""
     store = Store(db_url, retry_s=30.0)
     try:
-        run_id = "r-commit-cut"
-        store.create_run(
-            run_id=run_id,
-            user_id="dana",
-            question="q",
-            route={},
-            limits=Limits(),
-            scope={},
-            versions={},
-            agent_version="t@1",
-            messages=[{"role": "user", "content": "q"}],
-        )
+        run_id = new_run(store)
         claimed = store.claim_ready("w1", run_id)
         assert claimed is not None
         seen = _fail_once(store.engine, "commit", _transient(db_url))
