@@ -1,4 +1,4 @@
-"""A follow-up in a real browser (the fixtures are tests/browser/conftest.py's): the owner
+"""A follow-up in a real browser (the fixtures are tests/support/inbox_browser.py's): the owner
 opens an answered run, asks a follow-up from its box, lands on the new run's page, which
 lists the thread with the earlier run linked and the new one marked, and once the run is
 carried (here by the test, with ``engine.run_until_stop``) the page shows its answer and
@@ -11,11 +11,14 @@ from collections.abc import Iterator
 
 import agents
 import pytest
-from inbox_browser import Served, off_loop, own_scripts_only, serving, shot, sign_in
+from inbox_browser import Served, browser, off_loop, own_scripts_only, page, serving, shot, sign_in
 from playwright.sync_api import Page, expect
 
 from tether import StopKind
 from tether.runs import RunState
+
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
+__all__ = ["browser", "page"]
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Hidden characters in a real browser (the fixtures are tests/browser/conftest.py's):
+"""Hidden characters in a real browser (the fixtures are tests/support/inbox_browser.py's):
 a payment whose account holds U+202E (a right-to-left override that makes
 ``acct-1234<RLO>9876-tcca`` read as ``acct-1234acct-6789``) is shown to the approver
 escaped, as ``\\u202e``, marked and with a warning, in the question, the preview, the
@@ -14,13 +14,19 @@ from inbox_browser import (
     SPOOF,
     Served,
     asked,
+    browser,
     own_scripts_only,
+    page,
+    payments,
     shot,
     sign_in,
 )
 from playwright.sync_api import Page, expect
 
 from tether.visible import has_hidden
+
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
+__all__ = ["browser", "page", "payments"]
 
 
 def nothing_hidden(page: Page) -> None:

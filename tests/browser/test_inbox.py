@@ -15,11 +15,25 @@ from typing import Any, Literal
 import agents
 import downstream
 import pytest
-from inbox_browser import Served, off_loop, own_scripts_only, serving, shot, sign_in
+from inbox_browser import (
+    Served,
+    browser,
+    halted,
+    off_loop,
+    own_scripts_only,
+    page,
+    served,
+    serving,
+    shot,
+    sign_in,
+)
 from playwright.sync_api import Page, expect
 from waiting import poll_until
 
 from tether import Agent, ScriptedModel, tool
+
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
+__all__ = ["browser", "halted", "page", "served"]
 
 
 def _ship_preview(args: Any, scope: Any) -> dict[str, Any]:

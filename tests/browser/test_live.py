@@ -1,5 +1,5 @@
 """The inbox follows a run live in a real browser (reference §16; the fixtures are
-tests/browser/conftest.py's): a run's page opened before the run is carried shows the
+tests/support/inbox_browser.py's): a run's page opened before the run is carried shows the
 model's text growing as it is written, then the approval form, without a reload; the
 list of runs shows a run's new state without a reload. A marker the test sets on the
 loaded page stays there: the page was never loaded again."""
@@ -13,11 +13,14 @@ import agents
 import downstream
 import processes
 import pytest
-from inbox_browser import Served, off_loop, own_scripts_only, serving, shot, sign_in
+from inbox_browser import Served, browser, off_loop, own_scripts_only, page, serving, shot, sign_in
 from playwright.sync_api import Page, expect
 from waiting import run_sync
 
 from tether import Outcome, ScriptedModel, StopKind
+
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
+__all__ = ["browser", "page"]
 
 TEXT = agents.SCRIPTS["streamed_send"][0]["content"]
 # Pieces of 4 code points, one every 50 ms: the page has a couple of seconds of writing.

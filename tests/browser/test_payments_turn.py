@@ -1,5 +1,5 @@
 """A turn of two payments whose previews read the balance they move (``payments.py``),
-approved all at once in a real browser (the fixtures are tests/browser/conftest.py's):
+approved all at once in a real browser (the fixtures are tests/support/inbox_browser.py's):
 the first is carried out, which changes what the second's preview reads, so the second is
 not carried out and waits for a new decision (reference §15, invariant 7). The result page
 says so call by call (the first carried out, the second changed, with what changed and
@@ -13,11 +13,14 @@ from collections.abc import Iterator
 import downstream
 import payments
 import pytest
-from inbox_browser import Served, off_loop, own_scripts_only, serving, shot, sign_in
+from inbox_browser import Served, browser, off_loop, own_scripts_only, page, serving, shot, sign_in
 from playwright.sync_api import Page, expect
 
 from tether import ScriptedModel, StopKind
 from tether.runs import RunState
+
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
+__all__ = ["browser", "page"]
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""A run's own actions in a real browser (the fixtures are tests/browser/conftest.py's):
+"""A run's own actions in a real browser (the fixtures are tests/support/inbox_browser.py's):
 the owner finds a halted run on the Runs page, sees the grant that continuing applies,
 continues it with a reason and then cancels it; an approver opens the run behind a
 request from its card, reads its conversation and decides it there, with nothing else to
@@ -7,10 +7,23 @@ act on."""
 from __future__ import annotations
 
 import downstream
-from inbox_browser import Served, off_loop, own_scripts_only, shot, sign_in
+from inbox_browser import (
+    Served,
+    browser,
+    halted,
+    off_loop,
+    own_scripts_only,
+    page,
+    served,
+    shot,
+    sign_in,
+)
 from playwright.sync_api import Page, expect
 
 from tether.runs import RunState
+
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
+__all__ = ["browser", "halted", "page", "served"]
 
 
 def test_the_owner_continues_a_halted_run_from_its_page_then_cancels_it(

@@ -1,6 +1,6 @@
 """A turn that asks for two sends (reference §6: one suspension waits on every call of the
 turn that needs a decision) in a real browser (the fixtures are tests/browser/
-conftest.py's): the run's page shows both calls, each with its own form, and a form that
+inbox_browser.py's): the run's page shows both calls, each with its own form, and a form that
 decides them all; one send approved and the other declined, on one page or call by call,
 and the run then shows the first sent and the second declined."""
 
@@ -11,11 +11,14 @@ from collections.abc import Iterator
 import agents
 import downstream
 import pytest
-from inbox_browser import Served, off_loop, own_scripts_only, serving, shot, sign_in
+from inbox_browser import Served, browser, off_loop, own_scripts_only, page, serving, shot, sign_in
 from playwright.sync_api import Page, expect
 
 from tether import StopKind
 from tether.runs import RunState
+
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
+__all__ = ["browser", "page"]
 
 
 @pytest.fixture

@@ -5,8 +5,10 @@ is started; signing in, screenshots, and the check that a page runs only the inb
 script. And a payments agent whose account hides a character (U+202E), for the tests of
 what an approver is shown of it.
 
-The fixtures built of these (``browser``, ``page``, ``served``, ``halted``,
-``payments``) are tests/browser/conftest.py's."""
+And the fixtures built of these: ``browser`` (one Chromium a module), ``page`` (a fresh
+context a test), ``served`` (the app for the test agent), ``halted`` (a run of it halted
+after its first step) and ``payments`` (the app for the payments agent). A test module
+imports those it uses by name, and lists them in ``__all__`` (pytest finds them there)."""
 
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ from typing import Any, TypeVar
 
 import agents
 import processes
+import pytest
 import uvicorn
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 from served import free_port
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from waiting import poll_until, run_sync
@@ -241,3 +244,57 @@ def asked(app: Served, question: str = QUESTION) -> str:
     outcome = off_loop(lambda: app.engine.ask("dana", question))
     assert outcome.kind is StopKind.SUSPENDED
     return outcome.run_id
+
+
+# -- fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One Chromium for the module; each test gets its own context (cookies, pages)."""
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: the browser tests drive Debian's Chromium. Install it with "
+            "`apt-get install chromium` (.ci/run does); Playwright's own download is not used."
+        )
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1100, "height": 900})
+    context.set_default_timeout(15_000)
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def served(sqlite_url: str) -> Iterator[Served]:
+    """The app for the test agent (its confirmed ``send`` takes one string, ``item``)."""
+    with serving(sqlite_url, agents.agent(), agents.script("send")) as app:
+        yield app
+
+
+@pytest.fixture
+def halted(sqlite_url: str) -> Iterator[tuple[Served, str]]:
+    """The app for the test agent, and dana's run halted after its first step (a read; its
+    script goes on with a write)."""
+    with serving(sqlite_url, agents.agent(), agents.script("work")) as app:
+        outcome = off_loop(lambda: app.engine.ask("dana", "go", limits={"max_steps": 1}))
+        assert outcome.kind is StopKind.HALTED
+        yield app, outcome.run_id
+
+
+@pytest.fixture
+def payments(sqlite_url: str) -> Iterator[Served]:
+    """The app for the payments agent, with dana (who asks) and boss (who decides)."""
+    with serving(sqlite_url, payments_agent(), payment_script()) as app:
+        app.keys["boss"] = off_loop(lambda: app.engine.add_user("boss"))
+        yield app
