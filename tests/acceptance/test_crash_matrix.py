@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import downstream
+import heartbeats
 import inprocess
 import processes
 import pytest
@@ -47,12 +48,6 @@ class Phases:
     messages: list[list[dict[str, object]]] = field(default_factory=list)
     budgets: list[tuple[int, float, int, int]] = field(default_factory=list)
     run_id: str = ""
-
-
-def _stale(store: Store, run: Run) -> bool:
-    current = store.get_run(run.id)
-    assert current is not None
-    return current.owner is None or store.now() - (current.heartbeat_at or 0) > 0.35
 
 
 def drive(
@@ -102,7 +97,10 @@ def drive(
             elif run.owner is None:
                 args = ["worker", "--exit-when-idle", "--no-reap"]
             else:
-                poll_until(functools.partial(_stale, store, run), what="a stale heartbeat")
+                poll_until(
+                    functools.partial(heartbeats.stale, store, run.id, unowned=True),
+                    what="a stale heartbeat",
+                )
                 args = ["reap"]
             proc = processes.tether(*args, env=env)
             seen.processes.append(f"{args[0]}:{proc.returncode}")
@@ -382,7 +380,9 @@ def test_a_paused_worker_cannot_write_after_the_reaper_took_its_run(db_url: str)
             working = Path(os.environ["KIT_EFFECTS_DB"] + ".working")
             poll_until(working.exists, what="the first tool at work")
             processes.pause_outside_a_write(worker, db_url)
-            poll_until(lambda: _stale(store, run), what="a stale heartbeat")
+            poll_until(
+                lambda: heartbeats.stale(store, run.id, unowned=True), what="a stale heartbeat"
+            )
             epoch_before = store.get_run(run.id).lease_epoch  # type: ignore[union-attr]
             reap = processes.tether("reap", env=env)
             assert reap.returncode == 0, reap.stderr

@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -203,9 +202,10 @@ async def test_the_demo_exits_non_zero_when_a_scene_goes_wrong(
     assert await asyncio.to_thread(story.main) == 1
 
 
-def test_tether_demo_exits_zero_well_within_a_minute() -> None:
+def test_tether_demo_exits_zero() -> None:
+    """``tether demo`` plays its story to the end; how long it takes (well within a
+    minute) is ``benchmarks/demo.py``'s to measure."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
-    started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "tether", "demo"],
         env=env,
@@ -215,9 +215,7 @@ def test_tether_demo_exits_zero_well_within_a_minute() -> None:
         timeout=120,
         check=False,
     )
-    elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert elapsed < 60
     # The first scene shows the model's text as it was written (its deltas), one line a step.
     assert "model: Let me find Henderson in the CRM first.\n" in done.stdout
 

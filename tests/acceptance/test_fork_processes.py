@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import downstream
+import heartbeats
 import httpx
 import inprocess
 import processes
@@ -232,7 +233,7 @@ def test_a_dry_write_left_at_after_intent_by_a_killed_worker_is_skipped_never_ru
     store = Store(db_url)
     try:
         assert [e.status for e in store.ledger(fork.id)][-1] is CallStatus.INTENT
-        poll_until(lambda: _stale(store, fork.id), what="a stale heartbeat")
+        poll_until(lambda: heartbeats.stale(store, fork.id, unowned=True), what="a stale heartbeat")
         reaped = processes.tether("reap", env=env)
         assert reaped.returncode == 0, reaped.stderr[-3000:]
         assert [e.status for e in store.ledger(fork.id)][-1] is CallStatus.SKIPPED
@@ -248,9 +249,3 @@ def test_a_dry_write_left_at_after_intent_by_a_killed_worker_is_skipped_never_ru
     finally:
         store.close()
     assert len(downstream.effects()) == 1  # the parent's write only
-
-
-def _stale(store: Store, run_id: str) -> bool:
-    run = store.get_run(run_id)
-    assert run is not None
-    return run.owner is None or store.now() - (run.heartbeat_at or 0) > 0.35

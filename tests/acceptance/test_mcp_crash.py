@@ -13,6 +13,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import heartbeats
 import mcp_agent
 import mcp_server
 import processes
@@ -92,16 +93,10 @@ def test_a_crash_after_the_mcp_write_committed_is_recovered_with_one_effect(
     assert [m["role"] for m in messages].count("tool") == 2
 
 
-def _stale(store: Store, run_id: str) -> bool:
-    run = store.get_run(run_id)
-    assert run is not None
-    return store.now() - (run.heartbeat_at or 0) > 0.35
-
-
 def _recover(store: Store, run_id: str, env: dict[str, str]) -> tuple[Run | None, list[Message]]:
     """Once the dead owner's heartbeat is stale: ``tether reap`` recovers the run (it
     reconciles the write) and a worker finishes it; the run and its messages then."""
-    poll_until(lambda: _stale(store, run_id), what="a stale heartbeat")
+    poll_until(lambda: heartbeats.stale(store, run_id), what="a stale heartbeat")
     reaped = tether("reap", env=env)
     assert reaped.returncode == 0, reaped.stderr[-3000:]
     assert run_id in json.loads(reaped.stdout)["recovered"]

@@ -20,6 +20,7 @@ from typing import Any
 
 import agents
 import downstream
+import heartbeats
 import processes
 import pytest
 from waiting import poll_until
@@ -77,12 +78,6 @@ def _tether(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
     )
 
 
-def _stale(store: Store, run_id: str) -> bool:
-    run = store.get_run(run_id)
-    assert run is not None
-    return store.now() - (run.heartbeat_at or 0) > 0.35
-
-
 @pytest.mark.parametrize("tool_name", ["hang_async", "hang_thread"])
 def test_a_crash_while_a_timed_out_write_is_reconciled_recovers_without_a_second_write(
     db_url: str, tool_name: str
@@ -99,7 +94,7 @@ def test_a_crash_while_a_timed_out_write_is_reconciled_recovers_without_a_second
         # It took effect once; nothing of what reconciling learnt was stored.
         assert [tool for _, tool, _ in downstream.effects()] == [tool_name]
         assert [e.status for e in store.ledger(run.id)] == [CallStatus.INTENT]
-        poll_until(lambda: _stale(store, run.id), what="a stale heartbeat")
+        poll_until(lambda: heartbeats.stale(store, run.id), what="a stale heartbeat")
         reap = _tether("reap", env=plain)
         assert reap.returncode == 0, reap.stderr[-3000:]
         assert json.loads(reap.stdout)["recovered"] == [run.id]

@@ -14,6 +14,7 @@ import functools
 import subprocess
 
 import downstream
+import heartbeats
 import otlp
 import processes
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -69,12 +70,6 @@ def _created(url: str, receiver: otlp.Receiver) -> Run:
         provider.shutdown()
 
 
-def _stale(store: Store, run_id: str) -> bool:
-    run = store.get_run(run_id)
-    assert run is not None
-    return store.now() - (run.heartbeat_at or 0) > 0.35
-
-
 def test_the_spans_of_a_crashed_worker_and_its_recovery_share_the_run_trace(db_url: str) -> None:
     store = Store(db_url)
     try:
@@ -88,7 +83,7 @@ def test_the_spans_of_a_crashed_worker_and_its_recovery_share_the_run_trace(db_u
                 env=_env(db_url, receiver, "crashed", **failpoint),
             )
             assert crashed.returncode == 137, crashed.stderr[-3000:]
-            poll_until(functools.partial(_stale, store, run.id), what="a stale heartbeat")
+            poll_until(functools.partial(heartbeats.stale, store, run.id), what="a stale heartbeat")
             reaped = _tether("reap", env=_env(db_url, receiver, "reaper"))
             assert reaped.returncode == 0, reaped.stderr[-3000:]
             finished = _tether(

@@ -1,5 +1,5 @@
 """No script from another origin runs on the inbox's origin (the fixtures are
-tests/browser/test_inbox.py's): the API's documentation page is our own, rendered on the
+tests/support/inbox_browser.py's): the API's documentation page is our own, rendered on the
 server from the OpenAPI document, and loads nothing from elsewhere; and every page
 carries a Content-Security-Policy under which Chromium refuses a script of another
 origin, even one a page tried to add."""
@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from inbox_browser import Served, browser, page, served, shot, sign_in
 from playwright.sync_api import Page, expect
 from served import free_port
-from test_inbox import Served, browser, page, served, shot, sign_in
 
-# test_inbox's fixtures, imported to be used here by name (pytest finds them in this module).
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
 __all__ = ["browser", "page", "served"]
 
 # Adds a <script> of ``src`` to the page; resolves "ran" if it ran, else "refused".

@@ -1,4 +1,4 @@
-"""A follow-up in a real browser (the fixtures are tests/browser/test_inbox.py's): the owner
+"""A follow-up in a real browser (the fixtures are tests/support/inbox_browser.py's): the owner
 opens an answered run, asks a follow-up from its box, lands on the new run's page, which
 lists the thread with the earlier run linked and the new one marked, and once the run is
 carried (here by the test, with ``engine.run_until_stop``) the page shows its answer and
@@ -11,22 +11,13 @@ from collections.abc import Iterator
 
 import agents
 import pytest
+from inbox_browser import Served, browser, off_loop, own_scripts_only, page, serving, shot, sign_in
 from playwright.sync_api import Page, expect
-from test_inbox import (
-    Served,
-    _serving,
-    browser,
-    off_loop,
-    own_scripts_only,
-    page,
-    shot,
-    sign_in,
-)
 
 from tether import StopKind
 from tether.runs import RunState
 
-# test_inbox's fixtures, imported to be used here by name (pytest finds them in this module).
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
 __all__ = ["browser", "page"]
 
 
@@ -34,7 +25,7 @@ __all__ = ["browser", "page"]
 def answering(sqlite_url: str) -> Iterator[Served]:
     """The app for the test agent whose model answers a thread's first question with
     "forty-two" and every follow-up with the script's final message."""
-    with _serving(sqlite_url, agents.agent(), agents.script("answer")) as app:
+    with serving(sqlite_url, agents.agent(), agents.script("answer")) as app:
         yield app
 
 

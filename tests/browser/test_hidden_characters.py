@@ -1,4 +1,4 @@
-"""Hidden characters in a real browser (the fixtures are tests/browser/test_inbox.py's):
+"""Hidden characters in a real browser (the fixtures are tests/support/inbox_browser.py's):
 a payment whose account holds U+202E (a right-to-left override that makes
 ``acct-1234<RLO>9876-tcca`` read as ``acct-1234acct-6789``) is shown to the approver
 escaped, as ``\\u202e``, marked and with a warning, in the question, the preview, the
@@ -8,65 +8,25 @@ what the page showed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
-import agents
-import pytest
+from inbox_browser import (
+    SHOWN,
+    SHOWN_QUESTION,
+    SPOOF,
+    Served,
+    asked,
+    browser,
+    own_scripts_only,
+    page,
+    payments,
+    shot,
+    sign_in,
+)
 from playwright.sync_api import Page, expect
-from test_inbox import Served, _serving, browser, off_loop, own_scripts_only, page, shot, sign_in
 
-from tether import Agent, ScriptedModel, StopKind, tool
 from tether.visible import has_hidden
 
-# test_inbox's fixtures, imported to be used here by name (pytest finds them in this module).
-__all__ = ["browser", "page"]
-
-SPOOF = "acct-1234\u202e9876-tcca"  # reads as acct-1234acct-6789 where it is not escaped
-SHOWN = "acct-1234\\u202e9876-tcca"
-QUESTION = f"Pay the March invoice to {SPOOF} (not a literal \\u202e)"
-SHOWN_QUESTION = "Pay the March invoice to acct-1234\\u202e9876-tcca (not a literal \\u202e)"
-
-
-def _pay_preview(args: Any, scope: Any) -> dict[str, Any]:
-    return {"account": args.account, "amount": args.amount}
-
-
-@tool(
-    effect="write",
-    needs_confirmation=True,
-    dedupes=True,
-    preview=_pay_preview,
-    approvers="others",
-)
-def pay(account: str, amount: int) -> dict[str, Any]:
-    """Pay an account (someone other than the run's owner decides it: four eyes)."""
-    return {"paid": account, "amount": amount}
-
-
-def payments_agent() -> Agent:
-    return Agent(name="payments", system_prompt="Pay.", tools=(pay,), resolve_scope=agents.resolve)
-
-
-def payment_script(account: str = SPOOF) -> ScriptedModel:
-    """Every run asks to pay ``account`` 40, then answers."""
-    call = {"name": "pay", "arguments": {"account": account, "amount": 40}}
-    return ScriptedModel([{"tool_calls": [call]}, {"content": "paid"}])
-
-
-@pytest.fixture
-def payments(sqlite_url: str) -> Iterator[Served]:
-    """The app for the payments agent, with dana (who asks) and boss (who decides)."""
-    with _serving(sqlite_url, payments_agent(), payment_script()) as app:
-        app.keys["boss"] = off_loop(lambda: app.engine.operator.add_user("boss"))
-        yield app
-
-
-def asked(app: Served, question: str = QUESTION) -> str:
-    """dana's run suspended on its payment."""
-    outcome = off_loop(lambda: app.engine.ask("dana", question))
-    assert outcome.kind is StopKind.SUSPENDED
-    return outcome.run_id
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
+__all__ = ["browser", "page", "payments"]
 
 
 def nothing_hidden(page: Page) -> None:

@@ -1,21 +1,31 @@
 """What a person reads on the inbox's pages, in a real browser (the fixtures are
-tests/browser/test_inbox.py's and test_hidden_characters.py's): every card says which
-run's question it serves, the runs page leads with the question, the timeline says what
-happened in words (its raw data folded away), a queued or cancelled run reads as what it
-is, and every page that answers a decision leads back to the run."""
+tests/support/inbox_browser.py's): every card says which run's question it serves, the runs
+page leads with the question, the timeline says what happened in words (its raw data
+folded away), a queued or cancelled run reads as what it is, and every page that answers
+a decision leads back to the run."""
 
 from __future__ import annotations
 
 import re
 
 import downstream
+from inbox_browser import (
+    Served,
+    asked,
+    browser,
+    halted,
+    off_loop,
+    page,
+    payments,
+    served,
+    shot,
+    sign_in,
+)
 from playwright.sync_api import Locator, Page, expect
-from test_hidden_characters import asked, payments
-from test_inbox import Served, browser, halted, off_loop, page, served, shot, sign_in
 
 from tether.runs import RunState
 
-# The fixtures of the modules imported, to be used here by name (pytest finds them here).
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
 __all__ = ["browser", "halted", "page", "payments", "served"]
 
 MARCH = "Pay the March invoice of Henderson"

@@ -1,5 +1,5 @@
 """The inbox follows a run live in a real browser (reference §16; the fixtures are
-tests/browser/test_inbox.py's): a run's page opened before the run is carried shows the
+tests/support/inbox_browser.py's): a run's page opened before the run is carried shows the
 model's text growing as it is written, then the approval form, without a reload; the
 list of runs shows a run's new state without a reload. A marker the test sets on the
 loaded page stays there: the page was never loaded again."""
@@ -13,13 +13,13 @@ import agents
 import downstream
 import processes
 import pytest
+from inbox_browser import Served, browser, off_loop, own_scripts_only, page, serving, shot, sign_in
 from playwright.sync_api import Page, expect
-from test_inbox import Served, _serving, browser, off_loop, own_scripts_only, page, shot, sign_in
 from waiting import run_sync
 
 from tether import Outcome, ScriptedModel, StopKind
 
-# test_inbox's fixtures, imported to be used here by name (pytest finds them in this module).
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
 __all__ = ["browser", "page"]
 
 TEXT = agents.SCRIPTS["streamed_send"][0]["content"]
@@ -42,7 +42,7 @@ def paced(sqlite_url: str) -> Iterator[Served]:
     """The app for the test agent, whose model writes a turn of text slowly, then asks
     for a ``send`` a human confirms."""
     model = ScriptedModel(agents.SCRIPTS["streamed_send"], stream=PACE)
-    with _serving(sqlite_url, agents.agent(), model) as app:
+    with serving(sqlite_url, agents.agent(), model) as app:
         yield app
 
 

@@ -1,5 +1,5 @@
 """A turn of two payments whose previews read the balance they move (``payments.py``),
-approved all at once in a real browser (the fixtures are tests/browser/test_inbox.py's):
+approved all at once in a real browser (the fixtures are tests/support/inbox_browser.py's):
 the first is carried out, which changes what the second's preview reads, so the second is
 not carried out and waits for a new decision (reference §15, invariant 7). The result page
 says so call by call (the first carried out, the second changed, with what changed and
@@ -13,13 +13,13 @@ from collections.abc import Iterator
 import downstream
 import payments
 import pytest
+from inbox_browser import Served, browser, off_loop, own_scripts_only, page, serving, shot, sign_in
 from playwright.sync_api import Page, expect
-from test_inbox import Served, _serving, browser, off_loop, own_scripts_only, page, shot, sign_in
 
 from tether import ScriptedModel, StopKind
 from tether.runs import RunState
 
-# test_inbox's fixtures, imported to be used here by name (pytest finds them in this module).
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
 __all__ = ["browser", "page"]
 
 
@@ -27,7 +27,7 @@ __all__ = ["browser", "page"]
 def pays(sqlite_url: str) -> Iterator[Served]:
     """The app for the payments agent playing a turn of two payments (30, then 20)."""
     model = ScriptedModel(payments.SCRIPTS["two_payments"])
-    with _serving(sqlite_url, payments.agent(), model) as app:
+    with serving(sqlite_url, payments.agent(), model) as app:
         yield app
 
 

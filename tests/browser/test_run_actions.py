@@ -1,4 +1,4 @@
-"""A run's own actions in a real browser (the fixtures are tests/browser/test_inbox.py's):
+"""A run's own actions in a real browser (the fixtures are tests/support/inbox_browser.py's):
 the owner finds a halted run on the Runs page, sees the grant that continuing applies,
 continues it with a reason and then cancels it; an approver opens the run behind a
 request from its card, reads its conversation and decides it there, with nothing else to
@@ -7,8 +7,7 @@ act on."""
 from __future__ import annotations
 
 import downstream
-from playwright.sync_api import Page, expect
-from test_inbox import (
+from inbox_browser import (
     Served,
     browser,
     halted,
@@ -19,10 +18,11 @@ from test_inbox import (
     shot,
     sign_in,
 )
+from playwright.sync_api import Page, expect
 
 from tether.runs import RunState
 
-# test_inbox's fixtures, imported to be used here by name (pytest finds them in this module).
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
 __all__ = ["browser", "halted", "page", "served"]
 
 

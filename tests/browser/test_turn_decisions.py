@@ -1,6 +1,6 @@
 """A turn that asks for two sends (reference §6: one suspension waits on every call of the
 turn that needs a decision) in a real browser (the fixtures are tests/browser/
-test_inbox.py's): the run's page shows both calls, each with its own form, and a form that
+inbox_browser.py's): the run's page shows both calls, each with its own form, and a form that
 decides them all; one send approved and the other declined, on one page or call by call,
 and the run then shows the first sent and the second declined."""
 
@@ -11,29 +11,20 @@ from collections.abc import Iterator
 import agents
 import downstream
 import pytest
+from inbox_browser import Served, browser, off_loop, own_scripts_only, page, serving, shot, sign_in
 from playwright.sync_api import Page, expect
-from test_inbox import (
-    Served,
-    _serving,
-    browser,
-    off_loop,
-    own_scripts_only,
-    page,
-    shot,
-    sign_in,
-)
 
 from tether import StopKind
 from tether.runs import RunState
 
-# test_inbox's fixtures, imported to be used here by name (pytest finds them in this module).
+# The fixtures of tests/support/inbox_browser.py this module uses (pytest finds them here).
 __all__ = ["browser", "page"]
 
 
 @pytest.fixture
 def turn(sqlite_url: str) -> Iterator[Served]:
     """The app for the test agent playing a turn of two sends with a read between them."""
-    with _serving(sqlite_url, agents.agent(), agents.script("two_sends")) as app:
+    with serving(sqlite_url, agents.agent(), agents.script("two_sends")) as app:
         yield app
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,110 +21,24 @@ import pytest
 import schemathesis
 from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
-from prometheus_client.parser import text_string_to_metric_families
+from json_api import (
+    BASE,
+    BOSS,
+    DANA,
+    ERROR_KEYS,
+    KEYS,
+    MIGUEL,
+    build_engine,
+    fingerprint,
+    refused,
+    samples,
+    serving,
+)
 from schemathesis.specs.openapi.checks import ignored_auth
 
 from tether import Engine, MemoryNotifier, StopKind
 from tether.api.app import create_app
 from tether.config import Settings
-
-BASE = "http://tether.test"
-BOSS_KEY = "key-of-the-boss"  # `boss` is an approver in the test agent's scope
-KEYS = {"dana": "key-of-dana", "miguel": "key-of-miguel", "boss": BOSS_KEY}
-DANA = {"Authorization": f"Bearer {KEYS['dana']}"}
-MIGUEL = {"Authorization": f"Bearer {KEYS['miguel']}"}
-BOSS = {"Authorization": f"Bearer {BOSS_KEY}"}
-ERROR_KEYS = {"ok", "error", "message"}
-
-
-@dataclass
-class Api:
-    engine: Engine
-    notifier: MemoryNotifier
-    client: httpx.AsyncClient
-
-    async def start(self, headers: dict[str, str] = DANA, **body: Any) -> str:
-        response = await self.client.post(
-            "/v1/runs", json={"question": "send b", **body}, headers=headers
-        )
-        assert response.status_code == 202, response.text
-        return str(response.json()["id"])
-
-    async def suspended(self) -> tuple[str, str]:
-        """A run of dana's suspended on its send, and the token of its notice."""
-        run_id = await self.start()
-        outcome = await self.engine.run_until_stop(run_id)
-        assert outcome.kind is StopKind.SUSPENDED
-        return run_id, self.notifier.last(run_id).token
-
-    async def run(self, run_id: str, headers: dict[str, str] = DANA) -> dict[str, Any]:
-        response = await self.client.get(f"/v1/runs/{run_id}", headers=headers)
-        assert response.status_code == 200, response.text
-        body: dict[str, Any] = response.json()
-        return body
-
-    async def decide(
-        self, token: str, decision: str = "approve", headers: dict[str, str] = DANA
-    ) -> httpx.Response:
-        return await self.client.post(
-            f"/v1/approvals/{token}", json={"decision": decision}, headers=headers
-        )
-
-
-async def build_engine(
-    url: str, script: str, notifier: MemoryNotifier, *, auth_max_failures: int = 10
-) -> Engine:
-    engine = Engine(
-        agent=agents.agent(),
-        model=agents.script(script),
-        settings=Settings(database_url=url, auth_max_failures=auth_max_failures),
-        notifier=notifier,
-    )
-    for user, key in KEYS.items():
-        await engine.operator.add_user(user, key)
-    return engine
-
-
-@asynccontextmanager
-async def serving(
-    url: str, script: str = "send", *, auth_max_failures: int = 10
-) -> AsyncIterator[Api]:
-    notifier = MemoryNotifier()
-    engine = await build_engine(url, script, notifier, auth_max_failures=auth_max_failures)
-    transport = httpx.ASGITransport(app=create_app(engine, public_url="http://tether.test"))
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://tether.test") as c:
-            yield Api(engine=engine, notifier=notifier, client=c)
-    finally:
-        engine.close()
-
-
-def refused(
-    response: httpx.Response, status: int, code: str, extras: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """Assert a refusal: its status, its code, and exactly the documented keys."""
-    assert response.status_code == status, response.text
-    body: dict[str, Any] = response.json()
-    assert set(body) == ERROR_KEYS | set(extras), body
-    assert body["ok"] is False and body["error"] == code, body
-    assert isinstance(body["message"], str) and body["message"], body
-    return body
-
-
-async def fingerprint(engine: Engine) -> list[tuple[Any, ...]]:
-    """Everything a request could change about the stored runs."""
-    return [
-        (
-            r.id,
-            r.state.value,
-            r.updated_at,
-            r.message_count,
-            r.lease_epoch,
-            r.owner,
-            len(await engine.events(r.id)),
-        )
-        for r in await engine.list_runs(None, limit=1000)
-    ]
 
 
 def parse_iso(text: str) -> datetime:
@@ -751,33 +663,24 @@ async def test_readyz_is_503_not_ready_when_the_database_is_unreachable() -> Non
 # -- metrics and wake-ups --------------------------------------------------------------------
 
 
-def _samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    return {
-        tuple(sorted(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == name
-    }
-
-
 async def test_metrics_count_runs_by_state_and_approvals_by_outcome(db_url: str) -> None:
     async with serving(db_url) as api:
         first = (await api.client.get("/metrics")).text
         executed = (("outcome", "executed"),)
-        approvals_before = _samples(first, "tether_approvals_total").get(executed, 0.0)
+        approvals_before = samples(first, "tether_approvals_total").get(executed, 0.0)
         _, token = await api.suspended()
         await api.start()
         response = await api.client.get("/metrics")
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/plain")
-        by_state = _samples(response.text, "tether_runs")
+        by_state = samples(response.text, "tether_runs")
         assert by_state[(("state", "suspended"),)] == 1
         assert by_state[(("state", "running"),)] == 1
         assert by_state[(("state", "answered"),)] == 0
         assert (await api.decide(token)).status_code == 200
         assert (await api.decide(token)).status_code == 409
         after = (await api.client.get("/metrics")).text
-        approvals = _samples(after, "tether_approvals_total")
+        approvals = samples(after, "tether_approvals_total")
         assert approvals[executed] == approvals_before + 1
         assert approvals[(("outcome", "already_resumed"),)] >= 1
         assert "tether_step_seconds_bucket" in after  # the histograms are exposed

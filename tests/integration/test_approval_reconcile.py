@@ -11,17 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import inprocess
 import pytest
 from agents import call
 
 from tether import (
     Agent,
-    Engine,
     MemoryNotifier,
     OutcomeUnknown,
     Reconciled,
-    ScriptedModel,
-    Settings,
     StopKind,
     ToolContext,
     tool,
@@ -47,7 +45,15 @@ class Downstream:
         return Reconciled.found({"sent": sent[0]}) if sent else Reconciled.absent()
 
 
-def _engine(url: str, d: Downstream, notifier: MemoryNotifier) -> Engine:
+# The lost send, then the answer; a patience the request must not wait out, and its own
+# bound, short.
+_TURNS: list[dict[str, Any]] = [{"tool_calls": [call("send", to="ana")]}, {"content": "sent"}]
+_PATIENCE = {"reconcile_patience_s": 3.0, "approval_reconcile_s": 0.2}
+
+
+def _lossy(d: Downstream) -> Agent:
+    """An agent whose one write, a send a human confirms, loses its answer."""
+
     def preview(args: Any, scope: Any) -> dict[str, Any]:
         return {"to": args.to}
 
@@ -57,13 +63,7 @@ def _engine(url: str, d: Downstream, notifier: MemoryNotifier) -> Engine:
         d.sends.setdefault(ctx.idempotency_key, []).append(to)
         raise OutcomeUnknown("the send's answer was lost")
 
-    return Engine(
-        agent=Agent(name="lossy", system_prompt="test", tools=(send,)),
-        model=ScriptedModel([{"tool_calls": [call("send", to="ana")]}, {"content": "sent"}]),
-        # A patience the request must not wait out; its own bound, short.
-        settings=Settings(database_url=url, reconcile_patience_s=3.0, approval_reconcile_s=0.2),
-        notifier=notifier,
-    )
+    return Agent(name="lossy", system_prompt="test", tools=(send,))
 
 
 async def test_a_lost_send_whose_lookup_fails_answers_reconciling_and_a_reaper_finishes_it(
@@ -71,7 +71,7 @@ async def test_a_lost_send_whose_lookup_fails_answers_reconciling_and_a_reaper_f
 ) -> None:
     d = Downstream()
     notifier = MemoryNotifier()
-    engine = _engine(db_url, d, notifier)
+    engine = inprocess.engine_for(db_url, _lossy(d), _TURNS, notifier=notifier, **_PATIENCE)
     try:
         asked = await engine.ask("dana", "send it")
         assert asked.kind is StopKind.SUSPENDED
@@ -104,7 +104,9 @@ async def test_a_lost_send_whose_lookup_fails_answers_reconciling_and_a_reaper_f
 
 async def test_over_http_and_on_the_approval_page_the_answer_is_reconciling(db_url: str) -> None:
     notifier = MemoryNotifier()
-    engine = _engine(db_url, Downstream(), notifier)
+    engine = inprocess.engine_for(
+        db_url, _lossy(Downstream()), _TURNS, notifier=notifier, **_PATIENCE
+    )
     key = await engine.operator.add_user("dana")
     transport = httpx.ASGITransport(app=create_app(engine, public_url="http://tether.test"))
     try:

@@ -15,6 +15,7 @@ import asyncio
 import json
 from typing import Any
 
+import inprocess
 import pytest
 import sqlalchemy as sa
 from agents import call
@@ -23,10 +24,7 @@ from waiting import until
 from tether import (
     Agent,
     Engine,
-    MemoryNotifier,
     Reconciled,
-    ScriptedModel,
-    Settings,
     StopKind,
     ToolContext,
     tool,
@@ -123,15 +121,6 @@ def _agent(calls: Calls) -> Agent:
     return Agent(name="concurrent", system_prompt="test", tools=tools)
 
 
-def _engine(url: str, turns: list[dict[str, Any]], calls: Calls, **settings: Any) -> Engine:
-    return Engine(
-        agent=_agent(calls),
-        model=ScriptedModel(turns),
-        settings=Settings(database_url=url, **settings),
-        notifier=MemoryNotifier(),
-    )
-
-
 def _turns(*calls_: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"tool_calls": list(calls_)}, {"content": "done"}]
 
@@ -154,7 +143,7 @@ async def test_a_concurrent_write_and_a_read_run_at_the_same_time(db_url: str) -
         call("look", label="r", wait_for="start:w"),
         call("tally", label="w", wait_for="start:r"),
     )
-    outcome, view = await _ask(_engine(db_url, turns, calls))
+    outcome, view = await _ask(inprocess.engine_for(db_url, _agent(calls), turns))
     assert outcome.kind is StopKind.ANSWERED
     # Each waited until the other had started: both met, so they overlapped.
     assert _results(view.messages) == [{"name": "r", "met": True}, {"name": "w", "met": True}]
@@ -170,7 +159,7 @@ async def test_a_plain_write_runs_alone_between_the_calls_around_it(db_url: str)
         call("look", label="c"),
         call("tally", label="d"),
     )
-    outcome, view = await _ask(_engine(db_url, turns, calls))
+    outcome, view = await _ask(inprocess.engine_for(db_url, _agent(calls), turns))
     assert outcome.kind is StopKind.ANSWERED
     assert [r["name"] for r in _results(view.messages)] == ["a", "b", "p", "c", "d"]
     p_start, p_end = calls.log.index("start:p"), calls.log.index("end:p")
@@ -185,7 +174,7 @@ async def test_results_are_stored_in_call_order_when_a_later_call_ends_first(db_
         call("stamp", label="first", wait_for="end:second"),
         call("look", label="second"),
     )
-    outcome, view = await _ask(_engine(db_url, turns, calls))
+    outcome, view = await _ask(inprocess.engine_for(db_url, _agent(calls), turns))
     assert outcome.kind is StopKind.ANSWERED
     assert calls.log.index("end:second") < calls.log.index("end:first")
     assert [r["name"] for r in _results(view.messages)] == ["first", "second"]
@@ -195,7 +184,7 @@ async def test_results_are_stored_in_call_order_when_a_later_call_ends_first(db_
 async def test_a_failing_read_is_a_tool_error_and_the_other_results_are_kept(db_url: str) -> None:
     calls = Calls()
     turns = _turns(call("tally", label="a"), call("boom"), call("look", label="b"))
-    engine = _engine(db_url, turns, calls)
+    engine = inprocess.engine_for(db_url, _agent(calls), turns)
     try:
         outcome = await engine.ask("dana", "go")
         view = await engine.get_run(outcome.run_id)
@@ -215,7 +204,7 @@ async def test_a_write_that_raises_is_reconciled_by_its_key(db_url: str, grouped
     calls = Calls()
     write = call("flaky" if grouped else "flaky_alone", label="x")
     turns = _turns(write, call("look", label="y")) if grouped else _turns(write)
-    engine = _engine(db_url, turns, calls)
+    engine = inprocess.engine_for(db_url, _agent(calls), turns)
     try:
         outcome = await engine.ask("dana", "go")
         view = await engine.get_run(outcome.run_id)
@@ -235,7 +224,9 @@ async def test_a_dry_runs_concurrent_write_gets_its_would_call_and_never_runs(
     db_url: str,
 ) -> None:
     calls = Calls()
-    engine = _engine(db_url, _turns(call("tally", label="w"), call("look", label="r")), calls)
+    engine = inprocess.engine_for(
+        db_url, _agent(calls), _turns(call("tally", label="w"), call("look", label="r"))
+    )
     try:
         run = await engine.start_run("dana", "go")
         with engine.runner.store.engine.begin() as conn:
@@ -261,7 +252,9 @@ async def test_a_dry_runs_concurrent_write_gets_its_would_call_and_never_runs(
 async def test_a_group_the_tool_call_budget_could_stop_runs_one_at_a_time(db_url: str) -> None:
     calls = Calls()
     turns = _turns(call("tally", label="a"), call("look", label="b"), call("stamp", label="c"))
-    outcome, view = await _ask(_engine(db_url, turns, calls), limits={"max_tool_calls": 2})
+    outcome, view = await _ask(
+        inprocess.engine_for(db_url, _agent(calls), turns), limits={"max_tool_calls": 2}
+    )
     assert outcome.kind is StopKind.HALTED and outcome.reason == "max_tool_calls"
     assert [r["name"] for r in _results(view.messages)] == ["a", "b"]
     assert calls.log == ["start:a", "end:a", "start:b", "end:b"]  # in order, never beside
@@ -276,7 +269,7 @@ async def test_after_a_crash_with_a_groups_writes_committed_each_is_reconciled_b
         call("look", label="r"),
         call("stamp", label="s", wait_for="start:t"),
     )
-    crasher = _engine(db_url, turns, calls)
+    crasher = inprocess.engine_for(db_url, _agent(calls), turns)
     try:
         run = await crasher.start_run("dana", "go")
         set_failpoint("after_tool_commit", "error", tool="stamp")
@@ -286,7 +279,7 @@ async def test_after_a_crash_with_a_groups_writes_committed_each_is_reconciled_b
         clear_failpoints()
         crasher.close()
     assert len(calls.effects) == 2  # both writes committed downstream
-    reaper = _engine(db_url, turns, calls, heartbeat_timeout_s=0.2)
+    reaper = inprocess.engine_for(db_url, _agent(calls), turns, heartbeat_timeout_s=0.2)
     try:
         assert _results((await reaper.get_run(run.id)).messages) == []  # none stored
         await until(reaper.runner.recover_orphans, interval=0.05, what="an orphan recovered")

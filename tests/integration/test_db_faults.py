@@ -23,20 +23,19 @@ from typing import Any
 
 import agents
 import downstream
+import heartbeats
 import inprocess
 import pgproxy
 import psycopg
 import pytest
 import sqlalchemy as sa
 from agents import call
+from store_runs import new_run
 from waiting import poll_until
 
 from conftest import PG_ADMIN_URL
-from tether import Agent, Reconciled, Scope, ScriptedModel, ToolContext, tool
+from tether import Agent, Reconciled, Scope, ToolContext, tool
 from tether._runtime.hop import hop
-from tether.budget import Limits
-from tether.config import Settings
-from tether.engine import Engine
 from tether.errors import DatabaseUnavailable
 from tether.notify import MemoryNotifier, Notice
 from tether.results import CallVerdict, StopKind
@@ -102,18 +101,7 @@ async def test_a_step_write_cut_off_at_its_commit_is_retried_and_applied_once(
     ``test_a_step_write_cut_off_after_its_commit_landed_...``)."""
     store = Store(db_url, retry_s=30.0)
     try:
-        run_id = "r-commit-cut"
-        store.create_run(
-            run_id=run_id,
-            user_id="dana",
-            question="q",
-            route={},
-            limits=Limits(),
-            scope={},
-            versions={},
-            agent_version="t@1",
-            messages=[{"role": "user", "content": "q"}],
-        )
+        run_id = new_run(store)
         claimed = store.claim_ready("w1", run_id)
         assert claimed is not None
         seen = _fail_once(store.engine, "commit", _transient(db_url))
@@ -196,7 +184,11 @@ async def test_runs_finish_while_their_connections_are_killed(pg_url: str) -> No
         assert {o.kind for o in outcomes} <= {StopKind.ANSWERED, StopKind.ABANDONED}
         for run_id in [o.run_id for o in outcomes if o.kind is StopKind.ABANDONED]:
             await asyncio.to_thread(
-                poll_until, functools.partial(_stale, engine, run_id, 1.0), timeout=30
+                poll_until,
+                functools.partial(
+                    heartbeats.stale, engine.runner.store, run_id, 1.0, reconnects=True
+                ),
+                timeout=30,
             )
         await engine.runner.recover_orphans()
         finals = [await engine.run_until_stop(r.id) for r in runs]
@@ -236,7 +228,9 @@ async def test_a_run_whose_database_stays_away_is_let_go_and_finished_after(
         reaper = inprocess.engine(pg_url, script_name="work", heartbeat_timeout_s=0.5)
         try:
             await asyncio.to_thread(
-                poll_until, lambda: _stale(engine, run.id), what="the run to go stale"
+                poll_until,
+                lambda: heartbeats.stale(engine.runner.store, run.id, 0.6, reconnects=True),
+                what="the run to go stale",
             )
             recovered = await reaper.runner.recover_orphans()
             assert [o.run_id for o in recovered] == [run.id]
@@ -247,18 +241,6 @@ async def test_a_run_whose_database_stays_away_is_let_go_and_finished_after(
         assert (await engine.get_run(run.id)).run.fail_reason is None
     finally:
         engine.close()
-
-
-def _stale(engine: Engine, run_id: str, after_s: float = 0.6) -> bool:
-    try:
-        run = engine.runner.store.get_run(run_id)
-    except sa.exc.OperationalError as exc:
-        # A direct store call (no ``hop``, so no retry) on a pooled connection that was
-        # killed while idle: the pool reconnects on the next poll.
-        assert exc.connection_invalidated
-        return False
-    assert run is not None
-    return engine.runner.store.now() - (run.heartbeat_at or 0) > after_s
 
 
 # -- approvals and reconciliation ------------------------------------------------------------
@@ -318,21 +300,19 @@ def gate() -> Iterator[dict[str, Any]]:
     _GATE.clear()
 
 
-def _engine(url: str, **settings: Any) -> tuple[Engine, MemoryNotifier]:
-    notifier = MemoryNotifier()
-    engine = Engine(
-        agent=_agent(),
-        model=ScriptedModel([{"tool_calls": [call("transfer", item="t")]}, {"content": "done"}]),
-        settings=Settings(database_url=url, **settings),
-        notifier=notifier,
-    )
-    return engine, notifier
+_TRANSFER: list[dict[str, Any]] = [
+    {"tool_calls": [call("transfer", item="t")]},
+    {"content": "done"},
+]
 
 
 async def test_an_approval_that_loses_its_run_says_the_decision_continues_elsewhere(
     db_url: str, gate: dict[str, Any]
 ) -> None:
-    engine, notifier = _engine(db_url, heartbeat_timeout_s=30)
+    notifier = MemoryNotifier()
+    engine = inprocess.engine_for(
+        db_url, _agent(), _TRANSFER, notifier=notifier, heartbeat_timeout_s=30
+    )
     try:
         suspended = await engine.ask("dana", "transfer")
         assert suspended.kind is StopKind.SUSPENDED
@@ -366,7 +346,10 @@ async def test_reconcile_waits_for_a_downstream_it_cannot_reach(
 ) -> None:
     gate.update(unreachable=2)
     downstream.inject_failure("transfer", "after_commit")
-    engine, notifier = _engine(db_url, reconcile_patience_s=30)
+    notifier = MemoryNotifier()
+    engine = inprocess.engine_for(
+        db_url, _agent(), _TRANSFER, notifier=notifier, reconcile_patience_s=30
+    )
     try:
         suspended = await engine.ask("dana", "transfer")
         result = await engine.resume_after_confirmation(notifier.last().token, "approve", "dana")
@@ -386,7 +369,10 @@ async def test_a_downstream_unreachable_past_the_patience_fails_the_run_and_says
 ) -> None:
     gate.update(unreachable=10_000)
     downstream.inject_failure("transfer", "after_commit")
-    engine, notifier = _engine(db_url, reconcile_patience_s=0.6)
+    notifier = MemoryNotifier()
+    engine = inprocess.engine_for(
+        db_url, _agent(), _TRANSFER, notifier=notifier, reconcile_patience_s=0.6
+    )
     try:
         suspended = await engine.ask("dana", "transfer")
         result = await engine.resume_after_confirmation(notifier.last().token, "approve", "dana")

@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from test_flow_control import _claims, _load, _truth
-from test_store import new_run
+from store_runs import claim_ids, new_run, stored_load, true_load
 
 from tether.store import Store
 from tether.store.sql.fair_pick import pick_sizes
@@ -79,15 +78,15 @@ def _batch(store: Store, limit: int) -> set[str]:
 def test_one_users_backlog_does_not_keep_another_users_run_waiting(store: Store) -> None:
     *backlog, late = _new(store, "ana", "ana", "ana", "ana", "bo")  # bo's arrives last
     # ana's first, then bo's (bo carries none, ana one), then ana's in order.
-    assert _claims(store, 6) == [backlog[0], late, *backlog[1:], None]
-    assert _load(store) == _truth(store)
+    assert claim_ids(store, 6) == [backlog[0], late, *backlog[1:], None]
+    assert stored_load(store) == true_load(store)
 
 
 def test_among_equal_loads_the_oldest_run_goes_first(store: Store) -> None:
     _carry(store, "ana", 1)
     _carry(store, "bo", 1)
     bo, ana = _new(store, "bo", "ana")
-    assert _claims(store, 3) == [bo, ana, None]
+    assert claim_ids(store, 3) == [bo, ana, None]
 
 
 def test_a_batch_spreads_across_users_counting_the_runs_it_takes(store: Store) -> None:
@@ -98,7 +97,7 @@ def test_a_batch_spreads_across_users_counting_the_runs_it_takes(store: Store) -
     # cy's, then ana's (ana and bo at one each, ana's older), bo's, ana's (both at two).
     assert _batch(store, 5) == {bo[0], cy, ana[0], bo[1], ana[1]}
     assert _batch(store, 5) == {bo[2], *ana[2:]}
-    assert _load(store) == _truth(store) == {"ana": (6, 0), "bo": (3, 0), "cy": (1, 0)}
+    assert stored_load(store) == true_load(store) == {"ana": (6, 0), "bo": (3, 0), "cy": (1, 0)}
 
 
 def test_priority_comes_before_the_users_load(store: Store) -> None:
@@ -106,7 +105,7 @@ def test_priority_comes_before_the_users_load(store: Store) -> None:
     (plain,) = _new(store, "bo")
     urgent = _new(store, "ana", "ana", priority=1)
     (low,) = _new(store, "cy", priority=-1)
-    assert _claims(store, 5) == [*urgent, plain, low, None]
+    assert claim_ids(store, 5) == [*urgent, plain, low, None]
     assert _batch(store, 4) == set()
 
 
@@ -117,7 +116,7 @@ def test_a_queued_run_whose_time_came_is_ranked_by_its_users_load(store: Store) 
     now = store.now()
     with store.begin() as conn:  # its time comes now, after ana's runs became ready
         conn.execute(runs.update().where(runs.c.id == later).values(start_at=now))
-    assert _claims(store, 3) == [later, *ana]
+    assert claim_ids(store, 3) == [later, *ana]
 
 
 @pytest.mark.parametrize("limit", [1, 3])
@@ -161,7 +160,7 @@ def test_concurrent_batch_claims_take_each_run_once(store: Store) -> None:
     while rest := store.claim_waiting("w", 32):  # what the racing claims left
         taken.extend(run.id for run in rest)
     assert Counter(taken) == Counter(ids)
-    assert _load(store) == _truth(store) == {"ana": (30, 0), "bo": (30, 0), "cy": (30, 0)}
+    assert stored_load(store) == true_load(store) == {"ana": (30, 0), "bo": (30, 0), "cy": (30, 0)}
 
 
 def _one_at_a_time(

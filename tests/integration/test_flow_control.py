@@ -11,18 +11,17 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import inprocess
 import pytest
-import sqlalchemy as sa
-from test_api import DANA, MIGUEL, _samples, fingerprint, refused, serving
-from test_store import new_run
-from test_worker import tiny_engine
+from json_api import DANA, MIGUEL, fingerprint, refused, samples, serving
+from store_runs import claim_ids, new_run, stored_load, true_load
 from waiting import until
 
 from tether import Engine, StopKind
 from tether.errors import InvalidInput
 from tether.runs import RunState
 from tether.store import Store
-from tether.store.sql.schema import runs, user_load
+from tether.store.sql.schema import runs
 from tether.worker import Worker
 
 
@@ -33,29 +32,6 @@ def store(db_url: str) -> Iterator[Store]:
     opened.close()
 
 
-def _claims(store: Store, n: int, **kwargs: Any) -> list[str | None]:
-    taken = [store.claim_ready(f"w{i}", **kwargs) for i in range(n)]
-    return [run.id if run else None for run in taken]
-
-
-def _load(store: Store) -> dict[str, tuple[int, int]]:
-    with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(user_load)).all()
-    return {r.user_id: (r.carried, r.ready) for r in rows if (r.carried, r.ready) != (0, 0)}
-
-
-def _truth(store: Store) -> dict[str, tuple[int, int]]:
-    """What ``user_load`` should say, counted from the runs themselves."""
-    with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(runs.c.user_id, runs.c.state, runs.c.owner)).all()
-    counts: dict[str, list[int]] = {}
-    for r in rows:
-        seen = counts.setdefault(r.user_id, [0, 0])
-        if r.state == "running":
-            seen[0 if r.owner else 1] += 1
-    return {user: (c[0], c[1]) for user, c in counts.items() if c != [0, 0]}
-
-
 # -- priority and age -------------------------------------------------------------------------
 
 
@@ -64,14 +40,14 @@ def test_workers_claim_the_highest_priority_first_then_the_oldest(store: Store) 
     first = new_run(store)
     high = new_run(store, priority=5)
     second = new_run(store)
-    assert _claims(store, 5) == [high, first, second, low, None]
+    assert claim_ids(store, 5) == [high, first, second, low, None]
 
 
 def test_a_queued_follow_up_and_a_due_start_are_claimed_in_priority_order(store: Store) -> None:
     past = (datetime.now(UTC) - timedelta(minutes=1)).timestamp()
     ready = new_run(store)
     due = new_run(store, priority=2, start_at=past)  # a past start: ready at once, by priority
-    assert _claims(store, 3) == [due, ready, None]
+    assert claim_ids(store, 3) == [due, ready, None]
 
 
 # -- start times --------------------------------------------------------------------------------
@@ -93,7 +69,7 @@ def test_a_start_time_past_already_starts_the_run_at_once(store: Store) -> None:
     run_id = new_run(store, start_at=1.0)
     run = store.get_run(run_id)
     assert run is not None and run.state is RunState.RUNNING
-    assert _claims(store, 1) == [run_id]
+    assert claim_ids(store, 1) == [run_id]
 
 
 # -- the per-user cap ---------------------------------------------------------------------------
@@ -102,12 +78,12 @@ def test_a_start_time_past_already_starts_the_run_at_once(store: Store) -> None:
 def test_the_cap_holds_a_users_runs_back_and_claims_others_past_them(store: Store) -> None:
     backlog = [new_run(store, "ana") for _ in range(5)]
     late = new_run(store, "bo")  # arrives last, behind ana's whole backlog
-    assert _claims(store, 4, cap=2) == [backlog[0], late, backlog[1], None]
-    assert _load(store)["ana"] == (2, 3)
+    assert claim_ids(store, 4, cap=2) == [backlog[0], late, backlog[1], None]
+    assert stored_load(store)["ana"] == (2, 3)
     assert store.cancel(run_id=backlog[0], user_id="ana", by="ana") is not None
-    assert _claims(store, 2, cap=2) == [backlog[2], None]  # the slot freed: ana's next
-    assert _claims(store, 1) == [backlog[3]]  # without a cap nothing holds it back
-    assert _load(store) == _truth(store)
+    assert claim_ids(store, 2, cap=2) == [backlog[2], None]  # the slot freed: ana's next
+    assert claim_ids(store, 1) == [backlog[3]]  # without a cap nothing holds it back
+    assert stored_load(store) == true_load(store)
 
 
 def test_among_equal_priorities_the_user_with_fewer_runs_carried_goes_first(
@@ -118,7 +94,7 @@ def test_among_equal_priorities_the_user_with_fewer_runs_carried_goes_first(
     urgent = new_run(store, "ana", priority=1)
     # urgent first (its priority); then ana carries one and bo none: bo's goes before
     # ana's older ones.
-    assert _claims(store, 3, cap=5) == [urgent, bo, ana[0]]
+    assert claim_ids(store, 3, cap=5) == [urgent, bo, ana[0]]
 
 
 def test_a_given_run_of_a_user_at_the_cap_is_not_claimed(store: Store) -> None:
@@ -130,15 +106,15 @@ def test_a_given_run_of_a_user_at_the_cap_is_not_claimed(store: Store) -> None:
 
 def test_the_user_counts_follow_every_change_of_state_and_owner(store: Store) -> None:
     ids = [new_run(store, user) for user in ("ana", "ana", "bo", "bo", "cy")]
-    _claims(store, 3)
-    assert _load(store) == _truth(store)
+    claim_ids(store, 3)
+    assert stored_load(store) == true_load(store)
     claimed = [r for r in (store.get_run(i) for i in ids) if r is not None and r.owner]
     store.release(claimed[0].lease(), elapsed_ms=0)  # handed back: ready again
     store.cancel(run_id=claimed[1].id, user_id=claimed[1].user_id, by="x")
-    assert _load(store) == _truth(store)
+    assert stored_load(store) == true_load(store)
     with store.begin() as conn:
         conn.execute(runs.delete().where(runs.c.id == ids[-1]))
-    assert _load(store) == _truth(store)
+    assert stored_load(store) == true_load(store)
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
@@ -163,7 +139,7 @@ def test_concurrent_claims_never_carry_more_than_the_cap_of_a_user(store: Store)
     for thread in threads:
         thread.join()
     assert sorted(taken) == ["ana"] * 3 + ["bo"] * 3
-    assert _load(store) == _truth(store) == {"ana": (3, 9), "bo": (3, 1)}
+    assert stored_load(store) == true_load(store) == {"ana": (3, 9), "bo": (3, 1)}
 
 
 # -- through the API ----------------------------------------------------------------------------
@@ -267,7 +243,7 @@ async def test_metrics_count_the_waiting_runs_by_why(db_url: str) -> None:
         carried, held = await api.start(MIGUEL), await api.start(MIGUEL)
         assert api.engine.runner.store.claim_ready("w", carried, cap=1) is not None
         text = (await api.client.get("/metrics")).text
-        waiting = _samples(text, "tether_runs_waiting")
+        waiting = samples(text, "tether_runs_waiting")
         assert waiting[(("reason", "start_time"),)] == 1
         assert waiting[(("reason", "thread"),)] == 1
         assert waiting[(("reason", "user_cap"),)] == 1  # miguel's second, behind his first
@@ -278,7 +254,7 @@ async def test_metrics_count_the_waiting_runs_by_why(db_url: str) -> None:
 async def test_an_idle_worker_starts_a_run_when_its_start_time_comes_not_at_its_poll(
     db_url: str,
 ) -> None:
-    engine = tiny_engine(db_url)
+    engine = inprocess.tiny_engine(db_url)
     try:
         soon = datetime.now(UTC) + timedelta(seconds=1.5)
         run = await engine.start_run("dana", "q", start_at=soon)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inprocess
 import pytest
-from test_api import DANA, MIGUEL, fingerprint, refused, serving
+from json_api import DANA, MIGUEL, fingerprint, refused, serving
 
 from tether.errors import InvalidInput, NotFound
 from tether.store.sql.schema import schedules

@@ -10,11 +10,12 @@ import asyncio
 import json
 from typing import Any
 
+import inprocess
 import pytest
 from agents import call
 from inprocess import count_calls
 
-from tether import Agent, Engine, MemoryNotifier, ScriptedModel, Settings, ToolContext, tool
+from tether import Agent, ToolContext, tool
 from tether.results import StopKind
 from tether.store import CallStatus
 
@@ -68,15 +69,6 @@ def _agent(meeting: Meeting) -> Agent:
     return Agent(name="reads", system_prompt="test", tools=(meet, note, boom))
 
 
-def _engine(url: str, turns: list[dict[str, Any]], meeting: Meeting) -> Engine:
-    return Engine(
-        agent=_agent(meeting),
-        model=ScriptedModel(turns),
-        settings=Settings(database_url=url),
-        notifier=MemoryNotifier(),
-    )
-
-
 def _results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [json.loads(m["content"]) for m in messages if m["role"] == "tool"]
 
@@ -88,7 +80,7 @@ async def test_a_read_only_turn_runs_its_reads_together_and_is_one_commit(db_url
         {"tool_calls": [call("meet", label="d", size=1), call("nope")]},
         {"content": "done"},
     ]
-    engine = _engine(db_url, turns, meeting)
+    engine = inprocess.engine_for(db_url, _agent(meeting), turns)
     turn_writes = count_calls(engine, "persist_turn")
     result_writes = count_calls(engine, "persist_tool_result")
     try:
@@ -140,7 +132,7 @@ async def test_a_mixed_turn_runs_its_reads_together_and_its_writes_alone_in_orde
         },
         {"content": "done"},
     ]
-    engine = _engine(db_url, turns, meeting)
+    engine = inprocess.engine_for(db_url, _agent(meeting), turns)
     turn_writes = count_calls(engine, "persist_turn")
     try:
         outcome = await engine.ask("dana", "go")
@@ -169,7 +161,7 @@ async def test_the_tool_call_budget_still_halts_between_the_same_calls(
         {"tool_calls": [call("meet", label=n, size=1) for n in ("a", "b", "c", "d")]},
         {"content": "done"},
     ]
-    engine = _engine(db_url, turns, meeting)
+    engine = inprocess.engine_for(db_url, _agent(meeting), turns)
     try:
         outcome = await engine.ask("dana", "go", limits={"max_tool_calls": max_tool_calls})
         view = await engine.get_run(outcome.run_id)
@@ -189,7 +181,7 @@ async def test_a_read_that_raises_is_a_tool_error_and_its_step_goes_on(db_url: s
         {"tool_calls": [call("meet", label="a", size=1), call("boom")]},
         {"content": "done"},
     ]
-    engine = _engine(db_url, turns, meeting)
+    engine = inprocess.engine_for(db_url, _agent(meeting), turns)
     turn_writes = count_calls(engine, "persist_turn")
     try:
         outcome = await engine.ask("dana", "go")

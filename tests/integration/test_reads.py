@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from test_store import new_run
+from store_runs import new_run
 
 from tether.store import Store
 

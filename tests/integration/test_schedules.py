@@ -9,10 +9,10 @@ import asyncio
 from datetime import datetime
 from typing import Any
 
+import inprocess
 import pytest
 import sqlalchemy as sa
-from test_api import DANA, MIGUEL, refused, serving
-from test_worker import tiny_engine
+from json_api import DANA, MIGUEL, refused, serving
 from waiting import until
 
 from tether import Engine
@@ -98,7 +98,7 @@ async def test_a_bad_schedule_is_invalid_input_and_stores_nothing(
 
 
 async def test_a_due_tick_starts_exactly_one_run_however_many_workers_race(db_url: str) -> None:
-    engines = [tiny_engine(db_url) for _ in range(3)]
+    engines = [inprocess.tiny_engine(db_url) for _ in range(3)]
     try:
         added = await engines[0].add_schedule("dana", YEARLY, "tick", limits={"max_steps": 3})
         _past(engines[0], added.id, 1.0)
@@ -118,7 +118,7 @@ async def test_a_due_tick_starts_exactly_one_run_however_many_workers_race(db_ur
 
 
 async def test_ticks_missed_while_no_worker_ran_start_one_catch_up_run(db_url: str) -> None:
-    engine = tiny_engine(db_url)
+    engine = inprocess.tiny_engine(db_url)
     try:
         added = await engine.add_schedule("dana", "* * * * *", "catch up")
         _past(engine, added.id, 5 * 60, whole_minute=True)  # five minutes idle: six ticks due
@@ -132,7 +132,7 @@ async def test_ticks_missed_while_no_worker_ran_start_one_catch_up_run(db_url: s
 
 
 async def test_a_worker_fires_a_due_tick_and_carries_its_run(db_url: str) -> None:
-    engine = tiny_engine(db_url, reaper_interval_s=0.5)
+    engine = inprocess.tiny_engine(db_url, reaper_interval_s=0.5)
     try:
         added = await engine.add_schedule("dana", YEARLY, "from the worker")
         worker = Worker(engine, concurrency=2)

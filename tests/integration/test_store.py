@@ -4,13 +4,13 @@ hand-back, orphan claims, snapshots, counts, users, and the partial indexes its 
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from store_runs import new_run
 from waiting import poll_until
 
 from tether.budget import Limits
@@ -33,24 +33,6 @@ def store(db_url: str) -> Iterator[Store]:
     opened = Store(db_url)
     yield opened
     opened.close()
-
-
-def new_run(store: Store, user: str = "dana", **order: Any) -> str:
-    """A ready run of ``user`` (``order``: its ``priority``, ``start_at``), its id."""
-    run_id = uuid.uuid4().hex
-    store.create_run(
-        run_id=run_id,
-        user_id=user,
-        question="q",
-        route={},
-        limits=Limits(),
-        scope={},
-        versions={},
-        agent_version="t@1",
-        messages=[{"role": "user", "content": "q"}],
-        **order,
-    )
-    return run_id
 
 
 def _claimed(store: Store, owner: str = "w1") -> Lease:

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import inprocess
 import pytest
 from agents import call
 from waiting import until
@@ -18,11 +19,8 @@ from waiting import until
 from tether import (
     Agent,
     Engine,
-    MemoryNotifier,
     OutcomeUnknown,
     Reconciled,
-    ScriptedModel,
-    Settings,
     StopKind,
     ToolContext,
     ToolUnavailable,
@@ -143,15 +141,6 @@ def _agent(d: Downstream) -> Agent:
     )
 
 
-def _engine(url: str, d: Downstream, turns: list[dict[str, Any]], **settings: Any) -> Engine:
-    return Engine(
-        agent=_agent(d),
-        model=ScriptedModel(turns),
-        settings=Settings(database_url=url, **settings),
-        notifier=MemoryNotifier(),
-    )
-
-
 async def _ask(engine: Engine) -> RunView:
     """Start a run and carry it to its next stop (bounded, so a stuck run fails the test
     instead of hanging it)."""
@@ -173,7 +162,7 @@ def _result(view: RunView) -> Any:
 async def test_a_read_that_hangs_forever_is_retried_then_the_model_sees_tool_timeout(
     db_url: str, down: Downstream, tool_name: str, tries: int
 ) -> None:
-    engine = _engine(db_url, down, _turns(tool_name, q="x"))
+    engine = inprocess.engine_for(db_url, _agent(down), _turns(tool_name, q="x"))
     try:
         view = await _ask(engine)
         ledger = await engine.ledger(view.run.id)
@@ -199,7 +188,7 @@ async def test_a_transient_read_failure_then_success_gives_the_result_as_one_too
     db_url: str, down: Downstream, failure: BaseException | str
 ) -> None:
     down.failures = [failure]
-    engine = _engine(db_url, down, _turns("flaky", q="x"))
+    engine = inprocess.engine_for(db_url, _agent(down), _turns("flaky", q="x"))
     try:
         view = await _ask(engine)
         ledger = await engine.ledger(view.run.id)
@@ -214,7 +203,7 @@ async def test_a_transient_read_failure_then_success_gives_the_result_as_one_too
 async def test_a_read_that_stays_unavailable_gives_tool_unavailable_without_retries(
     db_url: str, down: Downstream
 ) -> None:
-    engine = _engine(db_url, down, _turns("down_read", q="x"))
+    engine = inprocess.engine_for(db_url, _agent(down), _turns("down_read", q="x"))
     try:
         view = await _ask(engine)
     finally:
@@ -227,7 +216,7 @@ async def test_a_read_that_stays_unavailable_gives_tool_unavailable_without_retr
 async def test_a_write_that_hangs_after_its_effect_is_reconciled_to_its_result_once(
     db_url: str, down: Downstream, tool_name: str
 ) -> None:
-    engine = _engine(db_url, down, _turns(tool_name, item="a", first=True))
+    engine = inprocess.engine_for(db_url, _agent(down), _turns(tool_name, item="a", first=True))
     try:
         view = await _ask(engine)
         ledger = await engine.ledger(view.run.id)
@@ -248,7 +237,9 @@ async def test_a_write_that_hangs_after_its_effect_is_reconciled_to_its_result_o
 async def test_an_async_write_that_hangs_before_its_effect_did_not_complete(
     db_url: str, down: Downstream
 ) -> None:
-    engine = _engine(db_url, down, _turns("write_async", item="a", first=False))
+    engine = inprocess.engine_for(
+        db_url, _agent(down), _turns("write_async", item="a", first=False)
+    )
     try:
         view = await _ask(engine)
     finally:
@@ -266,8 +257,11 @@ async def test_a_thread_write_still_running_is_not_taken_for_absent(
     """Its reconcile answers "absent" while the abandoned thread may still write: that is
     not an answer. Once the patience is spent the run fails ``unreconcilable`` for a person,
     rather than telling the model the write did not happen."""
-    engine = _engine(
-        db_url, down, _turns("write_thread", item="a", first=False), reconcile_patience_s=0.5
+    engine = inprocess.engine_for(
+        db_url,
+        _agent(down),
+        _turns("write_thread", item="a", first=False),
+        reconcile_patience_s=0.5,
     )
     try:
         view = await _ask(engine)
@@ -287,8 +281,10 @@ async def test_a_thread_write_still_running_is_not_taken_for_absent(
 async def test_the_heartbeat_keeps_the_lease_while_a_tool_outlasts_the_heartbeat_timeout(
     db_url: str, down: Downstream
 ) -> None:
-    engine = _engine(db_url, down, _turns("slow_read", q="x"), heartbeat_timeout_s=1.5)
-    rival = _engine(db_url, Downstream(), [], heartbeat_timeout_s=1.5)
+    engine = inprocess.engine_for(
+        db_url, _agent(down), _turns("slow_read", q="x"), heartbeat_timeout_s=1.5
+    )
+    rival = inprocess.engine_for(db_url, _agent(Downstream()), [], heartbeat_timeout_s=1.5)
     try:
         asking = asyncio.ensure_future(engine.ask("dana", "go"))
         await asyncio.wait_for(down.started.wait(), 30)

@@ -12,7 +12,7 @@ from typing import Any
 import downstream
 import pytest
 from inbox_web import csrf_of, session_csrf, sign_in, web
-from test_api import DANA, fingerprint, refused, serving
+from json_api import DANA, fingerprint, refused, serving
 
 from tether import Engine
 from tether.errors import InvalidInput

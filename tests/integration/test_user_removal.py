@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import inprocess
 import pytest
 import sqlalchemy as sa
-from test_store import new_run
+from store_runs import new_run
 
 from tether import Engine, MemoryNotifier, StopKind
 from tether.errors import InvalidInput, LeaseLost, NotFound, UnknownOrExpired

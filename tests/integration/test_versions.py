@@ -9,6 +9,7 @@ from typing import Any
 
 import agents
 import downstream
+import heartbeats
 import pytest
 import versioned
 from waiting import until
@@ -76,7 +77,9 @@ async def test_orphans_and_expiries_of_another_version_are_left_alone(db_url: st
         claimed = await old.runner.claim()
         assert claimed is not None and claimed.id == orphan.id
         old.runner.services.heartbeat.stop()  # its owner "dies": the heartbeat goes stale
-        await until(lambda: _stale(new, orphan.id), what="a stale heartbeat")
+        await until(
+            lambda: heartbeats.stale(new.runner.store, orphan.id, 0.05), what="a stale heartbeat"
+        )
         assert (await new.runner.claim_orphans(10)).claimed == []
         _, any_orphan = await new.runner.orphan_census()
         assert not any_orphan
@@ -98,13 +101,6 @@ def _expired(engine: Engine, run_id: str) -> bool:
     now, _ = engine.runner.store.orphan_census(stale_after_s=0.05)
     run = engine.runner.store.get_run(run_id)
     return run is not None and run.expires_at is not None and now > run.expires_at
-
-
-def _stale(engine: Engine, run_id: str) -> bool:
-    """The run's owner's heartbeat is stale by the database's clock (any version)."""
-    now, _ = engine.runner.store.orphan_census(stale_after_s=0.05)
-    run = engine.runner.store.get_run(run_id)
-    return run is not None and run.heartbeat_at is not None and now - run.heartbeat_at > 0.05
 
 
 async def test_stranded_runs_are_those_no_live_worker_serves(db_url: str) -> None:

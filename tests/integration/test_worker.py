@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 import downstream
+import heartbeats
 import inprocess
 import pytest
 from waiting import until
@@ -38,17 +39,6 @@ async def states(engine: Engine, ids: list[str]) -> list[str]:
 
 async def all_in(engine: Engine, ids: list[str], state: str) -> bool:
     return all(s == state for s in await states(engine, ids))
-
-
-def tiny_engine(url: str, **settings: Any) -> Engine:
-    """An engine for an agent without tools whose model answers at once."""
-    agent = Agent(name="tiny", system_prompt="Answer.")
-    return Engine(
-        agent=agent,
-        model=ScriptedModel([{"content": "ok"}]),
-        settings=Settings(database_url=url, **settings),
-        notifier=MemoryNotifier(),
-    )
 
 
 class Refusing:
@@ -161,7 +151,7 @@ async def test_a_reaper_that_raises_is_logged_and_restarted(
 ) -> None:
     """Choice: a side task that raises is restarted after a backoff (the worker keeps
     claiming), with a structured log record; it is never left dead."""
-    engine = tiny_engine(db_url, reaper_interval_s=0.05)
+    engine = inprocess.tiny_engine(db_url, reaper_interval_s=0.05)
     monkeypatch.setattr(worker_module, "RESTART_FIRST_S", 0.05)
     calls = 0
     expire = engine.runner.expire_suspended
@@ -196,7 +186,7 @@ async def test_a_reaper_that_raises_is_logged_and_restarted(
 async def test_a_listener_that_cannot_connect_is_restarted_and_claiming_goes_on(
     db_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    engine = tiny_engine(db_url)
+    engine = inprocess.tiny_engine(db_url)
     closed = socket.create_server(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()  # nothing listens on this port now
@@ -219,7 +209,7 @@ async def test_a_listener_that_cannot_connect_is_restarted_and_claiming_goes_on(
 
 
 async def test_postgresql_wakes_an_idle_worker_by_notify(pg_url: str) -> None:
-    engine = tiny_engine(pg_url)
+    engine = inprocess.tiny_engine(pg_url)
     worker = Worker(engine, concurrency=2, poll_s=3600)  # only a NOTIFY can wake it
     running = asyncio.create_task(worker.run(reap=False))
     try:
@@ -296,7 +286,7 @@ async def test_a_busy_worker_takes_orphans_before_new_runs(db_url: str) -> None:
     running: asyncio.Task[None] | None = None
     try:
         queued = [(await engine.start_run("dana", f"queued {i}")).id for i in range(8)]
-        await until(partial(_stale, engine, orphan, 0.4), what="the orphan stale")
+        await until(partial(heartbeats.owner_stale, engine, orphan, 0.4), what="the orphan stale")
         running = asyncio.create_task(worker.run())
         await until(lambda: all_in(engine, [orphan, *queued], "answered"), what="all answered")
         # Its one slot always wanted by the queue, the worker gave the first slot that
@@ -309,12 +299,6 @@ async def test_a_busy_worker_takes_orphans_before_new_runs(db_url: str) -> None:
         if running is not None:
             await asyncio.wait_for(running, timeout=30)
         engine.close()
-
-
-async def _stale(engine: Engine, run_id: str, seconds: float) -> bool:
-    run = (await engine.get_run(run_id)).run
-    assert run is not None and run.owner is not None
-    return await engine.now() - (run.heartbeat_at or 0) > seconds
 
 
 async def test_a_failed_start_is_released_without_spending_a_recovery_attempt(
@@ -368,7 +352,7 @@ def _retained(kind: type) -> int:
 
 
 async def test_memory_stays_bounded_over_thousands_of_runs(db_url: str) -> None:
-    engine = tiny_engine(db_url)
+    engine = inprocess.tiny_engine(db_url)
     worker = Worker(engine, concurrency=8)
     running = asyncio.create_task(worker.run(reap=False))
     counted: list[tuple[int, int]] = []
@@ -400,7 +384,7 @@ async def test_exit_when_idle_claims_again_when_a_run_ends_during_a_claim(db_url
     """A claim that read the runs while the thread's first run was still in hand finds its
     follow-up blocked; the run ends before that claim returns. The worker must claim once
     more, not take the empty claim for idleness and exit with the follow-up left queued."""
-    engine = tiny_engine(db_url)
+    engine = inprocess.tiny_engine(db_url)
     worker = Worker(engine, concurrency=4)
     claim_many, carry = worker.engine.runner.claim_many, worker.engine.runner.carry
     gate = asyncio.Event()  # the first run is carried once a claim found nothing

@@ -1,5 +1,5 @@
-"""Engines in this process, on a test's database, for the agents of ``agents.py``; and a
-spy on the store's methods."""
+"""Engines in this process, on a test's database: for any agent and model, for the agents
+of ``agents.py``, and for an agent without tools; and a spy on the store's methods."""
 
 from __future__ import annotations
 
@@ -8,10 +8,30 @@ from typing import Any
 
 import agents
 
-from tether import Engine, ScriptedModel
+from tether import Agent, Engine, ScriptedModel
 from tether.config import Settings
 from tether.models.base import Model
 from tether.notify import MemoryNotifier, Notifier
+
+
+def engine_for(
+    url: str,
+    agent: Agent,
+    model: Model | list[dict[str, Any]],
+    *,
+    notifier: Notifier | None = None,
+    **settings: Any,
+) -> Engine:
+    """An in-process engine on ``url`` for ``agent`` on ``model`` (a list of turns: the
+    scripted model playing them), with ``settings``; its notices go to ``notifier``, else
+    to a ``MemoryNotifier``."""
+    scripted = ScriptedModel(model) if isinstance(model, list) else model
+    return Engine(
+        agent=agent,
+        model=scripted,
+        settings=Settings(database_url=url, **settings),
+        notifier=notifier if notifier is not None else MemoryNotifier(),
+    )
 
 
 def engine(
@@ -31,22 +51,18 @@ def engine(
         settings.setdefault("notice_timeout_s", settings["heartbeat_timeout_s"])
     if model is None:
         model = ScriptedModel(turns) if turns is not None else agents.script(script_name)
-    return Engine(
-        agent=agents.agent(),
-        model=model,
-        settings=Settings(database_url=url, **settings),
-        notifier=notifier or MemoryNotifier(),
-    )
+    return engine_for(url, agents.agent(), model, notifier=notifier, **settings)
 
 
 def fault_engine(url: str, *, notifier: Notifier | None = None, **settings: Any) -> Engine:
     """An in-process engine on ``url`` for ``agents.fault_agent``."""
-    return Engine(
-        agent=agents.fault_agent(),
-        model=agents.ByQuestion(),
-        settings=Settings(database_url=url, **settings),
-        notifier=notifier or MemoryNotifier(),
-    )
+    return engine_for(url, agents.fault_agent(), agents.ByQuestion(), notifier=notifier, **settings)
+
+
+def tiny_engine(url: str, **settings: Any) -> Engine:
+    """An engine for an agent without tools whose model answers at once."""
+    agent = Agent(name="tiny", system_prompt="Answer.")
+    return engine_for(url, agent, [{"content": "ok"}], **settings)
 
 
 def count_calls(engine: Engine, name: str) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from agents import call
-from sessions import Bench
+from bench import Bench
 
 from tether import GuardResult, Reconciled, Scope, ToolContext, tool
 from tether._runtime.step import loop, tool_call

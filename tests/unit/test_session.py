@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from agents import call
-from sessions import Bench
+from bench import Bench
 
 from tether import Scope, tool
 from tether._runtime.step import suspending, tool_call

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from agents import call
-from sessions import Bench
+from bench import Bench
 from waiting import until
 
 from tether import GuardResult, Reconciled, Scope, ToolContext, tool

@@ -64,14 +64,15 @@ GC_THRESHOLDS = (20_000, 20, 10)
 def _started() -> None:
     """Start-up is over: what it built (modules, the agent, the engine, the app) lives as
     long as the process, so it leaves the garbage collector's generations. A full
-    collection then walks only what runs and requests allocate: it took 50-126 ms with
-    them, the whole tail of 50 concurrent approvals' latency (benchmarks/README.md).
+    collection then walks only what runs and requests allocate: with them it was the
+    whole tail of concurrent approvals' latency (the throughput benchmark,
+    benchmarks/README.md).
 
     The young generations are made larger: a model request's objects (the SDK's and the
     HTTP client's, in reference cycles) live as long as the request, a second or more,
     and with Python's thresholds they were promoted to the oldest generation before they
-    died, so that a worker carrying 1,000 runs made a full collection of its whole heap
-    (about 200 ms, every run waiting) every two seconds (benchmarks/capacity.py)."""
+    died, so that a worker carrying many runs kept making full collections of its whole
+    heap, every run waiting on each (the capacity benchmark, benchmarks/README.md)."""
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
 

@@ -45,8 +45,9 @@ class ChatStream:
     ``on_text`` as they come.
 
     The chunks are the JSON objects the SDK's stream decodes (``AsyncStream[object]``):
-    building its typed chunk for each of them took a fifth of a worker's CPU
-    (benchmarks/capacity.py), and the message is a plain dict in the end anyway."""
+    building its typed chunk for each of them costs a worker much CPU for nothing (the
+    capacity benchmark, benchmarks/README.md), the message being a plain dict in the end
+    anyway."""
 
     def __init__(self, on_text: TextSink, model: str) -> None:
         self._on_text = on_text
@@ -154,7 +155,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
         # The client's own ``post`` (its retries, timeout, errors and stream): the body is
         # already in the wire format, and ``chat.completions.create`` would first walk the
         # whole history through the SDK's typed transform, which changes nothing in it and
-        # took 45% of a worker's CPU with 60-step runs (benchmarks/capacity.py).
+        # costs ever more CPU as a run grows (the capacity benchmark, benchmarks/README.md).
         stream = await self._client.post(
             "/chat/completions",
             body=body,

@@ -1,8 +1,9 @@
-"""Run sessions on a real store, for the unit tests of ``tether._runtime`` (the call path,
-the session, the loop): the parts an engine hands its sessions (``Services``) built around
-one store, an agent of the test's own tools and a ``ScriptedModel``; a run created and
-claimed as a worker claims it; and what the store then holds, read back to check what was
-written. ``with Bench(url, *tools, turns=...) as bench:`` closes it after the test."""
+"""A test bench of run sessions on a real store, for the unit tests of ``tether._runtime``
+(the call path, the session, the loop): the parts an engine hands its sessions
+(``Services``) built around one store, an agent of the test's own tools and a
+``ScriptedModel``; a run created and claimed as a worker claims it; and what the store then
+holds, read back to check what was written. ``with Bench(url, *tools, turns=...) as
+bench:`` closes it after the test."""
 
 from __future__ import annotations
 

@@ -1,0 +1,57 @@
+"""Runs written straight to a store, for the tests beneath the engine: a ready run of a
+user, the runs a number of workers claim one after another, and the users' load
+(``user_load``) beside what it should be, counted from the runs themselves."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import sqlalchemy as sa
+
+from tether.budget import Limits
+from tether.store import Store
+from tether.store.sql.schema import runs, user_load
+
+
+def new_run(store: Store, user: str = "dana", **order: Any) -> str:
+    """A ready run of ``user`` (``order``: its ``priority``, ``start_at``), its id."""
+    run_id = uuid.uuid4().hex
+    store.create_run(
+        run_id=run_id,
+        user_id=user,
+        question="q",
+        route={},
+        limits=Limits(),
+        scope={},
+        versions={},
+        agent_version="t@1",
+        messages=[{"role": "user", "content": "q"}],
+        **order,
+    )
+    return run_id
+
+
+def claim_ids(store: Store, n: int, **kwargs: Any) -> list[str | None]:
+    """The ids of the runs ``n`` workers claim one after another (None: nothing left)."""
+    taken = [store.claim_ready(f"w{i}", **kwargs) for i in range(n)]
+    return [run.id if run else None for run in taken]
+
+
+def stored_load(store: Store) -> dict[str, tuple[int, int]]:
+    """``user_load`` as stored: each user's runs carried and ready, where not both 0."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(user_load)).all()
+    return {r.user_id: (r.carried, r.ready) for r in rows if (r.carried, r.ready) != (0, 0)}
+
+
+def true_load(store: Store) -> dict[str, tuple[int, int]]:
+    """What ``user_load`` should say, counted from the runs themselves."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(runs.c.user_id, runs.c.state, runs.c.owner)).all()
+    counts: dict[str, list[int]] = {}
+    for r in rows:
+        seen = counts.setdefault(r.user_id, [0, 0])
+        if r.state == "running":
+            seen[0 if r.owner else 1] += 1
+    return {user: (c[0], c[1]) for user, c in counts.items() if c != [0, 0]}
