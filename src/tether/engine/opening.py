@@ -7,9 +7,13 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Coroutine
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from tether import inputs
+
+if TYPE_CHECKING:
+    from tether._runtime.shared.services import Services
+    from tether.engine.engine import Engine
 
 
 class Opens(Protocol):
@@ -40,3 +44,16 @@ def opens(
 
     functools.update_wrapper(opened, method)
     return opened
+
+
+class Side:
+    """A side of an ``Engine`` (its web side, its operator's side): methods of its own on
+    the engine's services, opened by the engine's ``open``."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._services: Services = engine._services
+
+    async def open(self) -> None:
+        """The engine's ``open``: every method here that reads the store awaits it."""
+        await self._engine.open()

@@ -12,7 +12,7 @@ from tether import inputs
 from tether._runtime.fleet import versions
 from tether._runtime.hop import hop, hop_once
 from tether.approvals import inbox
-from tether.engine.opening import opens
+from tether.engine.opening import Side, opens
 from tether.errors import InvalidInput, NotFound, NotReady
 from tether.results import Inbox, ReapReport
 from tether.runs import Run
@@ -20,21 +20,13 @@ from tether.store import upgrade
 from tether.store.users import Removal, UserSettings, new_key
 
 if TYPE_CHECKING:
-    from tether.engine.engine import Engine
+    pass
 
 log = logging.getLogger(__name__)
 
 
-class Operator:
+class Operator(Side):
     """What an operator calls on an engine (``Engine.operator``)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._services = engine._services
-
-    async def open(self) -> None:
-        """The engine's ``open``: every method here that reads the store awaits it."""
-        await self._engine.open()
 
     # -- the schema and the reaper ---------------------------------------------------------
 

@@ -16,29 +16,20 @@ from tether._runtime.hop import hop
 from tether.approvals import inbox, preview, resume
 from tether.approvals.request import asked
 from tether.budget import Limits
-from tether.engine.opening import opens
+from tether.engine.opening import Side, opens
 from tether.errors import InvalidInput
 from tether.results import Accepted, ApprovalPreview, ApprovalResult, TokenLookup
 from tether.store.users import hash_key
 
 if TYPE_CHECKING:
-    from tether.engine.engine import Engine
     from tether.runs import Run
 
 MAX_SID_CHARS = 128
 MAX_KEY_CHARS = 512
 
 
-class WebSide:
+class WebSide(Side):
     """What the HTTP API and the inbox call on an engine (``Engine.web``)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._services = engine._services
-
-    async def open(self) -> None:
-        """The engine's ``open``: every method here that reads the store awaits it."""
-        await self._engine.open()
 
     # -- who is calling ----------------------------------------------------------------------
 
