@@ -268,3 +268,32 @@ def test_the_fork_button_on_a_halted_runs_page_opens_the_dry_run_fork_and_its_li
     expect(page).to_have_url(f"{served.url}/runs/{parent}")
     expect(page.locator(".forks a")).to_have_text(fork.id)
     assert downstream.effects() == []  # forking executed nothing
+
+
+def test_the_inbox_pages_by_its_next_link_and_the_requests_decided_meanwhile_shift_nothing(
+    served: Served, page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of the inbox says how many more wait and links the next by a cursor (its
+    last request), so deciding a request of the first page moves nothing on the next."""
+    monkeypatch.setattr("tether.api.web.inbox.INBOX_LIMIT", 2)
+    runs = [served.suspend()[0] for _ in range(3)]
+    sign_in(page, served)
+    expect(page.locator("p.more")).to_contain_text("1 more waiting")
+    listed = page.get_by_role("link", name="Open the run").evaluate_all(
+        "(links) => links.map((a) => a.getAttribute('href'))"
+    )
+    assert listed == [f"/runs/{run}" for run in runs[:2]]
+    shot(page, "inbox-first-page")
+    first = page.locator("p.more a[rel=next]").get_attribute("href")
+    assert first is not None and first.startswith("/?after=")
+    token = served.notifier.last(runs[0]).token  # the first page's first request, decided
+    off_loop(lambda: served.engine.resume_after_confirmation(token, "approve", "dana"))
+    page.get_by_role("link", name="Next page").click()
+    expect(page).to_have_url(re.compile(r"/\?after=\S+"))
+    expect(page.locator("p.more")).to_have_count(0)
+    opened = page.get_by_role("link", name="Open the run").evaluate_all(
+        "(links) => links.map((a) => a.getAttribute('href'))"
+    )
+    assert opened == [f"/runs/{runs[2]}"]
+    shot(page, "inbox-next-page")
+    page.goto("about:blank")  # the inbox's live stream ends before the server stops
