@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from typing import Any
 
@@ -126,7 +127,12 @@ def test_approvals_list_finds_requests_and_approve_by_run_decides_one_without_it
     as_miguel = processes.tether("approvals", "list", "--as", "miguel", "--json", env=env)
     assert [i["run_id"] for i in json.loads(as_miguel.stdout)["items"]] == [miguels]
     table = processes.tether("approvals", "list", "--limit", "1", env=env)
-    assert table.returncode == 0 and danas in table.stdout and "1 more: --offset 1" in table.stdout
+    assert table.returncode == 0 and danas in table.stdout, table.stderr
+    cursor = re.search(r"1 more: --after (\S+)", table.stdout)
+    assert cursor is not None, table.stdout
+    rest = processes.tether("approvals", "list", "--after", cursor.group(1), "--json", env=env)
+    after = json.loads(rest.stdout)["items"]
+    assert [i["run_id"] for i in after] == [miguels], rest.stderr
 
     shown = processes.tether("approvals", "preview", token, "--arguments", '{"item": "c"}', env=env)
     assert shown.returncode == 0, shown.stderr
