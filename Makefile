@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench browser pgbouncer
+.PHONY: demo test check lint bench browser pgbouncer
 
 # The browser tests drive Debian's Chromium (never a browser download of Playwright's own).
 CHROMIUM := /usr/bin/chromium
@@ -63,6 +63,14 @@ TEST_WORKERS ?= 3
 test: lint browser pgbouncer
 	$(PY) -m compileall -q src tests/support
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+
+# The inner loop: lint and types, then the tests that start no process of their own (no
+# `tether` CLI, server, PgBouncer or browser) on both backends. tests/conftest.py marks the
+# others `processes` by what they use, and --no-processes leaves them out and fails any
+# test that starts a process all the same. mypy's cache makes lint a few seconds after its
+# first run.
+check: lint
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --no-processes
 
 bench: $(STAMP)
 	$(PY) benchmarks/step_overhead.py

@@ -8,11 +8,16 @@ pgpool.py). The suite fails, rather than skips, when PostgreSQL cannot be reache
 
 from __future__ import annotations
 
+import inspect
+import multiprocessing.util
 import os
 import shutil
+import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from types import CodeType, ModuleType
+from typing import Any
 
 import psycopg
 import pytest
@@ -31,7 +36,18 @@ settings.register_profile("untimed", deadline=None)
 settings.load_profile("untimed")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--no-processes",
+        action="store_true",
+        help="run only the tests that start no process (those not marked `processes`), and "
+        "fail any of them that starts one: `make check`, the inner loop",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("no_processes"):
+        _refuse_processes()
     try:
         with psycopg.connect(PG_ADMIN_URL, connect_timeout=5) as conn:
             conn.execute("SELECT 1")
@@ -150,3 +166,131 @@ def sandbox_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running
     """One sandbox CRM on a loopback port for the session; tests reset it to its seed."""
     with start_in_thread(str(tmp_path_factory.mktemp("sandbox") / "sandbox.db")) as running:
         yield running
+
+
+# -- the tests that start processes --------------------------------------------------------
+# `make check` runs the tests that start no process of their own (no `tether` CLI, server,
+# PgBouncer, browser or Python interpreter). A test is marked `processes` by what it uses,
+# so that a new test needs no list kept by hand: its tier (the acceptance and browser tests
+# start processes by design), or a name in its code, its fixtures' or the test helpers'
+# these call, that is `subprocess`, `multiprocessing`, or a module of the tests importing
+# one of them (the support that runs the CLI, PgBouncer, the MCP test server...). Under
+# --no-processes a test that starts a process all the same fails, saying so.
+
+TESTS = Path(__file__).resolve().parent
+PROCESS_TIERS = frozenset({"acceptance", "browser"})
+STARTERS = frozenset({"subprocess", "multiprocessing"})
+
+
+def _ours(filename: str | None) -> bool:
+    return filename is not None and Path(filename).resolve().is_relative_to(TESTS)
+
+
+def _is_starter(module: Any) -> bool:
+    return isinstance(module, ModuleType) and module.__name__.partition(".")[0] in STARTERS
+
+
+def _codes(code: CodeType) -> Iterator[CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            yield from _codes(const)
+
+
+def _leads_to_a_process(obj: Any, seen: set[CodeType]) -> bool:
+    """Whether ``obj``, a name some test code uses, starts processes or leads to what does."""
+    if isinstance(obj, ModuleType):
+        return _is_starter(obj) or (
+            _ours(getattr(obj, "__file__", None)) and any(map(_is_starter, vars(obj).values()))
+        )
+    if str(getattr(obj, "__module__", "")).partition(".")[0] in STARTERS:
+        return True  # e.g. `from subprocess import run`
+    if isinstance(obj, type):  # a class of the tests leads where its methods do
+        methods = [getattr(m, "__func__", m) for m in vars(obj).values()]
+        return any(_leads_to_a_process(m, seen) for m in methods if inspect.isfunction(m))
+    func = inspect.unwrap(obj) if inspect.isfunction(obj) else None
+    code = getattr(func, "__code__", None)
+    if not isinstance(code, CodeType) or code in seen or not _ours(code.co_filename):
+        return False
+    seen.add(code)
+    scope: dict[str, Any] = getattr(func, "__globals__", {})
+    return any(
+        _leads_to_a_process(scope[name], seen)
+        for nested in _codes(code)
+        for name in nested.co_names
+        if name in scope
+    )
+
+
+def _starts_processes(item: pytest.Item) -> bool:
+    if PROCESS_TIERS.intersection(item.path.resolve().relative_to(TESTS).parts):
+        return True
+    uses: list[Any] = [getattr(item, "function", None)]
+    fixtures = getattr(item, "_fixtureinfo", None)
+    if fixtures is not None:
+        uses += [d.func for defs in fixtures.name2fixturedefs.values() for d in defs]
+    seen: set[CodeType] = set()
+    return any(_leads_to_a_process(use, seen) for use in uses if use is not None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    starting = [item for item in items if _starts_processes(item)]
+    for item in starting:
+        item.add_marker(pytest.mark.processes)
+    if config.getoption("no_processes") and starting:
+        config.hook.pytest_deselected(items=starting)
+        chosen = set(map(id, starting))
+        items[:] = [item for item in items if id(item) not in chosen]
+
+
+# The test running in this process (under --no-processes), and what it started.
+_running: list[pytest.Item] = []
+_STARTED = pytest.StashKey[str]()
+
+
+def _refuse_processes() -> None:
+    """Make every way of starting a process fail the test that takes it (outside a test,
+    as when pytest-xdist starts its workers, they work as ever)."""
+
+    def refusing(name: str, start: Callable[..., Any]) -> Callable[..., Any]:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            if not _running:
+                return start(*args, **kwargs)
+            _running[0].stash[_STARTED] = name
+            raise RuntimeError(f"{name}: a test run with --no-processes started a process")
+
+        return refused
+
+    subprocess.Popen.__init__ = refusing("subprocess.Popen", subprocess.Popen.__init__)  # type: ignore[method-assign]
+    multiprocessing.util.spawnv_passfds = refusing(
+        "multiprocessing", multiprocessing.util.spawnv_passfds
+    )
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+        setattr(os, name, refusing(f"os.{name}", getattr(os, name)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.remove(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    started = item.stash.get(_STARTED, None)
+    if started is not None and call.when == "teardown":
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} started a process ({started}), which --no-processes (`make "
+            "check`) refuses: mark it @pytest.mark.processes, or have it use what leads "
+            "tests/conftest.py to mark it (see `the tests that start processes` there)"
+        )
+    return report
