@@ -67,10 +67,13 @@ test: lint browser pgbouncer
 # The inner loop: lint and types, then the tests that start no process of their own (no
 # `tether` CLI, server, PgBouncer or browser) on both backends. tests/conftest.py marks the
 # others `processes` by what they use, and --no-processes leaves them out and fails any
-# test that starts a process all the same. mypy's cache makes lint a few seconds after its
-# first run.
+# test that starts a process all the same. The tests marked `slow` (soak, property and
+# rate-window tests of seconds each) are left to `make test`. The tests mostly wait on
+# PostgreSQL, so a fourth worker keeps the two cores busier. mypy's cache makes lint a few
+# seconds after its first run.
+CHECK_WORKERS ?= 4
 check: lint
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --no-processes
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(CHECK_WORKERS) --dist worksteal --no-processes -m 'not slow'
 
 bench: $(STAMP)
 	$(PY) benchmarks/step_overhead.py

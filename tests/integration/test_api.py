@@ -757,6 +757,7 @@ schema = schemathesis.from_pytest_fixture(
 )
 
 
+@pytest.mark.slow
 @schema.parametrize()
 # schemathesis 3.39 and its client use deprecated jsonschema and anyio names.
 @pytest.mark.filterwarnings("ignore::DeprecationWarning:schemathesis")

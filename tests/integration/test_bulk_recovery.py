@@ -133,6 +133,7 @@ async def test_one_reaper_pass_recovers_every_orphan_through_the_slots(
     assert len(records) == len(set(records)) == 20  # each run's write applied once
 
 
+@pytest.mark.slow
 async def test_two_workers_recover_each_orphan_once(db_url: str) -> None:
     engines = [
         inprocess.engine(

@@ -401,6 +401,7 @@ class HungNotifier:
         return True
 
 
+@pytest.mark.slow
 async def test_a_hung_notifier_holds_up_no_run(db_url: str) -> None:
     notifier = HungNotifier()
     engine = inprocess.engine(db_url, script_name="send", notifier=notifier)

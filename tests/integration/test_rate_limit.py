@@ -116,6 +116,7 @@ def fill(url: str, *, requests: int = 0, tokens: int = 0) -> None:
         store.close()
 
 
+@pytest.mark.slow
 async def test_two_engines_never_start_more_than_rpm_requests_in_any_window(
     db_url: str, server: FakeLLMServer, opened: list[Engine]
 ) -> None:
@@ -144,6 +145,7 @@ async def test_two_engines_never_start_more_than_rpm_requests_in_any_window(
     assert all(r is not None and r.model_failures == 0 for r in stored_failures)
 
 
+@pytest.mark.slow
 async def test_waiting_is_neither_a_model_failure_nor_active_time(
     db_url: str, server: FakeLLMServer, opened: list[Engine]
 ) -> None:
@@ -183,6 +185,7 @@ async def test_waiting_is_neither_a_model_failure_nor_active_time(
     assert await of_kind(engine, run_id, "model_retry") == []
 
 
+@pytest.mark.slow
 async def test_tpm_holds_a_request_while_the_last_windows_tokens_reach_it(
     db_url: str, server: FakeLLMServer, opened: list[Engine]
 ) -> None:
@@ -334,6 +337,7 @@ class Summarising(Model):
         return ModelResponse(message=done, usage=Usage(), model="x")
 
 
+@pytest.mark.slow
 async def test_a_compactions_summary_waits_too_and_its_step_shows_one_rate_limited_event(
     db_url: str, opened: list[Engine]
 ) -> None:

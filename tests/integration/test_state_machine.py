@@ -1235,6 +1235,7 @@ def _owner_or_other(run: Expected | None, as_owner: bool) -> str:
     return run.user if as_owner else next(u for u in USERS if u != run.user)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_random_interleavings_keep_the_invariants_of_runs(
     backend: str, templates: dict[str, str], tmp_path: Path

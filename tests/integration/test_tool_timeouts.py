@@ -278,6 +278,7 @@ async def test_a_thread_write_still_running_is_not_taken_for_absent(
     assert down.calls["write_thread"] == 1
 
 
+@pytest.mark.slow
 async def test_the_heartbeat_keeps_the_lease_while_a_tool_outlasts_the_heartbeat_timeout(
     db_url: str, down: Downstream
 ) -> None:

@@ -351,6 +351,7 @@ def _retained(kind: type) -> int:
     return sum(1 for o in gc.get_objects() if isinstance(o, kind))
 
 
+@pytest.mark.slow
 async def test_memory_stays_bounded_over_thousands_of_runs(db_url: str) -> None:
     engine = inprocess.tiny_engine(db_url)
     worker = Worker(engine, concurrency=8)

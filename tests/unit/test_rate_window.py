@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
@@ -104,6 +105,7 @@ async def test_runs_wanting_a_slot_at_once_share_leases(sqlite_url: str) -> None
         store.close()
 
 
+@pytest.mark.slow
 async def test_a_full_fleet_waits_once_then_the_stopping_worker_gives_up(sqlite_url: str) -> None:
     store = Store(sqlite_url)
     limiter = RateLimiter(store, rpm=1, window_s=W)
