@@ -288,8 +288,8 @@ def test_the_inbox_pages_by_its_next_link_and_the_requests_decided_meanwhile_shi
     assert first is not None and first.startswith("/?after=")
     token = served.notifier.last(runs[0]).token  # the first page's first request, decided
     off_loop(lambda: served.engine.resume_after_confirmation(token, "approve", "dana"))
-    page.get_by_role("link", name="Next page").click()
-    expect(page).to_have_url(re.compile(r"/\?after=\S+"))
+    # The link as the page showed it (the live page may since have redrawn without it).
+    page.goto(served.url + first)
     expect(page.locator("p.more")).to_have_count(0)
     opened = page.get_by_role("link", name="Open the run").evaluate_all(
         "(links) => links.map((a) => a.getAttribute('href'))"
