@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         RunView,
         StopKind,
         TokenLookup,
+        TreeView,
     )
     from tether.runs import Run, RunState
     from tether.scope import Scope
@@ -88,6 +89,7 @@ _HOMES = {
     "SyncEngine": "tether.engine.sync",
     "TetherError": "tether.errors",
     "TokenLookup": "tether.results",
+    "TreeView": "tether.results",
     "Tool": "tether.tools.tool",
     "ToolContext": "tether.tools.tool",
     "ToolFailed": "tether.tools.tool",
@@ -136,6 +138,7 @@ __all__ = [
     "ToolContext",
     "ToolFailed",
     "ToolUnavailable",
+    "TreeView",
     "Worker",
     "tool",
 ]

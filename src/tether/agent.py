@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from tether.budget import Limits
 from tether.compaction import Compaction
 from tether.errors import ConfigError, TetherError
 from tether.messages import canonical_json
 from tether.models.base import Model, ToolSpec
 from tether.output import check_output_type, instruction
 from tether.scope import ScopeResolver, open_scope
+from tether.tools.subagent import SubAgentTool, as_tool
 from tether.tools.tool import Tool
 
 if TYPE_CHECKING:
@@ -85,13 +87,15 @@ class Agent:
         change the model or the tools would notice is a new version."""
         if self.version is not None:
             return self.version
-        shape = {
+        shape: dict[str, Any] = {
             "system": self.instructions,
             "tools": [
                 {"name": t.name, "parameters": s.parameters, "effect": t.effect.value}
                 for t, s in zip(self.tools, self.tool_specs, strict=True)
             ],
         }
+        if self.subagents:  # a sub-agent's change is a change of the whole tree (§18)
+            shape["subagents"] = [t.agent.agent_version for t in self.subagents]
         digest = hashlib.sha256(canonical_json(shape).encode()).hexdigest()
         return f"{self.name}@{digest[:12]}"[:MAX_VERSION_CHARS]
 
@@ -108,6 +112,43 @@ class Agent:
         """The tools as the model sees them, built once (a JSON schema is not free)."""
         return tuple(t.spec() for t in self.tools)
 
+    @cached_property
+    def subagents(self) -> tuple[SubAgentTool, ...]:
+        """Its tools that hand a task to a sub-agent (reference §18), in declared order."""
+        return tuple(t for t in self.tools if isinstance(t, SubAgentTool))
+
+    @cached_property
+    def tree(self) -> dict[str, Agent]:
+        """Every agent of its tree by version, itself first, then its sub-agents level by
+        level: a worker serving it serves them all (reference §18)."""
+        found: dict[str, Agent] = {self.agent_version: self}
+        for sub in self.subagents:
+            for version, agent in sub.agent.tree.items():
+                found.setdefault(version, agent)
+        return found
+
+    def agent_of(self, version: str) -> Agent:
+        """The agent of its tree that runs of ``version`` are written for; itself for any
+        other version (an older version it accepts is carried by its own code, §12)."""
+        return self.tree.get(version, self)
+
+    def as_tool(
+        self,
+        name: str | None = None,
+        description: str | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+    ) -> SubAgentTool:
+        """This agent as a tool another agent lists (reference §18): the model calls it
+        with ``{"task": STRING}`` and gets the child run's answer. ``name`` defaults to
+        the agent's ``name``; ``limits`` (a ``Limits`` or a dict of the four) bounds each
+        child of it apart from its tree. Checked now: ``invalid_tool`` names the problem."""
+        return as_tool(
+            self,
+            name=name,
+            description=description,
+            limits=dict(limits) if isinstance(limits, Mapping) else limits,
+        )
+
     def tool(self, name: str) -> Tool | None:
         """The tool called ``name``, or None."""
         for candidate in self.tools:
@@ -121,6 +162,8 @@ class Agent:
         apart. A tool this agent lacks rules nothing (the decision halts the run
         ``tool_unavailable``)."""
         found = self.tool(tool)
+        for agent in self.tree.values():  # a sub-agent's call is decided by its rule (§18)
+            found = found or agent.tool(tool)
         return found is None or found.may_be_decided_by(approver, owner)
 
     @asynccontextmanager

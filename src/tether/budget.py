@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -175,3 +176,51 @@ class Budget:
         if self.elapsed_ms >= limits.max_elapsed_ms:
             return HaltReason.MAX_ELAPSED
         return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TreeNode:
+    """One run of a tree of sub-agents as its budget check sees it (reference §18)."""
+
+    id: str
+    parent_id: str | None
+    limits: Limits
+    consumed: Budget
+
+
+def consumed_trees(nodes: Sequence[TreeNode]) -> dict[str, Budget]:
+    """Each run's ``consumed_tree``: its own consumption plus all its descendants'."""
+    totals = {n.id: n.consumed for n in nodes}
+    parent = {n.id: n.parent_id for n in nodes}
+    for node in nodes:
+        above = node.parent_id
+        seen = 0
+        while above is not None and above in totals and seen < len(nodes):
+            totals[above] = totals[above].plus(node.consumed)
+            above = parent.get(above)
+            seen += 1
+    return totals
+
+
+def tree_halt(
+    run_id: str, nodes: Sequence[TreeNode], before: Literal["model", "tool"]
+) -> tuple[HaltReason, str] | None:
+    """The one budget check of a tree (reference §18), before a model call or a tool call
+    of ``run_id``: its own ``consumed_tree`` and each of its ancestors', nearest first,
+    against that run's limits (a run without children: its own consumption). The halt
+    reason and the run whose limits stop it, or None."""
+    by_id = {n.id: n for n in nodes}
+    totals = consumed_trees(nodes)
+    above: str | None = run_id
+    while above is not None and above in by_id:
+        ancestor = by_id[above]
+        tree = totals[above]
+        reason = (
+            tree.check_before_model_call(ancestor.limits)
+            if before == "model"
+            else tree.check_before_tool_call(ancestor.limits)
+        )
+        if reason is not None:
+            return reason, above
+        above = ancestor.parent_id
+    return None

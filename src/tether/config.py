@@ -34,6 +34,8 @@ class Settings:
     suspension_ttl_min: float = 30.0
     retention_days: float = 30.0
     max_recovery_attempts: int = 2
+    # How deep a tree of sub-agents may grow (reference §18): runs exist at depths 0 to it.
+    max_depth: int = 4
     # The limits of a new run that names none; each lowered to ``max_limits`` where higher.
     default_limits: Limits = field(default_factory=Limits)
     # The most any run may have (TETHER_MAX_LIMITS): at a start, a continuation, a fork.
@@ -163,6 +165,7 @@ class Settings:
             max_recovery_attempts=int(
                 _positive(env, "TETHER_MAX_RECOVERY_ATTEMPTS", 2, whole=True)
             ),
+            max_depth=int(_positive(env, "TETHER_MAX_DEPTH", 4, whole=True)),
             db_retry_s=_positive(env, "TETHER_DB_RETRY_S", 30.0),
             notice_timeout_s=_positive(env, "TETHER_NOTICE_TIMEOUT_S", 60.0),
             reconcile_patience_s=_positive(env, "TETHER_RECONCILE_PATIENCE_S", 120.0),

@@ -21,6 +21,9 @@ class RunState(str, enum.Enum):
     RUNNING = "running"
     # A tool call awaits a human decision; the pending request and token hash are stored.
     SUSPENDED = "suspended"
+    # It waits for the child runs its turn started (reference §18): no owner, no lease,
+    # not an orphan; the transaction that stops its last child makes it ready again.
+    WAITING = "waiting"
     # A budget bound, an expired approval window or lost permission stopped it; the
     # owner may continue it deliberately.
     HALTED = "halted"
@@ -39,7 +42,7 @@ class RunState(str, enum.Enum):
 TERMINAL = frozenset({RunState.ANSWERED, RunState.FAILED, RunState.CANCELLED})
 # The states that make a thread busy (reference §14), in enum order: a follow-up then
 # waits (queued) or is refused, and the thread cannot be deleted.
-BUSY = (RunState.QUEUED, RunState.RUNNING, RunState.SUSPENDED)
+BUSY = (RunState.QUEUED, RunState.RUNNING, RunState.SUSPENDED, RunState.WAITING)
 
 # Every legal transition, in one place. The store enforces each one as a conditional
 # UPDATE whose WHERE clause names the expected state.
@@ -48,6 +51,7 @@ TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
     RunState.RUNNING: frozenset(
         {
             RunState.SUSPENDED,
+            RunState.WAITING,
             RunState.HALTED,
             RunState.ANSWERED,
             RunState.FAILED,
@@ -55,6 +59,8 @@ TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
             RunState.RUNNING,  # a new owner claims it (lease epoch + 1)
         }
     ),
+    # Its last child stopped (ready for a worker), or its owner cancelled it.
+    RunState.WAITING: frozenset({RunState.RUNNING, RunState.CANCELLED}),
     RunState.SUSPENDED: frozenset({RunState.RUNNING, RunState.HALTED, RunState.CANCELLED}),
     RunState.HALTED: frozenset({RunState.RUNNING, RunState.CANCELLED}),
     RunState.ANSWERED: frozenset(),
@@ -212,6 +218,19 @@ class Run:
     # The calls of the current suspension in call order, when the read that made this
     # record loaded them (a suspended run's ``get_run``); empty otherwise.
     pending_calls: tuple[PendingCall, ...] = ()
+    # Its place in a tree of sub-agents (reference §18): the run and call that started it
+    # (None for a top-level run), the tree's root (its own id for a top-level run), how
+    # deep it is (0 at the root), and, when a budget halted it, whose limits did.
+    parent_run_id: str | None = None
+    parent_tool_call_id: str | None = None
+    root_run_id: str = ""
+    depth: int = 0
+    halted_by: str | None = None
+
+    @property
+    def is_child(self) -> bool:
+        """Whether a sub-agent call of another run started it (reference §18)."""
+        return self.parent_run_id is not None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Run:
@@ -265,6 +284,11 @@ class Run:
             priority=row["priority"],
             start_at=row["start_at"],
             schedule_id=row["schedule_id"],
+            parent_run_id=row["parent_run_id"],
+            parent_tool_call_id=row["parent_tool_call_id"],
+            root_run_id=row["root_run_id"] or row["id"],
+            depth=row["depth"],
+            halted_by=row["halted_by"],
         )
 
     def suspension_calls(self) -> tuple[PendingCall, ...]:
@@ -343,6 +367,11 @@ def run_to_json(run: Run) -> dict[str, Any]:
         "priority": run.priority,
         "start_at": iso(run.start_at) if run.start_at is not None else None,
         "schedule_id": run.schedule_id,
+        "parent_run_id": run.parent_run_id,
+        "parent_tool_call_id": run.parent_tool_call_id,
+        "root_run_id": run.root_run_id or run.id,
+        "depth": run.depth,
+        "halted_by": run.halted_by,
         "created_at": iso(run.started_at),
         # State changes set updated_at; a running run's progress shows in its heartbeat.
         "updated_at": iso(max(run.updated_at, run.heartbeat_at or 0.0)),
@@ -367,5 +396,7 @@ def request_to_json(run: Run, base_url: str = "", call: Pending | None = None) -
         "digest": pending.digest,
         "expires_at": iso(run.expires_at),
         "pending_calls": len(run.suspension_calls()),
+        "root_run_id": run.root_run_id or run.id,
+        "parent_run_id": run.parent_run_id,
         "decide_url": f"{base_url}/v1/runs/{run.id}/decisions",
     }

@@ -76,7 +76,8 @@ async def test_a_bad_state_or_page_is_a_clear_refusal_and_not_an_error(app: Web)
     assert anonymous.status_code == 303
     assert anonymous.headers["location"] == "/login?next=/runs%3Fstate%3Dhalted"
     assert bad_state.status_code == 422 and "state must be one of" in bad_state.text
-    assert "running, suspended, halted" in bad_state.text and "<b>paused" not in bad_state.text
+    assert "running, suspended, waiting, halted" in bad_state.text
+    assert "<b>paused" not in bad_state.text
     assert bad_cursor.status_code == 422 and "one of the user" in html.unescape(bad_cursor.text)
     assert malformed.status_code == 422 and "no such page" in malformed.text
 

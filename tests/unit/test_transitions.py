@@ -12,6 +12,7 @@ from tether.runs import TRANSITIONS, RunState
 from tether.store import claims, upkeep
 from tether.store.sql import claims as claim_sql
 from tether.store.sql import steps as step_sql
+from tether.store.sql import trees as tree_sql
 from tether.store.sql.transitions import Transition
 
 ALL_PAIRS = [(src, dst) for src in RunState for dst in RunState]
@@ -30,7 +31,7 @@ def test_a_transition_builds_exactly_when_the_table_allows_it(src: RunState, dst
 def test_the_store_declares_every_transition_of_the_table_and_no_other() -> None:
     declared = {
         pair
-        for module in (step_sql, claim_sql, claims, upkeep)
+        for module in (step_sql, claim_sql, tree_sql, claims, upkeep)
         for value in vars(module).values()
         if isinstance(value, Transition)
         for pair in value.pairs()

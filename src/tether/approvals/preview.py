@@ -63,6 +63,7 @@ async def _preview(
     approver: str,
     arguments: dict[str, Any] | None,
 ) -> ApprovalPreview:
+    services = services.serving(run)  # a child run's call is its sub-agent's (§18)
     scope = await services.agent.resolve_scope(run.user_id)
     check_decider(services, scope, pending, approver)
     args = tool_arguments(services, pending, pending.arguments if arguments is None else arguments)

@@ -216,6 +216,7 @@ def approval_span(
 async def _claim_and_carry_out(
     services: Services, owner: str, run: Run, call: PendingCall, ask: Asked
 ) -> ApprovalResult:
+    services = services.serving(run)  # a child run's call is its sub-agent's (§18)
     with approval_span(run, call, ask) as span:
         try:
             result = await _claim_then_decide(services, owner, run, call, ask)

@@ -45,6 +45,7 @@ from tether.results import (
     RunView,
     StopKind,
     ThreadView,
+    TreeView,
 )
 from tether.runs import Run
 from tether.store import LedgerEntry
@@ -296,6 +297,13 @@ class Engine:
     async def get_run(self, run_id: str, *, user: str | None = None) -> RunView:
         """A run with its messages; ``not_found`` if missing or not ``user``'s."""
         return await reading.run_view(self._services, run_id, user)
+
+    @opens
+    async def get_tree(self, run_id: str, *, user: str | None = None) -> TreeView:
+        """The tree of sub-agents ``run_id`` belongs to (any run of it may be named),
+        parents before children, with each run's ``consumed_tree`` (reference §18);
+        ``not_found`` if missing or not ``user``'s."""
+        return await reading.tree_view(self._services, run_id, user)
 
     @opens
     async def list_runs(

@@ -8,9 +8,10 @@ import dataclasses
 from tether import inputs
 from tether._runtime.hop import hop
 from tether._runtime.shared.services import Services
+from tether.budget import TreeNode, consumed_trees
 from tether.errors import InvalidInput, NotFound
 from tether.messages import tool_results
-from tether.results import LiveEvent, RunPage, RunView, ThreadView
+from tether.results import LiveEvent, RunPage, RunView, ThreadView, TreeView
 from tether.runs import RunState, answer_of
 from tether.store import CallStatus, LedgerEntry, Store
 
@@ -33,6 +34,19 @@ async def run_view(services: Services, run_id: str, user: str | None) -> RunView
     if run.state is RunState.ANSWERED and own:  # its final answer is its last message
         run = dataclasses.replace(run, answer=answer_of(own[-1]))
     return RunView(run=run, messages=own)
+
+
+async def tree_view(services: Services, run_id: str, user: str | None) -> TreeView:
+    """The tree ``run_id`` belongs to (reference §18); ``not_found`` if there is no such run
+    or it is not ``user``'s."""
+    found = await hop(services.store.tree, inputs.run_id(run_id))
+    if not found or (user is not None and found[0].user_id != user):
+        raise NotFound("no such run")
+    nodes = [
+        TreeNode(id=r.id, parent_id=r.parent_run_id, limits=r.limits, consumed=r.budget)
+        for r in found
+    ]
+    return TreeView(root_run_id=found[0].root_run_id, runs=found, consumed=consumed_trees(nodes))
 
 
 async def runs_page(

@@ -10,6 +10,10 @@ An argument value ``"${TOOL.FIELD}"`` is replaced by FIELD of the latest result 
 to TOOL in the history (e.g. ``{"quote_id": "${draft_quote.quote_id}"}``), so a script can
 use what an earlier tool returned, as a real model would.
 
+A tree of sub-agents (reference §18) plays one script per agent: ``"by_system": {"TEXT":
+{"turns": [...], "final"?}}`` plays those turns for the runs whose system message starts
+with TEXT (a sub-agent's prompt), and ``turns`` for the others.
+
 A script may also say how its text streams (reference §16): ``"stream": {"chunk_chars":
 8, "delay_s": 0.05}`` hands each turn's text to a streaming caller in pieces of that many
 code points, one every ``delay_s`` (by default the whole text at once, with no delay).
@@ -59,6 +63,16 @@ class StreamPace(BaseModel):
     delay_s: float = Field(default=0.0, ge=0.0, le=60.0)  # before each piece
 
 
+class AgentScript(BaseModel):
+    """The turns of the runs whose system message starts with a given text (a sub-agent's,
+    reference §18), played as the script's own are."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turns: list[ScriptedTurn]
+    final: str = "I have nothing more to do."
+
+
 class Script(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -66,6 +80,18 @@ class Script(BaseModel):
     turns: list[ScriptedTurn]
     final: str = "I have nothing more to do."
     stream: StreamPace = Field(default_factory=StreamPace)
+    # System message prefix → the script of those runs (a tree of sub-agents); a run whose
+    # system message starts with none of them plays ``turns``.
+    by_system: dict[str, AgentScript] = Field(default_factory=dict)
+
+    def of(self, messages: list[Message]) -> tuple[list[ScriptedTurn], str]:
+        """The turns and final answer of the run whose ``messages`` these are."""
+        system = next((m.get("content") for m in messages if m.get("role") == "system"), None)
+        if isinstance(system, str):
+            for prefix, script in self.by_system.items():
+                if system.startswith(prefix):
+                    return script.turns, script.final
+        return self.turns, self.final
 
 
 class ScriptedModel(Model):
@@ -78,10 +104,17 @@ class ScriptedModel(Model):
         model: str = "scripted",
         final: str = "I have nothing more to do.",
         stream: StreamPace | dict[str, Any] | None = None,
+        by_system: dict[str, Any] | None = None,
     ) -> None:
         try:
             self.script = Script.model_validate(
-                {"model": model, "turns": list(turns), "final": final, "stream": stream or {}}
+                {
+                    "model": model,
+                    "turns": list(turns),
+                    "final": final,
+                    "stream": stream or {},
+                    "by_system": by_system or {},
+                }
             )
         except ValidationError as exc:
             raise ConfigError(f"invalid script: {exc.errors(include_url=False)}") from exc
@@ -95,14 +128,21 @@ class ScriptedModel(Model):
             script = Script.model_validate(data)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read script {path}: {exc}") from exc
-        return cls(script.turns, model=script.model, final=script.final, stream=script.stream)
+        return cls(
+            script.turns,
+            model=script.model,
+            final=script.final,
+            stream=script.stream,
+            by_system=script.by_system,
+        )
 
     async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
         index = sum(1 for m in messages if m.get("role") == "assistant")
-        if index >= len(self.script.turns):
-            turn = ScriptedTurn(content=self.script.final, usage={"input_tokens": 10})
+        turns, final = self.script.of(messages)
+        if index >= len(turns):
+            turn = ScriptedTurn(content=final, usage={"input_tokens": 10})
         else:
-            turn = self.script.turns[index]
+            turn = turns[index]
         message: Message = {"role": "assistant", "content": turn.content}
         if turn.tool_calls:
             message["tool_calls"] = [

@@ -41,6 +41,7 @@ from tether.store.sql.steps import add_event
 from tether.store.sql.transitions import Transition, state_in
 from tether.store.suspensions import clear_calls
 from tether.store.threads import moved_on
+from tether.store.trees import descendants, stopped
 from tether.store.users import admit
 
 _DECISION_OF_TOKEN = sa.select(decisions).where(
@@ -86,6 +87,7 @@ _CONTINUE = Transition(
     runs.c.user_id == sa.bindparam("b_user"),
     owner=None,
     halt_reason=None,
+    halted_by=None,
     pending=None,
     undecided=0,  # its suspension's calls are forgotten with it (``clear_calls``)
     ready_at=None,
@@ -102,6 +104,17 @@ _CANCEL = Transition(
     owner=None,
     ready_at=None,
     updated_at=db_now(),
+)
+
+_CANCEL_MANY = Transition(
+    [state for state in RunState if can_transition(state, RunState.CANCELLED)],
+    RunState.CANCELLED,
+    runs.c.id.in_(sa.bindparam("b_ids", expanding=True)),
+    runs.c.user_id == sa.bindparam("b_user"),
+    owner=None,
+    ready_at=None,
+    updated_at=db_now(),
+    returning=(runs.c.id,),
 )
 
 
@@ -285,7 +298,9 @@ class Claims(StoreBase):
             "b_before": NO_CUTOFF if before is None else before,
         }
         with self.begin() as conn:
-            return self.dialect.claim_orphans(conn, params)
+            claimed, exhausted = self.dialect.claim_orphans(conn, params)
+            stopped(conn, self.dialect, exhausted, RunState.FAILED.value)
+            return claimed, exhausted
 
     def continue_halted(
         self, *, run_id: str, user_id: str, limits: Limits, by: str, why: str | None
@@ -323,13 +338,20 @@ class Claims(StoreBase):
             return Run.from_row(row._mapping)
 
     def cancel(self, *, run_id: str, user_id: str, by: str) -> Run | None:
-        """Any non-terminal state → cancelled. A live owner's next fenced write then fails,
-        so it stops. None if the run is not the user's or is already terminal."""
+        """Any non-terminal state → cancelled, with every descendant of it that is not
+        terminal (reference §18), deepest first, in one transaction. A live owner's next
+        fenced write then fails, so it stops. A child cancelled by itself stops its
+        parent's wait like any child that stops. None if the run is not the user's or is
+        already terminal."""
         with self.begin() as conn:
+            for ids in descendants(conn, run_id):  # deepest first: a child before its parent
+                for gone in _CANCEL_MANY.many(conn, {"b_ids": ids, "b_user": user_id}):
+                    add_event(conn, gone.id, "cancelled", {"by": by, "with": run_id})
             row = _CANCEL.one(conn, {"b_id": run_id, "b_user": user_id})
             if row is None:
                 return None
             add_event(conn, run_id, "cancelled", {"by": by})
+            stopped(conn, self.dialect, [run_id], RunState.CANCELLED.value)
             # A queued follow-up of its thread may start now.
             self.dialect.wake(conn)
             return Run.from_row(row._mapping)

@@ -34,7 +34,7 @@ from tether.store.backend import faults
 from tether.store.backend.clock import db_now
 from tether.store.backend.dialect import Dialect
 from tether.store.base import StoreBase
-from tether.store.records import RunRequest
+from tether.store.records import ChildOf, RunRequest
 from tether.store.sql.claims import RUNNING
 from tether.store.sql.schema import runs
 from tether.store.sql.steps import INSERT_MESSAGE, add_event
@@ -66,6 +66,7 @@ def insert_run(
     priority_bound: int | None = None,
     start_at: float | None = None,
     schedule_id: str | None = None,
+    parent: ChildOf | None = None,
 ) -> Run:
     """Insert a new run with its first messages and the W3C trace context its spans
     continue (``tether.telemetry.tracing``), in the thread ``thread_id`` (by default a new
@@ -75,11 +76,20 @@ def insert_run(
     else ``queued`` if ``enqueue``, else ``ThreadBusy``; its messages come when it starts.
     ``request`` is the user's ``Idempotency-Key`` and its body's digest, stored with the
     run (a key naming a run already is an ``IntegrityError`` of ``runs_request_key``). A
-    ``start_at`` (epoch seconds) still ahead by the database's clock keeps it ``queued``."""
-    priority = admit(conn, dialect, user_id, priority=priority, bound=priority_bound)
+    ``start_at`` (epoch seconds) still ahead by the database's clock keeps it ``queued``.
+    A child run (reference §18) names its ``parent`` and gets a thread of its own that is
+    not a conversation; its user was admitted with its root."""
+    if parent is None:
+        priority = admit(conn, dialect, user_id, priority=priority, bound=priority_bound)
     thread_id = thread_id or run_id
     state, place = place_run(
-        conn, dialect, thread_id=thread_id, user_id=user_id, follow_up=follow_up, enqueue=enqueue
+        conn,
+        dialect,
+        thread_id=thread_id,
+        user_id=user_id,
+        follow_up=follow_up,
+        enqueue=enqueue,
+        conversation=parent is None,
     )
     if start_at is not None and conn.execute(_LATER_THAN_NOW, {"b_at": start_at}).scalar():
         state = RunState.QUEUED
@@ -105,6 +115,11 @@ def insert_run(
             priority=priority,
             start_at=start_at,
             schedule_id=schedule_id,
+            root_run_id=run_id if parent is None else parent.root_run_id,
+            parent_run_id=None if parent is None else parent.run_id,
+            parent_tool_call_id=None if parent is None else parent.tool_call_id,
+            depth=0 if parent is None else parent.depth,
+            child_order=0 if parent is None else parent.order,
             started_at=db_now(),
             updated_at=db_now(),
             **keyed,

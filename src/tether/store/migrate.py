@@ -39,6 +39,7 @@ REVISIONS = (
     "0012",
     "0013",
     "0014",
+    "0015",
 )
 _VERSION = sa.text("SELECT version_num FROM alembic_version")
 

@@ -26,6 +26,7 @@ from tether.store.sql.schema import (
     tool_calls,
 )
 from tether.store.sql.transitions import state_in
+from tether.store.sql.trees import FINAL_MESSAGE
 from tether.store.suspensions import (
     asked_of_rows,
     calls_of_rows,
@@ -35,18 +36,7 @@ from tether.store.suspensions import (
 
 _NOW = sa.select(db_now())
 
-# An answered run's last message, its final answer (reference §6: a run's ``answer``), beside
-# the run's columns; null for any other state. A lookup by the messages' primary key.
-_FINAL_MESSAGE = sa.case(
-    (
-        runs.c.state == RunState.ANSWERED.value,
-        sa.select(run_messages.c.message)
-        .where(run_messages.c.run_id == runs.c.id, run_messages.c.seq == runs.c.message_count - 1)
-        .scalar_subquery(),
-    ),
-    else_=sa.null(),
-).label("final_message")
-_RUNS = sa.select(runs, _FINAL_MESSAGE)
+_RUNS = sa.select(runs, FINAL_MESSAGE)
 _RUN = _RUNS.where(runs.c.id == sa.bindparam("b_id"))
 
 # Open suspensions (suspended, inside their window): their owners, a page of them soonest

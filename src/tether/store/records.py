@@ -128,3 +128,15 @@ class RunRequest:
     status: int
     response: dict[str, Any]
     run: Run
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChildOf:
+    """Where a child run sits in its tree (reference §18): the run and tool call that
+    start it, the tree's root, and its own depth."""
+
+    run_id: str
+    tool_call_id: str
+    root_run_id: str
+    depth: int
+    order: int = 0

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 from tether.errors import LeaseLost
 from tether.models.base import Message
 from tether.reasons import FailReason, HaltReason
-from tether.runs import Lease, Pending, iso
+from tether.runs import Lease, Pending, RunState, iso
 from tether.store.backend import faults
 from tether.store.base import StoreBase
 from tether.store.records import CallStatus
@@ -40,6 +40,7 @@ from tether.store.sql.steps import (
 )
 from tether.store.sql.transitions import Transition
 from tether.store.suspensions import write_calls
+from tether.store.trees import halted, stopped
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,6 +144,8 @@ class Steps(StoreBase):
                 self.dialect.write_turn(
                     conn, params, final=final, messages=messages, intents=keyed, events=traced
                 )
+                if final:  # its parent, if any, hears of it and may go on (reference §18)
+                    stopped(conn, self.dialect, [lease.run_id], RunState.ANSWERED.value)
         except LeaseLost:
             if not self._landed(lease, seq, message):
                 raise
@@ -285,13 +288,25 @@ class Steps(StoreBase):
     # -- transitions out of running (fenced) -----------------------------------------------
 
     def halt(
-        self, lease: Lease, *, reason: HaltReason, elapsed_ms: int, event: dict[str, Any]
+        self,
+        lease: Lease,
+        *,
+        reason: HaltReason,
+        elapsed_ms: int,
+        event: dict[str, Any],
+        halted_by: str | None = None,
     ) -> None:
-        """running → halted with ``reason``; the run keeps its budget and messages."""
+        """running → halted with ``reason``; the run keeps its budget and messages. A halt
+        on a budget names the run whose limits stopped it (``halted_by``: its own id, or
+        an ancestor's, reference §18); its parent, if any, hears of it."""
         stored = HaltReason(reason).value
         with self.begin() as conn:
-            self._leave(conn, HALT, lease, elapsed_ms, b_reason=stored)
-            add_event(conn, lease.run_id, "halted", {"reason": stored, **event})
+            self._leave(conn, HALT, lease, elapsed_ms, b_reason=stored, b_halted_by=halted_by)
+            data = {"reason": stored, **event}
+            if halted_by is not None:
+                data["halted_by"] = halted_by
+            add_event(conn, lease.run_id, "halted", data)
+            halted(conn, lease.run_id, stored, halted_by)
 
     def fail(
         self,
@@ -316,6 +331,7 @@ class Steps(StoreBase):
                 }
                 conn.execute(RECORD_OUTCOME, outcome)
             add_event(conn, lease.run_id, "failed", {"reason": stored, **event})
+            stopped(conn, self.dialect, [lease.run_id], RunState.FAILED.value)
 
     def suspend(
         self,

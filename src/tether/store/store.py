@@ -14,6 +14,7 @@ from tether.store.sign_ins import SignIns
 from tether.store.steps import Steps
 from tether.store.suspensions import Suspensions
 from tether.store.threads import Threads
+from tether.store.trees import Trees
 from tether.store.upkeep import Upkeep
 from tether.store.users import Users
 from tether.store.versions import Versions
@@ -28,6 +29,7 @@ class Store(
     Suspensions,
     Forks,
     Threads,
+    Trees,
     Upkeep,
     Reads,
     Users,

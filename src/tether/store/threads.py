@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from tether.errors import NotFound, ThreadBusy
+from tether.errors import InvalidInput, NotFound, ThreadBusy
 from tether.models.base import Message
 from tether.runs import BUSY, Run, RunState
 from tether.store.backend.clock import db_now
@@ -37,11 +37,14 @@ from tether.store.sql.transitions import state_in
 
 _THREAD = threads.c.id == sa.bindparam("b_thread")
 _OF_USER = threads.c.user_id == sa.bindparam("b_user")
-_THREAD_ROW = sa.select(threads).where(_THREAD, _OF_USER)
-_ANY_THREAD_ROW = sa.select(threads).where(_THREAD)
+_ANY_OF_USER = sa.select(threads).where(_THREAD, _OF_USER)
+# A conversation (reference §14); a child run's thread (reference §18) is none.
+_THREAD_ROW = _ANY_OF_USER.where(threads.c.conversation)
+_ANY_THREAD_ROW = sa.select(threads).where(_THREAD, threads.c.conversation)
 _NEW_THREAD = threads.insert().values(
     id=sa.bindparam("b_thread"),
     user_id=sa.bindparam("b_user"),
+    conversation=sa.bindparam("b_conversation", type_=sa.Boolean),
     runs=1,
     created_at=db_now(),
     updated_at=db_now(),
@@ -82,6 +85,7 @@ _LAST = sa.func.max(runs.c.updated_at).label("last")
 _EVERY_THREAD = (
     sa.select(threads.c.id, threads.c.user_id, threads.c.created_at, _LAST)
     .select_from(threads.join(runs, runs.c.thread_id == threads.c.id))
+    .where(threads.c.conversation)
     .group_by(threads.c.id, threads.c.user_id, threads.c.created_at)
     .order_by(_LAST.desc(), threads.c.id)
     .limit(sa.bindparam("b_limit", type_=sa.Integer))
@@ -134,18 +138,25 @@ def place_run(
     user_id: str,
     follow_up: bool,
     enqueue: bool,
+    conversation: bool = True,
 ) -> tuple[RunState, int]:
     """The state a new run starts in and its place in ``thread_id``, inside the
     transaction that inserts it: a new thread's first run is ready at once; a follow-up
     (the thread's row locked first) is ready when the thread is idle, ``queued`` when it
     is busy and ``enqueue`` allows, else ``ThreadBusy`` names the run it would wait on.
-    ``NotFound`` when the thread is not the user's. Raising leaves nothing written."""
+    ``NotFound`` when the thread is not the user's; ``invalid_input`` when it is a child
+    run's (reference §18: not a conversation). Raising leaves nothing written."""
     params = {"b_thread": thread_id, "b_user": user_id}
     if not follow_up:
-        conn.execute(_NEW_THREAD, params)
+        conn.execute(_NEW_THREAD, {**params, "b_conversation": conversation})
         return RunState.RUNNING, 1
-    if conn.execute(dialect.lock(_THREAD_ROW), params).first() is None:
+    found = conn.execute(dialect.lock(_ANY_OF_USER), params).first()
+    if found is None:
         raise NotFound("no such thread")
+    if not found.conversation:
+        raise InvalidInput(
+            "this thread is a sub-agent's run, not a conversation: follow up on its root's thread"
+        )
     waited_on = conn.execute(_WAITED_ON, params).scalar()
     if waited_on is not None and not enqueue:
         raise ThreadBusy(

@@ -66,7 +66,7 @@ _DELETE_USER_KEYS = api_keys.delete().where(api_keys.c.user_id == sa.bindparam("
 _DELETE_USER_SCHEDULES = schedules.delete().where(schedules.c.user_id == sa.bindparam("b_user"))
 # What a removal stops: every run of the user a worker may carry or a person may resume.
 _CANCEL_ACTIVE = Transition(
-    [RunState.QUEUED, RunState.RUNNING, RunState.SUSPENDED],
+    [RunState.QUEUED, RunState.RUNNING, RunState.SUSPENDED, RunState.WAITING],
     RunState.CANCELLED,
     runs.c.user_id == sa.bindparam("b_user"),
     owner=None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tether._runtime.live.deltas import DeltaHub
 from tether._runtime.live.events import Feed
@@ -18,6 +18,7 @@ from tether.agent import Agent
 from tether.config import Settings
 from tether.models.base import Model
 from tether.notify import Notifier, Outbox
+from tether.runs import Run
 from tether.store import Store
 
 
@@ -49,7 +50,14 @@ class Services:
 
     @property
     def versions(self) -> tuple[str, ...]:
-        """The agent versions this process serves (reference §12): its agent's, then those
-        ``TETHER_ACCEPT_VERSIONS`` adds. It claims, recovers and decides only runs of these."""
-        own = self.agent.agent_version
-        return (own, *(v for v in self.settings.accept_versions if v != own))
+        """The agent versions this process serves (reference §12): its agent's and its
+        sub-agents' (§18), then those ``TETHER_ACCEPT_VERSIONS`` adds. It claims, recovers
+        and decides only runs of these."""
+        own = tuple(self.agent.tree)
+        return (*own, *(v for v in self.settings.accept_versions if v not in own))
+
+    def serving(self, run: Run) -> Services:
+        """These services with the agent of its tree that ``run`` is written for (a child
+        run's sub-agent: its prompt, tools and scope), the same parts otherwise."""
+        agent = self.agent.agent_of(run.agent_version)
+        return self if agent is self.agent else replace(self, agent=agent)

@@ -134,9 +134,9 @@ async def compact_if_due(session: RunSession, failures: int) -> Outcome | None:
     through = cut(conversation, config.keep_last_turns)
     if through <= (1 if session.compaction is None else session.compaction.through_seq):
         return None  # nothing new to summarise: the view stays as it is
-    reason = session.budget.check_before_model_call(session.run.limits)
-    if reason is not None:
-        return await session.halt(reason)
+    stop = await session.budget_stop("model")
+    if stop is not None:
+        return stop
     session.check_held()
     covered = to_summarise(conversation, session.compaction, through)
     if config.summarize is None and not await model_capacity(session):

@@ -76,9 +76,9 @@ async def decide(
     if unseen and check.verdict in (Check.PASSED, Check.CHANGED):
         check = tool_call.Recheck(verdict=Check.CHANGED, preview=check.preview)
     if check.verdict is Check.PASSED:
-        reason = session.budget.check_before_tool_call(session.run.limits)
-        if reason is not None:  # a later call of its turn may have spent the last one
-            return Resolution(verdict=CallVerdict.HALTED, outcome=await session.halt(reason))
+        stop = await session.budget_stop("tool")
+        if stop is not None:  # a later call of its turn may have spent the last one
+            return Resolution(verdict=CallVerdict.HALTED, outcome=stop)
         # After a crash that followed the claim, a deduplicating write may have run.
         maybe_ran = recovered and r.tool.dedupes
         return _executed(await tool_call.execute(session, r, confirmed=True, maybe_ran=maybe_ran))

@@ -43,9 +43,9 @@ async def skip(session: RunSession, call: ToolCall, args: BaseModel) -> Outcome 
     Safe twice (a crash before its result is durable): nothing ran, so skipping it again
     stores the same result.
     """
-    reason = session.budget.check_before_tool_call(session.run.limits)
-    if reason is not None:
-        return await session.halt(reason)
+    stop = await session.budget_stop("tool")
+    if stop is not None:
+        return stop
     await session.append_result(call, would_call(call, args), CallStatus.SKIPPED, counted=True)
     fail("after_step_persist", call.name)
     return None

@@ -21,7 +21,7 @@ import time
 from tether import output
 from tether._runtime.hop import hop
 from tether._runtime.shared.services import Services
-from tether._runtime.step import compaction, parallel, tool_call
+from tether._runtime.step import children, compaction, parallel, tool_call
 from tether._runtime.step.decided_call import Resolution, decide
 from tether._runtime.step.model_failures import model_failed
 from tether._runtime.step.model_rate import model_capacity, model_ended
@@ -126,9 +126,9 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
         stop = await compaction.compact_if_due(session, failures)  # a write of its own
         if stop is not None:
             return stop
-        reason = session.budget.check_before_model_call(session.run.limits)
-        if reason is not None:
-            return await session.halt(reason)
+        stop = await session.budget_stop("model")
+        if stop is not None:
+            return stop
         fail("before_model_call")
         session.check_held()
         if not await model_capacity(session):  # the wait for it is not active time
@@ -207,7 +207,12 @@ async def process_group(
     session: RunSession, group: list[ToolCall], carried: dict[str, Resolution] | None = None
 ) -> Outcome | None:
     """One group of ``batches``: calls that run together (``parallel.run_group``), or a
-    call alone (``process``)."""
+    call alone (``process``); a group holding sub-agent calls starts (or collects) their
+    children around its other calls (``children.carry``, reference §18)."""
+    if children.holds_subagents(session, group):
+        return await children.carry(
+            session, group, lambda rest: process_group(session, rest, carried)
+        )
     if len(group) > 1:
         return await parallel.run_group(session, group)
     return await process(session, group[0], carried)

@@ -41,7 +41,7 @@ def joins(tool: Tool | None) -> bool:
     declared ``concurrent``, that needs no confirmation (no tool at all: it is refused
     without running)."""
     if tool is None:
-        return True
+        return True  # a sub-agent's call is a concurrent write (reference §18)
     return not tool.may_confirm and (tool.effect is Effect.READ or tool.concurrent)
 
 

@@ -13,13 +13,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, Literal
 
 from tether._runtime.hop import hop
 from tether._runtime.shared.services import Services
 from tether._runtime.step.first_messages import open_follow_up
 from tether._runtime.step.writes import Result, Turn, error_content, turn_of
-from tether.budget import Budget
+from tether.budget import Budget, Limits, tree_halt
 from tether.errors import DatabaseUnavailable, LeaseLost, TetherError
 from tether.failpoints import fail
 from tether.messages import ToolCall, pending_tool_calls, tool_calls_of, tool_result
@@ -94,6 +95,11 @@ class RunSession:
             for c in tool_calls_of(m)
         }
         self._mark = time.monotonic()
+        # A run of a tree of sub-agents (a child, or a run of an agent that has sub-agents)
+        # checks its tree's budget too (reference §18); the limits a new child of it
+        # takes where it declares none: the root's, as the last check read them.
+        self._tree = run.is_child or bool(services.agent.subagents)
+        self.tree_limits: Limits = run.limits
         # The engine's heartbeat keeps the lease alive until ``close``.
         self._held = services.heartbeat.hold(self.lease)
 
@@ -107,7 +113,9 @@ class RunSession:
         stopping: asyncio.Event | None = None,
     ) -> RunSession:
         """A session for a run this process just claimed: loads it, re-resolves the user's
-        scope now (invariant 7) and stores the fresh snapshot of it if it changed."""
+        scope now (invariant 7) and stores the fresh snapshot of it if it changed. A
+        child run is carried with its sub-agent (``Services.serving``)."""
+        services = services.serving(run)
         compacts = services.agent.compaction is not None  # else no compaction is ever stored
         snapshot = await hop(services.store.snapshot, run.id, history=True, compacts=compacts)
         if snapshot is None:
@@ -194,7 +202,10 @@ class RunSession:
         """The assistant turn to store for ``response`` (tool call ids made unique in
         the run), with its spend; nothing is written yet."""
         spend = spend_usd(response.model, response.usage, self.services.settings.prices)
-        return turn_of(response, step=self.step + 1, spend=spend, taken=self._call_ids)
+        suffix = self.run.id if self.run.is_child else None
+        return turn_of(
+            response, step=self.step + 1, spend=spend, taken=self._call_ids, tree_suffix=suffix
+        )
 
     async def append_turn(
         self, turn: Turn, results: Sequence[Result] = (), *, verdict: Verdict | None = None
@@ -284,6 +295,20 @@ class RunSession:
         content = error_content(code, message)
         await self.append_result(call, content, CallStatus.ERROR, counted=False)
 
+    async def start_children(self, children: Sequence[dict[str, Any]]) -> bool:
+        """Store ``children`` (new child runs' fields) and go ``waiting`` while any child
+        of this run is still going (``store.start_children``). Whether it now waits; once
+        it does, this session no longer holds the run."""
+        waits = await hop(
+            self.services.store.start_children,
+            self.lease,
+            children=list(children),
+            elapsed_ms=self._elapsed(),
+        )
+        if waits:
+            log.info("waiting", extra={"run_id": self.run.id, "action": "waiting"})
+        return bool(waits)
+
     async def suspend(self, calls: Sequence[Pending]) -> tuple[list[str], float]:
         """Suspend on ``calls`` (the turn's calls waiting on a human, in call order), each
         with a fresh token (only the tokens' hashes are stored); the calls this session
@@ -319,14 +344,40 @@ class RunSession:
             self.services.store.record_edit, self.lease, tool_call_id=call.id, arguments=arguments
         )
 
-    async def halt(self, reason: HaltReason) -> Outcome:
-        """running → halted; the run keeps its budget and messages for its owner."""
+    async def budget_stop(self, before: Literal["model", "tool"], count: int = 1) -> Outcome | None:
+        """The one budget check, before a model call or before ``count`` tool calls: the
+        run's own consumption against its limits, then, in a tree (reference §18), each
+        run's ``consumed_tree`` from this one up to the root against that run's limits.
+        Halts the run (naming whose limits stopped it) and returns how, or None."""
+        budget = self.budget.after_tool_calls(max(0, count - 1))
+        if before == "model":
+            reason = budget.check_before_model_call(self.run.limits)
+        else:
+            reason = budget.check_before_tool_call(self.run.limits)
+        if reason is not None:
+            return await self.halt(reason, halted_by=self.run.id)
+        if not self._tree:
+            return None
+        nodes = await hop(self.services.store.tree_figures, self.run.root_run_id or self.run.id)
+        mine = [replace(n, consumed=budget) if n.id == self.run.id else n for n in nodes]
+        root = next((n for n in nodes if n.parent_id is None), None)
+        if root is not None:
+            self.tree_limits = root.limits
+        found = tree_halt(self.run.id, mine, before)
+        if found is not None:
+            return await self.halt(found[0], halted_by=found[1])
+        return None
+
+    async def halt(self, reason: HaltReason, *, halted_by: str | None = None) -> Outcome:
+        """running → halted; the run keeps its budget and messages for its owner. A halt
+        on a budget names whose limits stopped it (``halted_by``, reference §18)."""
         await hop(
             self.services.store.halt,
             self.lease,
             reason=reason,
             elapsed_ms=self._elapsed(),
             event={"budget": self.budget.to_json(), "limits": self.run.limits.to_json()},
+            halted_by=halted_by,
         )
         log.info("halted", extra={"run_id": self.run.id, "action": "halted", "state": reason})
         return Outcome(run_id=self.run.id, kind=StopKind.HALTED, reason=reason.value)

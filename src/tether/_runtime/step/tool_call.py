@@ -149,9 +149,9 @@ async def first_call(session: RunSession, call: ToolCall) -> Outcome | None:
         # It may have run before the crash (a conditional confirmation may have said no):
         # its outcome is asked by key, never re-run blindly.
         return await reconcile(session, r, confirmed=False)
-    reason = session.budget.check_before_tool_call(session.run.limits)
-    if reason is not None:
-        return await session.halt(reason)
+    stop = await session.budget_stop("tool")
+    if stop is not None:
+        return stop
     check = await recheck(session, r, confirmed=False)
     if check.verdict is Check.NOT_PERMITTED:
         await session.refuse(call, "not_permitted", f"{call.name} is not permitted for you")

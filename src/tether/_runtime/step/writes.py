@@ -55,10 +55,18 @@ class Result:
         }
 
 
-def turn_of(response: ModelResponse, *, step: int, spend: float, taken: set[str]) -> Turn:
+def turn_of(
+    response: ModelResponse,
+    *,
+    step: int,
+    spend: float,
+    taken: set[str],
+    tree_suffix: str | None = None,
+) -> Turn:
     """The assistant turn ``step`` of ``response`` as it is to be stored, with its
-    ``spend``: its tool call ids made unique among those ``taken`` (added to it)."""
-    message = _normalized(response.message, step - 1, taken)
+    ``spend``: its tool call ids made unique among those ``taken`` (added to it) and, in a
+    child run, across its tree by ``tree_suffix`` (its run id, reference §18)."""
+    message = _normalized(response.message, step - 1, taken, tree_suffix)
     calls = tool_calls_of(message)
     content = message.get("content")
     event = {
@@ -73,7 +81,9 @@ def turn_of(response: ModelResponse, *, step: int, spend: float, taken: set[str]
     return Turn(message=message, calls=calls, spend=spend, event=event, input_tokens=tokens)
 
 
-def _normalized(message: Message, step: int, taken: set[str]) -> Message:
+def _normalized(
+    message: Message, step: int, taken: set[str], tree_suffix: str | None = None
+) -> Message:
     """The assistant message to store: role set, and every tool call with an id that is
     unique within the run's conversation (the id is the idempotency key's second half)."""
     out: Message = {**message, "role": "assistant"}
@@ -83,7 +93,9 @@ def _normalized(message: Message, step: int, taken: set[str]) -> Message:
         return out
     fixed = []
     for i, raw in enumerate(raw_calls):
-        call_id = str(raw.get("id") or f"call_{step}_{i}")[:100]
+        call_id = str(raw.get("id") or f"call_{step}_{i}")[: 64 if tree_suffix else 100]
+        if tree_suffix:
+            call_id = f"{call_id}-{tree_suffix}"
         while call_id in taken:
             call_id = f"{call_id}~{step}"
         taken.add(call_id)

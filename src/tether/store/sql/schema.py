@@ -122,6 +122,17 @@ runs = sa.Table(
     sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
     sa.Column("start_at", sa.Float, nullable=True),
     sa.Column("schedule_id", sa.String(64), nullable=True),
+    # A tree of sub-agents (reference §18, migration 0015): the run and tool call that
+    # started a child (NULL for a top-level run; one child per pair), the tree's root (the
+    # run's own id at the top), its depth (0 at the top), and the run whose limits halted
+    # it (NULL unless a budget halted it).
+    sa.Column("parent_run_id", sa.String(64), nullable=True),
+    sa.Column("parent_tool_call_id", sa.String(255), nullable=True),
+    sa.Column("root_run_id", sa.String(64), nullable=True),
+    sa.Column("depth", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("halted_by", sa.String(64), nullable=True),
+    # A child's place among its siblings: the order of the calls that started them.
+    sa.Column("child_order", sa.Integer, nullable=False, server_default="0"),
 )
 
 # Partial indexes: the reaper, the worker queue, expiry and retention each scan only the
@@ -164,6 +175,11 @@ sa.Index("runs_schedule", runs.c.schedule_id)
 # A user's key names one run: a second creation with it conflicts here.
 _partial(runs, "runs_request_key", "user_id", "request_key", where=REQUESTED, unique=True)
 sa.Index("runs_forked_from", runs.c.forked_from_run)
+# Trees of sub-agents (reference §18): one child per (parent run, tool call), so a parent
+# recovered mid-turn never starts a second child for one call; a tree is read by its root.
+CHILDREN = "parent_run_id IS NOT NULL"
+_partial(runs, "runs_child", "parent_run_id", "parent_tool_call_id", where=CHILDREN, unique=True)
+sa.Index("runs_root", runs.c.root_run_id)
 # Counting runs by state (the metrics gauge) reads this index only, never the rows. It is
 # partial on a predicate no other query states, so SQLite's planner (without statistics)
 # never picks it over the partial indexes above for a ``state = …`` lookup; the count
@@ -182,6 +198,9 @@ threads = sa.Table(
     sa.Column("runs", sa.Integer, nullable=False, server_default="0"),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
+    # False for a child run's thread (reference §18): not a conversation, never listed,
+    # never followed up (migration 0015).
+    sa.Column("conversation", sa.Boolean, nullable=False, server_default=sa.true()),
 )
 sa.Index("threads_user", threads.c.user_id, threads.c.updated_at)
 

@@ -157,6 +157,7 @@ HALT = Transition(
     returning=(runs.c.id,),
     **_LEAVE,
     halt_reason=sa.bindparam("b_reason"),
+    halted_by=sa.bindparam("b_halted_by", type_=sa.String),
 )
 
 FAIL = Transition(

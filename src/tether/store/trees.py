@@ -1,0 +1,150 @@
+"""Trees of sub-agents (reference §18): a parent starting its children and going
+``waiting`` in one transaction, a child's stop waking its parent in the transaction that
+stops it, and reading a tree.
+
+Why each is safe to run twice: a child is unique per (parent run, tool call id)
+(``runs_child``), and only the parent's lease holder starts children (fenced), so a
+recovered parent finds the children its dead owner stored and starts none again. Waking
+is a transition from ``waiting`` (a second wake finds the parent no longer waiting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from tether.budget import Budget, Limits, TreeNode
+from tether.errors import LeaseLost
+from tether.runs import Lease, Run
+from tether.store.backend.dialect import Dialect
+from tether.store.base import StoreBase
+from tether.store.creation import insert_run
+from tether.store.sql.steps import add_event, lease_params
+from tether.store.sql.trees import (
+    CHILDREN,
+    LIVE_CHILD,
+    LOCK_LEASED,
+    LOCK_RUN,
+    PARENTS,
+    ROOT_OF,
+    TREE,
+    TREE_BUDGET,
+    WAIT,
+    WAKE,
+)
+
+
+def stopped(conn: Connection, dialect: Dialect, run_ids: Sequence[str], state: str) -> None:
+    """Runs ``run_ids`` just stopped (``state``: answered, failed or cancelled), in the
+    caller's transaction: each one's parent gets ``child_stopped`` and, when no child of
+    it is still going, is made ready for a worker (reference §18). Runs without a parent
+    cost one read by key."""
+    if not run_ids:
+        return
+    for row in conn.execute(PARENTS, {"b_ids": list(run_ids)}).all():
+        params = {"b_parent": row.parent_run_id}
+        conn.execute(dialect.lock(LOCK_RUN), params).first()  # a child before its parent
+        add_event(conn, row.parent_run_id, "child_stopped", {"run_id": row.id, "state": state})
+        if WAKE.one(conn, params) is not None:
+            dialect.wake(conn)
+
+
+def halted(conn: Connection, run_id: str, reason: str, halted_by: str | None) -> None:
+    """A run just halted, in the caller's transaction: its parent, if any, gets
+    ``child_halted`` (it keeps waiting: its owner continues or cancels the child)."""
+    row = conn.execute(PARENTS, {"b_ids": [run_id]}).first()
+    if row is not None:
+        data = {"run_id": run_id, "halt_reason": reason, "halted_by": halted_by}
+        add_event(conn, row.parent_run_id, "child_halted", data)
+
+
+def descendants(conn: Connection, run_id: str) -> list[list[str]]:
+    """The descendants of ``run_id`` by depth, deepest first (the lock order of trees)."""
+    root = conn.execute(ROOT_OF, {"b_id": run_id}).scalar()
+    if root is None:
+        return []
+    rows = conn.execute(TREE_BUDGET, {"b_root": root}).all()
+    if len(rows) < 2:
+        return []
+    children: dict[str, list[str]] = {}
+    for row in rows:
+        if row.parent_run_id is not None:
+            children.setdefault(row.parent_run_id, []).append(row.id)
+    levels: list[list[str]] = []
+    level = children.get(run_id, [])
+    while level:
+        levels.append(level)
+        level = [c for parent in level for c in children.get(parent, [])]
+    return levels[::-1]
+
+
+class Trees(StoreBase):
+    """Starting children, and reading trees."""
+
+    def start_children(
+        self, lease: Lease, *, children: Sequence[dict[str, Any]], elapsed_ms: int
+    ) -> bool:
+        """Store the parent's new ``children`` (each ``insert_run``'s fields, with its
+        ``parent``) with a ``child_started`` event each, and move the parent to
+        ``waiting`` while any child of it is still going, in one transaction fenced by
+        the lease (``LeaseLost``). Whether it now waits (False: every child had already
+        stopped, and the parent goes on holding its lease)."""
+        with self.begin() as conn:
+            if conn.execute(self.dialect.lock(LOCK_LEASED), lease_params(lease)).first() is None:
+                raise LeaseLost("this worker no longer owns the run", run_id=lease.run_id)
+            for fields in children:
+                child = insert_run(conn, self.dialect, **fields)
+                started = {
+                    "run_id": child.id,
+                    "tool_call_id": child.parent_tool_call_id,
+                    "agent": fields["route"].get("agent"),
+                }
+                add_event(conn, lease.run_id, "child_started", started)
+            if conn.execute(LIVE_CHILD, {"b_parent": lease.run_id}).first() is None:
+                return False
+            params = {**lease_params(lease), "b_elapsed": elapsed_ms}
+            if WAIT.one(conn, params) is None:
+                raise LeaseLost("this worker no longer owns the run", run_id=lease.run_id)
+            return True
+
+    def children(self, run_id: str) -> list[Run]:
+        """The children of ``run_id``, in the order of the calls that started them."""
+        with self.reading() as conn:
+            found = conn.execute(CHILDREN, {"b_parent": run_id}).all()
+        return [Run.from_row(r._mapping) for r in found]
+
+    def tree(self, run_id: str) -> list[Run]:
+        """Every run of the tree ``run_id`` belongs to, parents before children, siblings
+        in call order; empty when there is no such run."""
+        with self.reading() as conn:
+            root = conn.execute(ROOT_OF, {"b_id": run_id}).scalar()
+            if root is None:
+                return []
+            found = conn.execute(TREE, {"b_root": root}).all()
+        return [Run.from_row(r._mapping) for r in found]
+
+    def tree_figures(self, root_run_id: str) -> list[TreeNode]:
+        """The limits and consumption of every run of a tree, for its budget check."""
+        with self.reading() as conn:
+            found = conn.execute(TREE_BUDGET, {"b_root": root_run_id}).all()
+        return [
+            TreeNode(
+                id=r.id,
+                parent_id=r.parent_run_id,
+                limits=Limits(
+                    max_steps=r.max_steps,
+                    max_spend_usd=r.max_spend_usd,
+                    max_tool_calls=r.max_tool_calls,
+                    max_elapsed_ms=r.max_elapsed_ms,
+                ),
+                consumed=Budget(
+                    steps=r.steps,
+                    spend_usd=r.spend_usd,
+                    tool_calls=r.tool_calls,
+                    elapsed_ms=r.elapsed_ms,
+                ),
+            )
+            for r in found
+        ]
