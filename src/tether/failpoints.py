@@ -30,6 +30,8 @@ POINTS: tuple[str, ...] = (
     "after_step_persist",  # a tool result (or a whole read-only step) is durable
     "before_suspend",  # a preview is rendered for confirmation; the suspension is not durable
     "after_suspend",  # the suspension is durable; the notice is not sent
+    "after_children_started",  # a parent's children and its waiting state are durable (§18)
+    "before_child_results",  # a parent's children stopped; their results are not durable (§18)
     "after_decision_recorded",  # a decision is recorded; others of its turn are undecided
     "after_claim",  # a resumption claimed the run; nothing else done
     "after_resume_execute",  # an approved call's result is durable; the run not handed back
