@@ -178,6 +178,24 @@ class Budget:
         return None
 
 
+# A limit no run reaches: what a child's undeclared limits are to its own checks.
+_UNBOUND = Limits(
+    max_steps=2**62, max_spend_usd=float("inf"), max_tool_calls=2**62, max_elapsed_ms=2**62
+)
+
+
+def binding(limits: Limits, route: dict[str, Any], *, child: bool) -> Limits:
+    """The limits that bind a run on its own: all of a top-level run's; of a child's, only
+    those its sub-agent declares (``route["limits"]``), its others being its root's figures
+    as they were when it started, which bind only through the tree's check (reference §18),
+    so a grant to the root reaches them."""
+    if not child:
+        return limits
+    declared = set(route.get("limits") or ())
+    own = limits.to_json()
+    return Limits(**{k: own[k] if k in declared else v for k, v in _UNBOUND.to_json().items()})
+
+
 @dataclass(frozen=True, kw_only=True)
 class TreeNode:
     """One run of a tree of sub-agents as its budget check sees it (reference §18)."""

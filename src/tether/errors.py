@@ -127,6 +127,13 @@ class NotHalted(TetherError):
     code = "not_halted"
 
 
+class HaltedByAncestor(TetherError):
+    """The run was halted by an ancestor's limits (reference §18): continuing that ancestor
+    (named by ``run_id``) is the grant that resumes it."""
+
+    code = "halted_by_ancestor"
+
+
 class AlreadyFinished(TetherError):
     """The run is terminal and cannot be cancelled."""
 

@@ -10,6 +10,7 @@ from tether.api.statuses import DEFAULT_STATUS, STATUS, status_for
 
 # The statuses reference §6 clients rely on; a change here is a breaking change of the API.
 PUBLISHED = {
+    "halted_by_ancestor": 409,
     "wrong_version": 409,
     "four_eyes": 403,
     "tool_unavailable": 409,

@@ -14,6 +14,7 @@ STATUS: dict[str, int] = {
     "no_longer_permitted": 403,
     "four_eyes": 403,
     "not_halted": 409,
+    "halted_by_ancestor": 409,
     "already_finished": 409,
     "already_resumed": 409,
     "changed": 409,

@@ -229,7 +229,12 @@ async def run_event_stream(
     responses=responses(
         (401, AUTH),
         (404, _NOT_FOUND),
-        (409, "`not_halted`: only a halted run can be continued"),
+        (
+            409,
+            "`not_halted`: only a halted run can be continued (or a waiting parent whose "
+            "limits halted a run of its tree); `halted_by_ancestor` (`run_id`): continue "
+            "that ancestor instead",
+        ),
         (413, TOO_LARGE),
         (422, INVALID + "; or a limit is over the cap (`limit` and `cap` say which)"),
     ),

@@ -46,6 +46,8 @@ class _Entry:
     tool_call_id: str
     ask: Asked
     shown_digest: str | None
+    # The run the call belongs to: the run named, or a run of its subtree (reference §18).
+    run_id: str
 
 
 async def decide_calls(
@@ -55,23 +57,27 @@ async def decide_calls(
     approver: str,
     decisions: Sequence[Mapping[str, Any]],
 ) -> list[CallDecision]:
-    """Decide the named calls of ``run_id`` as ``approver``, in the order given.
+    """Decide the named calls of ``run_id`` and of the runs of its subtree (its child runs,
+    theirs, ..., reference §18) as ``approver``, in the order given; each decision claims
+    only the run its call belongs to.
 
     ``not_found`` when the run is missing or ``approver`` may not decide it (its owner or
     an approver by the owner's scope now); ``invalid_input``, with nothing recorded, when
     any entry is malformed, names a call twice, or names a call that is neither pending
-    nor decided on this run. A decided call answers ``already_resumed`` in its result."""
+    nor decided on this run or its subtree. A decided call answers ``already_resumed`` in
+    its result."""
     run = await hop(services.store.get_run, inputs.run_id(run_id))
     if run is None or not await may_decide(services, run.user_id, approver):
         raise NotFound("no such run")
-    entries = [await _checked(services, run, approver, raw) for raw in _listed(decisions)]
+    runs = await _subtree(services, run)
+    entries = [await _checked(services, runs, approver, raw) for raw in _listed(decisions)]
     if len({e.tool_call_id for e in entries}) != len(entries):
         raise InvalidInput("each tool_call_id may be decided once per request")
     results = []
     for entry in entries:
         try:
             result = await resume.by_run(
-                services, owner, run.id, entry.tool_call_id, entry.shown_digest, entry.ask
+                services, owner, entry.run_id, entry.tool_call_id, entry.shown_digest, entry.ask
             )
         except TetherError as exc:
             if exc.code not in REFUSALS:
@@ -114,9 +120,25 @@ def _listed(decisions: Any) -> list[Mapping[str, Any]]:
     return list(decisions)
 
 
-async def _checked(services: Services, run: Run, approver: str, raw: Mapping[str, Any]) -> _Entry:
+async def _subtree(services: Services, run: Run) -> list[Run]:
+    """``run`` and its descendants, ``run`` first (only ``run`` when it has none): the runs
+    a decision through it may decide calls of (reference §18)."""
+    if not run.is_child and not services.agent.subagents:
+        return [run]
+    tree = await hop(services.store.tree, run.id)
+    inside = {run.id}
+    for member in tree:  # parents before children
+        if member.parent_run_id in inside:
+            inside.add(member.id)
+    return [run, *(m for m in tree if m.id in inside and m.id != run.id)]
+
+
+async def _checked(
+    services: Services, runs: Sequence[Run], approver: str, raw: Mapping[str, Any]
+) -> _Entry:
     """One entry, checked as its token's decision would be, and the call it names known
-    on this run: the pending call, or one already decided."""
+    on one of ``runs`` (the run named and its subtree; tool call ids are unique across a
+    tree): the pending call, or one already decided."""
     call_id = raw.get("tool_call_id")
     if not isinstance(call_id, str) or not 0 < len(call_id) <= 128:
         raise InvalidInput("tool_call_id must be the id of a pending call (1 to 128 characters)")
@@ -127,15 +149,20 @@ async def _checked(services: Services, run: Run, approver: str, raw: Mapping[str
         arguments=raw.get("arguments"),
         digest=raw.get("digest"),
     )
-    found = await suspended_on(services, run.id, call_id)
-    pending = found.call.pending if found.run is not None and found.call is not None else None
-    if pending is not None:
-        if ask.arguments is not None:
-            tool_arguments(services, pending, ask.arguments)  # invalid_input, nothing recorded
-        # The request as read here is the one decided (one re-suspended since is not);
-        # ``digest``, as with its token, is compared with the preview re-rendered after
-        # the claim (``changed`` when it differs; absent: the pending preview's).
-        return _Entry(tool_call_id=call_id, ask=ask, shown_digest=pending.digest)
-    if await hop(services.store.decision_for_call, run.id, call_id) is None:
-        raise InvalidInput(f"tool_call_id {call_id!r} is not a pending call of this run")
-    return _Entry(tool_call_id=call_id, ask=ask, shown_digest=None)  # already_resumed
+    for run in runs:
+        found = await suspended_on(services, run.id, call_id)
+        call = found.call if found.run is not None else None
+        if call is not None:
+            if ask.arguments is not None:  # invalid_input, nothing recorded
+                tool_arguments(services.serving(run), call.pending, ask.arguments)
+            # The request as read here is the one decided (one re-suspended since is not);
+            # ``digest``, as with its token, is compared with the preview re-rendered after
+            # the claim (``changed`` when it differs; absent: the pending preview's).
+            return _Entry(
+                tool_call_id=call_id, ask=ask, shown_digest=call.pending.digest, run_id=run.id
+            )
+    for run in runs:
+        if await hop(services.store.decision_for_call, run.id, call_id) is not None:
+            return _Entry(tool_call_id=call_id, ask=ask, shown_digest=None, run_id=run.id)
+    where = "this run" if len(runs) == 1 else "this run or a run of its tree below it"
+    raise InvalidInput(f"tool_call_id {call_id!r} is not a pending call of {where}")

@@ -9,13 +9,27 @@ from tether._runtime.shared.heartbeat import Heartbeat
 from tether._runtime.shared.model_rate_limiter import RateLimiter
 from tether._runtime.shared.services import Services
 from tether.agent import Agent
+from tether.budget import Limits, within_cap
 from tether.config import Settings
+from tether.errors import ConfigError, InvalidInput
 from tether.models.base import Model
 from tether.notify import LogNotifier, Notifier, Outbox
 from tether.store import Store
 
 # How long closing an engine waits for queued notices to go out.
 NOTICE_DRAIN_S = 5.0
+
+
+def check_subagent_limits(agent: Agent, cap: Limits) -> None:
+    """Refuse, before anything starts, a sub-agent whose declared limits pass the configured
+    cap (``TETHER_MAX_LIMITS``): every child of it would be refused (reference §18)."""
+    for sub in (tool for member in agent.tree.values() for tool in member.subagents):
+        if sub.child_limits is None:
+            continue
+        try:
+            within_cap(sub.limits_for(cap), cap, f"the limits {sub.name} declares")
+        except InvalidInput as exc:
+            raise ConfigError(f"agent {agent.name}: {exc.message}") from exc
 
 
 class Parts:
@@ -32,6 +46,7 @@ class Parts:
         notifier: Notifier | None,
         public_url: str | None,
     ) -> None:
+        check_subagent_limits(agent, settings.max_limits)
         if listen_database_url is None and database_url is None:
             listen_database_url = settings.listen_database_url  # of the same database
         self.store = Store(

@@ -13,6 +13,7 @@ from tether.store.records import CallStatus, Decision, Event, LedgerEntry
 from tether.store.steps import Intent, idempotency_key
 from tether.store.store import Store
 from tether.store.suspensions import TokenMatch
+from tether.store.trees import StepRefused
 
 __all__ = [
     "CallStatus",
@@ -24,6 +25,7 @@ __all__ = [
     "LedgerEntry",
     "SchemaStatus",
     "Snapshot",
+    "StepRefused",
     "Store",
     "TokenMatch",
     "ensure_schema",

@@ -78,7 +78,30 @@ class SuspensionClaim:
 _LIMITS = ("max_steps", "max_spend_usd", "max_tool_calls", "max_elapsed_ms")
 _GRANTED: dict[str, Any] = {name: sa.bindparam(f"b_{name}") for name in _LIMITS}
 _HALTED_OF_USER = sa.select(runs).where(
-    ID, runs.c.user_id == sa.bindparam("b_user"), state_in([RunState.HALTED])
+    ID, runs.c.user_id == sa.bindparam("b_user"), state_in([RunState.HALTED, RunState.WAITING])
+)
+# A grant to a waiting parent (reference §18): its limits raised, its state unchanged.
+_GRANT_WAITING = (
+    runs.update()
+    .where(ID, runs.c.user_id == sa.bindparam("b_user"), state_in([RunState.WAITING]))
+    .values(updated_at=db_now(), **_GRANTED)
+    .returning(runs)
+)
+# The runs of its subtree the grant resumes: those its limits halted (``halted_by``).
+_RESUME_HALTED_BY = Transition(
+    RunState.HALTED,
+    RUNNING,
+    runs.c.root_run_id == sa.bindparam("b_root"),
+    runs.c.halted_by == sa.bindparam("b_id"),
+    runs.c.id != sa.bindparam("b_id"),
+    owner=None,
+    halt_reason=None,
+    halted_by=None,
+    pending=None,
+    undecided=0,
+    ready_at=None,
+    updated_at=db_now(),
+    returning=(runs.c.id,),
 )
 _CONTINUE = Transition(
     RunState.HALTED,
@@ -306,9 +329,12 @@ class Claims(StoreBase):
         self, *, run_id: str, user_id: str, limits: Limits, by: str, why: str | None
     ) -> Run | None:
         """halted → running (handed to the workers) with the granted ``limits``, logging
-        the grant: who, why, the previous halt reason, the old and new limits. None if the
-        run is not the user's halted run (the caller tells which); ``InvalidInput`` if the
-        user was removed."""
+        the grant: who, why, the previous halt reason, the old and new limits. Every run of
+        its subtree halted by its limits (``halted_by``, reference §18) resumes with it, in
+        the same transaction, listed in the grant's one ``continued`` event (``resumed``);
+        a ``waiting`` parent that some of them name gets the grant and keeps waiting. None
+        if the run is not the user's halted run, nor a waiting run that a run of its
+        subtree names (the caller tells which); ``InvalidInput`` if the user was removed."""
         params = {"b_id": run_id, "b_user": user_id}
         with self.begin() as conn:
             admit(conn, self.dialect, user_id)  # the user's row first, as a creation does
@@ -321,10 +347,17 @@ class Claims(StoreBase):
                 return None
             old = Run.from_row(before._mapping)
             granted = {f"b_{name}": value for name, value in limits.to_json().items()}
-            row = _CONTINUE.one(conn, {**params, **granted})
+            subtree = {"b_root": old.root_run_id, "b_id": run_id}
+            resumed = [str(r.id) for r in _RESUME_HALTED_BY.many(conn, subtree)]  # deeper first
+            if old.state is RunState.WAITING and not resumed:
+                return None
+            if old.state is RunState.WAITING:
+                row = conn.execute(_GRANT_WAITING, {**params, **granted}).first()
+            else:
+                row = _CONTINUE.one(conn, {**params, **granted})
             if row is None:
                 return None
-            grant = {
+            grant: dict[str, Any] = {
                 "by": by,
                 "why": why,
                 "previous_halt_reason": old.halt_reason,
@@ -332,6 +365,10 @@ class Claims(StoreBase):
                 "new_limits": limits.to_json(),
                 "budget": old.budget.to_json(),
             }
+            if resumed:
+                grant["resumed"] = resumed
+            for resumed_id in resumed:
+                clear_calls(conn, resumed_id)
             clear_calls(conn, run_id)  # its suspension's tokens and decisions are void
             add_event(conn, run_id, "continued", grant)
             self.dialect.wake(conn)

@@ -40,7 +40,7 @@ from tether.store.sql.steps import (
 )
 from tether.store.sql.transitions import Transition
 from tether.store.suspensions import write_calls
-from tether.store.trees import halted, stopped
+from tether.store.trees import StepRefused, halted, step_over, stopped
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +97,7 @@ class Steps(StoreBase):
         output: Any = None,
         events: Sequence[tuple[str, dict[str, Any]]] = (),
         input_tokens: int = 0,
+        tree_root: str | None = None,
     ) -> None:
         """The assistant turn with its spend, step count and the ledger intents of its tool
         calls, in one transaction: the turn *is* the intent. A final answer also moves the
@@ -106,6 +107,8 @@ class Steps(StoreBase):
         ``tool_result``): one commit for the step. A rejected answer passes the feedback
         to the model as a result, and its ``output_invalid`` in ``events`` (kind, data).
         ``input_tokens``: what the model call reported (the trigger of compaction).
+        ``tree_root``: the root of the run's tree of sub-agents, whose steps this one must
+        not take past any ancestor's ``max_steps`` (``StepRefused``, nothing stored).
 
         ``seq`` is the run's message count as the writer knows it: idempotent, so a try
         after a COMMIT that was cut off finds the first try's turn and does nothing."""
@@ -144,6 +147,13 @@ class Steps(StoreBase):
                 self.dialect.write_turn(
                     conn, params, final=final, messages=messages, intents=keyed, events=traced
                 )
+                over = (
+                    None
+                    if tree_root is None
+                    else step_over(conn, self.dialect, lease.run_id, tree_root)
+                )
+                if over is not None:
+                    raise StepRefused(*over)  # rolls the turn back
                 if final:  # its parent, if any, hears of it and may go on (reference §18)
                     stopped(conn, self.dialect, [lease.run_id], RunState.ANSWERED.value)
         except LeaseLost:
@@ -295,13 +305,23 @@ class Steps(StoreBase):
         elapsed_ms: int,
         event: dict[str, Any],
         halted_by: str | None = None,
+        spend_usd: float = 0.0,
     ) -> None:
         """running → halted with ``reason``; the run keeps its budget and messages. A halt
         on a budget names the run whose limits stopped it (``halted_by``: its own id, or
-        an ancestor's, reference §18); its parent, if any, hears of it."""
+        an ancestor's, reference §18); its parent, if any, hears of it. ``spend_usd``: a model
+        call's cost not recorded yet (its step was refused)."""
         stored = HaltReason(reason).value
         with self.begin() as conn:
-            self._leave(conn, HALT, lease, elapsed_ms, b_reason=stored, b_halted_by=halted_by)
+            self._leave(
+                conn,
+                HALT,
+                lease,
+                elapsed_ms,
+                b_reason=stored,
+                b_halted_by=halted_by,
+                b_spend=spend_usd,
+            )
             data = {"reason": stored, **event}
             if halted_by is not None:
                 data["halted_by"] = halted_by

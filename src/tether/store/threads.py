@@ -110,6 +110,11 @@ _LATER = (
 _IDS_OF_THREADS = sa.select(runs.c.id).where(
     runs.c.thread_id.in_(sa.bindparam("b_threads", expanding=True))
 )
+# The child runs of the trees whose roots are ``b_roots`` (reference §18).
+_TREES_BELOW = sa.select(runs.c.id, runs.c.thread_id).where(
+    runs.c.root_run_id.in_(sa.bindparam("b_roots", expanding=True)),
+    runs.c.parent_run_id.is_not(None),
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,12 +248,17 @@ def delete_runs(conn: Connection, ids: Sequence[str]) -> int:
 
 
 def delete_threads(conn: Connection, thread_ids: Sequence[str]) -> int:
-    """Delete the threads ``thread_ids`` and all their runs; how many runs went."""
+    """Delete the threads ``thread_ids`` and all their runs, with the trees of sub-agents
+    those runs are the roots of (their child runs and the children's threads, reference
+    §18); how many runs went."""
     if not thread_ids:
         return 0
     params = {"b_threads": list(thread_ids)}
-    gone = delete_runs(conn, list(conn.execute(_IDS_OF_THREADS, params).scalars()))
-    conn.execute(threads.delete().where(threads.c.id.in_(list(thread_ids))))
+    roots = list(conn.execute(_IDS_OF_THREADS, params).scalars())
+    below = conn.execute(_TREES_BELOW, {"b_roots": roots}).all() if roots else []
+    gone = delete_runs(conn, [*roots, *(r.id for r in below)])
+    doomed = [*thread_ids, *(r.thread_id for r in below if r.thread_id)]
+    conn.execute(threads.delete().where(threads.c.id.in_(doomed)))
     return gone
 
 

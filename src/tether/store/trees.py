@@ -15,8 +15,9 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from tether.budget import Budget, Limits, TreeNode
+from tether.budget import Budget, Limits, TreeNode, binding, consumed_trees
 from tether.errors import LeaseLost
+from tether.reasons import HaltReason
 from tether.runs import Lease, Run
 from tether.store.backend.dialect import Dialect
 from tether.store.base import StoreBase
@@ -25,6 +26,7 @@ from tether.store.sql.steps import add_event, lease_params
 from tether.store.sql.trees import (
     CHILDREN,
     LIVE_CHILD,
+    LOCK_CHAIN,
     LOCK_LEASED,
     LOCK_RUN,
     PARENTS,
@@ -80,6 +82,68 @@ def descendants(conn: Connection, run_id: str) -> list[list[str]]:
     return levels[::-1]
 
 
+class StepRefused(Exception):
+    """A tree's step that would pass ``halted_by``'s ``max_steps``: the transaction that
+    stored it rolls back, and the run halts instead (reference §18)."""
+
+    def __init__(self, reason: str, halted_by: str) -> None:
+        super().__init__(f"{reason} of {halted_by}")
+        self.reason = reason
+        self.halted_by = halted_by
+
+
+def step_over(
+    conn: Connection, dialect: Dialect, run_id: str, root_run_id: str
+) -> tuple[str, str] | None:
+    """Inside the transaction that just stored a turn of ``run_id``: whether that step took
+    the run, or an ancestor's tree, past its ``max_steps`` (reference §18). Checked with
+    the run and its ancestors locked (deepest first), so of two runs of one tree storing a
+    step at once the second sees the first's: steps never pass an ancestor's limit. The
+    halt reason and whose limits, or None."""
+    nodes = _figures(conn.execute(TREE_BUDGET, {"b_root": root_run_id}).all())
+    parent = {n.id: n.parent_id for n in nodes}
+    chain: list[str] = []
+    above: str | None = run_id
+    while above is not None and above in parent and above not in chain:
+        chain.append(above)
+        above = parent[above]
+    conn.execute(dialect.lock(LOCK_CHAIN), {"b_ids": chain}).all()
+    nodes = _figures(conn.execute(TREE_BUDGET, {"b_root": root_run_id}).all())
+    totals = consumed_trees(nodes)
+    limits = {n.id: n.limits for n in nodes}
+    for member in chain:
+        if totals[member].steps > limits[member].max_steps:
+            return HaltReason.MAX_STEPS.value, member
+    return None
+
+
+def _figures(rows: Sequence[Any]) -> list[TreeNode]:
+    """Tree budget rows (``TREE_BUDGET``) as the budget check's nodes."""
+    return [
+        TreeNode(
+            id=r.id,
+            parent_id=r.parent_run_id,
+            limits=binding(
+                Limits(
+                    max_steps=r.max_steps,
+                    max_spend_usd=r.max_spend_usd,
+                    max_tool_calls=r.max_tool_calls,
+                    max_elapsed_ms=r.max_elapsed_ms,
+                ),
+                dict(r.route or {}),
+                child=r.parent_run_id is not None,
+            ),
+            consumed=Budget(
+                steps=r.steps,
+                spend_usd=r.spend_usd,
+                tool_calls=r.tool_calls,
+                elapsed_ms=r.elapsed_ms,
+            ),
+        )
+        for r in rows
+    ]
+
+
 class Trees(StoreBase):
     """Starting children, and reading trees."""
 
@@ -128,23 +192,4 @@ class Trees(StoreBase):
     def tree_figures(self, root_run_id: str) -> list[TreeNode]:
         """The limits and consumption of every run of a tree, for its budget check."""
         with self.reading() as conn:
-            found = conn.execute(TREE_BUDGET, {"b_root": root_run_id}).all()
-        return [
-            TreeNode(
-                id=r.id,
-                parent_id=r.parent_run_id,
-                limits=Limits(
-                    max_steps=r.max_steps,
-                    max_spend_usd=r.max_spend_usd,
-                    max_tool_calls=r.max_tool_calls,
-                    max_elapsed_ms=r.max_elapsed_ms,
-                ),
-                consumed=Budget(
-                    steps=r.steps,
-                    spend_usd=r.spend_usd,
-                    tool_calls=r.tool_calls,
-                    elapsed_ms=r.elapsed_ms,
-                ),
-            )
-            for r in found
-        ]
+            return _figures(conn.execute(TREE_BUDGET, {"b_root": root_run_id}).all())

@@ -101,11 +101,13 @@ _REISSUED = (
 # Threads whose every run is halted or finished and unchanged for the retention: a
 # thread's runs are purged together, once its most recent run is past retention. The
 # candidates come from the retention index (runs past it); a thread with a run that is
-# still going, or changed since, is left whole.
+# still going, or changed since, is left whole. A child run's thread is never a candidate
+# of its own: a tree is purged with its root's thread (reference §18).
 _PAST_RETENTION = (
     sa.select(runs.c.thread_id)
     .where(
         state_in(RETAINED),
+        runs.c.parent_run_id.is_(None),
         runs.c.updated_at < db_now() - sa.bindparam("b_retention", type_=sa.Float),
         ~kept(runs.c.thread_id),
     )

@@ -15,6 +15,7 @@ from tether._runtime.shared.services import Services
 from tether.budget import Limits, parse_limits, within_cap
 from tether.errors import (
     AlreadyFinished,
+    HaltedByAncestor,
     NotFound,
     NotHalted,
 )
@@ -34,6 +35,9 @@ async def continue_run(
 ) -> Run:
     """Continue a halted run, deliberately: only its owner, only when halted, with an
     explicit grant (reference §6 default, or ``limits`` within the configured cap), logged.
+    In a tree (reference §18) the grant also resumes every run of its subtree its limits
+    halted, and may go to a ``waiting`` parent whose limits halted some; a run halted by an
+    ancestor's limits is ``halted_by_ancestor`` (naming the run to continue).
 
     Safe to call twice: the second call finds the run no longer halted (``not_halted``).
     """
@@ -42,7 +46,12 @@ async def continue_run(
         raise NotFound("no such run")
     if why is not None:
         inputs.text(why, "why", 2000)
-    if run.state is not RunState.HALTED:
+    if run.state is RunState.HALTED and run.halted_by not in (None, run.id):
+        raise HaltedByAncestor(
+            "an ancestor's limits halted this run: continue that run, which resumes this one",
+            run_id=run.halted_by,
+        )
+    if run.state not in (RunState.HALTED, RunState.WAITING):
         raise NotHalted(f"the run is {run.state.value}, not halted")
     granted = run.limits.extended() if limits is None else parse_limits(limits, run.limits)
     within_cap(granted, services.settings.max_limits, "the granted limits")
@@ -57,6 +66,11 @@ async def continue_run(
             why=why,
         )
         if continued is None:
+            if run.state is RunState.WAITING:
+                raise NotHalted(
+                    "the run is waiting for its child runs, and none of them was halted by "
+                    "its limits: continue the child that halted instead"
+                )
             raise NotHalted("the run is no longer halted")
     log.info("continued", extra={"run_id": run_id, "action": "continue", "state": "running"})
     return continued

@@ -140,7 +140,10 @@ def _child(session: RunSession, r: Resolved, order: int) -> dict[str, Any]:
         "run_id": uuid.uuid4().hex,
         "user_id": run.user_id,
         "question": task,
-        "route": {"agent": agent.name},
+        "route": {
+            "agent": agent.name,
+            **({"limits": sorted(tool.child_limits)} if tool.child_limits else {}),
+        },
         "limits": tool.limits_for(session.tree_limits),
         "scope": session.scope.to_json(),
         "versions": agent.versions(),

@@ -153,7 +153,9 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
         if not turn.calls:
             answer = turn.message.get("content")
             verdict = output.check(session.services.agent.output_type, answer)
-            await session.append_turn(turn, verdict=verdict)
+            refused = await session.append_turn(turn, verdict=verdict)
+            if refused is not None:  # its tree's steps were spent (reference §18)
+                return refused
             STEP_SECONDS.observe(time.monotonic() - step_started)
             if verdict.errors:  # sent back with its errors, one step spent (reference §11)
                 step_started = None
@@ -166,7 +168,9 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
                 output=verdict.value,
             )
         results = await tool_call.read_step(session, turn.calls)
-        await session.append_turn(turn, results or ())  # a read-only step: one commit
+        refused = await session.append_turn(turn, results or ())  # a read-only step: one commit
+        if refused is not None:
+            return refused
         for result in results or ():
             if result.status is CallStatus.OK:
                 fail("after_step_persist", result.call.name)

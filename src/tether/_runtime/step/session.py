@@ -20,7 +20,7 @@ from tether._runtime.hop import hop
 from tether._runtime.shared.services import Services
 from tether._runtime.step.first_messages import open_follow_up
 from tether._runtime.step.writes import Result, Turn, error_content, turn_of
-from tether.budget import Budget, Limits, tree_halt
+from tether.budget import Budget, Limits, binding, tree_halt
 from tether.errors import DatabaseUnavailable, LeaseLost, TetherError
 from tether.failpoints import fail
 from tether.messages import ToolCall, pending_tool_calls, tool_calls_of, tool_result
@@ -31,7 +31,14 @@ from tether.reasons import FailReason, HaltReason
 from tether.results import Outcome, StopKind
 from tether.runs import Lease, Pending, Run, RunState
 from tether.scope import Scope
-from tether.store import CallStatus, CompactionRecord, Decision, Intent, idempotency_key
+from tether.store import (
+    CallStatus,
+    CompactionRecord,
+    Decision,
+    Intent,
+    StepRefused,
+    idempotency_key,
+)
 from tether.telemetry import tracing
 from tether.tokens import hash_token, new_token
 from tether.tools.tool import ToolContext
@@ -99,6 +106,7 @@ class RunSession:
         # checks its tree's budget too (reference §18); the limits a new child of it
         # takes where it declares none: the root's, as the last check read them.
         self._tree = run.is_child or bool(services.agent.subagents)
+        self._binding = binding(run.limits, run.route, child=run.is_child)
         self.tree_limits: Limits = run.limits
         # The engine's heartbeat keeps the lease alive until ``close``.
         self._held = services.heartbeat.hold(self.lease)
@@ -209,13 +217,15 @@ class RunSession:
 
     async def append_turn(
         self, turn: Turn, results: Sequence[Result] = (), *, verdict: Verdict | None = None
-    ) -> None:
+    ) -> Outcome | None:
         """The assistant turn with its spend, the step count and its calls' ledger intents;
         a turn without calls is the final answer and moves the run to ``answered`` (with
         its ``verdict``'s typed output), unless the verdict rejects it: then the feedback
         to the model is stored after it in the same transaction, and the run goes on. A
         read-only step passes the ``results`` of all its calls, stored in the same
-        transaction (their ledger entries then record the outcomes)."""
+        transaction (their ledger entries then record the outcomes). In a tree of
+        sub-agents a step that would pass an ancestor's ``max_steps`` is not stored: the run
+        halts instead, its model call's spend counted (reference §18), and how is returned."""
         by_call = {r.call.id: r for r in results}
         stored = [tool_result(r.call.id, r.content) for r in results]
         counted = sum(1 for r in results if r.counted)
@@ -224,6 +234,31 @@ class RunSession:
         if verdict is not None and rejected:  # the model gets it back with its errors
             stored.append(verdict.feedback())
             events.append(("output_invalid", verdict.event(self.step + 1)))
+        try:
+            await self._persist_turn(turn, stored, by_call, counted, verdict, rejected, events)
+        except StepRefused as refused:
+            return await self.halt(
+                HaltReason(refused.reason), halted_by=refused.halted_by, spend_usd=turn.spend
+            )
+        self.input_tokens = turn.input_tokens
+        self.messages.append(turn.message)
+        self.messages.extend(stored)
+        self.budget = self.budget.after_turn(turn.spend).after_tool_calls(counted)
+        self.step += 1
+        self._recovering = False
+        return None
+
+    async def _persist_turn(
+        self,
+        turn: Turn,
+        stored: list[Message],
+        by_call: dict[str, Result],
+        counted: int,
+        verdict: Verdict | None,
+        rejected: bool,
+        events: list[tuple[str, dict[str, Any]]],
+    ) -> None:
+        results = list(by_call.values())
         await hop(
             self.services.store.persist_turn,
             self.lease,
@@ -240,13 +275,8 @@ class RunSession:
             output=None if verdict is None else verdict.stored,
             events=events,
             input_tokens=turn.input_tokens,
+            tree_root=(self.run.root_run_id or self.run.id) if self._tree else None,
         )
-        self.input_tokens = turn.input_tokens
-        self.messages.append(turn.message)
-        self.messages.extend(stored)
-        self.budget = self.budget.after_turn(turn.spend).after_tool_calls(counted)
-        self.step += 1
-        self._recovering = False
 
     async def compact(self, summary: str, *, through_seq: int, tokens: int, spend: float) -> None:
         """Store a compaction of the conversation through ``through_seq`` with its spend
@@ -351,9 +381,9 @@ class RunSession:
         Halts the run (naming whose limits stopped it) and returns how, or None."""
         budget = self.budget.after_tool_calls(max(0, count - 1))
         if before == "model":
-            reason = budget.check_before_model_call(self.run.limits)
+            reason = budget.check_before_model_call(self._binding)
         else:
-            reason = budget.check_before_tool_call(self.run.limits)
+            reason = budget.check_before_tool_call(self._binding)
         if reason is not None:
             return await self.halt(reason, halted_by=self.run.id)
         if not self._tree:
@@ -368,7 +398,9 @@ class RunSession:
             return await self.halt(found[0], halted_by=found[1])
         return None
 
-    async def halt(self, reason: HaltReason, *, halted_by: str | None = None) -> Outcome:
+    async def halt(
+        self, reason: HaltReason, *, halted_by: str | None = None, spend_usd: float = 0.0
+    ) -> Outcome:
         """running → halted; the run keeps its budget and messages for its owner. A halt
         on a budget names whose limits stopped it (``halted_by``, reference §18)."""
         await hop(
@@ -378,7 +410,9 @@ class RunSession:
             elapsed_ms=self._elapsed(),
             event={"budget": self.budget.to_json(), "limits": self.run.limits.to_json()},
             halted_by=halted_by,
+            spend_usd=spend_usd,
         )
+        self.budget = self.budget.after_spend(spend_usd)
         log.info("halted", extra={"run_id": self.run.id, "action": "halted", "state": reason})
         return Outcome(run_id=self.run.id, kind=StopKind.HALTED, reason=reason.value)
 

@@ -158,6 +158,8 @@ HALT = Transition(
     **_LEAVE,
     halt_reason=sa.bindparam("b_reason"),
     halted_by=sa.bindparam("b_halted_by", type_=sa.String),
+    # A model call whose step a tree refused still cost what it cost (reference §18).
+    spend_usd=runs.c.spend_usd + sa.bindparam("b_spend", type_=sa.Float),
 )
 
 FAIL = Transition(

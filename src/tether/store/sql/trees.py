@@ -94,6 +94,7 @@ TREE = (
 TREE_BUDGET = sa.select(
     runs.c.id,
     runs.c.parent_run_id,
+    runs.c.route,
     runs.c.max_steps,
     runs.c.max_spend_usd,
     runs.c.max_tool_calls,
@@ -103,5 +104,11 @@ TREE_BUDGET = sa.select(
     runs.c.tool_calls,
     runs.c.elapsed_ms,
 ).where(runs.c.root_run_id == sa.bindparam("b_root"))
+# The runs ``b_ids`` (a run and its ancestors), locked deepest first: the lock order.
+LOCK_CHAIN = (
+    sa.select(runs.c.id)
+    .where(runs.c.id.in_(sa.bindparam("b_ids", expanding=True)))
+    .order_by(runs.c.depth.desc())
+)
 # The root of the tree ``b_id`` belongs to.
 ROOT_OF = sa.select(runs.c.root_run_id).where(runs.c.id == sa.bindparam("b_id"))
