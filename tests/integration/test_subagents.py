@@ -277,6 +277,39 @@ async def test_racing_children_never_take_their_tree_past_the_roots_steps(db_url
         assert {r.halted_by for r in tree.runs[1:]} == {first.run_id}
 
 
+NOTES: list[str] = []
+
+
+@tool(effect="write", dedupes=True)
+def note(text: str) -> dict[str, str]:
+    """Write a note (a write the downstream deduplicates by key)."""
+    NOTES.append(text)
+    return {"noted": text}
+
+
+@pytest.mark.parametrize("kind", ["write", "read"])
+async def test_racing_children_never_take_their_tree_past_the_roots_tool_calls(
+    db_url: str, kind: str
+) -> None:
+    NOTES.clear()
+    sub = researcher(tools=(look, note))
+    parent = Agent(name="planner", system_prompt="You plan.", tools=(sub.as_tool(),))
+    name, args = ("note", {"text": "n"}) if kind == "write" else ("look", {"q": "q"})
+    looping = [{"tool_calls": [call(name, **args)]} for _ in range(20)]
+    turns = [delegate(*[("researcher", f"dig {i}") for i in range(4)])]
+    eng = engine(db_url, parent, turns, by_system=researching(looping))
+    async with eng:
+        # The 4 sub-agent calls are 4 of the root's tool calls; 5 are left for the tree.
+        first = await eng.ask("dana", "plan", limits={"max_tool_calls": 9})
+        kids = await children(eng, first.run_id)
+        stops = await asyncio.gather(*(eng.run_until_stop(k.id) for k in kids))
+        assert {(s.kind, s.reason) for s in stops} == {(StopKind.HALTED, "max_tool_calls")}
+        tree = await eng.get_tree(first.run_id, user="dana")
+        assert tree.consumed_tree.tool_calls == 9
+        if kind == "write":
+            assert len(NOTES) == 5  # every call that ran is counted, and no more ran
+
+
 async def test_cancelling_a_root_cancels_its_tree_in_one_go(db_url: str) -> None:
     parent = Agent(name="planner", system_prompt="You plan.", tools=(researcher().as_tool(),))
     eng = engine(db_url, parent, [delegate(("researcher", "a"), ("researcher", "b"))])

@@ -30,6 +30,7 @@ from tether.store.sql.trees import (
     LOCK_LEASED,
     LOCK_RUN,
     PARENTS,
+    RESERVE_CALLS,
     ROOT_OF,
     TREE,
     TREE_BUDGET,
@@ -95,11 +96,12 @@ class StepRefused(Exception):
 def step_over(
     conn: Connection, dialect: Dialect, run_id: str, root_run_id: str
 ) -> tuple[str, str] | None:
-    """Inside the transaction that just stored a turn of ``run_id``: whether that step took
-    the run, or an ancestor's tree, past its ``max_steps`` (reference §18). Checked with
-    the run and its ancestors locked (deepest first), so of two runs of one tree storing a
-    step at once the second sees the first's: steps never pass an ancestor's limit. The
-    halt reason and whose limits, or None."""
+    """Inside the transaction that just counted a step or tool calls of ``run_id`` (a turn,
+    a read-only step's reads, a reservation of calls about to run): whether that took the
+    run, or an ancestor's tree, past its ``max_steps`` or ``max_tool_calls`` (reference
+    §18). Checked with the run and its ancestors locked (deepest first), so of two runs of
+    one tree counting at once the second sees the first's: steps and tool calls never pass
+    an ancestor's limit. The halt reason and whose limits, or None."""
     nodes = _figures(conn.execute(TREE_BUDGET, {"b_root": root_run_id}).all())
     parent = {n.id: n.parent_id for n in nodes}
     chain: list[str] = []
@@ -114,6 +116,8 @@ def step_over(
     for member in chain:
         if totals[member].steps > limits[member].max_steps:
             return HaltReason.MAX_STEPS.value, member
+        if totals[member].tool_calls > limits[member].max_tool_calls:
+            return HaltReason.MAX_TOOL_CALLS.value, member
     return None
 
 
@@ -147,17 +151,40 @@ def _figures(rows: Sequence[Any]) -> list[TreeNode]:
 class Trees(StoreBase):
     """Starting children, and reading trees."""
 
+    def reserve_tool_calls(self, lease: Lease, *, count: int, root_run_id: str) -> None:
+        """Count ``count`` tool calls of a run of a tree before they run (reference §18),
+        in one transaction fenced by the lease: ``StepRefused`` (nothing counted) when
+        they would take the run or an ancestor's tree past its ``max_tool_calls``."""
+        with self.begin() as conn:
+            self._reserve(conn, lease, count, root_run_id)
+
+    def _reserve(self, conn: Connection, lease: Lease, count: int, root_run_id: str) -> None:
+        params = {**lease_params(lease), "b_count": count}
+        if conn.execute(RESERVE_CALLS, params).first() is None:
+            raise LeaseLost("this worker no longer owns the run", run_id=lease.run_id)
+        over = step_over(conn, self.dialect, lease.run_id, root_run_id)
+        if over is not None:
+            raise StepRefused(*over)  # rolls the reservation back
+
     def start_children(
-        self, lease: Lease, *, children: Sequence[dict[str, Any]], elapsed_ms: int
+        self,
+        lease: Lease,
+        *,
+        children: Sequence[dict[str, Any]],
+        elapsed_ms: int,
+        root_run_id: str,
     ) -> bool:
         """Store the parent's new ``children`` (each ``insert_run``'s fields, with its
-        ``parent``) with a ``child_started`` event each, and move the parent to
-        ``waiting`` while any child of it is still going, in one transaction fenced by
-        the lease (``LeaseLost``). Whether it now waits (False: every child had already
-        stopped, and the parent goes on holding its lease)."""
+        ``parent``) with a ``child_started`` event each, count their calls as the parent's
+        tool calls (``StepRefused``, nothing stored, past a limit of its tree), and move
+        the parent to ``waiting`` while any child of it is still going, in one transaction
+        fenced by the lease (``LeaseLost``). Whether it now waits (False: every child had
+        already stopped, and the parent goes on holding its lease)."""
         with self.begin() as conn:
             if conn.execute(self.dialect.lock(LOCK_LEASED), lease_params(lease)).first() is None:
                 raise LeaseLost("this worker no longer owns the run", run_id=lease.run_id)
+            if children:
+                self._reserve(conn, lease, len(children), root_run_id)
             for fields in children:
                 child = insert_run(conn, self.dialect, **fields)
                 started = {

@@ -89,7 +89,8 @@ async def carry(
             tool = subagent(session, call)
             assert tool is not None
             content, status = result_of(existing[call.id], tool)
-            await session.append_result(call, content, status, counted=True)
+            # Counted as a tool call when its child started (``start_children``).
+            await session.append_result(call, content, status, counted=False)
     if rest:
         stop = await others(rest)
         if stop is not None:
@@ -123,10 +124,12 @@ async def carry(
         return None
     order = {c.id: i for i, c in enumerate(_turn_calls(session))}
     children = [_child(session, r, order.get(r.call.id, 0)) for r in starting]
-    if not await session.start_children(children):
+    stop = await session.start_children(children)
+    if stop is None:
         return None  # every child had stopped already: the next pass stores their results
-    fail("after_children_started")
-    return Outcome(run_id=session.run.id, kind=StopKind.WAITING)
+    if stop.kind is StopKind.WAITING:
+        fail("after_children_started")
+    return stop
 
 
 def _child(session: RunSession, r: Resolved, order: int) -> dict[str, Any]:

@@ -54,10 +54,12 @@ async def run_group(session: RunSession, calls: list[ToolCall]) -> Outcome | Non
     After a takeover every write of the group may have run (they ran together): each is
     reconciled by its key, never re-run; its reads simply run again."""
     recovering = session.take_recovering()
-    if not room_for(session, len(calls)):
+    writes = any(_runs_write(session, call) for call in calls)
+    if not room_for(session, len(calls)) or (writes and session.in_tree):
+        # In a tree each write is counted as it runs, one by one (``RunSession.prepay``).
         return await _one_by_one(session, calls, recovering=recovering)
     session.check_held()
-    if any(_runs_write(session, call) for call in calls) and not await session.lease_held():
+    if writes and not await session.lease_held():
         raise LeaseLost("this worker no longer owns the run", run_id=session.run.id)
     done = await _all(session, calls, recovering=recovering)
     for outcome in done:  # `after_tool_commit:TOOL`: all that ran returned, none stored

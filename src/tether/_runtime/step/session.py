@@ -107,6 +107,8 @@ class RunSession:
         # takes where it declares none: the root's, as the last check read them.
         self._tree = run.is_child or bool(services.agent.subagents)
         self._binding = binding(run.limits, run.route, child=run.is_child)
+        # Calls of a tree's run counted before they ran (``prepay``): stored uncounted.
+        self._prepaid: set[str] = set()
         self.tree_limits: Limits = run.limits
         # The engine's heartbeat keeps the lease alive until ``close``.
         self._held = services.heartbeat.hold(self.lease)
@@ -162,6 +164,12 @@ class RunSession:
     def conversation(self) -> list[Message]:
         """The thread's conversation before the run, then the run's own messages."""
         return [*self.history, *self.messages]
+
+    @property
+    def in_tree(self) -> bool:
+        """Whether its budget is checked against a tree's (a child, or a run of an agent
+        that has sub-agents, reference §18)."""
+        return self._tree
 
     @property
     def stopping(self) -> bool:
@@ -301,7 +309,11 @@ class RunSession:
     async def append_result(
         self, call: ToolCall, content: Any, status: CallStatus, *, counted: bool
     ) -> None:
-        """One tool result with its ledger outcome and counters."""
+        """One tool result with its ledger outcome and counters (a call counted before it
+        ran, ``prepay``, is not counted again)."""
+        if call.id in self._prepaid:
+            self._prepaid.discard(call.id)
+            counted = False
         result = Result(call=call, content=content, status=status, counted=counted)
         message = tool_result(call.id, content)
         await hop(
@@ -325,19 +337,49 @@ class RunSession:
         content = error_content(code, message)
         await self.append_result(call, content, CallStatus.ERROR, counted=False)
 
-    async def start_children(self, children: Sequence[dict[str, Any]]) -> bool:
-        """Store ``children`` (new child runs' fields) and go ``waiting`` while any child
-        of this run is still going (``store.start_children``). Whether it now waits; once
-        it does, this session no longer holds the run."""
-        waits = await hop(
-            self.services.store.start_children,
-            self.lease,
-            children=list(children),
-            elapsed_ms=self._elapsed(),
-        )
-        if waits:
-            log.info("waiting", extra={"run_id": self.run.id, "action": "waiting"})
-        return bool(waits)
+    async def start_children(self, children: Sequence[dict[str, Any]]) -> Outcome | None:
+        """Store ``children`` (new child runs' fields; their calls counted as this run's
+        tool calls now) and go ``waiting`` while any child of this run is still going
+        (``store.start_children``): the ``waiting`` outcome, after which this session no
+        longer holds the run; a halt when the calls would pass a limit of the tree; None
+        when it goes on (every child had stopped already)."""
+        try:
+            waits = await hop(
+                self.services.store.start_children,
+                self.lease,
+                children=list(children),
+                elapsed_ms=self._elapsed(),
+                root_run_id=self.run.root_run_id or self.run.id,
+            )
+        except StepRefused as refused:
+            return await self.halt(HaltReason(refused.reason), halted_by=refused.halted_by)
+        self.budget = self.budget.after_tool_calls(len(children))
+        if not waits:
+            return None
+        log.info("waiting", extra={"run_id": self.run.id, "action": "waiting"})
+        return Outcome(run_id=self.run.id, kind=StopKind.WAITING)
+
+    async def prepay(self, calls: Sequence[ToolCall]) -> Outcome | None:
+        """Before ``calls`` (writes) run in a run of a tree: count them now, so that no
+        two runs of the tree take it past a limit between checking and counting
+        (reference §18); their results are then stored without counting them again. A
+        halt when they would pass a limit. Elsewhere: that the lease still holds."""
+        if not self._tree:
+            if not await self.lease_held():
+                raise LeaseLost("this worker no longer owns the run", run_id=self.run.id)
+            return None
+        try:
+            await hop(
+                self.services.store.reserve_tool_calls,
+                self.lease,
+                count=len(calls),
+                root_run_id=self.run.root_run_id or self.run.id,
+            )
+        except StepRefused as refused:
+            return await self.halt(HaltReason(refused.reason), halted_by=refused.halted_by)
+        self._prepaid.update(call.id for call in calls)
+        self.budget = self.budget.after_tool_calls(len(calls))
+        return None
 
     async def suspend(self, calls: Sequence[Pending]) -> tuple[list[str], float]:
         """Suspend on ``calls`` (the turn's calls waiting on a human, in call order), each

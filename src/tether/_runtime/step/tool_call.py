@@ -292,8 +292,10 @@ async def execute(
     of a ``reissue`` (reconciling's own) fails the run. ``maybe_ran``: a call under this
     key may have run before (a crash followed its approval)."""
     session.check_held()
-    if r.tool.effect is Effect.WRITE and not await session.lease_held():
-        raise LeaseLost("this worker no longer owns the run", run_id=session.run.id)
+    if r.tool.effect is Effect.WRITE:  # the lease checked (in a tree, the call counted)
+        stop = await session.prepay([r.call])
+        if stop is not None:
+            return stop
     result = await invoke(session, r, confirmed=confirmed, maybe_ran=reissue or maybe_ran)
     if result is None:
         if reissue:

@@ -104,6 +104,13 @@ TREE_BUDGET = sa.select(
     runs.c.tool_calls,
     runs.c.elapsed_ms,
 ).where(runs.c.root_run_id == sa.bindparam("b_root"))
+# Tool calls of a run of a tree counted before they run (fenced by the lease).
+RESERVE_CALLS = (
+    runs.update()
+    .where(OWNS, state_in([RUNNING]))
+    .values(tool_calls=runs.c.tool_calls + sa.bindparam("b_count", type_=sa.Integer))
+    .returning(runs.c.id)
+)
 # The runs ``b_ids`` (a run and its ancestors), locked deepest first: the lock order.
 LOCK_CHAIN = (
     sa.select(runs.c.id)
