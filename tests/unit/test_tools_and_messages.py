@@ -119,6 +119,16 @@ def test_every_failpoint_is_listed_in_the_step_protocol_doc() -> None:
     assert [point for point in POINTS if point not in listed] == []
 
 
+def test_every_failpoint_is_crashed_at_by_an_acceptance_test() -> None:
+    """Reference §7: a test kills a real process at each failpoint. Each name appears,
+    armed with ``=crash`` (``NAME=crash`` or ``NAME:TOOL=crash``), in a test that starts
+    processes (``tests/acceptance``)."""
+    acceptance = Path(__file__).resolve().parents[1] / "acceptance"
+    text = "\n".join(p.read_text() for p in sorted(acceptance.glob("test_*.py")))
+    armed = set(re.findall(r"\b([a-z_]+)(?::[\w{}]+)?=crash\b", text))
+    assert [point for point in POINTS if point not in armed] == []
+
+
 def test_an_unknown_model_gets_the_default_price() -> None:
     assert price_for("no-such-model") == DEFAULT_PRICE
     assert spend_usd("scripted", Usage(input_tokens=1_000_000, output_tokens=0)) == 1.0
