@@ -20,6 +20,7 @@ from tether.store.sql.steps import add_event
 from tether.store.sql.transitions import Transition, state_in
 from tether.store.suspensions import with_calls
 from tether.store.threads import delete_threads, kept, still_idle
+from tether.store.trees import halted
 
 _SUSPENDED = state_in([RunState.SUSPENDED])
 
@@ -133,6 +134,7 @@ class Upkeep(StoreBase):
             for run_id in expired:
                 reason = HaltReason.SUSPENSION_EXPIRED.value
                 add_event(conn, run_id, "halted", {"reason": reason})
+                halted(conn, run_id, reason, None)  # its parent, if any, hears (§18)
             return expired
 
     def mark_notified(self, run_id: str, token_hash: str) -> None:
