@@ -356,3 +356,45 @@ async def test_a_task_that_is_not_a_string_starts_nothing(db_url: str) -> None:
         assert await children(eng, outcome.run_id) == []
         (result,) = tool_results((await eng.get_run(outcome.run_id)).messages)
         assert "task" in result[1]["message"]
+
+
+async def test_a_fork_of_a_child_is_a_top_level_run_of_the_sub_agent(db_url: str) -> None:
+    parent = Agent(name="planner", system_prompt="You plan.", tools=(researcher().as_tool(),))
+    child = [{"tool_calls": [call("look", q="r")]}, {"content": "found"}]
+    eng = engine(db_url, parent, [delegate(("researcher", "dig"))], by_system=researching(child))
+    async with eng:
+        first = await eng.ask("dana", "plan")
+        (kid,) = await children(eng, first.run_id)
+        await eng.run_until_stop(kid.id)
+        fork = await eng.fork_run(kid.id, "dana", at_step=1)
+        assert fork.parent_run_id is None and fork.depth == 0 and fork.root_run_id == fork.id
+        assert fork.agent_version == researcher().agent_version
+        await eng.continue_run(fork.id, "dana")
+        assert (await eng.run_until_stop(fork.id)).answer == "found"
+        assert [r.id for r in (await eng.get_tree(fork.id, user="dana")).runs] == [fork.id]
+
+
+async def test_a_tree_is_purged_and_deleted_with_its_root_never_a_child_alone(
+    db_url: str,
+) -> None:
+    parent = Agent(name="planner", system_prompt="You plan.", tools=(researcher().as_tool(),))
+    turns = [delegate(("researcher", "a"), ("researcher", "b")), {"content": "planned"}]
+    eng = engine(db_url, parent, turns, by_system=researching())
+    async with eng:
+        store = eng.runner.store
+        first = await eng.ask("dana", "plan")
+        one, two = await children(eng, first.run_id)
+        await eng.run_until_stop(one.id)
+        assert store.purge_retained(0.0, 100) == 0  # the root waits: its tree is kept whole
+        assert store.get_run(one.id) is not None
+        await eng.run_until_stop(two.id)
+        await eng.run_until_stop(first.run_id)
+        threads = await eng.list_threads("dana")
+        assert [t.id for t in threads] == [first.run_id]  # a child's thread is not listed
+        await eng.delete_thread(first.run_id, user="dana")
+        assert store.get_run(first.run_id) is None
+        assert store.get_run(one.id) is None and store.get_run(two.id) is None
+        second = await eng.ask("dana", "again")
+        await carry_children(eng, second.run_id)
+        await eng.run_until_stop(second.run_id)
+        assert store.purge_retained(0.0, 100) == 3  # the root and its two children, as one

@@ -125,6 +125,7 @@ class Forks(StoreBase):
                     message_count=len(copied),
                     thread_id=new_id,
                     thread_pos=1,
+                    root_run_id=new_id,  # a fork, of a child too, is a top-level run (§18)
                     base_count=len(base),
                     forked_from_run=run_id,
                     forked_from_step=at_step,
