@@ -360,7 +360,7 @@ async def test_a_task_that_is_not_a_string_starts_nothing(db_url: str) -> None:
 
 async def test_a_fork_of_a_child_is_a_top_level_run_of_the_sub_agent(db_url: str) -> None:
     parent = Agent(name="planner", system_prompt="You plan.", tools=(researcher().as_tool(),))
-    child = [{"tool_calls": [call("look", q="r")]}, {"content": "found"}]
+    child: list[dict[str, Any]] = [{"tool_calls": [call("look", q="r")]}, {"content": "found"}]
     eng = engine(db_url, parent, [delegate(("researcher", "dig"))], by_system=researching(child))
     async with eng:
         first = await eng.ask("dana", "plan")
