@@ -128,8 +128,13 @@ class Registration:
         return self.services.settings.heartbeat_timeout_s / 3
 
     async def join(self) -> None:
-        """Register the versions served and the tool names this process has for them."""
-        tools = [tool.name for tool in self.services.agent.tools]
+        """Register the versions served and the tool names this process has for them (of
+        every agent of its tree, reference §18)."""
+        tools = list(
+            dict.fromkeys(
+                t.name for agent in self.services.agent.tree.values() for t in agent.tools
+            )
+        )
         await hop(
             self.services.store.register_worker, self.worker_id, self.services.versions, tools
         )
