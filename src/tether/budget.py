@@ -196,6 +196,28 @@ def binding(limits: Limits, route: dict[str, Any], *, child: bool) -> Limits:
     return Limits(**{k: own[k] if k in declared else v for k, v in _UNBOUND.to_json().items()})
 
 
+@dataclass(kw_only=True)
+class TreeBudget:
+    """How a claimed run checks its budget in a tree of sub-agents (reference §18): whether
+    it is in one (a child, or a run of an agent with sub-agents), the limits that bind it on
+    its own (``binding``), the root's limits as its last check read them (a new child's
+    where it declares none), and the calls it counted before they ran (``prepaid``)."""
+
+    tree: bool
+    binding: Limits
+    root_limits: Limits
+    prepaid: set[str]
+
+    @classmethod
+    def of(cls, limits: Limits, route: dict[str, Any], *, child: bool, parent: bool) -> TreeBudget:
+        return cls(
+            tree=child or parent,
+            binding=binding(limits, route, child=child),
+            root_limits=limits,
+            prepaid=set(),
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class TreeNode:
     """One run of a tree of sub-agents as its budget check sees it (reference §18)."""

@@ -41,7 +41,8 @@ from tether.store.sql.steps import INSERT_MESSAGE, add_event
 from tether.store.threads import place_run
 from tether.store.users import admit
 
-_LATER_THAN_NOW = sa.select(sa.bindparam("b_at", type_=sa.Float) > db_now())
+# A new run's times: its scope is resolved, and it starts, now by the database's clock.
+_TIMES = {"scope_resolved_at": db_now(), "started_at": db_now(), "updated_at": db_now()}
 
 
 def insert_run(
@@ -68,17 +69,13 @@ def insert_run(
     schedule_id: str | None = None,
     parent: ChildOf | None = None,
 ) -> Run:
-    """Insert a new run with its first messages and the W3C trace context its spans
-    continue (``tether.telemetry.tracing``), in the thread ``thread_id`` (by default a new
-    thread of the run's id), inside the caller's transaction, once ``users.admit`` let its
-    user and its ``priority`` (under ``priority_bound``) in. A new thread's run is ready at once; a
-    ``follow_up`` joins the user's thread (else ``NotFound``): ready if the thread is idle,
-    else ``queued`` if ``enqueue``, else ``ThreadBusy``; its messages come when it starts.
-    ``request`` is the user's ``Idempotency-Key`` and its body's digest, stored with the
-    run (a key naming a run already is an ``IntegrityError`` of ``runs_request_key``). A
-    ``start_at`` (epoch seconds) still ahead by the database's clock keeps it ``queued``.
-    A child run (reference §18) names its ``parent`` and gets a thread of its own that is
-    not a conversation; its user was admitted with its root."""
+    """Insert a new run, its first messages and the W3C trace context its spans continue,
+    in the caller's transaction, once ``users.admit`` let its user and ``priority`` (under
+    ``priority_bound``) in. A new thread's run is ready at once; a ``follow_up`` joins the
+    user's thread ``thread_id`` as ``place_run`` says (its messages come when it starts).
+    ``request``: the user's ``Idempotency-Key`` and its body's digest (a key naming a run
+    already is an ``IntegrityError`` of ``runs_request_key``). A child run (reference §18)
+    names its ``parent`` (its user was admitted with its root)."""
     if parent is None:
         priority = admit(conn, dialect, user_id, priority=priority, bound=priority_bound)
     thread_id = thread_id or run_id
@@ -90,11 +87,8 @@ def insert_run(
         follow_up=follow_up,
         enqueue=enqueue,
         conversation=parent is None,
+        start_at=start_at,
     )
-    if start_at is not None and conn.execute(_LATER_THAN_NOW, {"b_at": start_at}).scalar():
-        state = RunState.QUEUED
-    # A conflict on the key (or the id: a retried creation whose COMMIT landed) is answered.
-    keyed = {} if request is None else _keyed(request, state)
     row = conn.execute(
         runs.insert()
         .values(
@@ -107,7 +101,6 @@ def insert_run(
             thread_pos=place,
             **limits.to_json(),
             scope_snapshot=scope,
-            scope_resolved_at=db_now(),
             versions=versions,
             agent_version=agent_version,
             message_count=len(messages),
@@ -115,27 +108,20 @@ def insert_run(
             priority=priority,
             start_at=start_at,
             schedule_id=schedule_id,
-            root_run_id=run_id if parent is None else parent.root_run_id,
-            parent_run_id=None if parent is None else parent.run_id,
-            parent_tool_call_id=None if parent is None else parent.tool_call_id,
-            depth=0 if parent is None else parent.depth,
-            child_order=0 if parent is None else parent.order,
-            started_at=db_now(),
-            updated_at=db_now(),
-            **keyed,
+            **({"root_run_id": run_id} if parent is None else parent.columns()),
+            **_TIMES,
+            **({} if request is None else _keyed(request, state)),
         )
         .returning(runs)
     ).one()
-    run = Run.from_row(row._mapping)
-    _first_writes(conn, dialect, run, messages, limits)
-    return run
+    return _first_writes(conn, dialect, Run.from_row(row._mapping), messages, limits)
 
 
 def _first_writes(
     conn: Connection, dialect: Dialect, run: Run, messages: Sequence[Message], limits: Limits
-) -> None:
+) -> Run:
     """What a new run's row is written with: its first messages, its ``created`` event
-    (who, the limits, its thread and its order), and a wake-up when it is ready."""
+    (who, the limits, its thread and its order), and a wake-up when it is ready; the run."""
     if messages:
         conn.execute(
             INSERT_MESSAGE,
@@ -152,10 +138,12 @@ def _first_writes(
     add_event(conn, run.id, "created", created)
     if run.state is RUNNING:
         dialect.wake(conn)
+    return run
 
 
 def _keyed(request: tuple[str, str], state: RunState) -> dict[str, Any]:
-    """The columns of a run created with an ``Idempotency-Key`` (reference §14)."""
+    """The columns of a run created with an ``Idempotency-Key`` (reference §14): a conflict
+    on the key (or the id: a retried creation whose COMMIT landed) is answered."""
     return {"request_key": request[0], "request_digest": request[1], "request_state": state.value}
 
 

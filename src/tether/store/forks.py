@@ -41,6 +41,14 @@ _FORKS = (
     .where(runs.c.forked_from_run == sa.bindparam("b_id"))
     .order_by(run_events.c.id)
 )
+
+
+def _own_place(new_id: str) -> dict[str, Any]:
+    """A fork's place: a thread of its own, and a tree of its own (a fork of a child run is
+    a top-level run, reference §18)."""
+    return {"thread_id": new_id, "thread_pos": 1, "root_run_id": new_id}
+
+
 # What a fork takes from its parent as it is; its budget and its place are its own.
 _COPIED = (
     "user_id",
@@ -123,9 +131,7 @@ class Forks(StoreBase):
                     halt_reason=HaltReason.FORKED.value,
                     step=at_step,
                     message_count=len(copied),
-                    thread_id=new_id,
-                    thread_pos=1,
-                    root_run_id=new_id,  # a fork, of a child too, is a top-level run (§18)
+                    **_own_place(new_id),
                     base_count=len(base),
                     forked_from_run=run_id,
                     forked_from_step=at_step,

@@ -140,3 +140,13 @@ class ChildOf:
     root_run_id: str
     depth: int
     order: int = 0
+
+    def columns(self) -> dict[str, Any]:
+        """The child's columns of ``runs`` that place it in its tree."""
+        return {
+            "root_run_id": self.root_run_id,
+            "parent_run_id": self.run_id,
+            "parent_tool_call_id": self.tool_call_id,
+            "depth": self.depth,
+            "child_order": self.order,
+        }

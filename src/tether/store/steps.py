@@ -107,8 +107,7 @@ class Steps(StoreBase):
         ``tool_result``): one commit for the step. A rejected answer passes the feedback
         to the model as a result, and its ``output_invalid`` in ``events`` (kind, data).
         ``input_tokens``: what the model call reported (the trigger of compaction).
-        ``tree_root``: the root of the run's tree of sub-agents, whose steps this one must
-        not take past any ancestor's ``max_steps`` (``StepRefused``, nothing stored).
+        ``tree_root``: its tree's root (reference §18: ``StepRefused`` past its limits).
 
         ``seq`` is the run's message count as the writer knows it: idempotent, so a try
         after a COMMIT that was cut off finds the first try's turn and does nothing."""
@@ -147,15 +146,7 @@ class Steps(StoreBase):
                 self.dialect.write_turn(
                     conn, params, final=final, messages=messages, intents=keyed, events=traced
                 )
-                over = (
-                    None
-                    if tree_root is None
-                    else step_over(conn, self.dialect, lease.run_id, tree_root)
-                )
-                if over is not None:
-                    raise StepRefused(*over)  # rolls the turn back
-                if final:  # its parent, if any, hears of it and may go on (reference §18)
-                    stopped(conn, self.dialect, [lease.run_id], RunState.ANSWERED.value)
+                self._in_tree(conn, lease.run_id, tree_root, final=final)
         except LeaseLost:
             if not self._landed(lease, seq, message):
                 raise
@@ -223,6 +214,18 @@ class Steps(StoreBase):
         except LeaseLost:
             if not self._landed(lease, 0, messages[0]):
                 raise
+
+    def _in_tree(
+        self, conn: Connection, run_id: str, tree_root: str | None, *, final: bool
+    ) -> None:
+        """What a stored turn means in a tree (reference §18), in its transaction: past an
+        ancestor's limit it is rolled back (``StepRefused``); a final answer tells the
+        parent, if any, which may go on."""
+        over = None if tree_root is None else step_over(conn, self.dialect, run_id, tree_root)
+        if over is not None:
+            raise StepRefused(*over)
+        if final:
+            stopped(conn, self.dialect, [run_id], RunState.ANSWERED.value)
 
     def _landed(self, lease: Lease, seq: int, message: Message) -> bool:
         """Whether a step write that matched no row had landed already: its message is at

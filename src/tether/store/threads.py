@@ -49,6 +49,7 @@ _NEW_THREAD = threads.insert().values(
     created_at=db_now(),
     updated_at=db_now(),
 )
+_LATER_THAN_NOW = sa.select(sa.bindparam("b_at", type_=sa.Float) > db_now())
 _NEXT_PLACE = (
     threads.update()
     .where(_THREAD)
@@ -144,17 +145,31 @@ def place_run(
     follow_up: bool,
     enqueue: bool,
     conversation: bool = True,
+    start_at: float | None = None,
 ) -> tuple[RunState, int]:
     """The state a new run starts in and its place in ``thread_id``, inside the
     transaction that inserts it: a new thread's first run is ready at once; a follow-up
     (the thread's row locked first) is ready when the thread is idle, ``queued`` when it
     is busy and ``enqueue`` allows, else ``ThreadBusy`` names the run it would wait on.
     ``NotFound`` when the thread is not the user's; ``invalid_input`` when it is a child
-    run's (reference §18: not a conversation). Raising leaves nothing written."""
+    run's (reference §18: not a conversation; a child's own thread is made with
+    ``conversation`` False). A ``start_at`` (epoch seconds) still ahead by the database's
+    clock keeps the run ``queued``. Raising leaves nothing written."""
     params = {"b_thread": thread_id, "b_user": user_id}
+    state, place = RunState.RUNNING, 1
     if not follow_up:
         conn.execute(_NEW_THREAD, {**params, "b_conversation": conversation})
-        return RunState.RUNNING, 1
+    else:
+        state, place = _follow(conn, dialect, params, enqueue=enqueue)
+    if start_at is not None and conn.execute(_LATER_THAN_NOW, {"b_at": start_at}).scalar():
+        state = RunState.QUEUED
+    return state, place
+
+
+def _follow(
+    conn: Connection, dialect: Dialect, params: dict[str, Any], *, enqueue: bool
+) -> tuple[RunState, int]:
+    """A follow-up's state and place in its thread (``place_run``)."""
     found = conn.execute(dialect.lock(_ANY_OF_USER), params).first()
     if found is None:
         raise NotFound("no such thread")

@@ -18,23 +18,28 @@ message count its writer read, so 3 stores each result once whatever dies in bet
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tether._runtime.hop import hop
 from tether._runtime.step import dry_run
+from tether._runtime.step.budget_check import budget_stop
 from tether._runtime.step.first_messages import first_messages
 from tether._runtime.step.resolution import Resolved, resolved
 from tether._runtime.step.session import RunSession
 from tether._runtime.step.writes import Result, error_content
 from tether.failpoints import fail
 from tether.messages import ToolCall, tool_calls_of
+from tether.reasons import HaltReason
 from tether.results import Outcome, StopKind
 from tether.runs import Run, RunState
-from tether.store import CallStatus
+from tether.store import CallStatus, StepRefused
 from tether.store.records import ChildOf
 from tether.tools.subagent import SubAgentTool
+
+log = logging.getLogger(__name__)
 
 
 def subagent(session: RunSession, call: ToolCall) -> SubAgentTool | None:
@@ -117,19 +122,43 @@ async def carry(
             continue
         starting.append(r)
     if starting:
-        stop = await session.budget_stop("tool", len(starting))
+        stop = await budget_stop(session, "tool", len(starting))
         if stop is not None:
             return stop
     if not starting and not going:
         return None
     order = {c.id: i for i, c in enumerate(_turn_calls(session))}
     children = [_child(session, r, order.get(r.call.id, 0)) for r in starting]
-    stop = await session.start_children(children)
+    stop = await _start(session, children)
     if stop is None:
         return None  # every child had stopped already: the next pass stores their results
     if stop.kind is StopKind.WAITING:
         fail("after_children_started")
     return stop
+
+
+async def _start(session: RunSession, children: list[dict[str, Any]]) -> Outcome | None:
+    """Store ``children`` (new child runs' fields; their calls counted as the parent's tool
+    calls now) and go ``waiting`` while any child of the run is still going
+    (``store.start_children``): the ``waiting`` outcome, after which the session no longer
+    holds the run; a halt when the calls would pass a limit of the tree; None when the run
+    goes on (every child had stopped already)."""
+    run = session.run
+    try:
+        waits = await hop(
+            session.services.store.start_children,
+            session.lease,
+            children=children,
+            elapsed_ms=session.elapsed(),
+            root_run_id=run.root_run_id or run.id,
+        )
+    except StepRefused as refused:
+        return await session.halt(HaltReason(refused.reason), halted_by=refused.halted_by)
+    session.budget = session.budget.after_tool_calls(len(children))
+    if not waits:
+        return None
+    log.info("waiting", extra={"run_id": run.id, "action": "waiting"})
+    return Outcome(run_id=run.id, kind=StopKind.WAITING)
 
 
 def _child(session: RunSession, r: Resolved, order: int) -> dict[str, Any]:
@@ -147,7 +176,7 @@ def _child(session: RunSession, r: Resolved, order: int) -> dict[str, Any]:
             "agent": agent.name,
             **({"limits": sorted(tool.child_limits)} if tool.child_limits else {}),
         },
-        "limits": tool.limits_for(session.tree_limits),
+        "limits": tool.limits_for(session.trees.root_limits),
         "scope": session.scope.to_json(),
         "versions": agent.versions(),
         "agent_version": agent.agent_version,

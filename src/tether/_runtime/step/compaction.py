@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tether._runtime.step.budget_check import budget_stop
 from tether._runtime.step.model_failures import model_failed
 from tether._runtime.step.model_rate import model_capacity, model_ended
 from tether._runtime.step.session import RunSession
@@ -134,7 +135,7 @@ async def compact_if_due(session: RunSession, failures: int) -> Outcome | None:
     through = cut(conversation, config.keep_last_turns)
     if through <= (1 if session.compaction is None else session.compaction.through_seq):
         return None  # nothing new to summarise: the view stays as it is
-    stop = await session.budget_stop("model")
+    stop = await budget_stop(session, "model")
     if stop is not None:
         return stop
     session.check_held()

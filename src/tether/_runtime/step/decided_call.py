@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether._runtime.step import suspending, tool_call
+from tether._runtime.step.budget_check import budget_stop
 from tether._runtime.step.resolution import Resolved, edited
 from tether._runtime.step.session import RunSession
 from tether._runtime.step.tool_call import Check
@@ -76,7 +77,7 @@ async def decide(
     if unseen and check.verdict in (Check.PASSED, Check.CHANGED):
         check = tool_call.Recheck(verdict=Check.CHANGED, preview=check.preview)
     if check.verdict is Check.PASSED:
-        stop = await session.budget_stop("tool")
+        stop = await budget_stop(session, "tool")
         if stop is not None:  # a later call of its turn may have spent the last one
             return Resolution(verdict=CallVerdict.HALTED, outcome=stop)
         # After a crash that followed the claim, a deduplicating write may have run.

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tether._runtime.step.budget_check import budget_stop
 from tether._runtime.step.session import RunSession
 from tether.failpoints import fail
 from tether.messages import ToolCall
@@ -43,7 +44,7 @@ async def skip(session: RunSession, call: ToolCall, args: BaseModel) -> Outcome 
     Safe twice (a crash before its result is durable): nothing ran, so skipping it again
     stores the same result.
     """
-    stop = await session.budget_stop("tool")
+    stop = await budget_stop(session, "tool")
     if stop is not None:
         return stop
     await session.append_result(call, would_call(call, args), CallStatus.SKIPPED, counted=True)

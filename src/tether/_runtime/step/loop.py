@@ -22,6 +22,7 @@ from tether import output
 from tether._runtime.hop import hop
 from tether._runtime.shared.services import Services
 from tether._runtime.step import children, compaction, parallel, tool_call
+from tether._runtime.step.budget_check import budget_stop
 from tether._runtime.step.decided_call import Resolution, decide
 from tether._runtime.step.model_failures import model_failed
 from tether._runtime.step.model_rate import model_capacity, model_ended
@@ -126,7 +127,7 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
         stop = await compaction.compact_if_due(session, failures)  # a write of its own
         if stop is not None:
             return stop
-        stop = await session.budget_stop("model")
+        stop = await budget_stop(session, "model")
         if stop is not None:
             return stop
         fail("before_model_call")

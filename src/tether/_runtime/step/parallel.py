@@ -55,7 +55,7 @@ async def run_group(session: RunSession, calls: list[ToolCall]) -> Outcome | Non
     reconciled by its key, never re-run; its reads simply run again."""
     recovering = session.take_recovering()
     writes = any(_runs_write(session, call) for call in calls)
-    if not room_for(session, len(calls)) or (writes and session.in_tree):
+    if not room_for(session, len(calls)) or (writes and session.trees.tree):
         # In a tree each write is counted as it runs, one by one (``RunSession.prepay``).
         return await _one_by_one(session, calls, recovering=recovering)
     session.check_held()

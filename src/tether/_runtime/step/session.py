@@ -13,14 +13,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 from tether._runtime.hop import hop
 from tether._runtime.shared.services import Services
 from tether._runtime.step.first_messages import open_follow_up
-from tether._runtime.step.writes import Result, Turn, error_content, turn_of
-from tether.budget import Budget, Limits, binding, tree_halt
+from tether._runtime.step.writes import Result, Turn, error_content, intent, turn_of
+from tether.budget import Budget, TreeBudget
 from tether.errors import DatabaseUnavailable, LeaseLost, TetherError
 from tether.failpoints import fail
 from tether.messages import ToolCall, pending_tool_calls, tool_calls_of, tool_result
@@ -35,7 +34,6 @@ from tether.store import (
     CallStatus,
     CompactionRecord,
     Decision,
-    Intent,
     StepRefused,
     idempotency_key,
 )
@@ -102,14 +100,9 @@ class RunSession:
             for c in tool_calls_of(m)
         }
         self._mark = time.monotonic()
-        # A run of a tree of sub-agents (a child, or a run of an agent that has sub-agents)
-        # checks its tree's budget too (reference §18); the limits a new child of it
-        # takes where it declares none: the root's, as the last check read them.
-        self._tree = run.is_child or bool(services.agent.subagents)
-        self._binding = binding(run.limits, run.route, child=run.is_child)
-        # Calls of a tree's run counted before they ran (``prepay``): stored uncounted.
-        self._prepaid: set[str] = set()
-        self.tree_limits: Limits = run.limits
+        # In a tree of sub-agents its budget is checked against the tree's too (§18).
+        parent = bool(services.agent.subagents)
+        self.trees = TreeBudget.of(run.limits, run.route, child=run.is_child, parent=parent)
         # The engine's heartbeat keeps the lease alive until ``close``.
         self._held = services.heartbeat.hold(self.lease)
 
@@ -164,12 +157,6 @@ class RunSession:
     def conversation(self) -> list[Message]:
         """The thread's conversation before the run, then the run's own messages."""
         return [*self.history, *self.messages]
-
-    @property
-    def in_tree(self) -> bool:
-        """Whether its budget is checked against a tree's (a child, or a run of an agent
-        that has sub-agents, reference §18)."""
-        return self._tree
 
     @property
     def stopping(self) -> bool:
@@ -243,7 +230,24 @@ class RunSession:
             stored.append(verdict.feedback())
             events.append(("output_invalid", verdict.event(self.step + 1)))
         try:
-            await self._persist_turn(turn, stored, by_call, counted, verdict, rejected, events)
+            await hop(
+                self.services.store.persist_turn,
+                self.lease,
+                seq=len(self.messages),
+                message=turn.message,
+                spend_usd=turn.spend,
+                elapsed_ms=self.elapsed(),
+                intents=[intent(self.services.agent, c, by_call.get(c.id)) for c in turn.calls],
+                final=not turn.calls and not rejected,
+                event=turn.event,
+                results=stored,
+                counted=counted,
+                result_events=[r.event() for r in results],
+                output=None if verdict is None else verdict.stored,
+                events=events,
+                input_tokens=turn.input_tokens,
+                tree_root=(self.run.root_run_id or self.run.id) if self.trees.tree else None,
+            )
         except StepRefused as refused:
             return await self.halt(
                 HaltReason(refused.reason), halted_by=refused.halted_by, spend_usd=turn.spend
@@ -256,36 +260,6 @@ class RunSession:
         self._recovering = False
         return None
 
-    async def _persist_turn(
-        self,
-        turn: Turn,
-        stored: list[Message],
-        by_call: dict[str, Result],
-        counted: int,
-        verdict: Verdict | None,
-        rejected: bool,
-        events: list[tuple[str, dict[str, Any]]],
-    ) -> None:
-        results = list(by_call.values())
-        await hop(
-            self.services.store.persist_turn,
-            self.lease,
-            seq=len(self.messages),
-            message=turn.message,
-            spend_usd=turn.spend,
-            elapsed_ms=self._elapsed(),
-            intents=[self._intent(call, by_call.get(call.id)) for call in turn.calls],
-            final=not turn.calls and not rejected,
-            event=turn.event,
-            results=stored,
-            counted=counted,
-            result_events=[r.event() for r in results],
-            output=None if verdict is None else verdict.stored,
-            events=events,
-            input_tokens=turn.input_tokens,
-            tree_root=(self.run.root_run_id or self.run.id) if self._tree else None,
-        )
-
     async def compact(self, summary: str, *, through_seq: int, tokens: int, spend: float) -> None:
         """Store a compaction of the conversation through ``through_seq`` with its spend
         and ``compacted`` event (``store.compact``); the model sees it from the next call."""
@@ -297,7 +271,7 @@ class RunSession:
             summary=summary,
             summary_tokens=tokens,
             spend_usd=spend,
-            elapsed_ms=self._elapsed(),
+            elapsed_ms=self.elapsed(),
             event={"through_seq": through_seq, "summary_tokens": tokens, "spend_usd": spend},
         )
         self.compaction = CompactionRecord(
@@ -310,9 +284,9 @@ class RunSession:
         self, call: ToolCall, content: Any, status: CallStatus, *, counted: bool
     ) -> None:
         """One tool result with its ledger outcome and counters (a call counted before it
-        ran, ``prepay``, is not counted again)."""
-        if call.id in self._prepaid:
-            self._prepaid.discard(call.id)
+        ran, ``budget_check.prepay``, is not counted again)."""
+        if call.id in self.trees.prepaid:
+            self.trees.prepaid.discard(call.id)
             counted = False
         result = Result(call=call, content=content, status=status, counted=counted)
         message = tool_result(call.id, content)
@@ -323,7 +297,7 @@ class RunSession:
             tool_call_id=call.id,
             message=message,
             status=status,
-            elapsed_ms=self._elapsed(),
+            elapsed_ms=self.elapsed(),
             counted=counted,
             event=result.event(),
         )
@@ -336,50 +310,6 @@ class RunSession:
         """Store a refusal of ``call`` as its result: it did not run and is not counted."""
         content = error_content(code, message)
         await self.append_result(call, content, CallStatus.ERROR, counted=False)
-
-    async def start_children(self, children: Sequence[dict[str, Any]]) -> Outcome | None:
-        """Store ``children`` (new child runs' fields; their calls counted as this run's
-        tool calls now) and go ``waiting`` while any child of this run is still going
-        (``store.start_children``): the ``waiting`` outcome, after which this session no
-        longer holds the run; a halt when the calls would pass a limit of the tree; None
-        when it goes on (every child had stopped already)."""
-        try:
-            waits = await hop(
-                self.services.store.start_children,
-                self.lease,
-                children=list(children),
-                elapsed_ms=self._elapsed(),
-                root_run_id=self.run.root_run_id or self.run.id,
-            )
-        except StepRefused as refused:
-            return await self.halt(HaltReason(refused.reason), halted_by=refused.halted_by)
-        self.budget = self.budget.after_tool_calls(len(children))
-        if not waits:
-            return None
-        log.info("waiting", extra={"run_id": self.run.id, "action": "waiting"})
-        return Outcome(run_id=self.run.id, kind=StopKind.WAITING)
-
-    async def prepay(self, calls: Sequence[ToolCall]) -> Outcome | None:
-        """Before ``calls`` (writes) run in a run of a tree: count them now, so that no
-        two runs of the tree take it past a limit between checking and counting
-        (reference §18); their results are then stored without counting them again. A
-        halt when they would pass a limit. Elsewhere: that the lease still holds."""
-        if not self._tree:
-            if not await self.lease_held():
-                raise LeaseLost("this worker no longer owns the run", run_id=self.run.id)
-            return None
-        try:
-            await hop(
-                self.services.store.reserve_tool_calls,
-                self.lease,
-                count=len(calls),
-                root_run_id=self.run.root_run_id or self.run.id,
-            )
-        except StepRefused as refused:
-            return await self.halt(HaltReason(refused.reason), halted_by=refused.halted_by)
-        self._prepaid.update(call.id for call in calls)
-        self.budget = self.budget.after_tool_calls(len(calls))
-        return None
 
     async def suspend(self, calls: Sequence[Pending]) -> tuple[list[str], float]:
         """Suspend on ``calls`` (the turn's calls waiting on a human, in call order), each
@@ -395,7 +325,7 @@ class RunSession:
             calls=[(p, hash_token(t)) for p, t in zip(calls, tokens, strict=True)],
             keep=list(self._decisions),
             ttl_s=self.services.settings.suspension_ttl_s,
-            elapsed_ms=self._elapsed(),
+            elapsed_ms=self.elapsed(),
             event={
                 "tool": first.tool,
                 "tool_call_id": first.tool_call_id,
@@ -416,30 +346,6 @@ class RunSession:
             self.services.store.record_edit, self.lease, tool_call_id=call.id, arguments=arguments
         )
 
-    async def budget_stop(self, before: Literal["model", "tool"], count: int = 1) -> Outcome | None:
-        """The one budget check, before a model call or before ``count`` tool calls: the
-        run's own consumption against its limits, then, in a tree (reference §18), each
-        run's ``consumed_tree`` from this one up to the root against that run's limits.
-        Halts the run (naming whose limits stopped it) and returns how, or None."""
-        budget = self.budget.after_tool_calls(max(0, count - 1))
-        if before == "model":
-            reason = budget.check_before_model_call(self._binding)
-        else:
-            reason = budget.check_before_tool_call(self._binding)
-        if reason is not None:
-            return await self.halt(reason, halted_by=self.run.id)
-        if not self._tree:
-            return None
-        nodes = await hop(self.services.store.tree_figures, self.run.root_run_id or self.run.id)
-        mine = [replace(n, consumed=budget) if n.id == self.run.id else n for n in nodes]
-        root = next((n for n in nodes if n.parent_id is None), None)
-        if root is not None:
-            self.tree_limits = root.limits
-        found = tree_halt(self.run.id, mine, before)
-        if found is not None:
-            return await self.halt(found[0], halted_by=found[1])
-        return None
-
     async def halt(
         self, reason: HaltReason, *, halted_by: str | None = None, spend_usd: float = 0.0
     ) -> Outcome:
@@ -449,7 +355,7 @@ class RunSession:
             self.services.store.halt,
             self.lease,
             reason=reason,
-            elapsed_ms=self._elapsed(),
+            elapsed_ms=self.elapsed(),
             event={"budget": self.budget.to_json(), "limits": self.run.limits.to_json()},
             halted_by=halted_by,
             spend_usd=spend_usd,
@@ -466,7 +372,7 @@ class RunSession:
             self.services.store.fail,
             self.lease,
             reason=reason,
-            elapsed_ms=self._elapsed(),
+            elapsed_ms=self.elapsed(),
             event=event,
             unknown_call=unknown_call,
         )
@@ -485,9 +391,7 @@ class RunSession:
 
     async def hand_over(self, event: dict[str, Any]) -> None:
         """Let go of the run for a reaper to recover (``store.hand_over``); ``close`` first."""
-        await hop(
-            self.services.store.hand_over, self.lease, elapsed_ms=self._elapsed(), event=event
-        )
+        await hop(self.services.store.hand_over, self.lease, elapsed_ms=self.elapsed(), event=event)
 
     def abandon(self) -> Outcome:
         """Let go of the run without a write: the database cannot be reached (or a COMMIT
@@ -499,7 +403,7 @@ class RunSession:
     async def release(self, why: str) -> Outcome:
         """Hand the run back to the workers (still running, no owner)."""
         await hop(
-            self.services.store.release, self.lease, elapsed_ms=self._elapsed(), event={"why": why}
+            self.services.store.release, self.lease, elapsed_ms=self.elapsed(), event={"why": why}
         )
         return Outcome(run_id=self.run.id, kind=StopKind.RELEASED, reason=why)
 
@@ -509,7 +413,7 @@ class RunSession:
         return await hop(
             self.services.store.retry_model,
             self.lease,
-            elapsed_ms=self._elapsed(),
+            elapsed_ms=self.elapsed(),
             delay_s=delay_s,
             event=event,
         )
@@ -533,22 +437,11 @@ class RunSession:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _intent(self, call: ToolCall, result: Result | None = None) -> Intent:
-        tool = self.services.agent.tool(call.name)
-        arguments = call.parsed_arguments()
-        return Intent(
-            tool_call_id=call.id,
-            tool=call.name[:128],
-            arguments=arguments if isinstance(arguments, dict) else {"_raw": str(arguments)},
-            effect=tool.effect.value if tool is not None else "read",
-            status=CallStatus.INTENT if result is None else result.status,
-        )
-
     def idle(self, seconds: float) -> None:
         """Leave ``seconds`` just spent waiting for model capacity out of the active time."""
         self._mark += seconds
 
-    def _elapsed(self) -> int:
+    def elapsed(self) -> int:
         """Active milliseconds since the last durable write, folded into the budget."""
         now = time.monotonic()
         delta = max(0, round((now - self._mark) * 1000))

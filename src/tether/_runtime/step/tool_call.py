@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from tether._runtime.step import approval_deadline, dry_run, suspending
+from tether._runtime.step.budget_check import budget_stop, prepay
 from tether._runtime.step.resolution import Resolved, refusal, resolved
 from tether._runtime.step.session import RunSession
 from tether._runtime.step.tool_retries import attempts, failure_content
@@ -149,7 +150,7 @@ async def first_call(session: RunSession, call: ToolCall) -> Outcome | None:
         # It may have run before the crash (a conditional confirmation may have said no):
         # its outcome is asked by key, never re-run blindly.
         return await reconcile(session, r, confirmed=False)
-    stop = await session.budget_stop("tool")
+    stop = await budget_stop(session, "tool")
     if stop is not None:
         return stop
     check = await recheck(session, r, confirmed=False)
@@ -293,7 +294,7 @@ async def execute(
     key may have run before (a crash followed its approval)."""
     session.check_held()
     if r.tool.effect is Effect.WRITE:  # the lease checked (in a tree, the call counted)
-        stop = await session.prepay([r.call])
+        stop = await prepay(session, [r.call])
         if stop is not None:
             return stop
     result = await invoke(session, r, confirmed=confirmed, maybe_ran=reissue or maybe_ran)

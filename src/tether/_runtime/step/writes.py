@@ -4,11 +4,28 @@ of a result that reports an error to the model."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.messages import ToolCall, tool_calls_of
 from tether.models.base import Message, ModelResponse
-from tether.store import CallStatus
+from tether.store import CallStatus, Intent
+
+if TYPE_CHECKING:
+    from tether.agent import Agent
+
+
+def intent(agent: Agent, call: ToolCall, result: Result | None = None) -> Intent:
+    """The ledger entry stored with the turn that asks for ``call`` (an intent, or the
+    outcome of a call that ran before its turn was stored, ``result``)."""
+    tool = agent.tool(call.name)
+    arguments = call.parsed_arguments()
+    return Intent(
+        tool_call_id=call.id,
+        tool=call.name[:128],
+        arguments=arguments if isinstance(arguments, dict) else {"_raw": str(arguments)},
+        effect=tool.effect.value if tool is not None else "read",
+        status=CallStatus.INTENT if result is None else result.status,
+    )
 
 
 def error_content(code: str, message: str) -> dict[str, str]:

@@ -7,6 +7,8 @@ numbers on both backends and no worker clock is ever consulted (invariant 11).
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 
 from tether.runs import BUSY, RunState
@@ -27,10 +29,10 @@ REQUESTED = "request_key IS NOT NULL"
 _BUSY = "state IN ({})".format(", ".join(f"'{s.value}'" for s in BUSY))
 
 
-def _partial(table: sa.Table, name: str, *cols: str, where: str, unique: bool = False) -> sa.Index:
-    """An index on ``table`` restricted to the rows ``where`` holds, on both backends."""
+def _partial(table: sa.Table, name: str, *cols: Any, where: str, unique: bool = False) -> sa.Index:
+    """An index on ``table`` (its columns by name or expression) on the rows ``where`` holds."""
     clause = sa.text(where)
-    columns = [table.c[col] for col in cols]
+    columns = [table.c[col] if isinstance(col, str) else col for col in cols]
     return sa.Index(name, *columns, unique=unique, postgresql_where=clause, sqlite_where=clause)
 
 
@@ -122,17 +124,15 @@ runs = sa.Table(
     sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
     sa.Column("start_at", sa.Float, nullable=True),
     sa.Column("schedule_id", sa.String(64), nullable=True),
-    # A tree of sub-agents (reference §18, migration 0015): the run and tool call that
-    # started a child (NULL for a top-level run; one child per pair), the tree's root (the
-    # run's own id at the top), its depth (0 at the top), and the run whose limits halted
-    # it (NULL unless a budget halted it).
+    # A tree of sub-agents (reference §18, migration 0015): the run and call that started a
+    # child (NULL at the top), the tree's root (its own id at the top), its depth (0 at the
+    # top), its place among its siblings (their calls' order), the run whose limits halted it.
     sa.Column("parent_run_id", sa.String(64), nullable=True),
     sa.Column("parent_tool_call_id", sa.String(255), nullable=True),
     sa.Column("root_run_id", sa.String(64), nullable=True),
     sa.Column("depth", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("halted_by", sa.String(64), nullable=True),
-    # A child's place among its siblings: the order of the calls that started them.
     sa.Column("child_order", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("halted_by", sa.String(64), nullable=True),
 )
 
 # Partial indexes: the reaper, the worker queue, expiry and retention each scan only the
@@ -142,16 +142,8 @@ _partial(runs, "runs_orphan_scan", "heartbeat_at", where=f"{_RUNNING} AND owner 
 # own ready runs in that order serve the claim past users at their cap (``user_load``).
 _READY = f"{_RUNNING} AND owner IS NULL"
 _CLAIM_ORDER = (runs.c.priority.desc(), runs.c.updated_at)
-sa.Index(
-    "runs_ready", *_CLAIM_ORDER, postgresql_where=sa.text(_READY), sqlite_where=sa.text(_READY)
-)
-sa.Index(
-    "runs_ready_user",
-    runs.c.user_id,
-    *_CLAIM_ORDER,
-    postgresql_where=sa.text(_READY),
-    sqlite_where=sa.text(_READY),
-)
+_partial(runs, "runs_ready", *_CLAIM_ORDER, where=_READY)
+_partial(runs, "runs_ready_user", "user_id", *_CLAIM_ORDER, where=_READY)
 _partial(runs, "runs_suspended_expiry", "expires_at", where=_SUSPENDED)
 _partial(runs, "runs_unnotified", "suspended_at", where=f"{_SUSPENDED} AND notified_at IS NULL")
 _partial(runs, "runs_retention", "updated_at", where=_RETAINED)
@@ -164,21 +156,15 @@ _partial(runs, "runs_thread_busy", "thread_id", "thread_pos", where=_BUSY)
 # by it (the due ones are the index's first rows, whatever waits for later).
 _WAITS_THREAD = f"{_QUEUED} AND start_at IS NULL"
 _WAITS_START = f"{_QUEUED} AND start_at IS NOT NULL"
-sa.Index(
-    "runs_queued",
-    *_CLAIM_ORDER,
-    postgresql_where=sa.text(_WAITS_THREAD),
-    sqlite_where=sa.text(_WAITS_THREAD),
-)
+_partial(runs, "runs_queued", *_CLAIM_ORDER, where=_WAITS_THREAD)
 _partial(runs, "runs_starting", "start_at", where=_WAITS_START)
 sa.Index("runs_schedule", runs.c.schedule_id)
 # A user's key names one run: a second creation with it conflicts here.
 _partial(runs, "runs_request_key", "user_id", "request_key", where=REQUESTED, unique=True)
 sa.Index("runs_forked_from", runs.c.forked_from_run)
-# Trees of sub-agents (reference §18): one child per (parent run, tool call), so a parent
-# recovered mid-turn never starts a second child for one call; a tree is read by its root.
-CHILDREN = "parent_run_id IS NOT NULL"
-_partial(runs, "runs_child", "parent_run_id", "parent_tool_call_id", where=CHILDREN, unique=True)
+# Trees (reference §18): one child per (parent, tool call), even for a recovered parent.
+_CHILD = ("parent_run_id", "parent_tool_call_id")
+_partial(runs, "runs_child", *_CHILD, where="parent_run_id IS NOT NULL", unique=True)
 sa.Index("runs_root", runs.c.root_run_id)
 # Counting runs by state (the metrics gauge) reads this index only, never the rows. It is
 # partial on a predicate no other query states, so SQLite's planner (without statistics)
@@ -198,8 +184,7 @@ threads = sa.Table(
     sa.Column("runs", sa.Integer, nullable=False, server_default="0"),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
-    # False for a child run's thread (reference §18): not a conversation, never listed,
-    # never followed up (migration 0015).
+    # False for a child run's thread (§18, 0015): never listed, never followed up.
     sa.Column("conversation", sa.Boolean, nullable=False, server_default=sa.true()),
 )
 sa.Index("threads_user", threads.c.user_id, threads.c.updated_at)
@@ -247,9 +232,7 @@ pending_calls = sa.Table(
     # When this call's notice was delivered; NULL until then (the reaper re-issues it).
     sa.Column("notified_at", sa.Float, nullable=True),
 )
-sa.Index(
-    "pending_calls_run", pending_calls.c.run_id, pending_calls.c.epoch, pending_calls.c.position
-)
+sa.Index("pending_calls_run", *(pending_calls.c[c] for c in ("run_id", "epoch", "position")))
 
 run_messages = sa.Table(
     "run_messages",
