@@ -9,7 +9,10 @@
 //
 // A list ([data-live-list]) opens one stream of signals for the rows marked
 // [data-live-run] (the viewer's runs that are not terminal) and is fetched again on each,
-// and every [data-live-poll] seconds while the tab is visible.
+// and every [data-live-poll] seconds while the tab is visible. A run's page in a tree of
+// sub-agents names the list stream too: while it follows its own run, it also follows the
+// signals of the tree's other runs its rows mark (a child that suspends tells its own
+// stream, not its parent's).
 //
 // A part in which the viewer is typing (focus inside, or a field changed from what was
 // sent) is left alone until a later fetch finds it free. A page that answers a form (a
@@ -23,7 +26,8 @@
   if (location.pathname + location.search !== page) return;
   // The events after which a run's stream has nothing more to say (its terminal states).
   const LAST = new Set(["answered", "failed", "cancelled"]);
-  let source = null;
+  let source = null; // the page's stream: a run's own, or a list's signals
+  let rows = null; // a run page's signals of the other runs of its tree
   let following = "";
   let ended = ""; // the rows whose signals ended: not followed again until they change
   let fetching = false;
@@ -78,7 +82,7 @@
         for (const then of afterFetch.splice(0)) then(fresh);
         const freshRoot = fresh.querySelector(".live-follow");
         if (root.dataset.liveStream && !(freshRoot && freshRoot.dataset.liveStream)) stop();
-        if (root.dataset.liveList) followRows();
+        if (root.dataset.liveList && (source || !root.dataset.liveStream)) followRows();
       } while (again);
     } catch (error) {
       // The network failed: the next event, poll or reconnection fetches again.
@@ -87,28 +91,37 @@
     }
   };
 
+  const unfollowRows = () => {
+    if (rows) rows.close();
+    rows = null;
+  };
+
   const stop = () => {
     if (source) source.close();
     source = null;
+    unfollowRows();
     status("closed");
   };
 
-  const open = (url, listen) => {
-    if (source) source.close();
-    source = new EventSource(url);
-    status("connecting");
+  // A stream of the page: a run's own ("run"), a list's signals ("list"), or a run page's
+  // signals of its tree ("tree", whose state is not the page's).
+  const open = (url, listen, kind) => {
+    const events = new EventSource(url);
+    const main = kind !== "tree";
+    if (main) status("connecting");
     let opened = false;
-    source.addEventListener("open", () => {
-      status("open");
-      // After a reconnection (or, for a list, once the stream is there) the page is fetched
-      // again: what happened meanwhile shows.
-      if (opened || root.dataset.liveList) refresh();
+    events.addEventListener("open", () => {
+      if (main) status("open");
+      // After a reconnection (or, for signals, once the stream is there) the page is
+      // fetched again: what happened meanwhile shows.
+      if (opened || kind !== "run") refresh();
       opened = true;
     });
-    source.addEventListener("error", () => {
-      if (source && source.readyState === EventSource.CLOSED) status("closed");
+    events.addEventListener("error", () => {
+      if (main && events.readyState === EventSource.CLOSED) status("closed");
     });
-    listen(source);
+    listen(events);
+    return events;
   };
 
   // -- a run's page ---------------------------------------------------------------------
@@ -138,7 +151,8 @@
         shown.textContent = "";
       });
     };
-    open(url, (events) => {
+    if (source) source.close();
+    source = open(url, (events) => {
       events.addEventListener("delta", (e) => write(JSON.parse(e.data)));
       // Every stored event comes unnamed (a "message"), its kind in its data.
       events.addEventListener("message", (e) => {
@@ -147,28 +161,35 @@
         if (LAST.has(event.kind)) stop();
         refresh();
       });
-    });
+    }, "run");
   };
 
   // -- a list ---------------------------------------------------------------------------
 
+  // A list's rows, as its one stream; or, beside a run's own stream, its tree's.
   const followRows = () => {
+    const onList = !root.dataset.liveStream;
+    const current = onList ? source : rows;
     const ids = Array.from(document.querySelectorAll("[data-live-run]"),
       (row) => row.dataset.liveRun);
     const wanted = Array.from(new Set(ids)).sort().join(",");
-    if (wanted === ended || (wanted === following && source)) return;
+    if (wanted === ended || (wanted === following && current)) return;
     following = wanted;
-    if (!wanted) { if (source) stop(); return; }
+    const ending = () => { if (onList) stop(); else unfollowRows(); };
+    if (!wanted) { if (current) ending(); return; }
+    if (current) current.close();
     const query = new URLSearchParams();
     for (const id of wanted.split(",")) query.append("run", id);
-    open(root.dataset.liveList + "?" + query.toString(), (signals) => {
-      signals.addEventListener("changed", () => refresh());
-      signals.addEventListener("done", () => { ended = wanted; stop(); refresh(); });
-    });
+    const signals = open(root.dataset.liveList + "?" + query.toString(), (events) => {
+      events.addEventListener("changed", () => refresh());
+      events.addEventListener("done", () => { ended = wanted; ending(); refresh(); });
+    }, onList ? "list" : "tree");
+    if (onList) source = signals; else rows = signals;
   };
 
   if (root.dataset.liveStream) {
     followRun(root.dataset.liveStream);
+    if (root.dataset.liveList) followRows();
   } else if (root.dataset.liveList) {
     followRows();
     const every = Number(root.dataset.livePoll || 0) * 1000;

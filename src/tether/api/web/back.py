@@ -1,7 +1,8 @@
 """The way back to the run from a page that answers a decision (approved, declined,
 recorded, changed, refused): which run it was (its question, whose it is), and a link to
 its page when the viewer may open it (its owner always; an approver while a call of it
-waits for them, reference §6). Only someone the run concerns learns which run it was:
+waits for them, reference §6), and for its owner the page of its tree's root when it is a
+sub-agent's run (reference §18). Only someone the run concerns learns which run it was:
 its owner, an approver it waits on, or someone who decided one of its calls."""
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ class RunLink:
     question: str
     owner: str
     openable: bool
+    # The root of the run's tree of sub-agents when the run is a child and the viewer its
+    # owner (whose root's page shows every request of the tree, reference §18); else None.
+    root: str | None = None
 
 
 async def _waits_on(engine: Engine, run: Run, viewer: str) -> bool:
@@ -53,7 +57,10 @@ async def run_link(engine: Engine, run_id: str | None, viewer: str) -> RunLink |
     openable = run.user_id == viewer or await _waits_on(engine, run, viewer)
     if not openable and not await _decided_in(engine, run, viewer):
         return None
-    return RunLink(id=run.id, question=run.question, owner=run.user_id, openable=openable)
+    root = run.root_run_id if run.is_child and run.user_id == viewer else None
+    return RunLink(
+        id=run.id, question=run.question, owner=run.user_id, openable=openable, root=root
+    )
 
 
 async def run_of_token(engine: Engine, token: str, viewer: str) -> str | None:

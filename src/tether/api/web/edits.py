@@ -109,7 +109,8 @@ async def _edited(
     """The edited call's preview and approval form; or, for edits that do not validate,
     the request again with what is wrong and the edits as typed (422), still decidable."""
     pending = item.call
-    parameters = tool_parameters(engine_of(request).agent, pending.tool) or {}
+    agent = engine_of(request).agent.agent_of(item.run.agent_version)
+    parameters = tool_parameters(agent, pending.tool) or {}
     try:
         shown = await previewing(read_edits(parameters, form, pending.arguments))
     except InvalidInput as exc:

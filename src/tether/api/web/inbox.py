@@ -14,12 +14,13 @@ from fastapi.responses import RedirectResponse, Response
 
 from tether.api.deps import engine_of
 from tether.api.statuses import status_for
-from tether.api.web import lineage, threads, timeline
+from tether.api.web import lineage, threads, timeline, trees
 from tether.api.web.actions import actions_for
 from tether.api.web.pages import message, page, turn_view
 from tether.api.web.shown import show
 from tether.api.web.sign_in import SignIn, acting, back_to, login_url, sign_in_of
 from tether.api.web.status import cancelled_by, state_note
+from tether.budget import Budget
 from tether.errors import InvalidInput, NotFound, TetherError
 from tether.models.base import Message
 from tether.runs import Run, RunState
@@ -56,8 +57,10 @@ async def inbox(request: Request) -> Response:
 
 @router.get("/runs/{run_id}")
 async def run_page(request: Request, run_id: str) -> Response:
-    """A run for its owner: state, version, thread and lineage, budget, pending request, the
-    forms that continue, cancel, fork and follow it up, timeline and messages; for an
+    """A run for its owner: state, version, thread and lineage, its tree of sub-agents
+    (on the root's page, with every call of the tree waiting for a decision), budget,
+    pending request, the forms that continue, cancel, fork and follow it up, timeline and
+    messages; for an
     approver of its pending request, that request with the run's question and
     conversation."""
     session = await sign_in_of(request)
@@ -115,6 +118,7 @@ async def run_response(
     pending = None
     if run.state is RunState.SUSPENDED:
         pending = turn_view(run, session.user, now, agent=engine.agent)
+    tree = await trees.tree_panel(engine, run, session.user, now)
     fork_form = lineage.fork_form(run, view.messages)
     if error is not None:
         fork_form = lineage.refused(run, submitted or {}, error.message)
@@ -123,13 +127,16 @@ async def run_response(
         "owner": True,
         "pending": pending,
         "notice": notice,
-        "budget": _budget_rows(run),
-        "actions": actions_for(run, error=refused, reason=reason),
+        "budget": _budget_rows(run, tree.consumed_tree if tree else None),
+        "actions": actions_for(
+            run, error=refused, reason=reason, holds=tree is not None and tree.holding > 0
+        ),
         "state_note": state_note(run, now, by=cancelled_by(events)),
         "events": [timeline.line(e) for e in events],
         "messages": [_message_view(m) for m in view.messages],
         "fork": fork_form,
         "thread": await threads.thread_panel(engine, run, session.user, refused=follow_up),
+        "tree": tree,
         **await lineage.lineage(engine, run, session.user),
     }
     return page(request, "run.html", context, session=session, status=status)
@@ -161,6 +168,7 @@ async def _as_approver(
         "pending": pending,
         "state_note": state_note(run, now),
         "events": (),  # the timeline is its owner's
+        "tree": None,  # and so is its tree
         "notice": notice,
         "messages": [_message_view(m) for m in view.messages],
     }
@@ -171,13 +179,20 @@ def no_such_run(request: Request, session: SignIn) -> Response:
     return message(request, session, 404, "Not found", "There is no such run.", kind="refused")
 
 
-def _budget_rows(run: Run) -> list[tuple[str, Any, Any]]:
-    limits, used = run.limits, run.budget
+def _budget_rows(run: Run, tree: Budget | None) -> list[tuple[str, Any, Any, Any]]:
+    """Each measure: the run's own consumption, with its descendants' (``tree``, when it
+    started any; else None), and its limit."""
+    limits, used, whole = run.limits, run.budget, tree or Budget()
     return [
-        ("steps", used.steps, limits.max_steps),
-        ("spend (USD)", f"{used.spend_usd:.4f}", f"{limits.max_spend_usd:.4f}"),
-        ("tool calls", used.tool_calls, limits.max_tool_calls),
-        ("active time (ms)", used.elapsed_ms, limits.max_elapsed_ms),
+        ("steps", used.steps, whole.steps, limits.max_steps),
+        (
+            "spend (USD)",
+            f"{used.spend_usd:.4f}",
+            f"{whole.spend_usd:.4f}",
+            f"{limits.max_spend_usd:.4f}",
+        ),
+        ("tool calls", used.tool_calls, whole.tool_calls, limits.max_tool_calls),
+        ("active time (ms)", used.elapsed_ms, whole.elapsed_ms, limits.max_elapsed_ms),
     ]
 
 

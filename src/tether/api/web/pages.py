@@ -172,7 +172,8 @@ def _call_view(
     position: int = 0,
     decided: dict[str, Any] | None = None,
 ) -> PendingView:
-    parameters = tool_parameters(agent, pending.tool)
+    # A child's call is of its sub-agent's tool (reference §18).
+    parameters = tool_parameters(agent.agent_of(run.agent_version), pending.tool)
     fields = edit_fields(parameters, pending.arguments) if parameters is not None else ()
     if token is not None:
         target = token_target(token)

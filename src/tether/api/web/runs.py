@@ -20,7 +20,14 @@ from tether.api.web.pages import message, page
 from tether.api.web.sign_in import acting, back_to, field, login_url, sign_in_of
 from tether.api.web.status import state_note
 from tether.api.web.threads import read_follow_up
-from tether.errors import AlreadyFinished, InvalidInput, NotFound, NotHalted, ThreadBusy
+from tether.errors import (
+    AlreadyFinished,
+    HaltedByAncestor,
+    InvalidInput,
+    NotFound,
+    NotHalted,
+    ThreadBusy,
+)
 from tether.runs import RunState
 
 log = logging.getLogger(__name__)
@@ -64,9 +71,11 @@ async def runs(request: Request, state: str = "", after: str = "") -> Response:
 
 @router.post("/runs/{run_id}/continue")
 async def continue_run(request: Request, run_id: str) -> Response:
-    """Continue the owner's halted run with the default grant (the one its page showed)
-    and the optional reason as its ``why``; show the run again (303). A run that is no
-    longer halted, or a refused grant, shows its page with why (409, 422)."""
+    """Continue the owner's halted run (or the waiting parent whose limits halted runs of
+    its tree, reference §18) with the default grant (the one its page showed) and the
+    optional reason as its ``why``; show the run again (303). A run that is no longer
+    halted, one an ancestor's limits halted, or a refused grant, shows its page with why
+    (409, 422)."""
     got = await acting(request, back_to(f"/runs/{run_id}"))
     if isinstance(got, Response):
         return got
@@ -78,8 +87,8 @@ async def continue_run(request: Request, run_id: str) -> Response:
         await engine.continue_run(run_id, session.user, why=why)
     except NotFound:  # missing, or not theirs: the same page either way
         return no_such_run(request, session)
-    except (NotHalted, InvalidInput) as exc:
-        status = 409 if isinstance(exc, NotHalted) else 422
+    except (NotHalted, HaltedByAncestor, InvalidInput) as exc:
+        status = 422 if isinstance(exc, InvalidInput) else 409
         refused = f"Not continued: {exc.message}."
         return await run_response(
             request, session, run_id, status=status, refused=refused, reason=typed

@@ -64,6 +64,8 @@ def state_note(run: Run, now: float, *, by: str | None = None) -> str:
             return "a worker carries it" if run.owner else "waits for a worker"
         case RunState.SUSPENDED:
             return "waits for a decision"
+        case RunState.WAITING:
+            return "waits for the runs of its sub-agents to stop"
         case RunState.HALTED:
             return _reason(run.halt_reason, HALTED)
         case RunState.FAILED:

@@ -136,6 +136,30 @@ def _continued(data: Data) -> Said:
     )
 
 
+def _child(data: Data) -> str:
+    """A child run as an event names it (reference §18): its short id."""
+    return f"run {str(data.get('run_id') or '?')[:8]}"
+
+
+def _child_started(data: Data) -> Said:
+    figures = (f"call {data['tool_call_id']}",) if data.get("tool_call_id") else ()
+    return Said(
+        what=f"Started {data.get('agent', 'a sub-agent')}'s {_child(data)}", figures=figures
+    )
+
+
+def _child_halted(data: Data) -> Said:
+    reason = str(data.get("halt_reason") or "")
+    words = next((w for r, w in HALTED.items() if r.value == reason), reason or "halted")
+    figures = tuple(f for f in (reason, _halted_by(data)) if f)
+    return Said(what=f"Its {_child(data)} halted: {words}", figures=figures)
+
+
+def _halted_by(data: Data) -> str:
+    by = data.get("halted_by")
+    return f"by the limits of run {str(by)[:8]}" if by else ""
+
+
 def _plain(what: str) -> Callable[[Data], Said]:
     return lambda data: Said(what=what)
 
@@ -186,6 +210,11 @@ SAYINGS: dict[str, Callable[[Data], Said]] = {
         what=f"The answer did not fit its type ({_count(data.get('count'), 'error')})"
     ),
     "compacted": _plain("The conversation so far was summarised"),
+    "child_started": _child_started,
+    "child_stopped": lambda data: Said(
+        what=f"Its {_child(data)} stopped: {data.get('state', '?')}",
+    ),
+    "child_halted": _child_halted,
     "start_failed": lambda data: Said(
         what="Could not start; tried again later", text=_reason_text(data, "error")
     ),
