@@ -398,3 +398,19 @@ async def test_a_tree_is_purged_and_deleted_with_its_root_never_a_child_alone(
         await carry_children(eng, second.run_id)
         await eng.run_until_stop(second.run_id)
         assert store.purge_retained(0.0, 100) == 3  # the root and its two children, as one
+
+
+async def test_the_tree_lists_every_pending_call_of_a_childs_suspension(db_url: str) -> None:
+    parent = Agent(name="planner", system_prompt="You plan.", tools=(sender().as_tool(),))
+    two = {"tool_calls": [call("send", what="one"), call("send", what="two")]}
+    eng = engine(
+        db_url, parent, [delegate(("sender", "send both"))], by_system={SEND: {"turns": [two]}}
+    )
+    async with eng:
+        first = await eng.ask("dana", "plan")
+        (kid,) = await children(eng, first.run_id)
+        assert (await eng.run_until_stop(kid.id)).kind is StopKind.SUSPENDED
+        body = (await eng.get_tree(first.run_id, user="dana")).to_json()
+        pending = [r["pending_calls"] for r in body["runs"]]
+        assert [len(p) for p in pending] == [0, 2]
+        assert [p["arguments"] for p in pending[1]] == [{"what": "one"}, {"what": "two"}]

@@ -42,6 +42,10 @@ async def tree_view(services: Services, run_id: str, user: str | None) -> TreeVi
     found = await hop(services.store.tree, inputs.run_id(run_id))
     if not found or (user is not None and found[0].user_id != user):
         raise NotFound("no such run")
+    for at, run in enumerate(found):  # a suspension's every call, as its own read has them
+        if run.state is RunState.SUSPENDED:
+            loaded = await hop(services.store.get_run, run.id)
+            found[at] = loaded if loaded is not None else run
     nodes = [
         TreeNode(id=r.id, parent_id=r.parent_run_id, limits=r.limits, consumed=r.budget)
         for r in found
