@@ -714,7 +714,7 @@ async def test_the_openapi_document_describes_auth_and_every_refusal(db_url: str
         if path.startswith("/v1/")
         for method, op in item.items()
     ]
-    assert len(operations) == 18  # with the schedules (reference §13)
+    assert len(operations) == 19  # with the schedules (§13) and a run's tree (§18)
     for path, method, op in operations:
         assert op["security"] == [{"HTTPBearer": []}], (path, method)
         assert "401" in op["responses"], (path, method)
