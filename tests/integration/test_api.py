@@ -252,6 +252,8 @@ async def test_a_request_is_found_in_the_approvals_list_and_decided_by_run_witho
             "digest": item["digest"],
             "expires_at": item["expires_at"],
             "pending_calls": 1,
+            "root_run_id": run_id,  # a top-level run is its tree's root (reference §18)
+            "parent_run_id": None,
             "decide_url": f"{BASE}/v1/runs/{run_id}/decisions",
             "may_decide": True,
         }

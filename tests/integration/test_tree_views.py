@@ -1,6 +1,7 @@
 """A tree of sub-agents as it is seen (reference §18), on both backends: a run's own JSON
 places it in its tree (a parent's children in call order, its ``consumed_tree``), the tree
-from any run of it over HTTP, in Python and depth first, and lists of top-level runs only.
+from any run of it over HTTP, in Python and depth first, lists of top-level runs only, and a
+child's notices and approval requests naming its root and parent.
 
 Every tree is ``trees.py``'s: a planner hands "find A" and "find B" to two researchers,
 each of which hands "check it" to a checker. No worker runs: ``trees.settle`` carries them.
@@ -8,6 +9,7 @@ each of which hands "check it" to a checker. No worker runs: ``trees.settle`` ca
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,12 +20,19 @@ import inprocess
 import pytest
 import trees
 from json_api import DANA, KEYS, MIGUEL, refused
+from waiting import until
+from webhooks import Flaky
 
-from tether import Engine
+from tether import Engine, MemoryNotifier, StopKind
 from tether.api.app import create_app
 from tether.budget import Budget
 from tether.errors import NotFound
-from tether.runs import Run
+from tether.notify import LogNotifier, Notice
+from tether.runs import Run, RunState
+from tether.webhook import WebhookNotifier
+
+# A notice's delivery window, as tests/integration/test_notices.py gives it.
+WINDOW_S = 1.0
 
 
 @dataclass
@@ -220,3 +229,84 @@ async def test_lists_hold_top_level_runs_and_a_child_is_reached_through_its_tree
         everyone = await engine.list_runs(None, limit=1000)
         assert [r.id for r in everyone] == [other.id, tree.root.id]
         assert [r.id for r in await engine.list_runs("dana", state="answered")] == [tree.root.id]
+
+
+class Both:
+    """Each notice to the log and to a webhook."""
+
+    def __init__(self, url: str) -> None:
+        self.log = LogNotifier()
+        self.hook = WebhookNotifier(url, attempts=1)
+
+    async def send(self, notice: Notice) -> bool:
+        await self.log.send(notice)
+        return await self.hook.send(notice)
+
+
+async def test_a_childs_notices_and_requests_name_its_root_and_its_parent(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first notices and the reaper's re-issues alike, in the webhook's JSON and the
+    log's line; and each request of ``GET /v1/approvals``."""
+    caplog.set_level(logging.INFO, logger="tether.notify")
+    hook = Flaky(failures=2)  # the two first notices are refused, then re-issued
+    script = trees.model(research=trees.SENDS)
+    options = {"heartbeat_timeout_s": 0.05, "notice_timeout_s": WINDOW_S}
+    try:
+        async with served(db_url, script=script, notifier=Both(hook.url), **options) as (
+            engine,
+            client,
+        ):
+            root = await engine.start_run("dana", "plan it")
+            found = await trees.settle(engine, root.id)
+            children = [r for r in found.values() if r.depth == 1]
+            assert [r.state for r in children] == [RunState.SUSPENDED] * 2
+            assert found[root.id].state is RunState.WAITING
+            await engine.runner.services.outbox.drain(10)
+            assert hook.received == []
+            since = max(r.suspended_at or 0 for r in children)
+            await until(lambda: engine.runner.store.now() - since > WINDOW_S)
+            hook.failures = 0
+            reissued = (await engine.operator.reap()).notices_reissued
+            assert sorted(reissued) == sorted(r.id for r in children)
+            await engine.runner.services.outbox.drain(10)
+
+            posted = {n["run_id"]: n for n in hook.received}
+            assert set(posted) == {r.id for r in children}
+            logged = [r for r in caplog.records if getattr(r, "action", "") == "suspension_notice"]
+            assert len(logged) == 4  # two refused, two re-issued
+            for child in children:
+                assert (posted[child.id]["root_run_id"], posted[child.id]["parent_run_id"]) == (
+                    root.id,
+                    root.id,
+                )
+                for line in (r for r in logged if r.__dict__["run_id"] == child.id):
+                    assert (line.__dict__["root_run_id"], line.__dict__["parent_run_id"]) == (
+                        root.id,
+                        root.id,
+                    )
+
+            listed = (await client.get("/v1/approvals", headers=DANA)).json()["items"]
+            assert sorted(i["run_id"] for i in listed) == sorted(r.id for r in children)
+            assert {(i["root_run_id"], i["parent_run_id"]) for i in listed} == {(root.id, root.id)}
+            # The tree shows the calls its suspended runs wait on.
+            shown = (await client.get(f"/v1/runs/{root.id}/tree", headers=DANA)).json()
+            waits = {r["id"]: r["pending_calls"] for r in shown["runs"]}
+            for child in children:
+                (call,) = waits[child.id]
+                assert (call["tool"], call["decided"]) == ("send", None)
+            assert waits[root.id] == []
+    finally:
+        hook.close()
+
+
+async def test_a_top_level_runs_notice_names_itself_as_its_root(db_url: str) -> None:
+    notifier = MemoryNotifier()
+    engine = inprocess.engine(db_url, script_name="send", notifier=notifier)
+    try:
+        outcome = await engine.ask("dana", "send")
+        assert outcome.kind is StopKind.SUSPENDED
+        data = notifier.last(outcome.run_id).to_json()
+        assert (data["root_run_id"], data["parent_run_id"]) == (outcome.run_id, None)
+    finally:
+        engine.close()

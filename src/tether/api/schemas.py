@@ -406,6 +406,10 @@ class PendingApprovalOut(BaseModel):
         description="how many calls of the run's turn its suspension waits on (reference "
         "§15); each undecided one is listed as a request of its own"
     )
+    root_run_id: str = Field(description="its tree's top-level run (its own id at the top, §18)")
+    parent_run_id: str | None = Field(
+        default=None, description="the run whose sub-agent call started it; null at the top"
+    )
     decide_url: str = Field(
         description="where to POST a decision on it by run and call id "
         '(`{"decisions": [{"tool_call_id", "decision"}]}`); the token itself is only in '
