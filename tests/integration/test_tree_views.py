@@ -1,7 +1,8 @@
 """A tree of sub-agents as it is seen (reference §18), on both backends: a run's own JSON
 places it in its tree (a parent's children in call order, its ``consumed_tree``), the tree
-from any run of it over HTTP, in Python and depth first, lists of top-level runs only, and a
-child's notices and approval requests naming its root and parent.
+from any run of it over HTTP, in Python and depth first, lists of top-level runs only, a
+child's notices and approval requests naming its root and parent, a child's thread that
+is no conversation, and a thread busy while its run waits for its children.
 
 Every tree is ``trees.py``'s: a planner hands "find A" and "find B" to two researchers,
 each of which hands "check it" to a checker. No worker runs: ``trees.settle`` carries them.
@@ -19,7 +20,7 @@ import httpx
 import inprocess
 import pytest
 import trees
-from json_api import DANA, KEYS, MIGUEL, refused
+from json_api import DANA, KEYS, MIGUEL, fingerprint, refused
 from waiting import until
 from webhooks import Flaky
 
@@ -310,3 +311,55 @@ async def test_a_top_level_runs_notice_names_itself_as_its_root(db_url: str) -> 
         assert (data["root_run_id"], data["parent_run_id"]) == (outcome.run_id, None)
     finally:
         engine.close()
+
+
+async def test_a_childs_thread_is_no_conversation(db_url: str) -> None:
+    async with served(db_url) as (engine, client):
+        tree = await settled(engine, client)
+        child = tree.researchers[0]
+        thread = (await client.get(f"/v1/runs/{child.id}", headers=DANA)).json()["thread_id"]
+        assert thread == child.thread_id != tree.root.thread_id
+        before = await fingerprint(engine)
+
+        listed = (await client.get("/v1/threads", headers=DANA)).json()["items"]
+        assert [t["id"] for t in listed] == [tree.root.thread_id]
+        refused(await client.get(f"/v1/threads/{thread}", headers=DANA), 404, "not_found")
+        refused(await client.delete(f"/v1/threads/{thread}", headers=DANA), 404, "not_found")
+        follow_up = {"question": "and then?", "thread_id": thread}
+        refused(await client.post("/v1/runs", json=follow_up, headers=DANA), 422, "invalid_input")
+        with pytest.raises(NotFound):
+            await engine.get_thread(thread)
+        with pytest.raises(NotFound):
+            await engine.delete_thread(thread, user="dana")
+        assert [t.id for t in await engine.list_threads(None)] == [tree.root.thread_id]
+        assert await fingerprint(engine) == before
+        assert engine.runner.store.get_run(child.id) is not None  # nothing was deleted
+
+
+async def test_a_thread_is_busy_while_its_run_waits_for_its_children(db_url: str) -> None:
+    async with served(db_url) as (engine, client):
+        root = await engine.start_run("dana", "plan it")
+        outcome = await engine.run_until_stop(root.id)  # its children are left unclaimed
+        assert outcome.kind is StopKind.WAITING
+        follow_up = {"question": "and then?", "thread_id": root.thread_id}
+
+        busy = await client.post("/v1/runs", json=follow_up, headers=DANA)
+        assert refused(busy, 409, "thread_busy", ("run_id",))["run_id"] == root.id
+        deleted = await client.delete(f"/v1/threads/{root.thread_id}", headers=DANA)
+        assert refused(deleted, 409, "thread_busy", ("run_id",))["run_id"] == root.id
+        queued = await client.post(
+            "/v1/runs", json={**follow_up, "if_busy": "enqueue"}, headers=DANA
+        )
+        assert queued.status_code == 202 and queued.json()["state"] == "queued", queued.text
+
+        # Cancelling the waiting root answers its own JSON: its children, cancelled with it.
+        cancelled = (await client.post(f"/v1/runs/{root.id}/cancel", headers=DANA)).json()
+        assert cancelled["state"] == "cancelled"
+        assert [c["state"] for c in cancelled["children"]] == ["cancelled", "cancelled"]
+        assert [c["agent"] for c in cancelled["children"]] == ["researcher", "researcher"]
+        assert (
+            cancelled["budget"]["consumed_tree"]["steps"]
+            == cancelled["budget"]["consumed"]["steps"]
+        )  # its children took no step
+        started = await engine.run_until_stop(queued.json()["id"])
+        assert started.kind is StopKind.ANSWERED, started  # the thread is free again
