@@ -37,10 +37,16 @@ class Notice:
     # notice is sent per pending call (reference §15).
     tool_call_id: str = ""
     pending_calls: int = 1
+    # The run's tree (reference §18): its top-level run (None: the run is one) and the run
+    # whose sub-agent call started it (None at the top).
+    root_run_id: str | None = None
+    parent_run_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
+            "root_run_id": self.root_run_id or self.run_id,
+            "parent_run_id": self.parent_run_id,
             "token": self.token,
             "approve_url": self.approve_url,
             "tool": self.tool,
@@ -76,6 +82,8 @@ class LogNotifier:
         extra: dict[str, Any] = {
             "action": "suspension_notice",
             "run_id": notice.run_id,
+            "root_run_id": notice.root_run_id or notice.run_id,
+            "parent_run_id": notice.parent_run_id,
             "user_id": notice.user_id,
             "tool": notice.tool,
             "expires_at": notice.expires_at,

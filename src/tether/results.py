@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
@@ -14,7 +14,7 @@ from tether.budget import Budget
 from tether.errors import TetherError
 from tether.models.base import Message
 from tether.notify import Notice
-from tether.runs import Pending, Run, RunState, iso
+from tether.runs import Pending, Run, RunState, iso, run_to_json
 from tether.store import Decision, Event
 from tether.store.threads import ThreadRecord
 from tether.trees import TreeView as TreeView  # a record the Engine returns, kept apart
@@ -307,10 +307,14 @@ class Delta:
 
 @dataclass(frozen=True, kw_only=True)
 class RunView:
-    """A run with its messages, as a caller reads it."""
+    """A run with its messages, as a caller reads it; a parent also with its children in
+    call order and its ``consumed_tree`` (its own consumption plus all its descendants',
+    None for a run without children; reference §18)."""
 
     run: Run
     messages: list[Message]
+    children: list[Run] = field(default_factory=list)
+    consumed_tree: Budget | None = None
 
     @property
     def output(self) -> Any:
@@ -321,6 +325,13 @@ class RunView:
     def answer(self) -> str | None:
         """The final answer's text once the run is answered, else None (reference §6)."""
         return self.run.answer
+
+    def to_json(self, *, messages: bool = True) -> dict[str, Any]:
+        """The run's own JSON (reference §6, §18), with its ``messages`` unless told not."""
+        data = run_to_json(self.run, children=self.children, consumed_tree=self.consumed_tree)
+        if messages:
+            data["messages"] = self.messages
+        return data
 
 
 @dataclass(frozen=True, kw_only=True)

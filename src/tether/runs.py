@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -79,6 +79,7 @@ __all__ = [
     "RunState",
     "answer_of",
     "can_transition",
+    "child_to_json",
     "iso",
     "run_to_json",
 ]
@@ -332,8 +333,25 @@ def iso(epoch: float | None) -> str | None:
     return datetime.fromtimestamp(epoch, UTC).isoformat()
 
 
-def run_to_json(run: Run) -> dict[str, Any]:
-    """A run as reference §6 shapes it, without its messages."""
+def child_to_json(child: Run) -> dict[str, Any]:
+    """A child as its parent's JSON lists it (reference §18)."""
+    return {
+        "id": child.id,
+        "agent": child.route.get("agent"),
+        "tool_call_id": child.parent_tool_call_id,
+        "state": child.state.value,
+    }
+
+
+def run_to_json(
+    run: Run,
+    *,
+    children: Sequence[Run] | None = None,
+    consumed_tree: Budget | None = None,
+) -> dict[str, Any]:
+    """A run as reference §6 shapes it, without its messages. A run's own JSON (not a
+    list's) names its ``children`` in call order and, with them, its ``consumed_tree``
+    (reference §18)."""
     pending = None
     if run.pending is not None and run.state is RunState.SUSPENDED:
         pending = {
@@ -343,6 +361,11 @@ def run_to_json(run: Run) -> dict[str, Any]:
             "preview": run.pending.preview,
             "expires_at": iso(run.expires_at),
         }
+    budget: dict[str, Any] = {"limits": run.limits.to_json(), "consumed": run.budget.to_json()}
+    family: dict[str, Any] = {}
+    if children is not None:
+        budget["consumed_tree"] = consumed_tree.to_json() if consumed_tree and children else None
+        family["children"] = [child_to_json(c) for c in children]
     return {
         "id": run.id,
         "user_id": run.user_id,
@@ -351,7 +374,7 @@ def run_to_json(run: Run) -> dict[str, Any]:
         "step": run.step,
         "halt_reason": run.halt_reason,
         "fail_reason": run.fail_reason,
-        "budget": {"limits": run.limits.to_json(), "consumed": run.budget.to_json()},
+        "budget": budget,
         "pending": pending,
         "pending_calls": (
             [c.to_json(run.expires_at) for c in run.pending_calls]
@@ -372,6 +395,7 @@ def run_to_json(run: Run) -> dict[str, Any]:
         "root_run_id": run.root_run_id or run.id,
         "depth": run.depth,
         "halted_by": run.halted_by,
+        **family,
         "created_at": iso(run.started_at),
         # State changes set updated_at; a running run's progress shows in its heartbeat.
         "updated_at": iso(max(run.updated_at, run.heartbeat_at or 0.0)),

@@ -12,12 +12,14 @@ import downstream
 import inprocess
 import processes
 import pytest
+import trees
 from alembic import command
 from waiting import poll_until, run_sync
 
 from tether import Engine, StopKind
 from tether.config import Settings
 from tether.notify import MemoryNotifier
+from tether.runs import RunState
 from tether.store import SchemaStatus, Store, schema_status
 from tether.store.migrate import alembic_config
 
@@ -511,3 +513,36 @@ def test_threads_list_show_and_delete_as_the_owner_and_delete_is_refused_while_b
         assert [r.id for r in store.list_runs(None, limit=10)] == [others.id]
     finally:
         store.close()
+
+
+def test_runs_tree_prints_each_run_indented_by_depth_with_its_halt_reason(db_url: str) -> None:
+    engine = trees.engine(db_url, researcher_limits={"max_steps": 1})
+    root = engine.sync.start_run("dana", "plan it")
+    found = run_sync(trees.settle(engine, root.id))
+    engine.close()
+    store = Store(db_url)
+    try:
+        a, b = store.children(root.id)
+        (check_a,), (check_b,) = store.children(a.id), store.children(b.id)
+    finally:
+        store.close()
+    # A researcher's own step spent its limit, so its checker halts on the researcher's.
+    assert found[check_a.id].halted_by == a.id and found[a.id].state is RunState.WAITING
+    env = processes.tether_env(db_url)
+
+    shown = processes.tether("runs", "tree", check_b.id, env=env, agent="trees:agent")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == [
+        f"{root.id}  planner  waiting",
+        f"  {a.id}  researcher  waiting",
+        f"    {check_a.id}  checker  halted  max_steps  (halted by {a.id})",
+        f"  {b.id}  researcher  waiting",
+        f"    {check_b.id}  checker  halted  max_steps  (halted by {b.id})",
+    ]
+    as_json = processes.tether("runs", "tree", a.id, "--json", env=env, agent="trees:agent")
+    assert as_json.returncode == 0, as_json.stderr
+    body = json.loads(as_json.stdout)
+    assert body["root_run_id"] == root.id
+    assert [r["id"] for r in body["runs"]] == [root.id, a.id, check_a.id, b.id, check_b.id]
+    unknown = processes.tether("runs", "tree", "nope", env=env, agent="trees:agent")
+    assert unknown.returncode == 1 and "not_found" in unknown.stderr

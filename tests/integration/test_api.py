@@ -252,6 +252,8 @@ async def test_a_request_is_found_in_the_approvals_list_and_decided_by_run_witho
             "digest": item["digest"],
             "expires_at": item["expires_at"],
             "pending_calls": 1,
+            "root_run_id": run_id,  # a top-level run is its tree's root (reference §18)
+            "parent_run_id": None,
             "decide_url": f"{BASE}/v1/runs/{run_id}/decisions",
             "may_decide": True,
         }
@@ -714,7 +716,7 @@ async def test_the_openapi_document_describes_auth_and_every_refusal(db_url: str
         if path.startswith("/v1/")
         for method, op in item.items()
     ]
-    assert len(operations) == 18  # with the schedules (reference §13)
+    assert len(operations) == 19  # with the schedules (§13) and a run's tree (§18)
     for path, method, op in operations:
         assert op["security"] == [{"HTTPBearer": []}], (path, method)
         assert "401" in op["responses"], (path, method)

@@ -18,7 +18,7 @@ from tether.errors import IllegalTransition, InvalidInput, LeaseLost
 from tether.reasons import FailReason, HaltReason
 from tether.runs import Lease, Pending, Run, RunState
 from tether.store import Store, upkeep
-from tether.store.reads import _COUNT_BY_STATE
+from tether.store.reads import _COUNT_BY_STATE, page_of
 from tether.store.sql import claims as claim_sql
 from tether.store.sql.claim_order import pick_next
 from tether.store.sql.fair_pick import pick_sizes
@@ -300,6 +300,9 @@ SCANS: dict[str, tuple[Any, dict[str, Any], str | tuple[str, ...]]] = {
     ),
     "retention": (upkeep._PAST_RETENTION, {"b_retention": 1.0, "b_batch": 5}, "runs_retention"),
     "counts": (_COUNT_BY_STATE, {}, "runs_state"),
+    # A page of a user's top-level runs (reference §18): children are left out by a plain
+    # column test, and the user's index still serves the page.
+    "a user's runs": (page_of("dana", None, None, 10), {}, "runs_user"),
 }
 
 

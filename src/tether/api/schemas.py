@@ -170,6 +170,12 @@ class BudgetOut(BaseModel):
     consumed: ConsumedOut
 
 
+class TreeBudgetOut(BudgetOut):
+    consumed_tree: ConsumedOut | None = Field(
+        default=None, description="its own and all its descendants' (§18); null without children"
+    )
+
+
 class PendingOut(BaseModel):
     """The request a suspended run waits on, from the stored tool call."""
 
@@ -198,8 +204,18 @@ class ForkedFromOut(BaseModel):
     step: int
 
 
-class RunOut(BaseModel):
-    """A run without its messages."""
+class ChildOut(BaseModel):
+    """A child run, as its parent's JSON lists it (§18)."""
+
+    id: str
+    agent: str | None = Field(description="the sub-agent's name")
+    tool_call_id: str | None = Field(description="the parent's call that started it")
+    state: RunState
+
+
+class RunSummaryOut(BaseModel):
+    """A run as a list shows it: without its messages, its children or its tree's
+    consumption."""
 
     id: str
     user_id: str
@@ -229,8 +245,29 @@ class RunOut(BaseModel):
     priority: int = Field(default=0, description="claimed before lower priorities (§13)")
     start_at: str | None = Field(default=None, description="ISO-8601, UTC; queued till then")
     schedule_id: str | None = Field(default=None, description="the schedule that made it")
+    parent_run_id: str | None = Field(
+        default=None, description="the run whose sub-agent call started it (§18); null at the top"
+    )
+    parent_tool_call_id: str | None = Field(
+        default=None, description="that call's id; null for a top-level run"
+    )
+    root_run_id: str = Field(description="its tree's top-level run (its own id at the top)")
+    depth: int = Field(default=0, description="0 for a top-level run, 1 for its children, ...")
+    halted_by: str | None = Field(
+        default=None, description="the run whose limits halted it (maybe its own id), else null"
+    )
     created_at: str = Field(description="ISO-8601, UTC")
     updated_at: str = Field(description="ISO-8601, UTC")
+
+
+class RunOut(RunSummaryOut):
+    """A run without its messages: with its children, in call order, and its tree's
+    consumption (§18)."""
+
+    budget: TreeBudgetOut
+    children: list[ChildOut] = Field(
+        default_factory=list, description="the runs its sub-agent calls started, in call order"
+    )
 
 
 class RunDetailOut(RunOut):
@@ -240,9 +277,9 @@ class RunDetailOut(RunOut):
 
 
 class RunListOut(BaseModel):
-    """A page of the caller's runs, newest first."""
+    """A page of the caller's top-level runs (§18), newest first."""
 
-    items: list[RunOut]
+    items: list[RunSummaryOut]
     more: int = Field(description="how many more runs follow this page")
     after: str | None = Field(description="the next page's cursor (its last run), or null")
     next: str | None = Field(description="the next page's path, or null on the last")
@@ -368,6 +405,10 @@ class PendingApprovalOut(BaseModel):
     pending_calls: int = Field(
         description="how many calls of the run's turn its suspension waits on (reference "
         "§15); each undecided one is listed as a request of its own"
+    )
+    root_run_id: str = Field(description="its tree's top-level run (its own id at the top, §18)")
+    parent_run_id: str | None = Field(
+        default=None, description="the run whose sub-agent call started it; null at the top"
     )
     decide_url: str = Field(
         description="where to POST a decision on it by run and call id "

@@ -50,7 +50,7 @@ async def get_thread(thread_id: str, user: Caller, engine: EngineDep) -> dict[st
     responses=responses(
         (401, AUTH),
         (404, _NO_THREAD),
-        (409, "`thread_busy`: a run of it is running, suspended or queued (`run_id`)"),
+        (409, "`thread_busy`: a run of it is running, suspended, waiting or queued (`run_id`)"),
         (422, INVALID),
     ),
 )

@@ -113,8 +113,9 @@ async def start_run(
     response_model=RunListOut,
     tags=["runs"],
     summary="The caller's runs",
-    description="The caller's runs, newest first, without their messages "
-    "(`GET /v1/runs/{id}` has them).",
+    description="The caller's top-level runs, newest first, without their messages "
+    "(`GET /v1/runs/{id}` has them); a sub-agent's run is reached through its tree "
+    "(`GET /v1/runs/{id}/tree`, §18).",
     responses=responses((401, AUTH), (422, INVALID)),
 )
 async def list_runs(
@@ -143,8 +144,7 @@ async def list_runs(
     responses=responses((401, AUTH), (404, _NOT_FOUND), (422, INVALID)),
 )
 async def get_run(run_id: str, user: Caller, engine: EngineDep) -> dict[str, Any]:
-    view = await engine.get_run(run_id, user=user)
-    return {**run_to_json(view.run), "messages": view.messages}
+    return (await engine.get_run(run_id, user=user)).to_json()
 
 
 @router.get(
@@ -249,7 +249,7 @@ async def continue_run(
     if body is not None and body.limits is not None:
         limits = body.limits.model_dump(exclude_none=True)
     run = await engine.continue_run(run_id, user, limits=limits, why=body.why if body else None)
-    return run_to_json(run)
+    return (await engine.get_tree(run.id, user=user)).run_json(run)
 
 
 @router.post(
@@ -265,7 +265,8 @@ async def continue_run(
     ),
 )
 async def cancel_run(run_id: str, user: Caller, engine: EngineDep) -> dict[str, Any]:
-    return run_to_json(await engine.cancel_run(run_id, user))
+    run = await engine.cancel_run(run_id, user)
+    return (await engine.get_tree(run.id, user=user)).run_json(run)
 
 
 @router.post(
@@ -296,7 +297,7 @@ async def fork_run(
     fork = await engine.fork_run(run_id, user, at_step=body.at_step, dry_run=body.dry_run)
     view = await engine.get_run(fork.id, user=user)
     response.headers["Location"] = f"/v1/runs/{fork.id}"
-    return {**run_to_json(view.run), "messages": view.messages}
+    return view.to_json()
 
 
 # -- approvals -----------------------------------------------------------------------------

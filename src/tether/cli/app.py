@@ -246,14 +246,13 @@ def continue_(
     invalid_input (exit 1), and the run is not changed."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
-    from tether.runs import run_to_json
 
     grant = limits_arg(limits)  # a malformed one opens nothing
 
     async def go(engine: Engine) -> dict[str, Any]:
         user = as_user or (await engine.get_run(run_id)).run.user_id
         run = await engine.continue_run(run_id, user, limits=grant, why=why or "operator continue")
-        return run_to_json(run)
+        return (await engine.get_tree(run.id)).run_json(run)
 
     emit(on_engine(agent, go, serve_agent=True))
 
@@ -268,11 +267,11 @@ def cancel(
     and print it as JSON."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
-    from tether.runs import run_to_json
 
     async def go(engine: Engine) -> dict[str, Any]:
         user = as_user or (await engine.get_run(run_id)).run.user_id
-        return run_to_json(await engine.cancel_run(run_id, user))
+        run = await engine.cancel_run(run_id, user)
+        return (await engine.get_tree(run.id)).run_json(run)
 
     emit(on_engine(agent, go))
 

@@ -1,6 +1,7 @@
-"""``tether runs``: reading runs, watching them, and (reference §12) forking and migrating
-them. Like the rest of the CLI it uses nothing but the ``Engine``, imported by each command
-when it runs (``tether.cli.wiring``)."""
+"""``tether runs``: reading runs and their trees of sub-agents (reference §18), watching
+them, and (reference §12) forking and migrating them. Like the rest of the CLI it uses
+nothing but the ``Engine``, imported by each command when it runs
+(``tether.cli.wiring``)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ if TYPE_CHECKING:
     from tether.engine import Engine
     from tether.runs import Run
 
-runs_app = typer.Typer(help="Read, watch, fork and migrate runs.", no_args_is_help=True)
+runs_app = typer.Typer(
+    help="Read, watch, fork and migrate runs, and show their trees.", no_args_is_help=True
+)
 
 
 @runs_app.command("list")
@@ -105,26 +108,58 @@ def runs_migrate(
     the run as JSON."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
-    from tether.runs import run_to_json
 
     who = acting_as(as_user, by) or getpass.getuser()
-    run = on_engine(
-        agent, lambda engine: engine.operator.move_run(run_id, to_version, user=who, why=reason)
-    )
-    emit(run_to_json(run))
+
+    async def go(engine: Engine) -> dict[str, Any]:
+        run = await engine.operator.move_run(run_id, to_version, user=who, why=reason)
+        return (await engine.get_tree(run.id)).run_json(run)
+
+    emit(on_engine(agent, go))
 
 
 @runs_app.command("show")
 def runs_show(
     run_id: Annotated[str, typer.Argument(help="the run")], agent: AgentOpt = DEFAULT_AGENT
 ) -> None:
-    """Print a run as JSON, with its budget, the calls it waits on and its messages."""
+    """Print a run as JSON, with its budget, the calls it waits on, its children (a
+    sub-agent's runs) and its messages."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
-    from tether.runs import run_to_json
 
-    view = on_engine(agent, lambda engine: engine.get_run(run_id))
-    emit({**run_to_json(view.run), "messages": view.messages})
+    emit(on_engine(agent, lambda engine: engine.get_run(run_id)).to_json())
+
+
+@runs_app.command("tree")
+def runs_tree(
+    run_id: Annotated[str, typer.Argument(help="any run of the tree")],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the tree as GET /v1/runs/{id}/tree gives it")
+    ] = False,
+    agent: AgentOpt = DEFAULT_AGENT,
+) -> None:
+    """Print the tree of sub-agents a run belongs to, one line per run indented by its
+    depth, parents before children: its whole id, agent, state and, when halted, the halt
+    reason (and the run whose limits halted it, when another's)."""
+    configure("WARNING")
+    from tether.cli.wiring import on_engine
+
+    tree = on_engine(agent, lambda engine: engine.get_tree(run_id))
+    if as_json:
+        emit(tree.to_json())
+        return
+    for run in tree.runs:
+        print(tree_line(run), flush=True)
+
+
+def tree_line(run: Run) -> str:
+    """One run of ``tether runs tree``: indented two spaces a level."""
+    parts = [run.id, str(run.route.get("agent") or "?"), run.state.value]
+    if run.halt_reason is not None:
+        parts.append(run.halt_reason)
+        if run.halted_by is not None and run.halted_by != run.id:
+            parts.append(f"(halted by {run.halted_by})")
+    return "  " * run.depth + "  ".join(parts)
 
 
 @runs_app.command("watch")
@@ -169,10 +204,10 @@ def runs_fork(
     as JSON; tether continue the new run to carry it on."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
-    from tether.runs import run_to_json
 
     async def go(engine: Engine) -> dict[str, Any]:
         user = as_user or (await engine.get_run(run_id)).run.user_id
-        return run_to_json(await engine.fork_run(run_id, user, at_step=at_step, dry_run=dry_run))
+        fork = await engine.fork_run(run_id, user, at_step=at_step, dry_run=dry_run)
+        return (await engine.get_tree(fork.id)).run_json(fork)
 
     emit(on_engine(agent, go))

@@ -8,12 +8,13 @@ import dataclasses
 from tether import inputs
 from tether._runtime.hop import hop
 from tether._runtime.shared.services import Services
-from tether.budget import TreeNode, consumed_trees
+from tether.budget import Budget, TreeNode, consumed_trees
 from tether.errors import InvalidInput, NotFound
 from tether.messages import tool_results
 from tether.results import LiveEvent, RunPage, RunView, ThreadView, TreeView
-from tether.runs import RunState, answer_of
+from tether.runs import Run, RunState, answer_of
 from tether.store import CallStatus, LedgerEntry, Store
+from tether.trees import depth_first
 
 
 def limit_of(limit: int) -> int:
@@ -24,7 +25,8 @@ def limit_of(limit: int) -> int:
 
 
 async def run_view(services: Services, run_id: str, user: str | None) -> RunView:
-    """A run with its messages; ``not_found`` if missing or not ``user``'s."""
+    """A run with its messages, and a parent's children and ``consumed_tree``;
+    ``not_found`` if missing or not ``user``'s."""
     snapshot = await hop(services.store.snapshot, inputs.run_id(run_id))
     if snapshot is None or (user is not None and snapshot.run.user_id != user):
         raise NotFound("no such run")
@@ -33,24 +35,43 @@ async def run_view(services: Services, run_id: str, user: str | None) -> RunView
     run = snapshot.run
     if run.state is RunState.ANSWERED and own:  # its final answer is its last message
         run = dataclasses.replace(run, answer=answer_of(own[-1]))
-    return RunView(run=run, messages=own)
+    if not _may_have_children(services, run):
+        return RunView(run=run, messages=own)
+    children, consumed = await hop(_family, services.store, run)
+    return RunView(run=run, messages=own, children=children, consumed_tree=consumed)
+
+
+def _may_have_children(services: Services, run: Run) -> bool:
+    """Whether ``run`` may have started children (reference §18): its agent has
+    sub-agents, it waits for children, or its version is none this engine knows. A run of
+    an agent without sub-agents costs no read."""
+    tree = services.agent.tree
+    if run.state is RunState.WAITING or run.agent_version not in tree:
+        return True
+    return bool(tree[run.agent_version].subagents)
+
+
+def _family(store: Store, run: Run) -> tuple[list[Run], Budget | None]:
+    """The children of ``run`` in call order and, when it has any, its ``consumed_tree``."""
+    children = store.children(run.id)
+    if not children:
+        return [], None
+    return children, consumed_trees(store.tree_figures(run.root_run_id)).get(run.id)
 
 
 async def tree_view(services: Services, run_id: str, user: str | None) -> TreeView:
-    """The tree ``run_id`` belongs to (reference §18); ``not_found`` if there is no such run
-    or it is not ``user``'s."""
+    """The tree ``run_id`` belongs to (reference §18), depth first, a suspended run with
+    every call it waits on (read with the tree); ``not_found`` if there is no such run or
+    it is not ``user``'s."""
     found = await hop(services.store.tree, inputs.run_id(run_id))
     if not found or (user is not None and found[0].user_id != user):
         raise NotFound("no such run")
-    for at, run in enumerate(found):  # a suspension's every call, as its own read has them
-        if run.state is RunState.SUSPENDED:
-            loaded = await hop(services.store.get_run, run.id)
-            found[at] = loaded if loaded is not None else run
     nodes = [
         TreeNode(id=r.id, parent_id=r.parent_run_id, limits=r.limits, consumed=r.budget)
         for r in found
     ]
-    return TreeView(root_run_id=found[0].root_run_id, runs=found, consumed=consumed_trees(nodes))
+    root = found[0].root_run_id
+    return TreeView(root_run_id=root, runs=depth_first(found), consumed=consumed_trees(nodes))
 
 
 async def runs_page(

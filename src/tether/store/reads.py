@@ -85,9 +85,13 @@ _RUN_STARTED = sa.select(runs.c.started_at, runs.c.user_id).where(runs.c.id == s
 def _page_where(
     user_id: str | None, state: RunState | None, after: tuple[float, str] | None
 ) -> list[sa.ColumnElement[bool]]:
-    """The runs of a page of ``runs_page``: the user's (everyone's for None), in ``state``,
-    after ``after`` (``started_at``, ``id``) in the page order (newest first, then by id)."""
-    where = [] if user_id is None else [runs.c.user_id == user_id]
+    """The runs of a page of ``runs_page``: top-level runs (a child is read through its
+    tree, reference §18), the user's (everyone's for None), in ``state``, after ``after``
+    (``started_at``, ``id``) in the page order (newest first, then by id). A plain column
+    test, so the user's index (``user_id``, ``started_at``) still serves the page."""
+    where: list[sa.ColumnElement[bool]] = [runs.c.parent_run_id.is_(None)]
+    if user_id is not None:
+        where.append(runs.c.user_id == user_id)
     if state is not None:
         where.append(runs.c.state == state.value)
     if after is not None:
@@ -99,6 +103,14 @@ def _page_where(
             )
         )
     return where
+
+
+def page_of(
+    user_id: str | None, state: RunState | None, after: tuple[float, str] | None, limit: int
+) -> sa.Select[Any]:
+    """The statement of a page of ``runs_page`` (``_page_where``), newest first."""
+    query = _RUNS.where(*_page_where(user_id, state, after))
+    return query.order_by(runs.c.started_at.desc(), runs.c.id).limit(limit)
 
 
 _DECISION_OF_CALL = (
@@ -236,8 +248,8 @@ class Reads(StoreBase):
     def runs_page(
         self, user_id: str | None, *, state: RunState | None, after: str | None, limit: int
     ) -> tuple[list[Run], int] | None:
-        """One page of a user's runs (everyone's for None), newest first (only those in
-        ``state`` if given),
+        """One page of a user's top-level runs (everyone's for None), newest first (only
+        those in ``state`` if given),
         after the run ``after`` (the last of the page before: a keyset cursor, so runs
         started meanwhile never shift a page); and how many more follow it. None when
         ``after`` is none of the user's runs (never theirs, or purged). One transaction."""
@@ -248,9 +260,10 @@ class Reads(StoreBase):
                 if found is None or (user_id is not None and found.user_id != user_id):
                     return None
                 anchor = (float(found.started_at), after)
-            query = _RUNS.where(*_page_where(user_id, state, anchor))
-            ordered = query.order_by(runs.c.started_at.desc(), runs.c.id).limit(limit)
-            page = [Run.from_row(r._mapping) for r in conn.execute(ordered)]
+            page = [
+                Run.from_row(r._mapping)
+                for r in conn.execute(page_of(user_id, state, anchor, limit))
+            ]
             more = 0
             if len(page) == limit:
                 last = (page[-1].started_at, page[-1].id)

@@ -37,6 +37,7 @@ from tether.store.sql.trees import (
     WAIT,
     WAKE,
 )
+from tether.store.suspensions import with_calls
 
 
 def stopped(conn: Connection, dialect: Dialect, run_ids: Sequence[str], state: str) -> None:
@@ -208,13 +209,14 @@ class Trees(StoreBase):
 
     def tree(self, run_id: str) -> list[Run]:
         """Every run of the tree ``run_id`` belongs to, parents before children, siblings
-        in call order; empty when there is no such run."""
+        in call order, a suspended one with every call its suspension waits on; empty when
+        there is no such run."""
         with self.reading() as conn:
             root = conn.execute(ROOT_OF, {"b_id": run_id}).scalar()
             if root is None:
                 return []
             found = conn.execute(TREE, {"b_root": root}).all()
-        return [Run.from_row(r._mapping) for r in found]
+            return with_calls(conn, [Run.from_row(r._mapping) for r in found])
 
     def tree_figures(self, root_run_id: str) -> list[TreeNode]:
         """The limits and consumption of every run of a tree, for its budget check."""

@@ -49,6 +49,8 @@ async def reissue_notices(services: Services) -> list[str]:
             expires_at=iso(run.expires_at) or "",
             tool_call_id=call.pending.tool_call_id,
             pending_calls=len(run.pending_calls),
+            root_run_id=run.root_run_id,
+            parent_run_id=run.parent_run_id,
         )
         await services.outbox.post(notice)
     return list(dict.fromkeys(run.id for run, _ in reissued))

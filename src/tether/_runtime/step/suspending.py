@@ -78,6 +78,8 @@ async def suspend_turn(
             expires_at=iso(expires_at) or "",
             tool_call_id=p.tool_call_id,
             pending_calls=len(asked),
+            root_run_id=session.run.root_run_id,
+            parent_run_id=session.run.parent_run_id,
         )
         for p, token in zip(asked, tokens, strict=True)
     ]
