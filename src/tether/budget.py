@@ -207,6 +207,10 @@ class TreeBudget:
     binding: Limits
     root_limits: Limits
     prepaid: set[str]
+    # The run and its ancestors (a tree's shape never changes), once read; the tree's
+    # figures as its last write that counted them returned them (None: read them).
+    chain: list[str] | None = None
+    seen: list[TreeNode] | None = None
 
     @classmethod
     def of(cls, limits: Limits, route: dict[str, Any], *, child: bool, parent: bool) -> TreeBudget:

@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from tether.budget import TreeNode
 from tether.errors import LeaseLost
 from tether.models.base import Message
 from tether.reasons import FailReason, HaltReason
@@ -40,7 +41,7 @@ from tether.store.sql.steps import (
 )
 from tether.store.sql.transitions import Transition
 from tether.store.suspensions import write_calls
-from tether.store.trees import StepRefused, halted, step_over, stopped
+from tether.store.trees import halted, step_over, stopped
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +99,8 @@ class Steps(StoreBase):
         events: Sequence[tuple[str, dict[str, Any]]] = (),
         input_tokens: int = 0,
         tree_root: str | None = None,
-    ) -> None:
+        tree_chain: Sequence[str] | None = None,
+    ) -> list[TreeNode] | None:
         """The assistant turn with its spend, step count and the ledger intents of its tool
         calls, in one transaction: the turn *is* the intent. A final answer also moves the
         run to ``answered`` and stores its validated typed ``output``. A read-only step
@@ -107,7 +109,8 @@ class Steps(StoreBase):
         ``tool_result``): one commit for the step. A rejected answer passes the feedback
         to the model as a result, and its ``output_invalid`` in ``events`` (kind, data).
         ``input_tokens``: what the model call reported (the trigger of compaction).
-        ``tree_root``: its tree's root (reference §18: ``StepRefused`` past its limits).
+        ``tree_root``: its tree's root (reference §18: ``StepRefused`` past its limits),
+        ``tree_chain`` the run and its ancestors if known; the tree's figures are returned.
 
         ``seq`` is the run's message count as the writer knows it: idempotent, so a try
         after a COMMIT that was cut off finds the first try's turn and does nothing."""
@@ -146,10 +149,11 @@ class Steps(StoreBase):
                 self.dialect.write_turn(
                     conn, params, final=final, messages=messages, intents=keyed, events=traced
                 )
-                self._in_tree(conn, lease.run_id, tree_root, final=final)
+                return self._in_tree(conn, lease.run_id, tree_root, tree_chain, final=final)
         except LeaseLost:
             if not self._landed(lease, seq, message):
                 raise
+            return None
 
     @faults.idempotent
     def persist_tool_result(
@@ -216,16 +220,23 @@ class Steps(StoreBase):
                 raise
 
     def _in_tree(
-        self, conn: Connection, run_id: str, tree_root: str | None, *, final: bool
-    ) -> None:
+        self,
+        conn: Connection,
+        run_id: str,
+        tree_root: str | None,
+        chain: Sequence[str] | None,
+        *,
+        final: bool,
+    ) -> list[TreeNode] | None:
         """What a stored turn means in a tree (reference §18), in its transaction: past an
         ancestor's limit it is rolled back (``StepRefused``); a final answer tells the
-        parent, if any, which may go on."""
-        over = None if tree_root is None else step_over(conn, self.dialect, run_id, tree_root)
-        if over is not None:
-            raise StepRefused(*over)
+        parent, if any, which may go on. The tree's figures, in a tree."""
+        nodes = (
+            None if tree_root is None else step_over(conn, self.dialect, run_id, tree_root, chain)
+        )
         if final:
             stopped(conn, self.dialect, [run_id], RunState.ANSWERED.value)
+        return nodes
 
     def _landed(self, lease: Lease, seq: int, message: Message) -> bool:
         """Whether a step write that matched no row had landed already: its message is at

@@ -95,31 +95,44 @@ class StepRefused(Exception):
 
 
 def step_over(
-    conn: Connection, dialect: Dialect, run_id: str, root_run_id: str
-) -> tuple[str, str] | None:
+    conn: Connection,
+    dialect: Dialect,
+    run_id: str,
+    root_run_id: str,
+    chain: Sequence[str] | None = None,
+) -> list[TreeNode]:
     """Inside the transaction that just counted a step or tool calls of ``run_id`` (a turn,
     a read-only step's reads, a reservation of calls about to run): whether that took the
     run, or an ancestor's tree, past its ``max_steps`` or ``max_tool_calls`` (reference
     §18). Checked with the run and its ancestors locked (deepest first), so of two runs of
     one tree counting at once the second sees the first's: steps and tool calls never pass
-    an ancestor's limit. The halt reason and whose limits, or None."""
+    an ancestor's limit. ``StepRefused`` (the caller's transaction rolls back) names the
+    halt reason and whose limits; else the tree's figures, as counted. ``chain``: the run
+    and its ancestors, when the caller knows them (a tree's shape never changes), else
+    read first."""
+    if chain is None:
+        chain = chain_of(run_id, _figures(conn.execute(TREE_BUDGET, {"b_root": root_run_id}).all()))
+    conn.execute(dialect.lock(LOCK_CHAIN), {"b_ids": list(chain)}).all()
     nodes = _figures(conn.execute(TREE_BUDGET, {"b_root": root_run_id}).all())
+    totals = consumed_trees(nodes)
+    limits = {n.id: n.limits for n in nodes}
+    for member in chain:
+        if totals[member].steps > limits[member].max_steps:
+            raise StepRefused(HaltReason.MAX_STEPS.value, member)
+        if totals[member].tool_calls > limits[member].max_tool_calls:
+            raise StepRefused(HaltReason.MAX_TOOL_CALLS.value, member)
+    return nodes
+
+
+def chain_of(run_id: str, nodes: Sequence[TreeNode]) -> list[str]:
+    """``run_id`` and its ancestors, nearest first, as ``nodes`` (a tree's) link them."""
     parent = {n.id: n.parent_id for n in nodes}
     chain: list[str] = []
     above: str | None = run_id
     while above is not None and above in parent and above not in chain:
         chain.append(above)
         above = parent[above]
-    conn.execute(dialect.lock(LOCK_CHAIN), {"b_ids": chain}).all()
-    nodes = _figures(conn.execute(TREE_BUDGET, {"b_root": root_run_id}).all())
-    totals = consumed_trees(nodes)
-    limits = {n.id: n.limits for n in nodes}
-    for member in chain:
-        if totals[member].steps > limits[member].max_steps:
-            return HaltReason.MAX_STEPS.value, member
-        if totals[member].tool_calls > limits[member].max_tool_calls:
-            return HaltReason.MAX_TOOL_CALLS.value, member
-    return None
+    return chain
 
 
 def _figures(rows: Sequence[Any]) -> list[TreeNode]:
@@ -152,20 +165,28 @@ def _figures(rows: Sequence[Any]) -> list[TreeNode]:
 class Trees(StoreBase):
     """Starting children, and reading trees."""
 
-    def reserve_tool_calls(self, lease: Lease, *, count: int, root_run_id: str) -> None:
+    def reserve_tool_calls(
+        self, lease: Lease, *, count: int, root_run_id: str, chain: Sequence[str] | None = None
+    ) -> list[TreeNode]:
         """Count ``count`` tool calls of a run of a tree before they run (reference §18),
         in one transaction fenced by the lease: ``StepRefused`` (nothing counted) when
-        they would take the run or an ancestor's tree past its ``max_tool_calls``."""
+        they would take the run or an ancestor's tree past its ``max_tool_calls``; else
+        the tree's figures (``step_over``)."""
         with self.begin() as conn:
-            self._reserve(conn, lease, count, root_run_id)
+            return self._reserve(conn, lease, count, root_run_id, chain)
 
-    def _reserve(self, conn: Connection, lease: Lease, count: int, root_run_id: str) -> None:
+    def _reserve(
+        self,
+        conn: Connection,
+        lease: Lease,
+        count: int,
+        root_run_id: str,
+        chain: Sequence[str] | None = None,
+    ) -> list[TreeNode]:
         params = {**lease_params(lease), "b_count": count}
         if conn.execute(RESERVE_CALLS, params).first() is None:
             raise LeaseLost("this worker no longer owns the run", run_id=lease.run_id)
-        over = step_over(conn, self.dialect, lease.run_id, root_run_id)
-        if over is not None:
-            raise StepRefused(*over)  # rolls the reservation back
+        return step_over(conn, self.dialect, lease.run_id, root_run_id, chain)
 
     def start_children(
         self,

@@ -4,6 +4,10 @@ run's ``consumed_tree`` from this run up to its root against that run's limits; 
 counting, before they run, of a tree's writes, so that two runs of one tree never pass an
 ancestor's limit between checking and counting.
 
+The tree's figures a check reads are those the run's last counting write returned (its
+turn, its reservation): no read per step. What other runs of the tree counted since is
+seen at the next of those writes, which checks steps and tool calls exactly.
+
 A halt names the run whose limits stopped it (``halted_by``: the run's own id, or an
 ancestor's). Steps are held to their limit where they are stored (``store.persist_turn``
 rolls back a step past an ancestor's ``max_steps``); spend and active time may pass a
@@ -24,6 +28,7 @@ from tether.messages import ToolCall
 from tether.reasons import HaltReason
 from tether.results import Outcome
 from tether.store import StepRefused
+from tether.store.trees import chain_of
 
 
 async def budget_stop(
@@ -39,13 +44,19 @@ async def budget_stop(
         reason = budget.check_before_tool_call(session.trees.binding)
     if reason is not None:
         return await session.halt(reason, halted_by=run.id)
-    if not session.trees.tree:
+    trees = session.trees
+    if not trees.tree:
         return None
-    nodes = await hop(session.services.store.tree_figures, run.root_run_id or run.id)
+    nodes = trees.seen  # as the run's last write counted them: no read per step
+    if nodes is None:
+        nodes = await hop(session.services.store.tree_figures, run.root_run_id or run.id)
+        trees.seen = nodes
+    if trees.chain is None:
+        trees.chain = chain_of(run.id, nodes)
     mine = [replace(n, consumed=budget) if n.id == run.id else n for n in nodes]
     root = next((n for n in nodes if n.parent_id is None), None)
     if root is not None:
-        session.trees.root_limits = root.limits
+        trees.root_limits = root.limits
     found = tree_halt(run.id, mine, before)
     if found is not None:
         return await session.halt(found[0], halted_by=found[1])
@@ -63,11 +74,12 @@ async def prepay(session: RunSession, calls: Sequence[ToolCall]) -> Outcome | No
             raise LeaseLost("this worker no longer owns the run", run_id=run.id)
         return None
     try:
-        await hop(
+        session.trees.seen = await hop(
             session.services.store.reserve_tool_calls,
             session.lease,
             count=len(calls),
             root_run_id=run.root_run_id or run.id,
+            chain=session.trees.chain,
         )
     except StepRefused as refused:
         return await session.halt(HaltReason(refused.reason), halted_by=refused.halted_by)

@@ -230,7 +230,7 @@ class RunSession:
             stored.append(verdict.feedback())
             events.append(("output_invalid", verdict.event(self.step + 1)))
         try:
-            await hop(
+            seen = await hop(
                 self.services.store.persist_turn,
                 self.lease,
                 seq=len(self.messages),
@@ -247,11 +247,13 @@ class RunSession:
                 events=events,
                 input_tokens=turn.input_tokens,
                 tree_root=(self.run.root_run_id or self.run.id) if self.trees.tree else None,
+                tree_chain=self.trees.chain,
             )
         except StepRefused as refused:
             return await self.halt(
                 HaltReason(refused.reason), halted_by=refused.halted_by, spend_usd=turn.spend
             )
+        self.trees.seen = seen
         self.input_tokens = turn.input_tokens
         self.messages.append(turn.message)
         self.messages.extend(stored)
