@@ -322,9 +322,17 @@ async def fanout(f: Fleet, children: int, rounds: int) -> None:
 # -- 2. wake -------------------------------------------------------------------------------
 
 
-async def one_tree(f: Fleet) -> tuple[float, float]:
-    """(the wake: the child's answer to the lead's next request, the lead's creation to
-    its first request) of one tree of one child."""
+@dataclass(frozen=True)
+class Tree:
+    """One tree of one child, timed (s)."""
+
+    wake: float  # the child's answer to the lead's next model request
+    stored: float  # the child's answer to its result stored in the lead (``tool_result``)
+    created: float  # the lead's creation to its first model request
+
+
+async def one_tree(f: Fleet) -> Tree:
+    """One tree of one child, carried and timed."""
     f.server.script_for(LEAD_PROMPT, delegating(["task 0"]), done())
     f.server.script_for(HELPER_PROMPT, done())
     mark = f.server.count()
@@ -335,7 +343,11 @@ async def one_tree(f: Fleet) -> tuple[float, float]:
     if len(lead) != 2:
         raise RuntimeError(f"the lead made {len(lead)} model requests, not 2")
     answered = f.event_at(child.id, "answered")
-    return lead[1][0] - answered, lead[0][0] - f.event_at(root.id, "created")
+    return Tree(
+        wake=lead[1][0] - answered,
+        stored=f.event_at(root.id, "tool_result") - answered,
+        created=lead[0][0] - f.event_at(root.id, "created"),
+    )
 
 
 async def one_continued(f: Fleet) -> float:
@@ -355,19 +367,18 @@ async def one_continued(f: Fleet) -> float:
 
 
 async def wake(f: Fleet, trees: int) -> None:
-    wakes: list[float] = []
-    creations: list[float] = []
+    timed: list[Tree] = []
     continued: list[float] = []
     for _ in range(trees):  # one after another, alternating with the baseline
-        woke, created = await one_tree(f)
-        wakes.append(woke)
-        creations.append(created)
+        timed.append(await one_tree(f))
         continued.append(await one_continued(f))
+    wakes = [t.wake for t in timed]
     print(f"  wake, over {trees} trees of one child (ms):          p50       p99")
     rows = [
         ("child answered -> lead's next request", wakes),
+        ("  of which to the child's result stored", [t.stored for t in timed]),
         ("continued -> its next request", continued),
-        ("created -> first request (new run)", creations),
+        ("created -> first request (new run)", [t.created for t in timed]),
     ]
     for label, values in rows:
         print(f"    {label:<42} {ms(statistics.median(values))}  {ms(p99(values))}")
