@@ -7,8 +7,8 @@
    tests' fake OpenAI server over HTTP (``openai:bench``, in this process; it answers each
    agent by its system prompt and records when each request arrived). Timed from the
    lead's stored turn (its ``model_turn`` event) to the arrival of the 50th child's first
-   model request, and the part of it spent storing the children (to the last child's
-   ``created`` event, inside the transaction that stores them all); against 50 top-level
+   model request, and from the last child's ``created`` event (inside the transaction
+   that stores them all, so the rest is the children's start); against 50 top-level
    runs of ``helper`` started by this process one after another (``start_run``; gathered,
    they take longer on PostgreSQL) on the same workers, timed from the first one's
    creation to the 50th first request (goal: tree / top-level <= 1.5), and from the last
@@ -24,8 +24,8 @@
    woken by NOTIFY; their poll is a 5 s fallback), on SQLite none either when the child's
    own worker takes the parent as its slot frees (else its poll, 0.25 s). The verdict: the
    wake's p99 under the poll interval.
-3. ``budget``: the tree's one budget check (before each model call and each tool call, a
-   run of a tree reads the figures of its whole tree), in process: ms per step of a run
+3. ``budget``: the tree's one budget check (before each model call, a run of a tree
+   reads the figures of its whole tree), in process: ms per step of a run
    at depth 2 (root, then a manager, then the worker run timed) against a top-level run
    of the same agent on the same database, each carried by ``engine.run_until_stop``
    (goal <= 1.15); and 8 children of one root stepping at once, carried by an in-process
@@ -165,8 +165,9 @@ class Fleet:
                 found.append((self.wall(recorded.at), messages[1]["content"]))
         return found
 
-    def event_at(self, run_id: str, kind: str, nth: int = 0) -> float:
-        return [e.at for e in self.store.events(run_id) if e.kind == kind][nth]
+    def event_at(self, run_id: str, kind: str) -> float:
+        """When the run's first event of ``kind`` was stored (the database's clock)."""
+        return next(e.at for e in self.store.events(run_id) if e.kind == kind)
 
     async def until(self, run_ids: list[str], states: set[RunState]) -> list[Run]:
         """Wait for every run of ``run_ids`` to be in one of ``states``."""
