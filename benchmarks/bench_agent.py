@@ -217,3 +217,22 @@ class LoopOrAnswer(Model):
 def loop_agent() -> Agent:
     """The benchmark agent on ``LoopOrAnswer`` (``--agent bench_agent:loop_agent``)."""
     return Agent(name="bench", system_prompt="bench", tools=(fetch,), default_model=LoopOrAnswer)
+
+
+# The tree of ``trees.py``'s workers: a lead that delegates to helpers. The fake model
+# answers each agent by the start of its system prompt (``FakeLLMServer.script_for``).
+LEAD_PROMPT = "You lead: hand each task to a helper."
+HELPER_PROMPT = "You help: do the task you are given."
+
+
+def helper_agent() -> Agent:
+    """The sub-agent of ``tree_agent``, on the model ``TETHER_MODEL`` names; its
+    top-level runs are carried by the same workers (``trees.py``'s baseline)."""
+    return Agent(name="helper", system_prompt=HELPER_PROMPT, tools=(fetch,))
+
+
+def tree_agent() -> Agent:
+    """A lead with the sub-agent ``helper`` and the read tool ``fetch``, on the model
+    ``TETHER_MODEL`` names (``--agent bench_agent:tree_agent``, for ``trees.py``)."""
+    helper = helper_agent().as_tool(description="Hand a task to a helper.")
+    return Agent(name="lead", system_prompt=LEAD_PROMPT, tools=(helper, fetch))

@@ -2,10 +2,12 @@
 tests that drive the real SDK adapters over real HTTP.
 
 Each answers its one POST path with scripted replies, in order, and records every request
-it gets. A reply may succeed, fail with any status in the provider's error shape
-(``Reply.failure``: 429, 500, 529, 401, ...), wait for an event before answering, or never
-answer (``Reply.hang``: the client's timeout is what ends it). A request with no reply
-scripted gets 599, so a test that asks more than it scripted sees it at once.
+it gets; replies scripted for a system prompt (``script_for``) answer the requests whose
+system message starts with it, so each agent of a tree of sub-agents has its own order. A
+reply may succeed, fail with any status in the provider's error shape (``Reply.failure``:
+429, 500, 529, 401, ...), wait for an event before answering, or never answer
+(``Reply.hang``: the client's timeout is what ends it). A request with no reply scripted
+gets 599, so a test that asks more than it scripted sees it at once.
 
 A successful reply to a request with ``"stream": true`` is sent as each provider streams it
 (server-sent events, its text and tool arguments in several pieces, usage in the last
@@ -113,6 +115,8 @@ class FakeLLMServer:
     def __init__(self, path: str) -> None:
         self.requests: list[Recorded] = []
         self._replies: deque[Reply] = deque()
+        # Replies by the start of the request's system message (``script_for``).
+        self._by_system: dict[str, deque[Reply]] = {}
         self._lock = threading.Lock()
         # Set to let every hanging request go (at a reset and at stop).
         self._unhang = threading.Event()
@@ -139,12 +143,19 @@ class FakeLLMServer:
         with self._lock:
             self._replies.extend(replies)
 
+    def script_for(self, system: str, *replies: Reply) -> None:
+        """Replies, in order, for the requests whose system message starts with ``system``
+        (no other reply answers them; with none left they get 599)."""
+        with self._lock:
+            self._by_system.setdefault(system, deque()).extend(replies)
+
     def reset(self) -> None:
         """Forget requests and replies, and let any hanging request go."""
         self._unhang.set()
         with self._lock:
             self.requests.clear()
             self._replies.clear()
+            self._by_system.clear()
             self._unhang = threading.Event()
 
     def count(self) -> int:
@@ -164,7 +175,7 @@ class FakeLLMServer:
         body = await request.json()
         with self._lock:
             self.requests.append(Recorded(headers=dict(request.headers), body=body))
-            reply = self._replies.popleft() if self._replies else None
+            reply = self._next_reply(body)
             unhang = self._unhang
         if reply is None:
             return JSONResponse({"error": {"message": "no reply scripted"}}, status_code=599)
@@ -181,6 +192,15 @@ class FakeLLMServer:
                 media_type="text/event-stream",
             )
         return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+
+    def _next_reply(self, body: dict[str, Any]) -> Reply | None:
+        """The reply for ``body``: from the replies of its system prompt, if scripted, else
+        the next in order (the caller holds the lock)."""
+        system = system_text(body)
+        for prefix, replies in self._by_system.items():
+            if system.startswith(prefix):
+                return replies.popleft() if replies else None
+        return self._replies.popleft() if self._replies else None
 
     async def _stream(
         self, events: list[SSE], reply: Reply, unhang: threading.Event
@@ -216,6 +236,18 @@ class FakeLLMServer:
         self._thread.join(READY_DEADLINE_S)
         self._sock.close()
         assert not self._thread.is_alive(), "fake LLM server did not stop"
+
+
+def system_text(body: dict[str, Any]) -> str:
+    """The system message of a request's body, in either provider's shape ("" if none)."""
+    system = body.get("system")
+    if system is None:
+        messages = body.get("messages") or []
+        first = messages[0] if messages else {}
+        system = first.get("content") if first.get("role") == "system" else ""
+    if isinstance(system, list):  # content blocks
+        return "".join(block.get("text", "") for block in system if isinstance(block, dict))
+    return system if isinstance(system, str) else ""
 
 
 @contextmanager
