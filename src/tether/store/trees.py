@@ -110,10 +110,13 @@ def step_over(
     halt reason and whose limits; else the tree's figures, as counted. ``chain``: the run
     and its ancestors, when the caller knows them (a tree's shape never changes), else
     read first."""
-    if chain is None:
-        chain = chain_of(run_id, _figures(conn.execute(TREE_BUDGET, {"b_root": root_run_id}).all()))
-    conn.execute(dialect.lock(LOCK_CHAIN), {"b_ids": list(chain)}).all()
-    nodes = _figures(conn.execute(TREE_BUDGET, {"b_root": root_run_id}).all())
+    read = {"b_root": root_run_id}
+    if chain is None or not dialect.locks_rows:  # SQLite's transaction holds the write lock
+        nodes = _figures(conn.execute(TREE_BUDGET, read).all())
+        chain = chain_of(run_id, nodes) if chain is None else chain
+    if dialect.locks_rows:
+        conn.execute(dialect.lock(LOCK_CHAIN), {"b_ids": list(chain)}).all()
+        nodes = _figures(conn.execute(TREE_BUDGET, read).all())
     totals = consumed_trees(nodes)
     limits = {n.id: n.limits for n in nodes}
     for member in chain:

@@ -69,6 +69,10 @@ class Dialect:
     # ones: ``fair_pick.pick_sizes``); here claims are serialised.
     skips_locked: ClassVar[bool] = False
 
+    # Whether rows are locked one by one (``lock``); when not, every write transaction holds
+    # the database's one write lock from its start (SQLite's ``BEGIN IMMEDIATE``).
+    locks_rows: ClassVar[bool] = False
+
     # The execution options of a connection that only reads (``StoreBase.reading``).
     read_options: ClassVar[dict[str, Any]] = {"isolation_level": "AUTOCOMMIT"}
 

@@ -321,6 +321,7 @@ class PostgresDialect(Dialect):
 
     name: ClassVar[str] = "postgresql"
     notifies: ClassVar[bool] = True
+    locks_rows: ClassVar[bool] = True
 
     laterals: ClassVar[bool] = True
     skips_locked: ClassVar[bool] = True

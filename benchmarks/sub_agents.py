@@ -42,7 +42,7 @@ The database's clock (``run_events.at``) and the fake server's (``time.monotonic
 turned into the wall clock of this process) are the same machine's clock. Figures are
 printed, never asserted; the load average is printed with each part.
 
-Run: .venv/bin/python benchmarks/trees.py [--only fanout,wake,budget]
+Run: .venv/bin/python benchmarks/sub_agents.py [--only fanout,wake,budget]
      [--backends sqlite,postgresql] [--children 50] [--rounds 5] [--trees 100]
      [--steps 60] [--parts 8] [--pairs 21] [--repeat 7] [--concurrency 50]
 """
