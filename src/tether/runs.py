@@ -228,6 +228,10 @@ class Run:
     depth: int = 0
     halted_by: str | None = None
 
+    def __post_init__(self) -> None:
+        if not self.root_run_id:  # a top-level run is its own tree's root
+            object.__setattr__(self, "root_run_id", self.id)
+
     @property
     def is_child(self) -> bool:
         """Whether a sub-agent call of another run started it (reference §18)."""
@@ -287,7 +291,7 @@ class Run:
             schedule_id=row["schedule_id"],
             parent_run_id=row["parent_run_id"],
             parent_tool_call_id=row["parent_tool_call_id"],
-            root_run_id=row["root_run_id"] or row["id"],
+            root_run_id=row["root_run_id"] or "",
             depth=row["depth"],
             halted_by=row["halted_by"],
         )
@@ -392,7 +396,7 @@ def run_to_json(
         "schedule_id": run.schedule_id,
         "parent_run_id": run.parent_run_id,
         "parent_tool_call_id": run.parent_tool_call_id,
-        "root_run_id": run.root_run_id or run.id,
+        "root_run_id": run.root_run_id,
         "depth": run.depth,
         "halted_by": run.halted_by,
         **family,
@@ -420,7 +424,7 @@ def request_to_json(run: Run, base_url: str = "", call: Pending | None = None) -
         "digest": pending.digest,
         "expires_at": iso(run.expires_at),
         "pending_calls": len(run.suspension_calls()),
-        "root_run_id": run.root_run_id or run.id,
+        "root_run_id": run.root_run_id,
         "parent_run_id": run.parent_run_id,
         "decide_url": f"{base_url}/v1/runs/{run.id}/decisions",
     }

@@ -73,6 +73,21 @@ def idempotency_key(run_id: str, tool_call_id: str) -> str:
     return f"{run_id}:{tool_call_id}"
 
 
+def _ledger_row(lease: Lease, intent: Intent) -> dict[str, Any]:
+    """The ledger entry a turn stores for one of its calls: an intent, or a read-only
+    step's outcome; its result is the call's result message (``Reads.ledger``)."""
+    return {
+        "idempotency_key": idempotency_key(lease.run_id, intent.tool_call_id),
+        "tool_call_id": intent.tool_call_id,
+        "tool": intent.tool,
+        "arguments": intent.arguments,
+        "effect": intent.effect,
+        "status": intent.status.value,
+        "result": None,
+        "done": intent.status is not CallStatus.INTENT,
+    }
+
+
 def _lost(lease: Lease) -> LeaseLost:
     return LeaseLost("this worker no longer owns the run", run_id=lease.run_id)
 
@@ -114,19 +129,7 @@ class Steps(StoreBase):
 
         ``seq`` is the run's message count as the writer knows it: idempotent, so a try
         after a COMMIT that was cut off finds the first try's turn and does nothing."""
-        keyed = [
-            {
-                "idempotency_key": idempotency_key(lease.run_id, i.tool_call_id),
-                "tool_call_id": i.tool_call_id,
-                "tool": i.tool,
-                "arguments": i.arguments,
-                "effect": i.effect,
-                "status": i.status.value,
-                "result": None,  # the call's result message holds it (``Reads.ledger``)
-                "done": i.status is not CallStatus.INTENT,
-            }
-            for i in intents
-        ]
+        keyed = [_ledger_row(lease, i) for i in intents]
         messages = [message, *results]
         params = {
             **lease_params(lease),

@@ -49,7 +49,7 @@ async def budget_stop(
         return None
     nodes = trees.seen  # as the run's last write counted them: no read per step
     if nodes is None:
-        nodes = await hop(session.services.store.tree_figures, run.root_run_id or run.id)
+        nodes = await hop(session.services.store.tree_figures, run.root_run_id)
         trees.seen = nodes
     if trees.chain is None:
         trees.chain = chain_of(run.id, nodes)
@@ -78,7 +78,7 @@ async def prepay(session: RunSession, calls: Sequence[ToolCall]) -> Outcome | No
             session.services.store.reserve_tool_calls,
             session.lease,
             count=len(calls),
-            root_run_id=run.root_run_id or run.id,
+            root_run_id=run.root_run_id,
             chain=session.trees.chain,
         )
     except StepRefused as refused:

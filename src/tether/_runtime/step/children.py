@@ -150,7 +150,7 @@ async def _start(session: RunSession, children: list[dict[str, Any]]) -> Outcome
             session.lease,
             children=children,
             elapsed_ms=session.elapsed(),
-            root_run_id=run.root_run_id or run.id,
+            root_run_id=run.root_run_id,
         )
     except StepRefused as refused:
         return await session.halt(HaltReason(refused.reason), halted_by=refused.halted_by)
@@ -186,7 +186,7 @@ def _child(session: RunSession, r: Resolved, order: int) -> dict[str, Any]:
         "parent": ChildOf(
             run_id=run.id,
             tool_call_id=r.call.id,
-            root_run_id=run.root_run_id or run.id,
+            root_run_id=run.root_run_id,
             depth=run.depth + 1,
             order=session.step * 1000 + order,
         ),

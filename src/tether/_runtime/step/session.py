@@ -100,8 +100,7 @@ class RunSession:
             for c in tool_calls_of(m)
         }
         self._mark = time.monotonic()
-        # In a tree of sub-agents its budget is checked against the tree's too (§18).
-        parent = bool(services.agent.subagents)
+        parent = bool(services.agent.subagents)  # its runs may have children (§18)
         self.trees = TreeBudget.of(run.limits, run.route, child=run.is_child, parent=parent)
         # The engine's heartbeat keeps the lease alive until ``close``.
         self._held = services.heartbeat.hold(self.lease)
@@ -207,7 +206,7 @@ class RunSession:
         spend = spend_usd(response.model, response.usage, self.services.settings.prices)
         suffix = self.run.id if self.run.is_child else None
         return turn_of(
-            response, step=self.step + 1, spend=spend, taken=self._call_ids, tree_suffix=suffix
+            response, step=self.step + 1, spend=spend, taken=self._call_ids, suffix=suffix
         )
 
     async def append_turn(
@@ -218,9 +217,8 @@ class RunSession:
         its ``verdict``'s typed output), unless the verdict rejects it: then the feedback
         to the model is stored after it in the same transaction, and the run goes on. A
         read-only step passes the ``results`` of all its calls, stored in the same
-        transaction (their ledger entries then record the outcomes). In a tree of
-        sub-agents a step that would pass an ancestor's ``max_steps`` is not stored: the run
-        halts instead, its model call's spend counted (reference §18), and how is returned."""
+        transaction (their ledger entries then record the outcomes). A tree's step past an
+        ancestor's limits is not stored: the run halts, spend counted (reference §18)."""
         by_call = {r.call.id: r for r in results}
         stored = [tool_result(r.call.id, r.content) for r in results]
         counted = sum(1 for r in results if r.counted)
@@ -246,7 +244,7 @@ class RunSession:
                 output=None if verdict is None else verdict.stored,
                 events=events,
                 input_tokens=turn.input_tokens,
-                tree_root=(self.run.root_run_id or self.run.id) if self.trees.tree else None,
+                tree_root=self.run.root_run_id if self.trees.tree else None,
                 tree_chain=self.trees.chain,
             )
         except StepRefused as refused:

@@ -78,12 +78,12 @@ def turn_of(
     step: int,
     spend: float,
     taken: set[str],
-    tree_suffix: str | None = None,
+    suffix: str | None = None,
 ) -> Turn:
     """The assistant turn ``step`` of ``response`` as it is to be stored, with its
     ``spend``: its tool call ids made unique among those ``taken`` (added to it) and, in a
-    child run, across its tree by ``tree_suffix`` (its run id, reference §18)."""
-    message = _normalized(response.message, step - 1, taken, tree_suffix)
+    child run, across its tree by ``suffix`` (its run id, reference §18)."""
+    message = _normalized(response.message, step - 1, taken, suffix)
     calls = tool_calls_of(message)
     content = message.get("content")
     event = {
@@ -98,9 +98,7 @@ def turn_of(
     return Turn(message=message, calls=calls, spend=spend, event=event, input_tokens=tokens)
 
 
-def _normalized(
-    message: Message, step: int, taken: set[str], tree_suffix: str | None = None
-) -> Message:
+def _normalized(message: Message, step: int, taken: set[str], suffix: str | None = None) -> Message:
     """The assistant message to store: role set, and every tool call with an id that is
     unique within the run's conversation (the id is the idempotency key's second half)."""
     out: Message = {**message, "role": "assistant"}
@@ -110,9 +108,9 @@ def _normalized(
         return out
     fixed = []
     for i, raw in enumerate(raw_calls):
-        call_id = str(raw.get("id") or f"call_{step}_{i}")[: 64 if tree_suffix else 100]
-        if tree_suffix:
-            call_id = f"{call_id}-{tree_suffix}"
+        call_id = str(raw.get("id") or f"call_{step}_{i}")[: 64 if suffix else 100]
+        if suffix:
+            call_id = f"{call_id}-{suffix}"
         while call_id in taken:
             call_id = f"{call_id}~{step}"
         taken.add(call_id)
