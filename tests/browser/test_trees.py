@@ -45,6 +45,11 @@ def test_a_child_s_call_approved_on_the_root_s_page_runs_on_the_child(
 ) -> None:
     tree = off_loop(lambda: inbox_trees.grow(planning.engine))
     sign_in(page, planning)
+    page.goto(f"{planning.url}/")
+    cards = page.locator(".tree-of")
+    expect(cards).to_have_count(2)  # each child's request names its sub-agent and its root
+    expect(cards.filter(has_text="courier")).to_contain_text(tree.root[:8])
+    shot(page, "tree-inbox")
     page.goto(f"{planning.url}/runs/{tree.root}")
     expect(page.locator("li.tree-run")).to_have_count(4)
     expect(row(page, tree.root)).to_contain_text("(this run)")
