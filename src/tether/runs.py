@@ -110,9 +110,14 @@ class Pending:
     digest: str | None
     # The model's arguments when ``arguments`` are an approver's edit of them (reference §9).
     edited_from: dict[str, Any] | None = None
+    # How many distinct people approve it (reference §19), asked when it was suspended.
+    quorum: int = 1
+    # Seconds after its suspension it is escalated (its tool's ``escalate_after_min``);
+    # stored as the call's due time, never in its JSON.
+    escalate_after_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        data = {
+        data: dict[str, Any] = {
             "tool_call_id": self.tool_call_id,
             "tool": self.tool,
             "arguments": self.arguments,
@@ -121,6 +126,8 @@ class Pending:
         }
         if self.edited_from is not None:
             data["edited_from"] = self.edited_from
+        if self.quorum != 1:
+            data["quorum"] = self.quorum
         return data
 
     @classmethod
@@ -132,6 +139,7 @@ class Pending:
             preview=data.get("preview"),
             digest=data.get("digest"),
             edited_from=data.get("edited_from"),
+            quorum=int(data.get("quorum") or 1),
         )
 
 
@@ -148,6 +156,11 @@ class PendingCall:
     decided: dict[str, Any] | None = None
     # Whether its notice was delivered (the reaper re-issues one that was not).
     notified: bool = False
+    # When it was suspended and, once escalated, when (database clock, reference §19).
+    suspended_at: float | None = None
+    escalated_at: float | None = None
+    # The approvals of its current artefact so far (``{"by", "at"}``), for a quorum.
+    approvals: tuple[dict[str, Any], ...] = ()
 
     def to_json(self, expires_at: float | None) -> dict[str, Any]:
         return {
@@ -157,6 +170,17 @@ class PendingCall:
             "preview": self.pending.preview,
             "expires_at": iso(expires_at),
             "decided": self.decided,
+            **self.deciders_json(),
+        }
+
+    def deciders_json(self) -> dict[str, Any]:
+        """Who decides it so far (reference §19): its quorum, the approvals of its current
+        artefact, when it was suspended and escalated."""
+        return {
+            "quorum": self.pending.quorum,
+            "approvals": [dict(a) for a in self.approvals],
+            "suspended_at": iso(self.suspended_at),
+            "escalated_at": iso(self.escalated_at),
         }
 
 

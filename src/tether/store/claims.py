@@ -21,6 +21,9 @@ from sqlalchemy.engine import Connection
 
 from tether.budget import Limits
 from tether.runs import Run, RunState, can_transition
+from tether.store import audit
+from tether.store.approvals import Vote, vote
+from tether.store.audit import AuditKind
 from tether.store.backend.clock import db_now
 from tether.store.backend.dialect import Dialect
 from tether.store.base import StoreBase
@@ -44,6 +47,7 @@ from tether.store.threads import moved_on
 from tether.store.trees import descendants, stopped
 from tether.store.users import admit
 
+_RUN = sa.select(runs).where(ID)
 _DECISION_OF_TOKEN = sa.select(decisions).where(
     decisions.c.token_hash == sa.bindparam("b_token_hash")
 )
@@ -63,6 +67,11 @@ class SuspensionClaim:
 
     run: Run | None = None
     decision: Decision | None = None
+    # A quorum call's approval counted before the N-th (reference §19): how many approvals
+    # of its artefact there are now; nothing else was written.
+    approvals: int | None = None
+    # A quorum call's approval of an artefact that is no longer the call's: nothing written.
+    stale: bool = False
 
     @property
     def claimed(self) -> bool:
@@ -153,6 +162,62 @@ def _has_slot(conn: Connection, dialect: Dialect, run_id: str, cap: int) -> bool
     return carried is None or carried < cap
 
 
+def _counted(
+    conn: Connection, dialect: Dialect, params: dict[str, Any], quorum: int, tool: str | None
+) -> SuspensionClaim | None:
+    """A quorum call's approval counted (``approvals.vote``): the answer when it is not
+    the N-th (recorded, with its event and audit record, or stale), None when it is (the
+    claim goes on) or when its token no longer names a call to decide (the claim says
+    why)."""
+    found, count = vote(conn, dialect, params, quorum)
+    if found is Vote.STALE:
+        return SuspensionClaim(stale=True)
+    if found is not Vote.RECORDED:
+        return None
+    run = Run.from_row(conn.execute(_RUN, params).one()._mapping)
+    data = {
+        "by": params["b_approver"],
+        "tool_call_id": params["b_call_id"],
+        "approvals": count,
+        "quorum": quorum,
+        "digest": params["b_digest"],
+        "reason": params["b_reason"],
+    }
+    add_event(conn, run.id, "approval_recorded", data)
+    record = audit.of_run(
+        run,
+        by=params["b_approver"],
+        tool=tool,
+        tool_call_id=params["b_call_id"],
+        digest=params["b_digest"],
+        decision="approve",
+        reason=params["b_reason"],
+        outcome="recorded",
+    )
+    audit.append(conn, AuditKind.RECORDED, [record])
+    return SuspensionClaim(run=run, approvals=count)
+
+
+def _audit_decision(
+    conn: Connection, run: Run, decided: Decision, tool: str | None, kind: str
+) -> None:
+    """The audit record of a decision: ``decided`` when it took effect (it decided the
+    suspension: the run is claimed or ready for a worker), else ``recorded`` (others of
+    its turn are undecided); its outcome the event it recorded, or ``recorded``."""
+    took_effect = run.state is RUNNING
+    record = audit.of_run(
+        run,
+        by=decided.by,
+        tool=tool,
+        tool_call_id=decided.tool_call_id,
+        digest=decided.digest,
+        decision=decided.decision,
+        reason=decided.reason,
+        outcome=kind if took_effect else "recorded",
+    )
+    audit.append(conn, AuditKind.DECIDED if took_effect else AuditKind.RECORDED, [record])
+
+
 class Claims(StoreBase):
     """Claiming runs, continuing and cancelling them."""
 
@@ -225,6 +290,8 @@ class Claims(StoreBase):
         event: dict[str, Any] | None = None,
         versions: Sequence[str] | None = None,
         cap: int | None = None,
+        quorum: int = 1,
+        tool: str | None = None,
     ) -> SuspensionClaim:
         """The one write of a decision (invariant 5): conditional on the token's
         suspension being the run's current one (the lease epoch it began at), on the
@@ -248,7 +315,12 @@ class Claims(StoreBase):
         first; when the user already has ``cap`` runs carried, the last decision leaves
         the run ready for a worker (running, no owner) instead of claiming it: the
         decision is recorded, and the worker that claims the run once a slot frees
-        carries it out, with every re-check an approval makes."""
+        carries it out, with every re-check an approval makes.
+
+        An approval of a call that waits on ``quorum`` people (reference §19) is counted
+        first (``approvals.vote``, the run's row locked): before the N-th it is recorded
+        alone (``approvals``); the N-th goes on to the claim in the same transaction. Each
+        decision and recorded approval appends its audit record (of ``tool``) here too."""
         params = {
             **served(versions),
             "b_id": run_id,
@@ -264,6 +336,10 @@ class Claims(StoreBase):
         }
         try:
             with self.begin() as conn:
+                if quorum > 1 and decision == "approve":
+                    counted = _counted(conn, self.dialect, params, quorum, tool)
+                    if counted is not None:
+                        return counted
                 if cap is not None and not _has_slot(conn, self.dialect, run_id, cap):
                     params["b_owner"] = None  # ready for a worker once the user has a slot
                 won = self.dialect.claim_suspension(conn, params)
@@ -271,6 +347,7 @@ class Claims(StoreBase):
                     run, recorded = won
                     if run.state is RUNNING and run.owner is None:
                         self.dialect.wake(conn)
+                    _audit_decision(conn, run, recorded, tool, params["b_kind"])
                     return SuspensionClaim(run=run, decision=recorded)
                 used = conn.execute(_DECISION_OF_TOKEN, params).first()
         except sa.exc.IntegrityError:  # the same token, decided meanwhile elsewhere
@@ -371,6 +448,8 @@ class Claims(StoreBase):
                 clear_calls(conn, resumed_id)
             clear_calls(conn, run_id)  # its suspension's tokens and decisions are void
             add_event(conn, run_id, "continued", grant)
+            record = audit.of_run(old, by=by, reason=why, outcome="resumed")
+            audit.append(conn, AuditKind.CONTINUED, [record])
             self.dialect.wake(conn)
             return Run.from_row(row._mapping)
 
@@ -381,13 +460,19 @@ class Claims(StoreBase):
         parent's wait like any child that stops. None if the run is not the user's or is
         already terminal."""
         with self.begin() as conn:
+            gone: list[dict[str, Any]] = []
             for ids in descendants(conn, run_id):  # deepest first: a child before its parent
-                for gone in _CANCEL_MANY.many(conn, {"b_ids": ids, "b_user": user_id}):
-                    add_event(conn, gone.id, "cancelled", {"by": by, "with": run_id})
+                for child in _CANCEL_MANY.many(conn, {"b_ids": ids, "b_user": user_id}):
+                    add_event(conn, child.id, "cancelled", {"by": by, "with": run_id})
+                    gone.append({"run_id": child.id, "reason": f"cancelled with {run_id}"})
             row = _CANCEL.one(conn, {"b_id": run_id, "b_user": user_id})
             if row is None:
                 return None
             add_event(conn, run_id, "cancelled", {"by": by})
+            cancelled = Run.from_row(row._mapping)
+            records = [audit.of_run(cancelled, by=by, outcome="cancelled")]
+            records += [{**records[0], **child} for child in gone]
+            audit.append(conn, AuditKind.CANCELLED, records)
             stopped(conn, self.dialect, [run_id], RunState.CANCELLED.value)
             # A queued follow-up of its thread may start now.
             self.dialect.wake(conn)
