@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from tether._runtime.fleet import escalations
 from tether._runtime.shared.services import Services
 from tether.approvals.request import unknown_or_expired
 from tether.errors import FourEyes, ScopeUnavailable, TetherError
@@ -28,8 +29,7 @@ def escalated_to(services: Services, call: PendingCall | None) -> tuple[str, ...
     not escalated (or its tool is not served here)."""
     if call is None or call.escalated_at is None:
         return ()
-    tool = services.agent.tool(call.pending.tool)
-    return tool.escalate_to if tool is not None else ()
+    return escalations.escalate_to(services, call.pending.tool)
 
 
 async def resolved(services: Services, user_id: str) -> Scope:

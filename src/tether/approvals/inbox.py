@@ -7,6 +7,7 @@ import dataclasses
 import logging
 
 from tether import inputs
+from tether._runtime.fleet import escalations
 from tether._runtime.hop import hop
 from tether._runtime.shared.services import Services
 from tether.approvals import deciders
@@ -49,14 +50,12 @@ async def _escalated_to(services: Services, viewer: str, known: set[str]) -> dic
     found: dict[str, set[str]] = {}
     groups: frozenset[str] | None = None
     for owner, name in await hop(services.store.escalated_requests):
-        tool = services.agent.tool(name)
-        for member in services.agent.tree.values():
-            tool = tool or member.tool(name)
-        if owner in known or tool is None or not tool.escalate_to:
+        to = escalations.escalate_to(services, name)
+        if owner in known or not to:
             continue
-        if groups is None and any(n.startswith(GROUP) for n in tool.escalate_to):
+        if groups is None and any(n.startswith(GROUP) for n in to):
             groups = (await deciders.resolved(services, viewer)).groups
-        if names(tool.escalate_to, viewer, groups or ()):
+        if names(to, viewer, groups or ()):
             found.setdefault(owner, set()).add(name)
     return found
 

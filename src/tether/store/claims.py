@@ -336,12 +336,13 @@ class Claims(StoreBase):
         }
         try:
             with self.begin() as conn:
+                # The user's row before the run's (``vote`` locks the run's), as every claim.
+                if cap is not None and not _has_slot(conn, self.dialect, run_id, cap):
+                    params["b_owner"] = None  # ready for a worker once the user has a slot
                 if quorum > 1 and decision == "approve":
                     counted = _counted(conn, self.dialect, params, quorum, tool)
                     if counted is not None:
                         return counted
-                if cap is not None and not _has_slot(conn, self.dialect, run_id, cap):
-                    params["b_owner"] = None  # ready for a worker once the user has a slot
                 won = self.dialect.claim_suspension(conn, params)
                 if won is not None:
                     run, recorded = won
