@@ -112,8 +112,7 @@ class Pending:
     edited_from: dict[str, Any] | None = None
     # How many distinct people approve it (reference §19), asked when it was suspended.
     quorum: int = 1
-    # Seconds after its suspension it is escalated (its tool's ``escalate_after_min``);
-    # stored as the call's due time, never in its JSON.
+    # Seconds to its escalation (``escalate_after_min``): stored as a due time, not in JSON.
     escalate_after_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -145,9 +144,9 @@ class Pending:
 
 @dataclass(frozen=True, kw_only=True)
 class PendingCall:
-    """One call of a suspension (reference §15): the call as the human is asked to decide
-    it, its token's hash (never the token), its place in the turn, and its decision once
-    one is recorded (``{"decision", "by", "at"}``, None while undecided)."""
+    """One call of a suspension (reference §15): the call as asked, its token's hash (never
+    the token), its place in the turn, its decision once recorded (``{"decision", "by",
+    "at"}``)."""
 
     pending: Pending
     token_hash: str
@@ -156,10 +155,9 @@ class PendingCall:
     decided: dict[str, Any] | None = None
     # Whether its notice was delivered (the reaper re-issues one that was not).
     notified: bool = False
-    # When it was suspended and, once escalated, when (database clock, reference §19).
+    # Its suspension, escalation (database clock) and approvals so far (reference §19).
     suspended_at: float | None = None
     escalated_at: float | None = None
-    # The approvals of its current artefact so far (``{"by", "at"}``), for a quorum.
     approvals: tuple[dict[str, Any], ...] = ()
 
     def to_json(self, expires_at: float | None) -> dict[str, Any]:
@@ -174,8 +172,7 @@ class PendingCall:
         }
 
     def deciders_json(self) -> dict[str, Any]:
-        """Who decides it so far (reference §19): its quorum, the approvals of its current
-        artefact, when it was suspended and escalated."""
+        """Who decides it so far (reference §19)."""
         return {
             "quorum": self.pending.quorum,
             "approvals": [dict(a) for a in self.approvals],
@@ -227,9 +224,8 @@ class Run:
     # A fork's lineage, ``{"run_id", "step"}``, or None; a dry run never executes a write.
     forked_from: dict[str, Any] | None = None
     dry_run: bool = False
-    # The conversation it belongs to and its place there, from 1 (reference §14); how many
-    # of its stored messages copy an earlier conversation (a fork of a follow-up) rather
-    # than being its own.
+    # Its conversation and place there, from 1 (reference §14); how many of its stored
+    # messages copy an earlier conversation (a fork of a follow-up).
     thread_id: str = ""
     thread_pos: int = 1
     base_count: int = 0

@@ -190,3 +190,21 @@ async def test_the_last_approvals_of_two_calls_of_one_turn_race_and_each_runs_on
     )
     assert sorted(item for _, _, item in downstream.effects()) == ["acct-0:500", "acct-1:500"]
     assert await kit.state(run_id) is not RunState.SUSPENDED
+
+
+async def test_decisions_recorded_before_the_last_take_effect_with_it(make: Make) -> None:
+    kit = make("page", calls=2)  # two calls of one turn, each decided by one person
+    run_id, tokens = await kit.suspended()
+    first = await kit.engine.resume_after_confirmation(tokens[0], "approve", "boss")
+    assert first.outcome is CallVerdict.RECORDED
+    await kit.engine.resume_after_confirmation(tokens[1], "decline", "ann", reason="no")
+    page = await kit.engine.audit("dana")
+    calls = [n.tool_call_id for n in kit.notifier.notices if n.run_id == run_id]
+    shown = [(r.kind, r.values["by"], r.values["outcome"]) for r in page]
+    assert shown == [
+        ("recorded", "boss", "recorded"),
+        ("decided", "boss", "approved"),  # it took effect when the turn's last was decided
+        ("decided", "ann", "declined"),
+    ]
+    assert len(set(calls)) == 2
+    assert [r.values["tool_call_id"] for r in page] == [calls[0], *calls]

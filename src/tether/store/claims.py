@@ -13,20 +13,18 @@ statement each on PostgreSQL.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from tether.budget import Limits
 from tether.runs import Run, RunState, can_transition
 from tether.store import audit
-from tether.store.approvals import Vote, vote
 from tether.store.audit import AuditKind
 from tether.store.backend.clock import db_now
-from tether.store.backend.dialect import Dialect
 from tether.store.base import StoreBase
+from tether.store.deciding import SuspensionClaim as SuspensionClaim
+from tether.store.deciding import decide
 from tether.store.records import Decision
 from tether.store.sql.claim_order import claim_next
 from tether.store.sql.claims import (
@@ -38,7 +36,7 @@ from tether.store.sql.claims import (
     STALE,
 )
 from tether.store.sql.fair_pick import pick_sizes
-from tether.store.sql.schema import decisions, runs, user_load
+from tether.store.sql.schema import decisions, runs
 from tether.store.sql.served import served
 from tether.store.sql.steps import add_event
 from tether.store.sql.transitions import Transition, state_in
@@ -55,33 +53,6 @@ _DECISION_OF_TOKEN = sa.select(decisions).where(
 # (``edit``) is recorded ``edited``, never ``approved`` (reference §9).
 _EVENT_OF = {"decline": "declined", "edit": "edited"}
 _CENSUS = sa.select(db_now(), sa.select(runs.c.id).where(state_in([RUNNING]), STALE).exists())
-
-
-@dataclass(frozen=True, kw_only=True)
-class SuspensionClaim:
-    """What a decision on a call of a suspension found: the run as its UPDATE left it
-    with the decision it recorded (``claimed``: this decision was the last of the
-    suspension and claimed the run; otherwise it is recorded and the run still waits on
-    ``run.undecided`` calls), or (``run`` None) the decision that had already used the
-    token; neither when the token is unknown, expired or superseded."""
-
-    run: Run | None = None
-    decision: Decision | None = None
-    # A quorum call's approval counted before the N-th (reference §19): how many approvals
-    # of its artefact there are now; nothing else was written.
-    approvals: int | None = None
-    # A quorum call's approval of an artefact that is no longer the call's: nothing written.
-    stale: bool = False
-
-    @property
-    def claimed(self) -> bool:
-        return self.claimed_or_ready and self.run is not None and self.run.owner is not None
-
-    @property
-    def claimed_or_ready(self) -> bool:
-        """The suspension is decided: the run is claimed, or (its user at the cap) ready
-        for a worker."""
-        return self.run is not None and self.run.state is RunState.RUNNING
 
 
 _LIMITS = ("max_steps", "max_spend_usd", "max_tool_calls", "max_elapsed_ms")
@@ -148,74 +119,6 @@ _CANCEL_MANY = Transition(
     updated_at=db_now(),
     returning=(runs.c.id,),
 )
-
-
-_USER_LOAD_OF_RUN = sa.select(user_load.c.carried).where(
-    user_load.c.user_id == sa.select(runs.c.user_id).where(ID).scalar_subquery()
-)
-
-
-def _has_slot(conn: Connection, dialect: Dialect, run_id: str, cap: int) -> bool:
-    """Whether the user of ``run_id`` carries fewer than ``cap`` runs, their row locked
-    until the transaction ends (so no claim for them slips in meanwhile)."""
-    carried = conn.execute(dialect.lock(_USER_LOAD_OF_RUN), {"b_id": run_id}).scalar()
-    return carried is None or carried < cap
-
-
-def _counted(
-    conn: Connection, dialect: Dialect, params: dict[str, Any], quorum: int, tool: str | None
-) -> SuspensionClaim | None:
-    """A quorum call's approval counted (``approvals.vote``): the answer when it is not
-    the N-th (recorded, with its event and audit record, or stale), None when it is (the
-    claim goes on) or when its token no longer names a call to decide (the claim says
-    why)."""
-    found, count = vote(conn, dialect, params, quorum)
-    if found is Vote.STALE:
-        return SuspensionClaim(stale=True)
-    if found is not Vote.RECORDED:
-        return None
-    run = Run.from_row(conn.execute(_RUN, params).one()._mapping)
-    data = {
-        "by": params["b_approver"],
-        "tool_call_id": params["b_call_id"],
-        "approvals": count,
-        "quorum": quorum,
-        "digest": params["b_digest"],
-        "reason": params["b_reason"],
-    }
-    add_event(conn, run.id, "approval_recorded", data)
-    record = audit.of_run(
-        run,
-        by=params["b_approver"],
-        tool=tool,
-        tool_call_id=params["b_call_id"],
-        digest=params["b_digest"],
-        decision="approve",
-        reason=params["b_reason"],
-        outcome="recorded",
-    )
-    audit.append(conn, AuditKind.RECORDED, [record])
-    return SuspensionClaim(run=run, approvals=count)
-
-
-def _audit_decision(
-    conn: Connection, run: Run, decided: Decision, tool: str | None, kind: str
-) -> None:
-    """The audit record of a decision: ``decided`` when it took effect (it decided the
-    suspension: the run is claimed or ready for a worker), else ``recorded`` (others of
-    its turn are undecided); its outcome the event it recorded, or ``recorded``."""
-    took_effect = run.state is RUNNING
-    record = audit.of_run(
-        run,
-        by=decided.by,
-        tool=tool,
-        tool_call_id=decided.tool_call_id,
-        digest=decided.digest,
-        decision=decided.decision,
-        reason=decided.reason,
-        outcome=kind if took_effect else "recorded",
-    )
-    audit.append(conn, AuditKind.DECIDED if took_effect else AuditKind.RECORDED, [record])
 
 
 class Claims(StoreBase):
@@ -336,20 +239,9 @@ class Claims(StoreBase):
         }
         try:
             with self.begin() as conn:
-                # The user's row before the run's (``vote`` locks the run's), as every claim.
-                if cap is not None and not _has_slot(conn, self.dialect, run_id, cap):
-                    params["b_owner"] = None  # ready for a worker once the user has a slot
-                if quorum > 1 and decision == "approve":
-                    counted = _counted(conn, self.dialect, params, quorum, tool)
-                    if counted is not None:
-                        return counted
-                won = self.dialect.claim_suspension(conn, params)
+                won = decide(conn, self.dialect, params, cap=cap, quorum=quorum, tool=tool)
                 if won is not None:
-                    run, recorded = won
-                    if run.state is RUNNING and run.owner is None:
-                        self.dialect.wake(conn)
-                    _audit_decision(conn, run, recorded, tool, params["b_kind"])
-                    return SuspensionClaim(run=run, decision=recorded)
+                    return won
                 used = conn.execute(_DECISION_OF_TOKEN, params).first()
         except sa.exc.IntegrityError:  # the same token, decided meanwhile elsewhere
             with self.engine.connect() as conn:

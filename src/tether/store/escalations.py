@@ -147,10 +147,12 @@ class Escalations(StoreBase):
         params = {"b_batch": batch, **served(versions)}
         picked: dict[str, tuple[str, str]] = {}
         with self.begin() as conn:
-            conn.execute(_VOID)
             due = self.dialect.candidates(_DUE_CALLS, of=pending_calls)
+            rows = conn.execute(due, params).all()
+            if len(rows) < batch:  # the pass's last batch: forget calls that never will be
+                conn.execute(_VOID)
             records = []
-            for row in conn.execute(due, params).all():
+            for row in rows:
                 alias = new_hashes()
                 hit = conn.execute(_ESCALATE, {"b_hash": row.token_hash, "b_alias": alias}).first()
                 if hit is None:
