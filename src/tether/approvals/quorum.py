@@ -113,7 +113,12 @@ async def new_round(
         seen_digest=pending.digest or "",
         call=fresh.to_json(),
         reason=ask.reason,
-        event={"arguments_from": fresh.edited_from, "arguments_to": edit, "round": "new"},
+        event={
+            "quorum": pending.quorum,
+            "arguments_from": fresh.edited_from,
+            "arguments_to": edit,
+            "round": "new",
+        },
         tool=pending.tool,
     )
     if not started:

@@ -241,7 +241,15 @@ class Tool:
         rule = self.quorum
         if not callable(rule):
             return rule
-        value = await self._checked("quorum", rule, args, scope)
+        try:
+            value = await self._checked("quorum", rule, args, scope)
+        except ToolFailed:
+            raise
+        except Exception as exc:  # a raising rule says nobody knows how many: refuse
+            log.exception("quorum check failed", extra={"tool": self.name})
+            raise ToolFailed(
+                f"the quorum of {self.name} raised {type(exc).__name__}: {exc}"[:500]
+            ) from exc
         return deciders.checked_quorum(self.name, value, ToolFailed)
 
     def may_be_decided_by(self, approver: str, owner: str) -> bool:
