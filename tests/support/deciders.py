@@ -1,6 +1,8 @@
 """A test agent whose calls are decided by teams (reference §19): ``pay`` waits on two
 approvals (three over 10,000), ``wire`` on two people other than the owner, ``page`` is
-escalated to the on-call group when nobody decides it in time.
+escalated to the on-call group when nobody decides it in time, and ``sign`` both waits on
+two approvals and is escalated. ``tether`` processes load it with ``--agent deciders:agent``
+(they carry no run: the tests finish runs in process, with ``script``).
 
 Who is in which group is read from the downstream's world (``group:USER`` = a comma list),
 so a test changes a membership between two decisions and the resolver sees it at once
@@ -59,6 +61,20 @@ def page(ctx: ToolContext, to: str, amount: int) -> dict[str, Any]:
     return downstream.apply(ctx, "page", f"{to}:{amount}", dedupe=True)
 
 
+@tool(
+    effect="write",
+    needs_confirmation=True,
+    dedupes=True,
+    preview=_preview,
+    quorum=2,
+    escalate_after_min=ESCALATE_AFTER_MIN,
+    escalate_to=("group:oncall", "lead"),
+)
+def sign(ctx: ToolContext, to: str, amount: int) -> dict[str, Any]:
+    """Sign a contract: two people approve it, and it is escalated when undecided."""
+    return downstream.apply(ctx, "sign", f"{to}:{amount}", dedupe=True)
+
+
 async def resolve(user_id: str) -> Scope:
     """``dana``'s approvers are ``boss`` and the finance group; everyone's groups come from
     the world (``group:USER``)."""
@@ -86,6 +102,6 @@ def agent() -> Agent:
     return Agent(
         name="kit-deciders",
         system_prompt="You are a test agent.",
-        tools=(pay, wire, page),
+        tools=(pay, wire, page, sign),
         resolve_scope=resolve,
     )
