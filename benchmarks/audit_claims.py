@@ -42,7 +42,7 @@ sys.path.insert(0, str(HERE))
 import bench_agent  # noqa: E402
 from compare_common import fresh_database  # noqa: E402
 
-import tether.store.claims as claims_module  # noqa: E402
+import tether.store.deciding as deciding_module  # noqa: E402
 from tether import Engine, MemoryNotifier  # noqa: E402
 from tether.config import Settings  # noqa: E402
 from tether.errors import AlreadyResumed  # noqa: E402
@@ -59,12 +59,12 @@ Timings = dict[str, tuple[list[float], list[float]]]
 @contextlib.contextmanager
 def without_audit() -> Iterator[None]:
     """The claim as it was before the audit: no record built, no INSERT."""
-    shipped = claims_module._audit_decision
-    claims_module._audit_decision = lambda *args, **kwargs: None
+    shipped = deciding_module._audit_decision
+    deciding_module._audit_decision = lambda *args, **kwargs: None
     try:
         yield
     finally:
-        claims_module._audit_decision = shipped
+        deciding_module._audit_decision = shipped
 
 
 def _timed(store: Store, decided: dict[str, float]) -> None:
