@@ -18,6 +18,8 @@ import downstream
 from tether import Agent, Scope, ScriptedModel, ToolContext, tool
 
 OWNER = "dana"
+# The people a test puts in the finance group (``finance``).
+FINANCE = ("ann", "bob", "cat")
 ESCALATE_AFTER_MIN = 0.005  # 0.3 s: a test polls the reaper until the database clock passes it
 
 
@@ -87,6 +89,12 @@ async def resolve(user_id: str) -> Scope:
 def join(user: str, *groups: str) -> None:
     """Put ``user`` in ``groups`` (none: in no group), as the directory says now."""
     downstream.set_world(f"group:{user}", ",".join(groups))
+
+
+def finance() -> None:
+    """Put ``FINANCE`` in the finance group."""
+    for person in FINANCE:
+        join(person, "finance")
 
 
 def script(tool_name: str, amount: int = 500, calls: int = 1) -> ScriptedModel:

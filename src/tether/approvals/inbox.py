@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 
 from tether import inputs
 from tether._runtime.fleet import escalations
@@ -15,7 +16,7 @@ from tether.approvals.request import suspended_on
 from tether.errors import InvalidInput, UnknownOrExpired
 from tether.results import Inbox, TokenLookup
 from tether.runs import PendingCall, Run, RunState
-from tether.scope import GROUP, names
+from tether.scope import GROUP, Scope, names
 from tether.tokens import hash_token
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,8 @@ async def approval_request(services: Services, token: str, approver: str) -> Tok
         run = None
     if decided is not None and not await may_decide(services, decided.user_id, approver):
         used = decided = None
+    if run is not None and found.call is not None and _counts_people(found.call):
+        run = await _with_calls(services, run)
     call = found.call.pending if run is not None and found.call is not None else None
     return TokenLookup(run=run, used=used, decided_run=decided, now=now, expired=expired, call=call)
 
@@ -145,3 +148,46 @@ async def token_owner(services: Services, token: str) -> str | None:
         return run.user_id
     decided = await hop(services.store.get_run, used.run_id) if used is not None else None
     return decided.user_id if decided is not None else None
+
+
+def _counts_people(call: PendingCall) -> bool:
+    """Whether a page shows who decides ``call``: it waits on a quorum, or was escalated."""
+    return call.pending.quorum > 1 or call.escalated_at is not None
+
+
+async def _with_calls(services: Services, run: Run) -> Run:
+    """``run`` read again with every call of its suspension and their approvals so far
+    (a token's read has neither), while it is still on the same suspension."""
+    again = await hop(services.store.get_run, run.id)
+    if again is None or again.lease_epoch != run.lease_epoch:
+        return run  # moved on meanwhile: the page finds its call decided
+    return again
+
+
+async def still_approving(
+    services: Services, runs: Sequence[Run]
+) -> dict[tuple[str, str], tuple[str, ...]]:
+    """Who may still approve each undecided call of ``runs`` that waits on a quorum or was
+    escalated (reference §19), by run id and tool call id: the owner (unless the call's
+    tool wants someone else), the people and groups (``group:NAME``) the owner's scope
+    names now and, once the call was escalated, those its tool's ``escalate_to`` names;
+    not the people who approved its current artefact. Each scope is resolved once; one
+    that cannot be resolved is an error (``deciders.resolved``)."""
+    scopes: dict[tuple[str, str], Scope] = {}
+    found: dict[tuple[str, str], tuple[str, ...]] = {}
+    for run in runs:
+        serving = services.serving(run)  # a child's call is its sub-agent's (§18)
+        for call in run.suspension_calls():
+            if call.decided is not None or not _counts_people(call):
+                continue
+            key = (run.agent_version, run.user_id)
+            if key not in scopes:
+                scopes[key] = await deciders.resolved(serving, run.user_id)
+            mine = serving.agent.may_decide_call(call.pending.tool, run.user_id, run.user_id)
+            approvers = sorted(scopes[key].approvers, key=lambda n: (n.startswith(GROUP), n))
+            owner = [run.user_id] if mine else []
+            named = [*owner, *approvers, *deciders.escalated_to(serving, call)]
+            approved = {str(a.get("by")) for a in call.approvals}
+            who = tuple(n for n in dict.fromkeys(named) if n not in approved)
+            found[(run.id, call.pending.tool_call_id)] = who
+    return found
