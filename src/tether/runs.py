@@ -426,13 +426,12 @@ def run_to_json(
     }
 
 
-def request_to_json(run: Run, base_url: str = "", call: Pending | None = None) -> dict[str, Any]:
-    """A pending call of a suspended run (default: its first, ``run.pending``) as ``GET
-    /v1/approvals`` lists it (reference §6, one request per undecided call of the turn,
-    §15), from the stored tool call and its preview, with where to decide it by run and
-    call id (``base_url``: the public URL those paths start with)."""
-    pending = call or run.pending
-    assert pending is not None
+def request_to_json(run: Run, call: PendingCall, base_url: str = "") -> dict[str, Any]:
+    """A pending call of a suspended run as ``GET /v1/approvals`` lists it (reference §6,
+    one request per undecided call of the turn, §15), from the stored tool call and its
+    preview, with who decides it so far (§19) and where to decide it by run and call id
+    (``base_url``: the public URL those paths start with)."""
+    pending = call.pending
     return {
         "run_id": run.id,
         "user_id": run.user_id,
@@ -447,4 +446,5 @@ def request_to_json(run: Run, base_url: str = "", call: Pending | None = None) -
         "root_run_id": run.root_run_id,
         "parent_run_id": run.parent_run_id,
         "decide_url": f"{base_url}/v1/runs/{run.id}/decisions",
+        **call.deciders_json(),
     }

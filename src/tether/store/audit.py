@@ -97,12 +97,13 @@ class AuditPage:
 
 
 MAX_PAGE = 1000
+MAX_SEQ = 2**63 - 1  # a seq column's largest value on both backends
 
 
 def audit_cursor(after: Any, limit: Any) -> tuple[int, int]:
     """A page's cursor (a ``seq``, 0 for the first page) and size (1 to ``MAX_PAGE``),
     checked (``invalid_input``)."""
-    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+    if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after <= MAX_SEQ:
         raise InvalidInput("after must be the seq of an audit record (a whole number >= 0)")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise InvalidInput(f"limit must be between 1 and {MAX_PAGE}")
