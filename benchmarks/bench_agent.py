@@ -1,6 +1,8 @@
 """The agent the benchmarks' worker processes load (``--agent bench_agent:agent``):
-a read tool, a confirmation tool, and a scripted model chosen by ``BENCH_SCRIPT``; and one
-whose model writes timed text (``--agent bench_agent:text_agent``, for ``deltas.py``)."""
+a read tool, a confirmation tool, and a scripted model chosen by ``BENCH_SCRIPT``; one
+whose model writes timed text (``--agent bench_agent:text_agent``, for ``deltas.py``); and
+one whose confirmed call is escalated (``--agent bench_agent:escalating_agent``, for
+``escalations.py``)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,19 @@ def publish(ctx: ToolContext, item: str) -> dict[str, Any]:
     return {"published": item, "key": ctx.idempotency_key}
 
 
+@tool(
+    effect="write",
+    needs_confirmation=True,
+    dedupes=True,
+    preview=_preview,
+    escalate_after_min=20,
+    escalate_to=("group:oncall", "lead"),
+)
+def page(ctx: ToolContext, item: str) -> dict[str, Any]:
+    """Page someone (a write a human confirms, escalated after 20 minutes undecided)."""
+    return {"paged": item, "key": ctx.idempotency_key}
+
+
 def steps(count: int) -> list[dict[str, Any]]:
     """``count`` model turns: count - 1 tool turns, then the answer."""
     turns: list[dict[str, Any]] = [
@@ -44,6 +59,10 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         {"tool_calls": [{"name": "publish", "arguments": {"item": "a"}}]},
         {"content": "ok"},
     ],
+    "page": [
+        {"tool_calls": [{"name": "page", "arguments": {"item": "a"}}]},
+        {"content": "ok"},
+    ],
 }
 
 
@@ -53,6 +72,11 @@ def model() -> ScriptedModel:
 
 def agent() -> Agent:
     return Agent(name="bench", system_prompt="bench", tools=(fetch, publish), default_model=model)
+
+
+def escalating_agent() -> Agent:
+    """The benchmark agent whose ``page`` calls are escalated (``BENCH_SCRIPT=page``)."""
+    return Agent(name="bench", system_prompt="bench", tools=(fetch, page), default_model=model)
 
 
 class TimedText(Model):

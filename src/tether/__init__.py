@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 # Each public name and the module it comes from.
 _HOMES = {
     "Agent": "tether.agent",
+    "AuditPage": "tether.store.audit",
+    "AuditRecord": "tether.store.audit",
     "ApprovalPreview": "tether.results",
     "ApprovalResult": "tether.results",
     "Approvers": "tether.tools.tool",
@@ -103,6 +105,8 @@ __all__ = [
     "ApprovalPreview",
     "ApprovalResult",
     "Approvers",
+    "AuditPage",
+    "AuditRecord",
     "Budget",
     "CallDecision",
     "CallVerdict",

@@ -33,6 +33,8 @@ class Settings:
     reaper_interval_s: float = 60.0
     suspension_ttl_min: float = 30.0
     retention_days: float = 30.0
+    # How long audit records are kept (reference §19): apart from their runs' retention.
+    audit_retention_days: float = 400.0
     max_recovery_attempts: int = 2
     # How deep a tree of sub-agents may grow (reference §18): runs exist at depths 0 to it.
     max_depth: int = 4
@@ -144,6 +146,10 @@ class Settings:
     def retention_s(self) -> float:
         return self.retention_days * 86_400.0
 
+    @property
+    def audit_retention_s(self) -> float:
+        return self.audit_retention_days * 86_400.0
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Settings from ``env`` (default ``os.environ``); a malformed value is an error
@@ -162,6 +168,7 @@ class Settings:
             reaper_interval_s=_positive(env, "TETHER_REAPER_INTERVAL_S", 60.0),
             suspension_ttl_min=_positive(env, "TETHER_SUSPENSION_TTL_MIN", 30.0),
             retention_days=_positive(env, "TETHER_RETENTION_DAYS", 30.0),
+            audit_retention_days=_positive(env, "TETHER_AUDIT_RETENTION_DAYS", 400.0),
             max_recovery_attempts=int(
                 _positive(env, "TETHER_MAX_RECOVERY_ATTEMPTS", 2, whole=True)
             ),

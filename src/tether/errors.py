@@ -192,6 +192,13 @@ class AlreadyResumed(TetherError):
     code = "already_resumed"
 
 
+class AlreadyDecided(TetherError):
+    """The approver already approved this artefact (its digest) of a call that waits on a
+    quorum (``@tool(quorum=N)``); each person counts once. Nothing changed."""
+
+    code = "already_decided"
+
+
 class NoLongerPermitted(TetherError):
     """The owner's current permissions no longer allow the pending call."""
 

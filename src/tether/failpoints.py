@@ -33,6 +33,8 @@ POINTS: tuple[str, ...] = (
     "after_children_started",  # a parent's children and its waiting state are durable (§18)
     "before_child_results",  # a parent's children stopped; their results are not durable (§18)
     "after_decision_recorded",  # a decision is recorded; others of its turn are undecided
+    "after_approval_recorded",  # one of a quorum's approvals is recorded (§19); not the N-th
+    "after_escalated",  # a call's escalation is durable (§19); its notice is not sent
     "after_claim",  # a resumption claimed the run; nothing else done
     "after_resume_execute",  # an approved call's result is durable; the run not handed back
     "after_outcome_found",  # reconciling learnt a write's outcome; nothing of it is stored

@@ -41,6 +41,11 @@ class Notice:
     # whose sub-agent call started it (None at the top).
     root_run_id: str | None = None
     parent_run_id: str | None = None
+    # Who decides (reference §19): how many approve the call, and whether this notice
+    # tells of its escalation (its token then is the escalation's, for ``escalate_to``).
+    quorum: int = 1
+    escalated: bool = False
+    escalate_to: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +60,9 @@ class Notice:
             "preview": self.preview,
             "expires_at": self.expires_at,
             "pending_calls": self.pending_calls,
+            "quorum": self.quorum,
+            "escalated": self.escalated,
+            "escalate_to": list(self.escalate_to),
         }
 
 

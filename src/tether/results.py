@@ -102,6 +102,10 @@ class ApprovalResult:
     # The other calls of the turn this decision's request carried out (a claim carries
     # the turn out), in call order, each answered as it was carried out (reference §15).
     carried: tuple[CallDecision, ...] = ()
+    # An approval of a call that waits on a quorum, before the N-th (reference §19): how
+    # many approvals of its artefact there are now, and how many it waits for.
+    approvals: int | None = None
+    quorum: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -113,6 +117,9 @@ class ApprovalResult:
         }
         if self.waiting_for is not None:
             data["waiting_for"] = self.waiting_for
+        if self.approvals is not None:
+            data["approvals"] = self.approvals
+            data["quorum"] = self.quorum
         if self.carried:
             data["carried"] = [call.to_json() for call in self.carried]
         return data
@@ -407,12 +414,15 @@ class ReapReport:
     expired: list[str]
     notices_reissued: list[str]
     purged: int
+    # The runs whose calls this pass escalated (reference §19).
+    escalated: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "recovered": self.recovered,
             "stopped": self.stopped,
             "expired": self.expired,
+            "escalated": self.escalated,
             "notices_reissued": self.notices_reissued,
             "purged": self.purged,
         }

@@ -110,9 +110,13 @@ class Pending:
     digest: str | None
     # The model's arguments when ``arguments`` are an approver's edit of them (reference §9).
     edited_from: dict[str, Any] | None = None
+    # How many distinct people approve it (reference §19), asked when it was suspended.
+    quorum: int = 1
+    # Seconds to its escalation (``escalate_after_min``): stored as a due time, not in JSON.
+    escalate_after_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        data = {
+        data: dict[str, Any] = {
             "tool_call_id": self.tool_call_id,
             "tool": self.tool,
             "arguments": self.arguments,
@@ -121,6 +125,8 @@ class Pending:
         }
         if self.edited_from is not None:
             data["edited_from"] = self.edited_from
+        if self.quorum != 1:
+            data["quorum"] = self.quorum
         return data
 
     @classmethod
@@ -132,14 +138,15 @@ class Pending:
             preview=data.get("preview"),
             digest=data.get("digest"),
             edited_from=data.get("edited_from"),
+            quorum=int(data.get("quorum") or 1),
         )
 
 
 @dataclass(frozen=True, kw_only=True)
 class PendingCall:
-    """One call of a suspension (reference §15): the call as the human is asked to decide
-    it, its token's hash (never the token), its place in the turn, and its decision once
-    one is recorded (``{"decision", "by", "at"}``, None while undecided)."""
+    """One call of a suspension (reference §15): the call as asked, its token's hash (never
+    the token), its place in the turn, its decision once recorded (``{"decision", "by",
+    "at"}``)."""
 
     pending: Pending
     token_hash: str
@@ -148,6 +155,10 @@ class PendingCall:
     decided: dict[str, Any] | None = None
     # Whether its notice was delivered (the reaper re-issues one that was not).
     notified: bool = False
+    # Its suspension, escalation (database clock) and approvals so far (reference §19).
+    suspended_at: float | None = None
+    escalated_at: float | None = None
+    approvals: tuple[dict[str, Any], ...] = ()
 
     def to_json(self, expires_at: float | None) -> dict[str, Any]:
         return {
@@ -157,6 +168,16 @@ class PendingCall:
             "preview": self.pending.preview,
             "expires_at": iso(expires_at),
             "decided": self.decided,
+            **self.deciders_json(),
+        }
+
+    def deciders_json(self) -> dict[str, Any]:
+        """Who decides it so far (reference §19)."""
+        return {
+            "quorum": self.pending.quorum,
+            "approvals": [dict(a) for a in self.approvals],
+            "suspended_at": iso(self.suspended_at),
+            "escalated_at": iso(self.escalated_at),
         }
 
 
@@ -203,9 +224,8 @@ class Run:
     # A fork's lineage, ``{"run_id", "step"}``, or None; a dry run never executes a write.
     forked_from: dict[str, Any] | None = None
     dry_run: bool = False
-    # The conversation it belongs to and its place there, from 1 (reference §14); how many
-    # of its stored messages copy an earlier conversation (a fork of a follow-up) rather
-    # than being its own.
+    # Its conversation and place there, from 1 (reference §14); how many of its stored
+    # messages copy an earlier conversation (a fork of a follow-up).
     thread_id: str = ""
     thread_pos: int = 1
     base_count: int = 0
@@ -406,13 +426,12 @@ def run_to_json(
     }
 
 
-def request_to_json(run: Run, base_url: str = "", call: Pending | None = None) -> dict[str, Any]:
-    """A pending call of a suspended run (default: its first, ``run.pending``) as ``GET
-    /v1/approvals`` lists it (reference §6, one request per undecided call of the turn,
-    §15), from the stored tool call and its preview, with where to decide it by run and
-    call id (``base_url``: the public URL those paths start with)."""
-    pending = call or run.pending
-    assert pending is not None
+def request_to_json(run: Run, call: PendingCall, base_url: str = "") -> dict[str, Any]:
+    """A pending call of a suspended run as ``GET /v1/approvals`` lists it (reference §6,
+    one request per undecided call of the turn, §15), from the stored tool call and its
+    preview, with who decides it so far (§19) and where to decide it by run and call id
+    (``base_url``: the public URL those paths start with)."""
+    pending = call.pending
     return {
         "run_id": run.id,
         "user_id": run.user_id,
@@ -427,4 +446,5 @@ def request_to_json(run: Run, base_url: str = "", call: Pending | None = None) -
         "root_run_id": run.root_run_id,
         "parent_run_id": run.parent_run_id,
         "decide_url": f"{base_url}/v1/runs/{run.id}/decisions",
+        **call.deciders_json(),
     }

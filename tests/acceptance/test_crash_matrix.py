@@ -193,6 +193,8 @@ CASES = [
     (["after_resume_execute=crash"], "standard", STANDARD),
     (["after_tool_commit:record=crash", "after_reconcile=crash"], "standard", STANDARD),
     (["after_tool_commit:write_once=crash"], "write_once", {"write_once": 1}),
+    # A quorum's approval recorded and an escalation committed (reference §19) are crashed
+    # at with the agent whose calls teams decide: tests/acceptance/test_decider_crash.py.
     # The run's end is durable before the gap its thread's queued successor waits in
     # (that successor's start: tests/acceptance/test_thread_crash.py).
     (["after_run_end=crash"], "standard", STANDARD),

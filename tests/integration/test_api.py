@@ -64,6 +64,7 @@ ENDPOINTS = [
         "/v1/runs/RUN/decisions",
         {"decisions": [{"tool_call_id": "c", "decision": "approve"}]},
     ),
+    ("GET", "/v1/audit", None),
 ]
 
 
@@ -255,9 +256,15 @@ async def test_a_request_is_found_in_the_approvals_list_and_decided_by_run_witho
             "root_run_id": run_id,  # a top-level run is its tree's root (reference §18)
             "parent_run_id": None,
             "decide_url": f"{BASE}/v1/runs/{run_id}/decisions",
+            # Who decides it so far (reference §19): one person, none yet, not escalated.
+            "quorum": 1,
+            "approvals": [],
+            "suspended_at": item["suspended_at"],
+            "escalated_at": None,
             "may_decide": True,
         }
         assert len(item["digest"]) == 64 and parse_iso(item["expires_at"])
+        assert parse_iso(item["suspended_at"])
         assert (await api.client.get("/v1/approvals", headers=DANA)).json()["items"] == [item]
         assert (await api.client.get("/v1/approvals", headers=MIGUEL)).json()["items"] == []
 
@@ -716,7 +723,7 @@ async def test_the_openapi_document_describes_auth_and_every_refusal(db_url: str
         if path.startswith("/v1/")
         for method, op in item.items()
     ]
-    assert len(operations) == 19  # with the schedules (§13) and a run's tree (§18)
+    assert len(operations) == 20  # with the schedules (§13), a run's tree (§18), the audit (§19)
     for path, method, op in operations:
         assert op["security"] == [{"HTTPBearer": []}], (path, method)
         assert "401" in op["responses"], (path, method)

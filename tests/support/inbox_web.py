@@ -1,10 +1,11 @@
 """The inbox's pages in-process (``httpx`` over ASGI) on a real store, for the integration
 tests of the web layer: an engine of a test agent with users ``dana`` (the owner),
 ``boss`` (the approver her scope names) and ``eve`` (neither), and signing in as any of
-them with the page's own CSRF token."""
+them with the page's own CSRF token; and a page's words, as a person reads them."""
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from tether.config import Settings
 from tether.runs import Run
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+TAG = re.compile(r"<[^>]+>")
 
 
 @dataclass
@@ -65,6 +67,12 @@ async def web(db_url: str, model: Model | None = None, agent: Agent | None = Non
     )
     keys = {name: await engine.operator.add_user(name) for name in ("dana", "boss", "eve")}
     return Web(engine=engine, notifier=notifier, keys=keys, app=create_app(engine))
+
+
+def words(page: str) -> str:
+    """A page's text without its markup, its spaces collapsed: what a person reads."""
+    spaced = re.sub(r"\s+", " ", html.unescape(TAG.sub(" ", page)))
+    return re.sub(r" ([.,:;)])", r"\1", spaced).strip()  # no space a tag left before them
 
 
 def csrf_of(page: str) -> str:

@@ -32,6 +32,7 @@ PUBLISHED = {
     "failpoint": 500,
     "unknown_or_expired": 404,
     "already_resumed": 409,
+    "already_decided": 409,
     "no_longer_permitted": 403,
     "changed": 409,
     "guard_failed": 409,

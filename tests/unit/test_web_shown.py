@@ -162,6 +162,10 @@ def test_the_timeline_names_who_and_how_much() -> None:
     assert turn.what == "Model turn 1: asked for send" and turn.text == "hi"
     assert turn.figures == ("1,000 tokens in, 100 tokens out", "$0.0014")
     assert line(_event("approved", {"by": "boss", "reason": "ok"})).what == "Approved by boss"
+    counted = line(_event("approval_recorded", {"by": "ann", "approvals": 1, "quorum": 2}))
+    assert counted.what == "Approval recorded by ann" and counted.figures == ("1 of 2 approvals",)
+    sent = line(_event("escalated", {"tool": "page", "escalate_to": ["group:oncall", "lead"]}))
+    assert sent.what == "Escalated page to group oncall, lead"
     odd = line(_event("something_new", {"count": 3, "nested": {"a": 1}}))
     assert odd.what == "Something new" and odd.figures == ("count: 3",)
 

@@ -116,16 +116,6 @@ class PreviewIn(BaseModel):
     arguments: dict[str, Any] | None = None
 
 
-class PreviewOut(BaseModel):
-    """The preview the pending call would have with the arguments, and its digest."""
-
-    ok: Literal[True]
-    tool: str
-    arguments: dict[str, Any]
-    preview: dict[str, Any] | None
-    digest: str | None
-
-
 class ContinueIn(BaseModel):
     """An explicit grant for a halted run: limits (default: reference §6's grant) and why."""
 
@@ -192,11 +182,36 @@ class DecidedOut(BaseModel):
     at: str | None
 
 
+class ApprovedByOut(BaseModel):
+    """One approval of a call's current artefact, toward its quorum (§19)."""
+
+    by: str
+    at: str | None = Field(description="ISO-8601, UTC")
+
+
+# Who decides a pending call so far (§19), wherever the call is shown.
+Quorum = Annotated[
+    int, Field(description="how many distinct people approve it (1: one person decides)")
+]
+Approvals = Annotated[
+    list[ApprovedByOut],
+    Field(description="the approvals of its current artefact so far, oldest first"),
+]
+SuspendedAt = Annotated[str | None, Field(description="when it was suspended, ISO-8601, UTC")]
+EscalatedAt = Annotated[
+    str | None, Field(description="when it was escalated, ISO-8601, UTC; null: not escalated")
+]
+
+
 class PendingCallOut(PendingOut):
     """One call of a turn's suspension (§15), in call order, with its decision once one is
-    recorded."""
+    recorded and who decides it so far (§19)."""
 
     decided: DecidedOut | None = Field(description="null while undecided")
+    quorum: Quorum
+    approvals: Approvals
+    suspended_at: SuspendedAt
+    escalated_at: EscalatedAt
 
 
 class ForkedFromOut(BaseModel):
@@ -330,25 +345,6 @@ class EventListOut(BaseModel):
     items: list[EventOut]
 
 
-class ApprovalOut(BaseModel):
-    """A decision that took effect, and where the run is now (``running``: the workers
-    carry it on); ``carried``: the other calls of its turn it carried out (reference §15)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    ok: Literal[True]
-    run_id: str
-    decision: Decision
-    state: str
-    outcome: str = Field(
-        description="executed, declined, recorded (others of its turn are undecided: "
-        "waiting_for says how many), released, ..."
-    )
-    waiting_for: int | None = Field(
-        default=None, description="with outcome recorded: the calls of the turn still undecided"
-    )
-
-
 class ErrorOut(BaseModel):
     """Every refusal: a stable code and a message for people; some codes add fields."""
 
@@ -357,92 +353,3 @@ class ErrorOut(BaseModel):
     ok: Literal[False]
     error: str
     message: str
-
-
-class DecisionOut(BaseModel):
-    decision: str
-    by: str
-    at: str | None
-    reason: str | None = None
-    arguments: dict[str, Any] | None = None
-
-
-class DiffOut(BaseModel):
-    path: str
-    before: Any
-    after: Any
-
-
-class ApprovalRefusedOut(ErrorOut):
-    """A refused decision. ``already_resumed`` adds ``decision`` (the one that used the
-    token); ``changed`` adds ``diff``, the new ``token``, ``preview`` and ``expires_at``;
-    ``guard_failed`` adds ``reason``; ``wrong_version`` the run's ``agent_version``;
-    ``tool_unavailable`` the halted run's ``run_id``; ``carried`` as in ``ApprovalOut``."""
-
-    decision: DecisionOut | None = None
-    diff: list[DiffOut] | None = None
-    token: str | None = None
-    preview: dict[str, Any] | None = None
-    expires_at: str | None = None
-    reason: str | None = None
-    agent_version: str | None = None
-    run_id: str | None = None
-
-
-class PendingApprovalOut(BaseModel):
-    """A request the caller may decide: one undecided call of a suspended run's turn, from
-    the stored tool call and its preview."""
-
-    run_id: str
-    user_id: str = Field(description="the run's owner")
-    question: str
-    tool: str
-    tool_call_id: str
-    arguments: dict[str, Any]
-    preview: dict[str, Any] | None
-    digest: str | None = Field(description="the digest of that preview")
-    expires_at: str | None = Field(description="ISO-8601, UTC")
-    pending_calls: int = Field(
-        description="how many calls of the run's turn its suspension waits on (reference "
-        "§15); each undecided one is listed as a request of its own"
-    )
-    root_run_id: str = Field(description="its tree's top-level run (its own id at the top, §18)")
-    parent_run_id: str | None = Field(
-        default=None, description="the run whose sub-agent call started it; null at the top"
-    )
-    decide_url: str = Field(
-        description="where to POST a decision on it by run and call id "
-        '(`{"decisions": [{"tool_call_id", "decision"}]}`); the token itself is only in '
-        "the notice, never stored"
-    )
-    may_decide: bool = Field(
-        description="false for the caller's own call of a four-eyes tool "
-        '(`@tool(approvers="others")`): listed as waiting for someone else'
-    )
-
-
-class PendingApprovalListOut(BaseModel):
-    """A page of the requests the caller may decide, soonest expiry first."""
-
-    items: list[PendingApprovalOut]
-    more: int = Field(description="how many more runs follow this page")
-    after: str | None = Field(description="the next page's cursor, or null on the last")
-    limit: int
-    next: str | None = Field(description="the next page's path, or null on the last")
-
-
-class CallDecisionOut(BaseModel):
-    """One call's answer, as its token's endpoint would give it: a decision that took
-    effect (``ok`` true, ``outcome`` executed, declined, ...), or a refusal (``ok`` false,
-    ``outcome`` and ``error`` its code, with that code's fields)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    tool_call_id: str
-    ok: bool
-    outcome: str
-
-
-class DecisionsOut(BaseModel):
-    ok: Literal[True]
-    results: list[CallDecisionOut]

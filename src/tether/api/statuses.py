@@ -17,6 +17,7 @@ STATUS: dict[str, int] = {
     "halted_by_ancestor": 409,
     "already_finished": 409,
     "already_resumed": 409,
+    "already_decided": 409,
     "changed": 409,
     "guard_failed": 409,
     "illegal_transition": 409,

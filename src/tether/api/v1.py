@@ -1,5 +1,6 @@
-"""The JSON API under /v1 (reference §6): runs and their traces, approvals, continuation and
-cancellation, for the caller of ``Authorization: Bearer API_KEY``.
+"""The JSON API under /v1 (reference §6): runs and their traces, continuation, cancellation
+and forks, for the caller of ``Authorization: Bearer API_KEY`` (approvals are in
+``approvals.py``).
 
 Refusals are the engine's errors (reference §4), rendered by the app's handler as a 4xx
 ``{"ok": false, "error": CODE, "message": TEXT}``; a run that is missing or another
@@ -8,7 +9,6 @@ user's is one and the same ``not_found``. Input is validated before anything is 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any
 
 from fastapi import Body, Header, Query, Request, Response
@@ -19,17 +19,9 @@ from tether.api.deps import stream_slots_of
 from tether.api.routes import AUTH, INVALID, TOO_LARGE, Caller, EngineDep, json_router, responses
 from tether.api.schemas import (
     AcceptedOut,
-    ApprovalOut,
-    ApprovalRefusedOut,
     ContinueIn,
-    DecisionIn,
-    DecisionsIn,
-    DecisionsOut,
     EventListOut,
     ForkIn,
-    PendingApprovalListOut,
-    PreviewIn,
-    PreviewOut,
     RunDetailOut,
     RunListOut,
     RunOut,
@@ -38,7 +30,7 @@ from tether.api.schemas import (
 from tether.api.stream import event_stream
 from tether.api.stream_slots import as_json
 from tether.engine import Engine
-from tether.runs import iso, request_to_json, run_to_json
+from tether.runs import iso, run_to_json
 
 router = json_router()
 
@@ -298,148 +290,6 @@ async def fork_run(
     view = await engine.get_run(fork.id, user=user)
     response.headers["Location"] = f"/v1/runs/{fork.id}"
     return view.to_json()
-
-
-# -- approvals -----------------------------------------------------------------------------
-
-
-@router.get(
-    "/approvals",
-    response_model=PendingApprovalListOut,
-    tags=["approvals"],
-    summary="The requests the caller may decide",
-    description="Suspended runs inside their window that the caller owns or may approve "
-    "(by the owner's scope now), soonest expiry first, one page of runs at a time: `limit` "
-    "runs after the cursor `after`; `more` says how many runs follow, `after` is the next "
-    "page's cursor and `next` its link. A run is listed once per undecided call of its "
-    "turn (reference §15). Each "
-    "is decided by `POST /v1/runs/{id}/decisions` with its `tool_call_id` (the token is "
-    "only ever in the notice).",
-    responses=responses((401, AUTH), (422, INVALID)),
-)
-async def list_approvals(
-    request: Request,
-    user: Caller,
-    engine: EngineDep,
-    limit: Annotated[int, Query(ge=1, le=1000, description="at most this many")] = 100,
-    after: Annotated[
-        str | None, Query(description="the page after this cursor (the page before's `after`)")
-    ] = None,
-) -> dict[str, Any]:
-    found = await engine.pending_approvals(user, after=after, limit=limit)
-    base = request.app.state.public_url
-    nxt = found.after
-    return {
-        "items": [
-            {
-                **request_to_json(run, base, call),
-                "may_decide": engine.agent.may_decide_call(call.tool, run.user_id, user),
-            }
-            for run in found
-            for call in run.undecided_calls()
-        ],
-        "more": found.more,
-        "after": nxt,
-        "limit": limit,
-        "next": None if nxt is None else f"/v1/approvals?after={nxt}&limit={limit}",
-    }
-
-
-@router.post(
-    "/runs/{run_id}/decisions",
-    response_model=DecisionsOut,
-    tags=["approvals"],
-    summary="Decide pending calls of a run by their ids",
-    description="Decides pending calls of a suspended run, each named by its "
-    "`tool_call_id`, as the caller (the same authorisation as their tokens). Every entry "
-    "is checked before any is recorded. Each call's result is the answer its token would "
-    "have had: the decision carried out (`outcome` executed, declined, ...) or its "
-    "refusal (`ok` false, `outcome` and `error` the code, with that code's fields). A call "
-    "this request carried out answers as it was carried out, never `recorded`, even when "
-    "a later call of the turn was then refused; `recorded` is for a call not carried out.",
-    responses=responses(
-        (401, AUTH),
-        (404, "`not_found`: no such run, or the caller may neither own nor approve it"),
-        (413, TOO_LARGE),
-        (
-            422,
-            INVALID + "; or an entry names a call twice, or a call that is neither "
-            "pending nor decided on this run",
-        ),
-    ),
-)
-async def decide_calls(
-    run_id: str, body: DecisionsIn, user: Caller, engine: EngineDep
-) -> dict[str, Any]:
-    entries = [entry.model_dump(exclude_none=True) for entry in body.decisions]
-    # Shielded: a client that hangs up must not interrupt a claimed decision mid-way.
-    answers = await asyncio.shield(engine.decide_calls(run_id, user, entries))
-    return {"ok": True, "results": [answer.to_json() for answer in answers]}
-
-
-@router.post(
-    "/approvals/{token}",
-    response_model=ApprovalOut,
-    tags=["approvals"],
-    summary="Decide a pending request",
-    description="Approves or declines the request a suspended run waits on, as the "
-    "caller. The decision is carried out in this request (re-checks, then the tool or "
-    "the decline); the rest of the run goes to the workers. A token is used once.",
-    responses={
-        **responses(
-            (401, AUTH),
-            (403, "`no_longer_permitted`: the owner's permissions changed; the run is halted"),
-            (404, "`unknown_or_expired`: no such token, expired, or not the caller's to use"),
-            (413, TOO_LARGE),
-            (422, INVALID),
-        ),
-        **responses(
-            (
-                409,
-                "`already_resumed` (with `decision`), `changed` (with `diff` and a new "
-                "`token`: review again), `guard_failed` (with `reason`), `wrong_version` "
-                "(with the run's `agent_version`: this process does not serve it; nothing "
-                "was claimed), `tool_unavailable` (the pending tool is gone from the "
-                "serving version; the run is halted `tool_unavailable`)",
-            ),
-            model=ApprovalRefusedOut,
-        ),
-    },
-)
-async def decide(token: str, body: DecisionIn, user: Caller, engine: EngineDep) -> dict[str, Any]:
-    # Shielded: a client that hangs up must not interrupt a claimed decision mid-way.
-    deciding = engine.resume_after_confirmation(
-        token,
-        body.decision,
-        user,
-        reason=body.reason,
-        arguments=body.arguments,
-        digest=body.digest,
-    )
-    result = await asyncio.shield(deciding)
-    return {**result.to_json(), "ok": True}
-
-
-@router.post(
-    "/approvals/{token}/preview",
-    response_model=PreviewOut,
-    tags=["approvals"],
-    summary="Preview an edited request without deciding",
-    description="Renders the preview the pending request would have with `arguments` "
-    "(absent: as pending) and its digest, to send with an approval of the edit. Never "
-    "claims the token and never changes anything; the same authorisation as deciding.",
-    responses=responses(
-        (401, AUTH),
-        (404, "`unknown_or_expired`: no such token, expired, or not the caller's to use"),
-        (413, TOO_LARGE),
-        (422, INVALID),
-    ),
-)
-async def preview(
-    token: str, user: Caller, engine: EngineDep, body: PreviewIn | None = None
-) -> dict[str, Any]:
-    shown = await engine.preview_approval(token, user, body.arguments if body else None)
-    return shown.to_json()
 
 
 # -- helpers -------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ REFUSALS = frozenset(
         "wrong_version",
         "tool_unavailable",
         "invalid_input",
+        "already_decided",
     }
 )
 
@@ -67,9 +68,13 @@ async def decide_calls(
     nor decided on this run or its subtree. A decided call answers ``already_resumed`` in
     its result."""
     run = await hop(services.store.get_run, inputs.run_id(run_id))
-    if run is None or not await may_decide(services, run.user_id, approver):
+    if run is None:
         raise NotFound("no such run")
     runs = await _subtree(services, run)
+    if not await may_decide(services, run.user_id, approver) and not await _escalated_to(
+        services, runs, approver
+    ):
+        raise NotFound("no such run")
     entries = [await _checked(services, runs, approver, raw) for raw in _listed(decisions)]
     if len({e.tool_call_id for e in entries}) != len(entries):
         raise InvalidInput("each tool_call_id may be decided once per request")
@@ -118,6 +123,18 @@ def _listed(decisions: Any) -> list[Mapping[str, Any]]:
         if extra:
             raise InvalidInput(f"unknown field in a decision: {sorted(extra)[0]}")
     return list(decisions)
+
+
+async def _escalated_to(services: Services, runs: Sequence[Run], approver: str) -> bool:
+    """Whether some pending call of ``runs`` was escalated to ``approver`` (reference §19):
+    they may decide it (each call is checked again when it is decided)."""
+    for run in runs:
+        for call in run.suspension_calls():
+            if call.escalated_at is not None and await may_decide(
+                services.serving(run), run.user_id, approver, call=call
+            ):
+                return True
+    return False
 
 
 async def _subtree(services: Services, run: Run) -> list[Run]:

@@ -3,47 +3,79 @@ viewer may decide, and what an approval token names now. Nothing here changes an
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Sequence
 
 from tether import inputs
+from tether._runtime.fleet import escalations
 from tether._runtime.hop import hop
 from tether._runtime.shared.services import Services
+from tether.approvals import deciders
 from tether.approvals.request import suspended_on
-from tether.errors import InvalidInput, ScopeUnavailable, TetherError, UnknownOrExpired
+from tether.errors import InvalidInput, UnknownOrExpired
 from tether.results import Inbox, TokenLookup
-from tether.runs import Run, RunState
+from tether.runs import PendingCall, Run, RunState
+from tether.scope import GROUP, Scope, names
 from tether.tokens import hash_token
 
 log = logging.getLogger(__name__)
 
 
 async def may_decide(
-    services: Services, owner: str, viewer: str, *, tool: str | None = None
+    services: Services,
+    owner: str,
+    viewer: str,
+    *,
+    tool: str | None = None,
+    call: PendingCall | None = None,
 ) -> bool:
-    """Whether ``viewer`` may decide ``owner``'s pending calls, by the owner's scope now; with
-    ``tool``, a call of that tool, whose rule may want someone other than the owner (four
-    eyes; ``request.check_decider`` is the same check). Without ``tool`` it says who may see
-    the requests (the owner sees their four-eyes requests waiting on someone else). A scope
-    that cannot be resolved is an error (the resolver's own, else ``scope_unavailable``),
-    never a quiet "no", which would drop the owner's requests from every list."""
+    """Whether ``viewer`` may decide ``owner``'s pending calls, by the owner's scope now
+    (and the viewer's, when it names groups; ``call``: a call escalated to the viewer,
+    reference §19); with ``tool``, a call of that tool, whose rule may want someone other
+    than the owner (four eyes; ``deciders.check`` is the same check). Without ``tool`` it
+    says who may see the requests (the owner sees their four-eyes requests waiting on
+    someone else). A scope that cannot be resolved is an error, never a quiet "no"."""
     if tool is not None and not services.agent.may_decide_call(tool, owner, viewer):
         return False
     if owner == viewer:
         return True
-    try:
-        scope = await services.agent.resolve_scope(owner)
-    except Exception as exc:
-        log.warning(
-            "scope unavailable",
-            extra={"action": "scope", "user": owner, "error": type(exc).__name__},
+    scope = await deciders.resolved(services, owner)
+    escalated = deciders.escalated_to(services, call)
+    return await deciders.allowed(services, scope, viewer, escalated=escalated)
+
+
+async def _escalated_to(services: Services, viewer: str, known: set[str]) -> dict[str, set[str]]:
+    """Owners (not in ``known``) with escalated calls that name ``viewer``, and those
+    calls' tools: the viewer sees only those of their requests (reference §19)."""
+    found: dict[str, set[str]] = {}
+    groups: frozenset[str] | None = None
+    for owner, name in await hop(services.store.escalated_requests):
+        to = escalations.escalate_to(services, name)
+        if owner in known or not to:
+            continue
+        if groups is None and any(n.startswith(GROUP) for n in to):
+            groups = (await deciders.resolved(services, viewer)).groups
+        if names(to, viewer, groups or ()):
+            found.setdefault(owner, set()).add(name)
+    return found
+
+
+def _only_escalated(runs: list[Run], escalated: dict[str, set[str]]) -> list[Run]:
+    """``runs`` with, for an owner the viewer sees only through escalations, only their
+    escalated calls of the named tools (a run left with none is dropped)."""
+    out = []
+    for run in runs:
+        if run.user_id not in escalated:
+            out.append(run)
+            continue
+        tools = escalated[run.user_id]
+        calls = tuple(
+            c for c in run.pending_calls if c.escalated_at is not None and c.pending.tool in tools
         )
-        if isinstance(exc, TetherError):  # the resolver's own code (the demo's CRM's)
-            raise
-        raise ScopeUnavailable(
-            "a run owner's scope could not be resolved, so who may decide their requests "
-            "is not known; try again later"
-        ) from exc
-    return scope.may_approve(viewer)
+        if calls:
+            out.append(dataclasses.replace(run, pending_calls=calls))
+    return out
 
 
 async def pending_approvals(
@@ -60,11 +92,14 @@ async def pending_approvals(
         raise InvalidInput("limit must be between 1 and 1000")
     cursor = inputs.requests_cursor(after) if after is not None else None
     owners = None
+    escalated: dict[str, set[str]] = {}
     if viewer is not None:
         everyone, _ = await hop(services.store.open_suspension_owners)
         owners = [owner for owner in everyone if await may_decide(services, owner, viewer)]
+        escalated = await _escalated_to(services, viewer, set(owners))
+        owners += sorted(escalated)
     runs, more, now = await hop(services.store.open_suspensions, limit, owners=owners, after=cursor)
-    return Inbox(runs=runs, now=now, more=more)
+    return Inbox(runs=_only_escalated(runs, escalated), now=now, more=more)
 
 
 async def approval_request(services: Services, token: str, approver: str) -> TokenLookup:
@@ -79,11 +114,14 @@ async def approval_request(services: Services, token: str, approver: str) -> Tok
     if expired is not None and expired.user_id != approver:
         expired = None  # only its owner learns that a run expired (and may continue it)
     if run is not None and (
-        run.state is not RunState.SUSPENDED or not await may_decide(services, run.user_id, approver)
+        run.state is not RunState.SUSPENDED
+        or not await may_decide(services, run.user_id, approver, call=found.call)
     ):
         run = None
     if decided is not None and not await may_decide(services, decided.user_id, approver):
         used = decided = None
+    if run is not None and found.call is not None and _counts_people(found.call):
+        run = await _with_calls(services, run)
     call = found.call.pending if run is not None and found.call is not None else None
     return TokenLookup(run=run, used=used, decided_run=decided, now=now, expired=expired, call=call)
 
@@ -97,7 +135,7 @@ async def request_of_run(
     except UnknownOrExpired:  # not a call id at all
         return None
     run = found.run
-    if run is None or not await may_decide(services, run.user_id, approver):
+    if run is None or not await may_decide(services, run.user_id, approver, call=found.call):
         return None
     return await hop(services.store.get_run, run.id)  # with every call it waits on
 
@@ -110,3 +148,46 @@ async def token_owner(services: Services, token: str) -> str | None:
         return run.user_id
     decided = await hop(services.store.get_run, used.run_id) if used is not None else None
     return decided.user_id if decided is not None else None
+
+
+def _counts_people(call: PendingCall) -> bool:
+    """Whether a page shows who decides ``call``: it waits on a quorum, or was escalated."""
+    return call.pending.quorum > 1 or call.escalated_at is not None
+
+
+async def _with_calls(services: Services, run: Run) -> Run:
+    """``run`` read again with every call of its suspension and their approvals so far
+    (a token's read has neither), while it is still on the same suspension."""
+    again = await hop(services.store.get_run, run.id)
+    if again is None or again.lease_epoch != run.lease_epoch:
+        return run  # moved on meanwhile: the page finds its call decided
+    return again
+
+
+async def still_approving(
+    services: Services, runs: Sequence[Run]
+) -> dict[tuple[str, str], tuple[str, ...]]:
+    """Who may still approve each undecided call of ``runs`` that waits on a quorum or was
+    escalated (reference §19), by run id and tool call id: the owner (unless the call's
+    tool wants someone else), the people and groups (``group:NAME``) the owner's scope
+    names now and, once the call was escalated, those its tool's ``escalate_to`` names;
+    not the people who approved its current artefact. Each scope is resolved once; one
+    that cannot be resolved is an error (``deciders.resolved``)."""
+    scopes: dict[tuple[str, str], Scope] = {}
+    found: dict[tuple[str, str], tuple[str, ...]] = {}
+    for run in runs:
+        serving = services.serving(run)  # a child's call is its sub-agent's (§18)
+        for call in run.suspension_calls():
+            if call.decided is not None or not _counts_people(call):
+                continue
+            key = (run.agent_version, run.user_id)
+            if key not in scopes:
+                scopes[key] = await deciders.resolved(serving, run.user_id)
+            mine = serving.agent.may_decide_call(call.pending.tool, run.user_id, run.user_id)
+            approvers = sorted(scopes[key].approvers, key=lambda n: (n.startswith(GROUP), n))
+            owner = [run.user_id] if mine else []
+            named = [*owner, *approvers, *deciders.escalated_to(serving, call)]
+            approved = {str(a.get("by")) for a in call.approvals}
+            who = tuple(n for n in dict.fromkeys(named) if n not in approved)
+            found[(run.id, call.pending.tool_call_id)] = who
+    return found

@@ -8,8 +8,8 @@ from typing import Any
 
 from tether import inputs
 from tether._runtime.shared.services import Services
+from tether.approvals import deciders
 from tether.approvals.request import (
-    check_decider,
     checked_arguments,
     find_suspended,
     suspended_on,
@@ -18,7 +18,7 @@ from tether.approvals.request import (
 )
 from tether.previews import digest as digest_of
 from tether.results import ApprovalPreview
-from tether.runs import Pending, Run
+from tether.runs import PendingCall, Run
 from tether.tokens import hash_token
 
 
@@ -35,7 +35,7 @@ async def by_token(
     found = await find_suspended(services, hash_token(inputs.token(token)))
     if found.run is None or found.call is None:
         raise unknown_or_expired(found.expired, approver)
-    return await _preview(services, found.run, found.call.pending, approver, arguments)
+    return await _preview(services, found.run, found.call, approver, arguments)
 
 
 async def by_run(
@@ -53,19 +53,20 @@ async def by_run(
     found = await suspended_on(services, run_id, tool_call_id)
     if found.run is None or found.call is None:
         raise unknown_or_expired()
-    return await _preview(services, found.run, found.call.pending, approver, arguments)
+    return await _preview(services, found.run, found.call, approver, arguments)
 
 
 async def _preview(
     services: Services,
     run: Run,
-    pending: Pending,
+    call: PendingCall,
     approver: str,
     arguments: dict[str, Any] | None,
 ) -> ApprovalPreview:
     services = services.serving(run)  # a child run's call is its sub-agent's (§18)
     scope = await services.agent.resolve_scope(run.user_id)
-    check_decider(services, scope, pending, approver)
+    await deciders.check(services, scope, call, approver)
+    pending = call.pending
     args = tool_arguments(services, pending, pending.arguments if arguments is None else arguments)
     tool = services.agent.tool(pending.tool)
     assert tool is not None  # tool_arguments found it

@@ -14,17 +14,12 @@ from pydantic import BaseModel
 from tether import inputs
 from tether._runtime.hop import hop
 from tether._runtime.shared.services import Services
-from tether.errors import (
-    FourEyes,
-    InvalidInput,
-    UnknownOrExpired,
-)
+from tether.errors import InvalidInput, UnknownOrExpired
 from tether.inputs import DIGEST, MAX_REASON_CHARS
 from tether.messages import canonical_json
 from tether.reasons import HaltReason
 from tether.results import Choice
 from tether.runs import Pending, Run, RunState, iso
-from tether.scope import Scope
 from tether.store import Decision, TokenMatch
 from tether.tools.tool import InvalidToolArguments
 
@@ -114,21 +109,6 @@ def unknown_or_expired(expired: Run | None = None, approver: str | None = None) 
         halt_reason=HaltReason.SUSPENSION_EXPIRED.value,
         tool_call_id=expired.pending.tool_call_id if expired.pending is not None else None,
     )
-
-
-def check_decider(services: Services, scope: Scope, pending: Pending, approver: str) -> None:
-    """The one check of who may decide (or preview an edit of) a pending call, before
-    anything is claimed: the run's owner or an approver the owner's ``scope`` names now
-    (else ``unknown_or_expired``: nobody learns that the run exists), and not the owner
-    when the call's tool wants four eyes (``four_eyes``: the owner knows the run)."""
-    if not scope.may_approve(approver):
-        raise unknown_or_expired()
-    if not services.agent.may_decide_call(pending.tool, scope.user_id, approver):
-        raise FourEyes(
-            f"a call of {pending.tool} needs the decision of someone other than the run's "
-            f"owner: one of the approvers {scope.user_id}'s scope names",
-            tool=pending.tool,
-        )
 
 
 async def suspended_on(services: Services, run_id: str, tool_call_id: Any) -> TokenMatch:

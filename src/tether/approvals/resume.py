@@ -23,10 +23,9 @@ from tether._runtime.shared.services import Services
 from tether._runtime.step import approval_deadline, loop
 from tether._runtime.step.decided_call import Resolution
 from tether._runtime.step.session import RunSession
-from tether.approvals import answers
+from tether.approvals import answers, deciders, quorum
 from tether.approvals.request import (
     Asked,
-    check_decider,
     decision_json,
     find_suspended,
     suspended_on,
@@ -34,6 +33,7 @@ from tether.approvals.request import (
     unknown_or_expired,
 )
 from tether.errors import (
+    AlreadyDecided,
     AlreadyResumed,
     Changed,
     DatabaseUnavailable,
@@ -162,8 +162,9 @@ async def _claim(
     is not usable never becomes usable again), so they are answered from its result
     without waiting on the run's row lock for an UPDATE that cannot win."""
     decision, arguments, event = _recorded(services, call.pending, ask)
+    counted = quorum.applies(call, ask)  # each person's approval counts (reference §19)
     claim, mine = await services.single_flight.run(
-        ("claim", call.token_hash),
+        ("claim", call.token_hash, ask.approver) if counted else ("claim", call.token_hash),
         lambda: hop(
             services.store.claim_decision,
             run_id=run.id,
@@ -177,8 +178,14 @@ async def _claim(
             event=event,
             versions=services.versions,
             cap=services.settings.max_active_per_user,
+            quorum=call.pending.quorum,
+            tool=call.pending.tool,
         ),
     )
+    if claim.stale:
+        raise quorum.stale(run, call)
+    if not mine and claim.approvals is not None:  # the same person's approval, in flight
+        raise AlreadyDecided(quorum.AGAIN, approver=ask.approver)
     if mine and claim.run is not None:
         return claim
     if claim.decision is not None:
@@ -232,11 +239,19 @@ async def _claim_then_decide(
     services: Services, owner: str, run: Run, call: PendingCall, ask: Asked
 ) -> ApprovalResult:
     scope = await services.agent.resolve_scope(run.user_id)
-    check_decider(services, scope, call.pending, ask.approver)
+    await deciders.check(services, scope, call, ask.approver)
     versions.check_served(services, run)  # wrong_version: nothing is claimed (reference §12)
+    if quorum.applies(call, ask):  # one of several approvals (reference §19)
+        edit = quorum.edited(services, call, ask)
+        if edit is not None:
+            return await quorum.new_round(services, run, call, ask, edit, scope)
+        ask = quorum.seen(run, call, ask)
     claim = await _claim(services, owner, run, call, ask)
     claimed = claim.run
     assert claimed is not None
+    if claim.approvals is not None:  # before the N-th: recorded, nothing claimed
+        fail("after_approval_recorded")
+        return quorum.recorded(run, ask, claim.approvals, call.pending.quorum)
     if not claim.claimed:  # others of the turn are undecided, or the user is at the cap
         log.info(
             "recorded", extra={"run_id": run.id, "action": "record", "state": ask.choice.value}
@@ -361,4 +376,4 @@ async def visible_run(services: Services, run_id: str, approver: str) -> Run | N
     if run is None:
         return None
     scope = await services.agent.resolve_scope(run.user_id)
-    return run if scope.may_approve(approver) else None
+    return run if await deciders.allowed(services, scope, approver) else None

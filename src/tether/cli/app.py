@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tether.cli.approvals import approvals_app
+from tether.cli.audit import audit_app
 from tether.cli.runs import runs_app
 from tether.cli.schedules import schedules_app
 from tether.cli.shared import (
@@ -57,6 +58,7 @@ app = typer.Typer(
 )
 sandbox_app = typer.Typer(help="The demo business system.", no_args_is_help=True)
 app.add_typer(approvals_app, name="approvals")
+app.add_typer(audit_app, name="audit")
 app.add_typer(runs_app, name="runs")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(schedules_app, name="schedules")
@@ -151,8 +153,9 @@ def _url_host(host: str) -> str:
 def reap(agent: AgentOpt = DEFAULT_AGENT) -> None:
     """One reaper pass, then exit: take over the runs whose worker died, reconcile their
     writes and hand them back to the workers; expire suspensions past their window;
-    re-issue lost notices; purge runs past retention. It needs the runs' agent (--agent):
-    reconciling asks the agent's tools what became of a write."""
+    escalate the calls undecided past their tool's escalate_after_min; re-issue lost
+    notices; purge runs and audit records past their retention. It needs the runs' agent
+    (--agent): reconciling asks the agent's tools what became of a write."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
 

@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
-from tether.cli.shared import DEFAULT_AGENT, AgentOpt, OwnerOpt, as_option, emit, out, say_error
+from tether.cli.shared import (
+    DEFAULT_AGENT,
+    AgentOpt,
+    OwnerOpt,
+    as_option,
+    emit,
+    err,
+    out,
+    say_error,
+)
 from tether.errors import (
     DatabaseUnavailable,
     FourEyes,
@@ -25,7 +34,7 @@ from tether.visible import has_hidden, segments
 
 if TYPE_CHECKING:
     from tether.engine import Engine
-    from tether.runs import Pending, Run
+    from tether.runs import PendingCall, Run
 
 approvals_app = typer.Typer(
     help="Find the pending requests and preview them.", no_args_is_help=True
@@ -52,7 +61,8 @@ def approvals_list(
     decide, by each owner's scope now (the agent's lifespan runs for it: the demo's starts
     its sandbox). Each shows the run's question, the call's tool and its preview, and is
     decided with tether approve --run RUN_ID --call ID (--limit counts runs; --after
-    CURSOR is the next page)."""
+    CURSOR is the next page). A call that waits on several approvals shows how many it
+    has and whose; an escalated call says since when."""
     configure("WARNING")
     from tether.cli.wiring import on_engine
     from tether.runs import request_to_json
@@ -66,9 +76,9 @@ def approvals_list(
     # answers inside its lifespan (the demo asks its CRM): as ``approve`` does.
     found = on_engine(agent, listed, serve_agent=as_user is not None)
     # One request per undecided call of each run's turn (reference §15).
-    requests = [(run, call) for run in found for call in run.undecided_calls()]
+    requests = [(run, c) for run in found for c in run.suspension_calls() if c.decided is None]
     if as_json:
-        items = [request_to_json(run, call=call) for run, call in requests]
+        items = [request_to_json(run, call) for run, call in requests]
         emit({"items": items, "more": found.more, "after": found.after})
         return
     if not requests:
@@ -81,29 +91,44 @@ def approvals_list(
         out.print(f"{found.more} more: --after {found.after}", highlight=False)
 
 
-def described(run: Run, call: Pending) -> Text:
+def described(run: Run, waiting: PendingCall) -> Text:
     """One request as a person reads it before deciding: whose run and until when, the
-    run's question, the tool and what it would do (its preview, else its arguments), with
-    the ids to decide it by. Hidden characters are shown escaped and flagged
-    (``tether.visible``), so what is read is what is approved."""
+    run's question, the tool and what it would do (its preview, else its arguments), who
+    decides it so far (reference §19), with the ids to decide it by. Hidden characters are
+    shown escaped and flagged (``tether.visible``), so what is read is what is approved."""
     from tether.runs import iso
 
+    call = waiting.pending
     shown = call.preview if call.preview is not None else call.arguments
     label = "preview" if call.preview is not None else "arguments"
     text = Text()
     _visible(text, f"run {run.id}  call {call.tool_call_id}", style="bold")
     _visible(text, f"  {run.user_id}  expires {iso(run.expires_at) or '-'}\n")
-    for name, value in (
-        ("question", run.question),
-        ("tool", call.tool),
-        (label, json.dumps(shown, ensure_ascii=False)),
-    ):
+    rows = [("question", run.question), ("tool", call.tool)]
+    rows.append((label, json.dumps(shown, ensure_ascii=False)))
+    rows.extend(deciders_rows(waiting))
+    for name, value in rows:
         text.append(f"  {name:<9} ")
         _visible(text, value.replace("\n", "\n            "))
         text.append("\n")
-    if has_hidden([run.question, call.tool, call.tool_call_id, run.user_id, shown]):
+    if has_hidden([run.question, call.tool, call.tool_call_id, run.user_id, shown, rows]):
         text.append("  ! hidden characters are shown escaped, as \\uXXXX\n", style="yellow")
     return text
+
+
+def deciders_rows(waiting: PendingCall) -> list[tuple[str, str]]:
+    """Who decides a call so far (reference §19), as rows of its description: a quorum's
+    approvals ("1 of 2 approvals: boss"), and when it was escalated."""
+    from tether.runs import iso
+
+    rows = []
+    quorum, approvals = waiting.pending.quorum, [str(a["by"]) for a in waiting.approvals]
+    if quorum > 1 or approvals:
+        named = f": {', '.join(approvals)}" if approvals else ""
+        rows.append(("quorum", f"{len(approvals)} of {quorum} approvals{named}"))
+    if waiting.escalated_at is not None:
+        rows.append(("escalated", f"at {iso(waiting.escalated_at)}"))
+    return rows
 
 
 def _visible(text: Text, value: str, style: str = "") -> None:
@@ -219,6 +244,14 @@ def finish(answer: dict[str, Any] | TetherError) -> None:
         emit(answer.to_dict())
         raise typer.Exit(1)
     emit(answer)
+    if answer.get("outcome") == "recorded" and answer.get("approvals") is not None:
+        # Counted toward a quorum (reference §19): the call is not carried out yet.
+        err.print(
+            f"recorded: {answer['approvals']} of {answer['quorum']} approvals; the call "
+            "waits for the rest",
+            markup=False,
+            highlight=False,
+        )
 
 
 def json_arg(text: str, option: str) -> Any:

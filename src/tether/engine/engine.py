@@ -49,6 +49,7 @@ from tether.results import (
 )
 from tether.runs import Run
 from tether.store import LedgerEntry
+from tether.store.audit import AuditPage, audit_cursor
 from tether.store.schedules import ScheduleRecord
 
 if TYPE_CHECKING:
@@ -290,6 +291,15 @@ class Engine:
         before); ``more`` says how many follow (iterate it like a list)."""
         viewer = inputs.user_id(approver, "approver")
         return await inbox.pending_approvals(self._services, viewer, after=after, limit=limit)
+
+    @opens
+    async def audit(self, viewer: str, *, after: int = 0, limit: int = 100) -> AuditPage:
+        """A page of the audit of decisions (reference §19): the records of ``viewer``'s
+        runs and those whose ``by`` is ``viewer``, in ``seq`` order, after ``after``."""
+        viewer = inputs.user_id(viewer, "user")
+        after, limit = audit_cursor(after, limit)
+        records, more = await hop(self._services.store.audit_page, viewer, after, limit)
+        return AuditPage(records=records, more=more)
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from tether.errors import InvalidInput, NotFound, NotReady
 from tether.results import Inbox, ReapReport
 from tether.runs import Run
 from tether.store import upgrade
+from tether.store.audit import AuditPage, audit_cursor
 from tether.store.users import Removal, UserSettings, new_key
 
 if TYPE_CHECKING:
@@ -139,6 +140,26 @@ class Operator(Side):
         """Every open request, whoever may decide it (``tether approvals list``), paged as
         ``Engine.pending_approvals``."""
         return await inbox.pending_approvals(self._services, None, after=after, limit=limit)
+
+    @opens
+    async def audit_records(
+        self,
+        *,
+        after: int = 0,
+        limit: int = 1000,
+        since: float | None = None,
+        user: str | None = None,
+    ) -> AuditPage:
+        """Every audit record (reference §19) in ``seq`` order, a page of ``limit`` after
+        ``after``: at or after ``since`` (epoch seconds), of runs ``user`` owns; what
+        ``tether audit export`` writes."""
+        after, limit = audit_cursor(after, limit)
+        if user is not None:
+            inputs.user_id(user, "user")
+        records, more = await hop(
+            self._services.store.audit_records, after=after, limit=limit, since=since, user=user
+        )
+        return AuditPage(records=records, more=more)
 
     @opens
     async def token_owner(self, token: str) -> str | None:

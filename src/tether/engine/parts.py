@@ -15,6 +15,7 @@ from tether.errors import ConfigError, InvalidInput
 from tether.models.base import Model
 from tether.notify import LogNotifier, Notifier, Outbox
 from tether.store import Store
+from tether.tools import deciders
 
 # How long closing an engine waits for queued notices to go out.
 NOTICE_DRAIN_S = 5.0
@@ -32,6 +33,21 @@ def check_subagent_limits(agent: Agent, cap: Limits) -> None:
             raise ConfigError(f"agent {agent.name}: {exc.message}") from exc
 
 
+def check_escalations(agent: Agent, window_min: float) -> None:
+    """Refuse a tool whose escalation would come after this engine's suspension window
+    (``TETHER_SUSPENSION_TTL_MIN``): the window ends the suspension first (reference §19)."""
+    for member in agent.tree.values():
+        for tool in member.tools:
+            if tool.escalate_after_min is not None:
+                deciders.check_escalation(
+                    tool.name,
+                    tool.escalate_after_min,
+                    tool.escalate_to,
+                    confirms=tool.may_confirm,
+                    window_min=window_min,
+                )
+
+
 class Parts:
     """The store and the services of one engine, built without I/O."""
 
@@ -47,6 +63,7 @@ class Parts:
         public_url: str | None,
     ) -> None:
         check_subagent_limits(agent, settings.max_limits)
+        check_escalations(agent, settings.suspension_ttl_min)
         if listen_database_url is None and database_url is None:
             listen_database_url = settings.listen_database_url  # of the same database
         self.store = Store(

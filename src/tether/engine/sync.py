@@ -61,4 +61,5 @@ class SyncEngine:
     events = _Blocking(Engine.events)
     ledger = _Blocking(Engine.ledger)
     pending_approvals = _Blocking(Engine.pending_approvals)
+    audit = _Blocking(Engine.audit)
     decide_calls = _Blocking(Engine.decide_calls)

@@ -7,6 +7,7 @@ and pending call, since an inbox never holds the token (reference §4, §6, §9,
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -155,3 +156,11 @@ class WebSide(Side):
     async def request_of_run(self, run_id: str, tool_call_id: str, approver: str) -> Run | None:
         """The run when it is suspended on ``tool_call_id`` and ``approver`` may decide it."""
         return await inbox.request_of_run(self._services, run_id, tool_call_id, approver)
+
+    async def still_approving(self, runs: Sequence[Run]) -> dict[tuple[str, str], tuple[str, ...]]:
+        """Who may still approve each undecided call of ``runs`` that waits on a quorum or
+        was escalated (reference §19), by run id and tool call id: user names and
+        ``group:NAME``, the people who approved its current artefact left out; for the
+        inbox to show. ``scope_unavailable`` (or the resolver's code) when an owner's
+        scope cannot be resolved now."""
+        return await inbox.still_approving(self._services, runs)

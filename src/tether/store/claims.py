@@ -13,17 +13,18 @@ statement each on PostgreSQL.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from tether.budget import Limits
 from tether.runs import Run, RunState, can_transition
+from tether.store import audit
+from tether.store.audit import AuditKind
 from tether.store.backend.clock import db_now
-from tether.store.backend.dialect import Dialect
 from tether.store.base import StoreBase
+from tether.store.deciding import SuspensionClaim as SuspensionClaim
+from tether.store.deciding import decide
 from tether.store.records import Decision
 from tether.store.sql.claim_order import claim_next
 from tether.store.sql.claims import (
@@ -35,7 +36,7 @@ from tether.store.sql.claims import (
     STALE,
 )
 from tether.store.sql.fair_pick import pick_sizes
-from tether.store.sql.schema import decisions, runs, user_load
+from tether.store.sql.schema import decisions, runs
 from tether.store.sql.served import served
 from tether.store.sql.steps import add_event
 from tether.store.sql.transitions import Transition, state_in
@@ -44,6 +45,7 @@ from tether.store.threads import moved_on
 from tether.store.trees import descendants, stopped
 from tether.store.users import admit
 
+_RUN = sa.select(runs).where(ID)
 _DECISION_OF_TOKEN = sa.select(decisions).where(
     decisions.c.token_hash == sa.bindparam("b_token_hash")
 )
@@ -51,28 +53,6 @@ _DECISION_OF_TOKEN = sa.select(decisions).where(
 # (``edit``) is recorded ``edited``, never ``approved`` (reference §9).
 _EVENT_OF = {"decline": "declined", "edit": "edited"}
 _CENSUS = sa.select(db_now(), sa.select(runs.c.id).where(state_in([RUNNING]), STALE).exists())
-
-
-@dataclass(frozen=True, kw_only=True)
-class SuspensionClaim:
-    """What a decision on a call of a suspension found: the run as its UPDATE left it
-    with the decision it recorded (``claimed``: this decision was the last of the
-    suspension and claimed the run; otherwise it is recorded and the run still waits on
-    ``run.undecided`` calls), or (``run`` None) the decision that had already used the
-    token; neither when the token is unknown, expired or superseded."""
-
-    run: Run | None = None
-    decision: Decision | None = None
-
-    @property
-    def claimed(self) -> bool:
-        return self.claimed_or_ready and self.run is not None and self.run.owner is not None
-
-    @property
-    def claimed_or_ready(self) -> bool:
-        """The suspension is decided: the run is claimed, or (its user at the cap) ready
-        for a worker."""
-        return self.run is not None and self.run.state is RunState.RUNNING
 
 
 _LIMITS = ("max_steps", "max_spend_usd", "max_tool_calls", "max_elapsed_ms")
@@ -139,18 +119,6 @@ _CANCEL_MANY = Transition(
     updated_at=db_now(),
     returning=(runs.c.id,),
 )
-
-
-_USER_LOAD_OF_RUN = sa.select(user_load.c.carried).where(
-    user_load.c.user_id == sa.select(runs.c.user_id).where(ID).scalar_subquery()
-)
-
-
-def _has_slot(conn: Connection, dialect: Dialect, run_id: str, cap: int) -> bool:
-    """Whether the user of ``run_id`` carries fewer than ``cap`` runs, their row locked
-    until the transaction ends (so no claim for them slips in meanwhile)."""
-    carried = conn.execute(dialect.lock(_USER_LOAD_OF_RUN), {"b_id": run_id}).scalar()
-    return carried is None or carried < cap
 
 
 class Claims(StoreBase):
@@ -225,6 +193,8 @@ class Claims(StoreBase):
         event: dict[str, Any] | None = None,
         versions: Sequence[str] | None = None,
         cap: int | None = None,
+        quorum: int = 1,
+        tool: str | None = None,
     ) -> SuspensionClaim:
         """The one write of a decision (invariant 5): conditional on the token's
         suspension being the run's current one (the lease epoch it began at), on the
@@ -248,7 +218,12 @@ class Claims(StoreBase):
         first; when the user already has ``cap`` runs carried, the last decision leaves
         the run ready for a worker (running, no owner) instead of claiming it: the
         decision is recorded, and the worker that claims the run once a slot frees
-        carries it out, with every re-check an approval makes."""
+        carries it out, with every re-check an approval makes.
+
+        An approval of a call that waits on ``quorum`` people (reference §19) is counted
+        first (``approvals.vote``, the run's row locked): before the N-th it is recorded
+        alone (``approvals``); the N-th goes on to the claim in the same transaction. Each
+        decision and recorded approval appends its audit record (of ``tool``) here too."""
         params = {
             **served(versions),
             "b_id": run_id,
@@ -264,14 +239,9 @@ class Claims(StoreBase):
         }
         try:
             with self.begin() as conn:
-                if cap is not None and not _has_slot(conn, self.dialect, run_id, cap):
-                    params["b_owner"] = None  # ready for a worker once the user has a slot
-                won = self.dialect.claim_suspension(conn, params)
+                won = decide(conn, self.dialect, params, cap=cap, quorum=quorum, tool=tool)
                 if won is not None:
-                    run, recorded = won
-                    if run.state is RUNNING and run.owner is None:
-                        self.dialect.wake(conn)
-                    return SuspensionClaim(run=run, decision=recorded)
+                    return won
                 used = conn.execute(_DECISION_OF_TOKEN, params).first()
         except sa.exc.IntegrityError:  # the same token, decided meanwhile elsewhere
             with self.engine.connect() as conn:
@@ -371,6 +341,8 @@ class Claims(StoreBase):
                 clear_calls(conn, resumed_id)
             clear_calls(conn, run_id)  # its suspension's tokens and decisions are void
             add_event(conn, run_id, "continued", grant)
+            record = audit.of_run(old, by=by, reason=why, outcome="resumed")
+            audit.append(conn, AuditKind.CONTINUED, [record])
             self.dialect.wake(conn)
             return Run.from_row(row._mapping)
 
@@ -381,13 +353,19 @@ class Claims(StoreBase):
         parent's wait like any child that stops. None if the run is not the user's or is
         already terminal."""
         with self.begin() as conn:
+            gone: list[dict[str, Any]] = []
             for ids in descendants(conn, run_id):  # deepest first: a child before its parent
-                for gone in _CANCEL_MANY.many(conn, {"b_ids": ids, "b_user": user_id}):
-                    add_event(conn, gone.id, "cancelled", {"by": by, "with": run_id})
+                for child in _CANCEL_MANY.many(conn, {"b_ids": ids, "b_user": user_id}):
+                    add_event(conn, child.id, "cancelled", {"by": by, "with": run_id})
+                    gone.append({"run_id": child.id, "reason": f"cancelled with {run_id}"})
             row = _CANCEL.one(conn, {"b_id": run_id, "b_user": user_id})
             if row is None:
                 return None
             add_event(conn, run_id, "cancelled", {"by": by})
+            cancelled = Run.from_row(row._mapping)
+            records = [audit.of_run(cancelled, by=by, outcome="cancelled")]
+            records += [{**records[0], **child} for child in gone]
+            audit.append(conn, AuditKind.CANCELLED, records)
             stopped(conn, self.dialect, [run_id], RunState.CANCELLED.value)
             # A queued follow-up of its thread may start now.
             self.dialect.wake(conn)

@@ -40,6 +40,7 @@ REVISIONS = (
     "0013",
     "0014",
     "0015",
+    "0016",
 )
 _VERSION = sa.text("SELECT version_num FROM alembic_version")
 

@@ -32,6 +32,7 @@ from tether.store.suspensions import (
     calls_of_rows,
     decision_of,
     with_calls,
+    with_counts,
 )
 
 _NOW = sa.select(db_now())
@@ -222,7 +223,7 @@ class Reads(StoreBase):
                 return None
             rows = loaded.rows
             row = rows[0]
-            run = calls_of_rows(Run.from_row(row._mapping), rows)
+            run = with_counts(conn, calls_of_rows(Run.from_row(row._mapping), rows))
             made = sorted(filter(None, map(decision_of, rows)), key=lambda d: d.at)
             compaction, tokens = None, 0
             if compacts:

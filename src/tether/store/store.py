@@ -3,9 +3,12 @@ transaction. It is composed of one part per job (each in its own module)."""
 
 from __future__ import annotations
 
+from tether.store.approvals import Rounds
+from tether.store.audit import Audit
 from tether.store.claims import Claims
 from tether.store.compaction import Compaction
 from tether.store.creation import Creation
+from tether.store.escalations import Escalations
 from tether.store.forks import Forks
 from tether.store.model_rate import ModelRate
 from tether.store.reads import Reads
@@ -38,6 +41,9 @@ class Store(
     WaitCounts,
     Schedules,
     ModelRate,
+    Rounds,
+    Audit,
+    Escalations,
 ):
     """The synchronous store for a database URL: SQLite or PostgreSQL, whose differences
     are the hooks of its ``dialect`` (``backend.dialect.Dialect``, picked by
@@ -53,7 +59,9 @@ class Store(
     worker registry, stranded runs, migrating a run to another agent version;
     ``wait_counts``: why runs wait, counted; ``schedules``: cron schedules and their
     ticks, each claimed with the run it creates; ``model_rate``: leases of the fleet's
-    model capacity.
+    model capacity; ``approvals``: a quorum call's new round on an edit (reference §19);
+    ``audit``: reading, exporting and purging the audit of decisions; ``escalations``:
+    escalating calls nobody decided in time.
     Each method is one transaction; the engine's async API reaches each through one
     thread hop. Every state change is a ``sql.transitions.Transition``, checked against
     ``tether.runs.TRANSITIONS``. The statements live in ``sql``, what differs between

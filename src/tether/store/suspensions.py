@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection
 
 from tether.reasons import HaltReason
 from tether.runs import Lease, Pending, PendingCall, Run, RunState, iso
+from tether.store.approvals import with_approvals
 from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
 from tether.store.records import Decision
@@ -39,11 +40,15 @@ _CALL_AND_RUN = sa.select(
     pending_calls.c.position.label("p_position"),
     pending_calls.c.epoch.label("p_epoch"),
     pending_calls.c.call.label("p_call"),
+    pending_calls.c.suspended_at.label("p_suspended_at"),
+    pending_calls.c.escalated_at.label("p_escalated_at"),
     (runs.c.expires_at > db_now()).label("window_open"),
     *_DECISION_COLUMNS,
 ).select_from(_WITH_DECISION.join(runs, runs.c.id == pending_calls.c.run_id))
-# What a token names (the primary key's lookup).
+# What a token names: the call's own token (the primary key's lookup), or the token an
+# escalation gave it (reference §19).
 _TOKEN = _CALL_AND_RUN.where(pending_calls.c.token_hash == sa.bindparam("b_hash"))
+_ALIAS = _CALL_AND_RUN.where(pending_calls.c.alias_hash == sa.bindparam("b_hash"))
 # A call of a run's current suspension, by its id (the inbox and the batch endpoint know
 # the run and the call, never the token).
 _CALL = _CALL_AND_RUN.where(
@@ -59,7 +64,10 @@ _CALLS_OF = (
     .where(pending_calls.c.run_id.in_(sa.bindparam("b_ids", expanding=True)))
     .order_by(pending_calls.c.run_id, pending_calls.c.position)
 )
-_INSERT_CALL = pending_calls.insert()
+_INSERT_CALL = pending_calls.insert().values(
+    suspended_at=db_now(),
+    escalate_at=db_now() + sa.bindparam("b_after", type_=sa.Float),
+)
 # A new suspension replaces the rows of the run's earlier ones, except those of calls
 # decided but not carried out yet (``b_keep``): their decisions stand.
 _REPLACE = pending_calls.delete().where(
@@ -98,8 +106,16 @@ def decided(decision: Decision | None) -> dict[str, Any] | None:
 
 
 def _call(
-    row: Any, token_hash: str, position: int, epoch: int, call: Any, notified: bool = False
+    row: Any,
+    token_hash: str,
+    position: int,
+    epoch: int,
+    call: Any,
+    notified: bool = False,
+    *,
+    at: tuple[float | None, float | None] = (None, None),
 ) -> PendingCall:
+    """A call of a suspension from its row (``at``: when it was suspended and escalated)."""
     return PendingCall(
         pending=Pending.from_json(call),
         token_hash=token_hash,
@@ -107,6 +123,8 @@ def _call(
         epoch=epoch,
         decided=decided(decision_of(row)),
         notified=notified,
+        suspended_at=at[0],
+        escalated_at=at[1],
     )
 
 
@@ -120,7 +138,8 @@ def _matched(row: Any) -> TokenMatch:
             return TokenMatch(expired=run)
         if used is not None:  # recorded while others of the turn are undecided: final
             return TokenMatch(decision=used)
-        call = _call(row, row.p_token_hash, row.p_position, row.p_epoch, row.p_call)
+        at = (row.p_suspended_at, row.p_escalated_at)
+        call = _call(row, row.p_token_hash, row.p_position, row.p_epoch, row.p_call, at=at)
         return TokenMatch(run=run, call=call)
     expired = run.state is RunState.HALTED and (
         run.halt_reason == HaltReason.SUSPENSION_EXPIRED.value
@@ -137,13 +156,33 @@ def calls_of_rows(run: Run, rows: Sequence[Any]) -> Run:
         return run
     mine = sorted(
         (
-            _call(r, r.p_token_hash, r.p_position, r.p_epoch, r.p_call, r.p_notified_at is not None)
+            _call(
+                r,
+                r.p_token_hash,
+                r.p_position,
+                r.p_epoch,
+                r.p_call,
+                r.p_notified_at is not None,
+                at=(r.p_suspended_at, r.p_escalated_at),
+            )
             for r in rows
             if r.p_token_hash is not None and r.p_epoch == run.lease_epoch
         ),
         key=lambda c: c.position,
     )
     return dataclasses.replace(run, pending_calls=tuple(mine)) if mine else run
+
+
+def with_counts(conn: Connection, run: Run) -> Run:
+    """``run`` with the approvals its quorum calls have so far (reference §19); no read
+    unless one of its calls waits on a quorum."""
+    counted = with_approvals(conn, run.pending_calls)
+    if not counted:
+        return run
+    calls = tuple(
+        dataclasses.replace(c, approvals=counted.get(c.token_hash, ())) for c in run.pending_calls
+    )
+    return dataclasses.replace(run, pending_calls=calls)
 
 
 def asked_of_rows(rows: Sequence[Any]) -> dict[str, Pending]:
@@ -162,11 +201,19 @@ def with_calls(conn: Connection, found: Sequence[Run]) -> list[Run]:
     by_run: dict[str, list[PendingCall]] = {}
     for row in rows:
         notified = row.notified_at is not None
-        call = _call(row, row.token_hash, row.position, row.epoch, row.call, notified)
+        at = (row.suspended_at, row.escalated_at)
+        call = _call(row, row.token_hash, row.position, row.epoch, row.call, notified, at=at)
         by_run.setdefault(row.run_id, []).append(call)
+    current = {r.id: r.lease_epoch for r in found}
+    listed = [c for run_id, calls in by_run.items() for c in calls if c.epoch == current[run_id]]
+    counted = with_approvals(conn, listed)  # a quorum call's approvals so far (§19)
     out = []
     for run in found:
-        mine = tuple(c for c in by_run.get(run.id, ()) if c.epoch == run.lease_epoch)
+        mine = tuple(
+            dataclasses.replace(c, approvals=counted.get(c.token_hash, ()))
+            for c in by_run.get(run.id, ())
+            if c.epoch == run.lease_epoch
+        )
         out.append(dataclasses.replace(run, pending_calls=mine) if mine else run)
     return out
 
@@ -192,6 +239,7 @@ def write_calls(
                 "epoch": lease.epoch,
                 "call": pending.to_json(),
                 "notified_at": None,
+                "b_after": pending.escalate_after_s,
             }
             for position, (pending, token_hash) in enumerate(calls)
         ],
@@ -212,7 +260,7 @@ class Suspensions(StoreBase):
         clock (invariant 11): the one lookup deciding and previewing by token share."""
         params = {"b_hash": token_hash}
         with self.engine.begin() as conn:
-            row = conn.execute(_TOKEN, params).first()
+            row = conn.execute(_TOKEN, params).first() or conn.execute(_ALIAS, params).first()
             if row is not None:
                 return _matched(row)
             used = conn.execute(_DECISION_OF_TOKEN, params).first()

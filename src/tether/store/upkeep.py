@@ -14,6 +14,7 @@ from tether.reasons import HaltReason
 from tether.runs import PendingCall, Run, RunState
 from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
+from tether.store.escalations import MARK_ESCALATION_NOTIFIED
 from tether.store.sql.schema import RETAINED, decisions, pending_calls, runs
 from tether.store.sql.served import SERVED, served
 from tether.store.sql.steps import add_event
@@ -142,7 +143,10 @@ class Upkeep(StoreBase):
         suspension, once every call's notice is)."""
         params = {"b_id": run_id, "b_hash": token_hash}
         with self.begin() as conn:
-            conn.execute(_MARK_CALL_NOTIFIED, params)
+            if conn.execute(_MARK_CALL_NOTIFIED, params).rowcount == 0:
+                # Not a call's own token: the second token of its escalation (§19)?
+                conn.execute(MARK_ESCALATION_NOTIFIED, params)
+                return
             conn.execute(_MARK_NOTIFIED, params)
 
     def reissue_unnotified(

@@ -26,6 +26,8 @@ from sqlalchemy.engine import Connection
 from tether import inputs
 from tether.errors import InvalidInput
 from tether.runs import RunState
+from tether.store import audit
+from tether.store.audit import AuditKind
 from tether.store.backend.announce import mark
 from tether.store.backend.clock import db_now
 from tether.store.backend.dialect import Dialect
@@ -72,7 +74,7 @@ _CANCEL_ACTIVE = Transition(
     owner=None,
     ready_at=None,
     updated_at=db_now(),
-    returning=(runs.c.id,),
+    returning=(runs.c.id, runs.c.root_run_id),
 )
 
 
@@ -270,8 +272,15 @@ class Users(StoreBase):
             deleted = conn.execute(_DELETE_USER_SCHEDULES, params).rowcount
             _revoke_keys(conn, self.dialect, params)
             revoked = conn.execute(_DELETE_USER_KEYS, params).rowcount
-            cancelled = [str(row.id) for row in _CANCEL_ACTIVE.many(conn, params)]
+            rows = _CANCEL_ACTIVE.many(conn, params)
+            cancelled = [str(row.id) for row in rows]
             _record_cancelled(conn, cancelled)
+            records = [
+                {"run_id": r.id, "root_run_id": r.root_run_id or r.id, "user_id": user_id}
+                for r in rows
+            ]
+            why = {"reason": "its user was removed", "outcome": "cancelled"}
+            audit.append(conn, AuditKind.CANCELLED, [{**r, **why} for r in records])
             return Removal(
                 user=user_id,
                 keys_revoked=revoked,

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from tether.runs import Run, RunState
+from tether.store import audit
+from tether.store.audit import AuditKind
 from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
 from tether.store.sql.schema import runs, workers
@@ -161,6 +163,9 @@ class Versions(StoreBase):
                 "to_version": to_version,
             }
             add_event(conn, run_id, "migrated", data)
+            change = f"{run.agent_version} -> {to_version}"
+            record = audit.of_run(run, by=by, reason=why, outcome=change[:32])
+            audit.append(conn, AuditKind.MIGRATED, [record])
             if run.state is RunState.QUEUED or (
                 run.state is RunState.RUNNING and run.owner is None
             ):

@@ -35,6 +35,7 @@ CALLED_WITH = {
     "permitted": "(arguments, scope)",
     "needs_confirmation": "(arguments, scope)",
     "reconcile": "(key, ctx)",
+    "quorum": "(arguments, scope)",
 }
 
 

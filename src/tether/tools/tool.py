@@ -25,9 +25,12 @@ from pydantic import BaseModel, ValidationError
 from tether.errors import ConfigError, TetherError
 from tether.models.base import ToolSpec
 from tether.scope import Scope
-from tether.tools import declaration
+from tether.tools import deciders, declaration
 from tether.tools._timeouts import still_running, within
 from tether.tools.declaration import CALLED_WITH, InvalidTool, arguments_of, check_signature
+from tether.tools.verdicts import GuardResult as GuardResult
+from tether.tools.verdicts import Reconciled as Reconciled
+from tether.tools.verdicts import ReconcileKind as ReconcileKind
 
 # How long a tool call may take before it is abandoned (reference §10), unless declared.
 DEFAULT_TIMEOUT_S = 60.0
@@ -64,55 +67,6 @@ class ToolContext:
     # What the agent hands every tool (``Agent(deps=...)``): clients, URLs, settings.
     # Tools get their dependencies here, never from globals or the environment.
     deps: Any = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class GuardResult:
-    """A guard's verdict: ``ok``, or a refusal with its ``reason``."""
-
-    ok: bool
-    reason: str | None = None
-
-    @classmethod
-    def allow(cls) -> GuardResult:
-        return cls(ok=True)
-
-    @classmethod
-    def refuse(cls, reason: str) -> GuardResult:
-        return cls(ok=False, reason=reason)
-
-
-class ReconcileKind(str, enum.Enum):
-    """What reconciliation learned about a write whose outcome was not recorded."""
-
-    FOUND = "found"  # it took effect; ``result`` is what it returned
-    ABSENT = "absent"  # confirmed: it did not take effect
-    UNKNOWN = "unknown"  # cannot tell
-    UNREACHABLE = "unreachable"  # could not ask now (the downstream is down): ask again later
-
-
-@dataclass(frozen=True, kw_only=True)
-class Reconciled:
-    """The answer of a tool's ``reconcile(key, ctx)``."""
-
-    kind: ReconcileKind
-    result: Any = None
-
-    @classmethod
-    def found(cls, result: Any) -> Reconciled:
-        return cls(kind=ReconcileKind.FOUND, result=result)
-
-    @classmethod
-    def absent(cls) -> Reconciled:
-        return cls(kind=ReconcileKind.ABSENT)
-
-    @classmethod
-    def unknown(cls, reason: str = "") -> Reconciled:
-        return cls(kind=ReconcileKind.UNKNOWN, result=reason)
-
-    @classmethod
-    def unreachable(cls, reason: str = "") -> Reconciled:
-        return cls(kind=ReconcileKind.UNREACHABLE, result=reason)
 
 
 class ToolFailed(TetherError):
@@ -194,6 +148,13 @@ class Tool:
     # A write whose effects commute with each other and with reads: it may run beside the
     # neighbouring reads and concurrent writes of its turn (reference §1).
     concurrent: bool = False
+    # How many distinct people approve a call (reference §19): a number, or a function of
+    # (arguments, scope) returning one, asked when the call is suspended.
+    quorum: int | deciders.Quorum = 1
+    # Minutes after which a call still undecided is escalated to ``escalate_to`` (users and
+    # "group:NAME"), who may then decide it too (reference §19).
+    escalate_after_min: float | None = None
+    escalate_to: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_safe(self)
@@ -201,6 +162,11 @@ class Tool:
         for role in CALLED_WITH:
             check_signature(self.name, role, getattr(self, role))
         check_approvers(self)
+        deciders.check_quorum(self.name, self.quorum, confirms=self.may_confirm)
+        to = deciders.check_escalation(
+            self.name, self.escalate_after_min, self.escalate_to, confirms=self.may_confirm
+        )
+        object.__setattr__(self, "escalate_to", to)
         declaration.check_concurrent(self.name, self.concurrent, confirms=self.may_confirm)
 
     def spec(self) -> ToolSpec:
@@ -267,6 +233,24 @@ class Tool:
         except Exception:
             log.exception("confirmation check failed", extra={"tool": self.name})
             return True
+
+    async def quorum_for(self, args: BaseModel, scope: Scope) -> int:
+        """How many people must approve this call, asked when it is suspended: a function
+        that fails, or answers anything but a whole number from 1 to ``MAX_QUORUM``,
+        refuses the call (``ToolFailed``: fails closed)."""
+        rule = self.quorum
+        if not callable(rule):
+            return rule
+        try:
+            value = await self._checked("quorum", rule, args, scope)
+        except ToolFailed:
+            raise
+        except Exception as exc:  # a raising rule says nobody knows how many: refuse
+            log.exception("quorum check failed", extra={"tool": self.name})
+            raise ToolFailed(
+                f"the quorum of {self.name} raised {type(exc).__name__}: {exc}"[:500]
+            ) from exc
+        return deciders.checked_quorum(self.name, value, ToolFailed)
 
     def may_be_decided_by(self, approver: str, owner: str) -> bool:
         """This tool's own rule on who decides its calls in ``owner``'s runs: anyone the
@@ -391,6 +375,9 @@ def tool(
     check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
     approvers: Approvers | str = Approvers.ANY,
     concurrent: bool = False,
+    quorum: int | deciders.Quorum = 1,
+    escalate_after_min: float | None = None,
+    escalate_to: tuple[str, ...] = (),
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -413,6 +400,9 @@ def tool(
     check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
     approvers: Approvers | str = Approvers.ANY,
     concurrent: bool = False,
+    quorum: int | deciders.Quorum = 1,
+    escalate_after_min: float | None = None,
+    escalate_to: tuple[str, ...] = (),
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a typed function. A first parameter annotated ``ToolContext``
     receives the call's context; every other parameter is an argument the model gives."""
@@ -441,6 +431,9 @@ def tool(
             check_timeout_s=check_timeout_s,
             approvers=cast(Approvers, approvers),  # checked and converted by the Tool
             concurrent=concurrent,
+            quorum=quorum,
+            escalate_after_min=escalate_after_min,
+            escalate_to=escalate_to,
         )
 
     return build(fn) if fn is not None else build

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from tether import inputs
-from tether._runtime.fleet import recovery, schedules, upkeep
+from tether._runtime.fleet import escalations, recovery, schedules, upkeep
 from tether._runtime.fleet.recovery import OrphanClaim
 from tether._runtime.fleet.versions import Registration
 from tether._runtime.hop import hop
@@ -107,11 +107,16 @@ class Runner:
         return await hop(self.services.store.next_start_in)
 
     async def fire_schedules(self) -> tuple[int, float | None]:
-        """Fire the schedules due now (``schedules.fire_due``): the runs started, and the
-        seconds until the next tick of any schedule (None: there is none)."""
+        """Fire the schedules due now (``schedules.fire_due``) and escalate the calls due
+        now (``escalations.escalate_due``, reference §19): the runs started, and the
+        seconds until the next tick of any schedule or the next escalation (None: none)."""
         await self._opened()
         fired = await schedules.fire_due(self.services)
-        return fired, await hop(self.services.store.next_tick_in)
+        await escalations.escalate_due(self.services)
+        store = self.services.store
+        due = [await hop(store.next_tick_in), await hop(store.next_escalation_in)]
+        known = [d for d in due if d is not None]
+        return fired, min(known) if known else None
 
     async def carry(self, run: Run, *, stopping: asyncio.Event | None = None) -> Outcome:
         """Carry a run this process claimed to its next stop (see ``loop.carry``)."""
@@ -160,6 +165,7 @@ class Runner:
             recovered=[o.run_id for o in recovered if o.kind is StopKind.RELEASED],
             stopped={o.run_id: o.kind.value for o in recovered if o.kind is not StopKind.RELEASED},
             expired=await self.expire_suspended(),
+            escalated=await escalations.escalate_due(self.services),
             notices_reissued=await self.reissue_notices(),
             purged=await self.purge_retained(),
         )

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import logging
 
+from tether._runtime.fleet.escalations import notice_of, reissue_escalations
 from tether._runtime.hop import hop
 from tether._runtime.shared.services import Services
-from tether.notify import Notice
-from tether.runs import iso
 from tether.telemetry.metrics import EXPIRIES
 from tether.tokens import hash_token, new_token
 
@@ -37,23 +36,9 @@ async def reissue_notices(services: Services) -> list[str]:
         versions=services.versions,
     )
     for run, call in reissued:
-        token = fresh[call.token_hash]
-        notice = Notice(
-            run_id=run.id,
-            user_id=run.user_id,
-            token=token,
-            approve_url=services.approve_url(token),
-            tool=call.pending.tool,
-            arguments=call.pending.arguments,
-            preview=call.pending.preview,
-            expires_at=iso(run.expires_at) or "",
-            tool_call_id=call.pending.tool_call_id,
-            pending_calls=len(run.pending_calls),
-            root_run_id=run.root_run_id,
-            parent_run_id=run.parent_run_id,
-        )
-        await services.outbox.post(notice)
-    return list(dict.fromkeys(run.id for run, _ in reissued))
+        await services.outbox.post(notice_of(services, run, call, fresh[call.token_hash]))
+    escalations = await reissue_escalations(services)  # an escalation's notice too (§19)
+    return list(dict.fromkeys([*(run.id for run, _ in reissued), *escalations]))
 
 
 async def expire_suspended(services: Services) -> list[str]:
@@ -73,8 +58,17 @@ async def expire_suspended(services: Services) -> list[str]:
 
 
 async def purge_retained(services: Services) -> int:
-    """Delete runs halted or finished longer ago than the retention, in bounded batches.
-    Safe twice: a deleted run is simply not found again."""
+    """Delete runs halted or finished longer ago than the retention, in bounded batches,
+    and audit records older than theirs (``TETHER_AUDIT_RETENTION_DAYS``, reference §19);
+    how many runs went. Safe twice: a deleted row is simply not found again."""
+    while True:
+        count = await hop(
+            services.store.purge_audit,
+            services.settings.audit_retention_s,
+            services.settings.purge_batch,
+        )
+        if count < services.settings.purge_batch:
+            break
     total = 0
     while True:
         count = await hop(

@@ -127,8 +127,9 @@ async def _refused(session: RunSession, r: Resolved, check: tool_call.Recheck) -
         original = None
         if r.edited is not None:
             original = (pending.edited_from if pending else None) or r.call.parsed_arguments()
+        quorum = pending.quorum if pending else 1  # asked when it was first suspended
         suspended = await suspending.suspend_turn(
-            session, r.call, r.args, check.preview, edited_from=original
+            session, r.call, r.args, check.preview, edited_from=original, quorum=quorum
         )
         return Resolution(
             verdict=CallVerdict.CHANGED,

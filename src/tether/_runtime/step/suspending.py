@@ -30,12 +30,17 @@ log = logging.getLogger(__name__)
 
 
 def pending(
+    session: RunSession,
     call: ToolCall,
     args: BaseModel,
     preview: dict[str, Any] | None,
     edited_from: dict[str, Any] | None = None,
+    quorum: int = 1,
 ) -> Pending:
-    """What the human is asked to decide of ``call``."""
+    """What the human is asked to decide of ``call``: with how many approvals it waits for
+    (``quorum``) and, when its tool escalates, after how long (reference §19)."""
+    tool = session.services.agent.tool(call.name)
+    after_min = tool.escalate_after_min if tool is not None else None
     return Pending(
         tool_call_id=call.id,
         tool=call.name,
@@ -43,6 +48,8 @@ def pending(
         preview=preview,
         digest=digest(preview) if preview is not None else None,
         edited_from=edited_from,
+        quorum=quorum,
+        escalate_after_s=after_min * 60.0 if after_min is not None else None,
     )
 
 
@@ -53,11 +60,13 @@ async def suspend_turn(
     preview: dict[str, Any] | None,
     *,
     edited_from: dict[str, Any] | None = None,
+    quorum: int = 1,
 ) -> Outcome:
     """Suspend the run on ``call`` (its arguments ``args``, the ``preview`` rendered now;
-    ``edited_from``: the model's arguments when ``args`` are an approver's edit) and on
-    every later call of its turn that needs confirmation now; send one notice per call."""
-    asked = [pending(call, args, preview, edited_from)]
+    ``edited_from``: the model's arguments when ``args`` are an approver's edit; ``quorum``:
+    how many approve it) and on every later call of its turn that needs confirmation now;
+    send one notice per call."""
+    asked = [pending(session, call, args, preview, edited_from, quorum)]
     calls = session.pending_calls()
     later = calls[[c.id for c in calls].index(call.id) + 1 :] if call in calls else []
     for other in later:
@@ -66,6 +75,8 @@ async def suspend_turn(
             if also is not None:
                 asked.append(also)
     tokens, expires_at = await session.suspend(asked)
+    if any(p.escalate_after_s is not None for p in asked):
+        session.services.schedules_added.set()  # this process's timed work wakes for it (§19)
     notices = [
         Notice(
             run_id=session.run.id,
@@ -78,6 +89,7 @@ async def suspend_turn(
             expires_at=iso(expires_at) or "",
             tool_call_id=p.tool_call_id,
             pending_calls=len(asked),
+            quorum=p.quorum,
             root_run_id=session.run.root_run_id,
             parent_run_id=session.run.parent_run_id,
         )
@@ -97,7 +109,8 @@ async def _asked(session: RunSession, call: ToolCall) -> Pending | None:
         try:
             if await r.tool.confirmation_needed(r.args, session.scope):
                 preview = await r.tool.render_preview(r.args, session.scope)
-                return pending(call, r.args, preview)
+                quorum = await r.tool.quorum_for(r.args, session.scope)
+                return pending(session, call, r.args, preview, quorum=quorum)
         except ToolFailed as exc:  # asked in its turn, where its refusal is stored
             log.info(
                 "later call not asked now",

@@ -161,7 +161,12 @@ async def first_call(session: RunSession, call: ToolCall) -> Outcome | None:
         await session.refuse(call, "guard_failed", check.reason or "refused")
         return None
     if await r.tool.confirmation_needed(r.args, session.scope):
-        return await suspending.suspend_turn(session, call, r.args, check.preview)
+        try:  # how many approve it, asked now (reference §19); failing refuses the call
+            quorum = await r.tool.quorum_for(r.args, session.scope)
+        except ToolFailed as exc:
+            await session.refuse(call, "guard_failed", f"could not check this call: {exc.message}")
+            return None
+        return await suspending.suspend_turn(session, call, r.args, check.preview, quorum=quorum)
     return await execute(session, r, confirmed=False)
 
 

@@ -16,6 +16,7 @@ from tether.api.deps import engine_of
 from tether.api.schemas import DECISIONS
 from tether.api.web import carried
 from tether.api.web.back import run_link, run_of_token
+from tether.api.web.deciders import who_may
 from tether.api.web.pages import (
     message,
     outcome,
@@ -35,6 +36,7 @@ from tether.api.web.sign_in import (
 )
 from tether.engine import Engine
 from tether.errors import (
+    AlreadyDecided,
     AlreadyResumed,
     Changed,
     FourEyes,
@@ -76,7 +78,13 @@ async def approval_page(request: Request, token: str) -> Response:
     except UnknownOrExpired:
         return unknown_or_expired(request, session)
     view = pending_view(
-        lookup.run, session.user, lookup.now, agent=engine.agent, token=token, call=lookup.call
+        lookup.run,
+        session.user,
+        lookup.now,
+        agent=engine.agent,
+        token=token,
+        call=lookup.call,
+        who=await who_may(engine, [lookup.run]),
     )
     if view is not None:
         context = {"item": view, "error": None}
@@ -248,6 +256,8 @@ async def _refusal(
                 "arguments": used.get("arguments"),
             }
             return 409, "already_resumed", {"decision": decided}
+        case AlreadyDecided():  # one approval a person (reference §19)
+            return 409, "already_decided", {"reason": exc.message}
         case Changed():
             return 409, "changed", await _changed(engine, session, exc, also)
         case GuardFailed():
@@ -305,6 +315,7 @@ async def _changed(
             agent=engine.agent,
             token=new_token,
             call=lookup.call,
+            who=await who_may(engine, [lookup.run]),
         )
     diff = list(exc.details.get("diff") or [])
     return {"diff": diff, "item": item, "carried": also, "wrote": carried.wrote(also)}

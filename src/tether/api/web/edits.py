@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from tether import ApprovalPreview, inputs
 from tether.api.deps import engine_of
 from tether.api.web.approvals import MAX_TOKEN_CHARS
+from tether.api.web.deciders import who_may
 from tether.api.web.forms import edit_fields, read_edits
 from tether.api.web.pages import (
     PendingView,
@@ -59,8 +60,15 @@ async def preview_from_link(request: Request, token: str) -> Response:
         lookup = await engine.web.approval_request(token, session.user)
     except UnknownOrExpired:
         return unknown_or_expired(request, session)
+    who = await who_may(engine, [lookup.run])
     item = pending_view(
-        lookup.run, session.user, lookup.now, agent=engine.agent, token=token, call=lookup.call
+        lookup.run,
+        session.user,
+        lookup.now,
+        agent=engine.agent,
+        token=token,
+        call=lookup.call,
+        who=who,
     )
     if item is None:
         return unknown_or_expired(request, session)
@@ -86,7 +94,9 @@ async def preview_from_inbox(request: Request, run_id: str) -> Response:
     run = await engine.web.request_of_run(run_id, call, session.user)
     named = undecided_call(run, call)
     now = await engine.now()
-    item = pending_view(run, session.user, now, agent=engine.agent, call=named) if named else None
+    who = await who_may(engine, [run])
+    item = pending_view(run, session.user, now, agent=engine.agent, call=named, who=who)
+    item = item if named else None
     if item is None:
         return unknown_or_expired(request, session)
     item = dataclasses.replace(item, target=run_target(run_id, call, shown))

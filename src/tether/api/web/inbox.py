@@ -16,6 +16,7 @@ from tether.api.deps import engine_of
 from tether.api.statuses import status_for
 from tether.api.web import lineage, threads, timeline, trees
 from tether.api.web.actions import actions_for
+from tether.api.web.deciders import who_may
 from tether.api.web.pages import message, page, turn_view
 from tether.api.web.shown import show
 from tether.api.web.sign_in import SignIn, acting, back_to, login_url, sign_in_of
@@ -49,7 +50,8 @@ async def inbox(request: Request) -> Response:
         return message(
             request, session, status_for(exc.code), "Cannot list the requests", text, kind="refused"
         )
-    views = (turn_view(run, session.user, found.now, agent=engine.agent) for run in found)
+    who = await who_may(engine, found.runs)
+    views = (turn_view(run, session.user, found.now, agent=engine.agent, who=who) for run in found)
     items = [view for view in views if view is not None]
     context = {"items": items, "more": found.more, "after": found.after}
     return page(request, "inbox.html", context, session=session)
@@ -117,7 +119,8 @@ async def run_response(
     now = await engine.now()
     pending = None
     if run.state is RunState.SUSPENDED:
-        pending = turn_view(run, session.user, now, agent=engine.agent)
+        who = await who_may(engine, [run])
+        pending = turn_view(run, session.user, now, agent=engine.agent, who=who)
     tree = await trees.tree_panel(engine, run, session.user, now)
     fork_form = lineage.fork_form(run, view.messages)
     if error is not None:
@@ -154,12 +157,16 @@ async def _as_approver(
         view = await engine.get_run(run_id)
     except NotFound:
         return no_such_run(request, session)
-    undecided = view.run.undecided_calls()
     run = None
-    if view.run.state is RunState.SUSPENDED and undecided:
-        run = await engine.web.request_of_run(run_id, undecided[0].tool_call_id, session.user)
+    if view.run.state is RunState.SUSPENDED:
+        # The first call they may decide: an escalated one's people may decide only it.
+        for call in view.run.undecided_calls():
+            run = await engine.web.request_of_run(run_id, call.tool_call_id, session.user)
+            if run is not None:
+                break
     now = await engine.now()
-    pending = turn_view(run, session.user, now, agent=engine.agent)
+    who = await who_may(engine, [run])
+    pending = turn_view(run, session.user, now, agent=engine.agent, who=who)
     if run is None or pending is None:
         return no_such_run(request, session)
     context: dict[str, Any] = {

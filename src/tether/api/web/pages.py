@@ -16,9 +16,10 @@ from fastapi.templating import Jinja2Templates
 from tether.agent import Agent
 from tether.api.headers import CONTENT_SECURITY_POLICY
 from tether.api.web import shown
+from tether.api.web.deciders import Deciders, Who, deciders_of
 from tether.api.web.forms import EditField, edit_fields
 from tether.api.web.shown import time_left
-from tether.runs import Pending, Run, RunState
+from tether.runs import Pending, PendingCall, Run, RunState
 
 if TYPE_CHECKING:
     from tether.api.web.sign_in import SignIn
@@ -122,6 +123,14 @@ class PendingView:
     # The call's recorded decision, ``{"decision", "by", "at"}``, while the turn waits for
     # its other calls (reference §15); None while undecided.
     decided: dict[str, Any] | None = None
+    # Who decides it, for a call that waits on a quorum or was escalated (reference §19).
+    deciders: Deciders | None = None
+
+    @property
+    def approves(self) -> bool:
+        """Whether the viewer may approve it now: they decide it and have not approved its
+        current artefact yet (each person counts once toward a quorum)."""
+        return self.decides and not (self.deciders is not None and self.deciders.approved)
 
 
 def _open(run: Run | None, now: float) -> bool:
@@ -139,10 +148,12 @@ def pending_view(
     agent: Agent,
     token: str | None = None,
     call: Pending | None = None,
+    who: Who = None,
 ) -> PendingView | None:
     """The run's pending ``call`` (default: the first of its turn still undecided) as
-    ``viewer`` sees it, its forms posting to ``token``'s link if given, else to the run;
-    None unless the run is suspended inside its window, on such a call."""
+    ``viewer`` sees it, its forms posting to ``token``'s link if given, else to the run,
+    with who may still approve it (``who``); None unless the run is suspended inside its
+    window, on such a call."""
     if run is None or not _open(run, now):
         return None
     undecided = run.undecided_calls()
@@ -152,7 +163,10 @@ def pending_view(
         return None  # decided meanwhile (a read without the calls trusts the caller's)
     if call is None:
         return None
-    return _call_view(run, call, viewer, now, agent=agent, token=token)
+    entry = next(
+        (c for c in run.suspension_calls() if c.pending.tool_call_id == call.tool_call_id), None
+    )
+    return _call_view(run, call, viewer, now, agent=agent, token=token, entry=entry, who=who)
 
 
 def undecided_call(run: Run | None, tool_call_id: str) -> Pending | None:
@@ -171,6 +185,8 @@ def _call_view(
     token: str | None = None,
     position: int = 0,
     decided: dict[str, Any] | None = None,
+    entry: PendingCall | None = None,
+    who: Who = None,
 ) -> PendingView:
     # A child's call is of its sub-agent's tool (reference §18).
     parameters = tool_parameters(agent.agent_of(run.agent_version), pending.tool)
@@ -189,6 +205,7 @@ def _call_view(
         fields=fields,
         decides=agent.may_decide_call(pending.tool, run.user_id, viewer),
         decided=decided,
+        deciders=deciders_of(run, entry, viewer, who, agent=agent) if entry else None,
     )
 
 
@@ -217,18 +234,31 @@ class TurnView:
     def batch(self) -> tuple[PendingView, ...]:
         """The undecided calls the viewer decides, for the decide-all form (none unless
         there are two or more)."""
-        mine = tuple(view for view in self.calls if view.decided is None and view.decides)
+        mine = tuple(view for view in self.calls if view.decided is None and view.approves)
         return mine if len(mine) > 1 else ()
 
 
-def turn_view(run: Run | None, viewer: str, now: float, *, agent: Agent) -> TurnView | None:
-    """Every call of the run's suspension as ``viewer`` sees it; None unless the run is
-    suspended inside its window with a call still undecided."""
+def turn_view(
+    run: Run | None, viewer: str, now: float, *, agent: Agent, who: Who = None
+) -> TurnView | None:
+    """Every call of the run's suspension as ``viewer`` sees it, with who may still approve
+    each (``who``); None unless the run is suspended inside its window with a call still
+    undecided."""
     if run is None or not _open(run, now) or not run.undecided_calls():
         return None
     calls = tuple(
-        _call_view(run, c.pending, viewer, now, agent=agent, position=index, decided=c.decided)
-        for index, c in enumerate(run.suspension_calls())
+        _call_view(
+            run,
+            c.pending,
+            viewer,
+            now,
+            agent=agent,
+            position=i,
+            decided=c.decided,
+            entry=c,
+            who=who,
+        )
+        for i, c in enumerate(run.suspension_calls())
     )
     assert run.expires_at is not None
     left = time_left(run.expires_at - now)

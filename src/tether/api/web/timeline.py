@@ -112,6 +112,27 @@ def _decided(verb: str) -> Callable[[Data], Said]:
     return said
 
 
+def _recorded(data: Data) -> Said:
+    """A quorum's approval before the N-th (reference §19): by whom, and how many so far;
+    an edit's starts a new round."""
+    figures = [f"{data.get('approvals', '?')} of {data.get('quorum', '?')} approvals"]
+    if data.get("round") == "new":
+        figures.append("edited: a new round")
+    if data.get("tool_call_id"):
+        figures.append(f"call {data['tool_call_id']}")
+    return Said(
+        what=f"Approval recorded{_by(data)}",
+        figures=tuple(figures),
+        text=_reason_text(data, "reason"),
+    )
+
+
+def _escalated(data: Data) -> Said:
+    named = ", ".join(str(n).replace("group:", "group ") for n in data.get("escalate_to") or ())
+    tool = data.get("tool", "a call")
+    return Said(what=f"Escalated {tool}" + (f" to {named}" if named else ""))
+
+
 def _halted(data: Data) -> Said:
     reason = str(data.get("reason") or "")
     words = next((w for r, w in HALTED.items() if r.value == reason), reason)
@@ -172,6 +193,8 @@ SAYINGS: dict[str, Callable[[Data], Said]] = {
     "approved": _decided("Approved"),
     "declined": _decided("Declined"),
     "edited": _decided("Edited"),
+    "approval_recorded": _recorded,
+    "escalated": _escalated,
     "halted": _halted,
     "failed": _failed,
     "continued": _continued,

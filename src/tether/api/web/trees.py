@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tether.api.web import timeline
+from tether.api.web.deciders import who_may
 from tether.api.web.pages import TurnView, turn_view
 from tether.api.web.status import state_note
 from tether.budget import Budget
@@ -199,4 +200,5 @@ async def _turn_of(engine: Engine, run_id: str, viewer: str, now: float) -> Turn
         found = (await engine.get_run(run_id, user=viewer)).run
     except NotFound:  # purged or cancelled away meanwhile
         return None
-    return turn_view(found, viewer, now, agent=engine.agent)
+    who = await who_may(engine, [found])
+    return turn_view(found, viewer, now, agent=engine.agent, who=who)

@@ -13,10 +13,14 @@ import sqlalchemy as sa
 
 from tether.runs import BUSY, RunState
 
-metadata = sa.MetaData()
-
-# An auto-incrementing 64-bit key: BIGINT on PostgreSQL, INTEGER (the rowid alias) on SQLite.
-BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+# The tables of who decides (a suspension's calls, decisions, approvals, the audit) are
+# ``decision_tables``; they are re-exported here with the rest.
+from tether.store.sql.decision_tables import approvals as approvals
+from tether.store.sql.decision_tables import audit as audit
+from tether.store.sql.decision_tables import decisions as decisions
+from tether.store.sql.decision_tables import pending_calls as pending_calls
+from tether.store.sql.meta import BigId as BigId
+from tether.store.sql.meta import metadata as metadata
 
 # The states retention purges (halted and the terminal ones), in enum order. The index
 # predicates are written from RunState's values, exactly as the queries render them.
@@ -209,31 +213,6 @@ compactions = sa.Table(
 sa.Index("compactions_thread", compactions.c.thread_id, compactions.c.id)
 sa.Index("compactions_run", compactions.c.run_id)
 
-# The calls a suspension waits on (reference §15, migration 0011): one row per call, each
-# with its own token (only its hash), in call order. ``epoch`` is the run's lease epoch
-# when it suspended: a suspension's rows are those whose epoch is the run's while it is
-# suspended (every claim moves the epoch on, so a token never outlives its suspension).
-# An expired suspension keeps its rows, so its tokens are still matched to their run.
-# The rows of calls decided but not yet carried out outlive a re-suspension of an
-# earlier call of their turn (their decisions stand); the rest are replaced by the next
-# suspension, and all go when a halted run is continued.
-pending_calls = sa.Table(
-    "pending_calls",
-    metadata,
-    sa.Column("token_hash", sa.String(64), primary_key=True),
-    sa.Column(
-        "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
-    ),
-    sa.Column("tool_call_id", sa.String(128), nullable=False),
-    sa.Column("position", sa.Integer, nullable=False),
-    sa.Column("epoch", sa.Integer, nullable=False),
-    # The call as the human is asked to decide it (``runs.Pending``'s JSON).
-    sa.Column("call", sa.JSON, nullable=False),
-    # When this call's notice was delivered; NULL until then (the reaper re-issues it).
-    sa.Column("notified_at", sa.Float, nullable=True),
-)
-sa.Index("pending_calls_run", *(pending_calls.c[c] for c in ("run_id", "epoch", "position")))
-
 run_messages = sa.Table(
     "run_messages",
     metadata,
@@ -280,26 +259,6 @@ tool_calls = sa.Table(
     sa.Column("edited_arguments", sa.JSON, nullable=True),
 )
 sa.Index("tool_calls_run", tool_calls.c.run_id, tool_calls.c.seq)
-
-# Every decision that used a token, kept for as long as the run, so a used token answers
-# already_resumed with the decision that used it (reference §6).
-decisions = sa.Table(
-    "decisions",
-    metadata,
-    sa.Column("token_hash", sa.String(64), primary_key=True),
-    sa.Column(
-        "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
-    ),
-    sa.Column("tool_call_id", sa.String(128), nullable=False),
-    sa.Column("decision", sa.String(16), nullable=False),
-    sa.Column("decided_by", sa.String(128), nullable=False),
-    sa.Column("decided_at", sa.Float, nullable=False),
-    sa.Column("digest", sa.String(64), nullable=True),
-    # The approver's reason and edited arguments (reference §9, migration 0004).
-    sa.Column("reason", sa.Text, nullable=True),
-    sa.Column("arguments", sa.JSON, nullable=True),
-)
-sa.Index("decisions_run", decisions.c.run_id, decisions.c.tool_call_id)
 
 # People who own runs and approve them, and their API keys (only the SHA-256 is stored).
 # A removed user's row stays, ``removed_at`` set, so nobody takes the name until their data
