@@ -16,13 +16,12 @@ from tether.api.deps import engine_of
 from tether.api.schemas import DECISIONS
 from tether.api.web import carried
 from tether.api.web.back import run_link, run_of_token
-from tether.api.web.deciders import who_may
 from tether.api.web.pages import (
     message,
     outcome,
     page,
-    pending_view,
     sign_in_first,
+    token_view,
     unknown_or_expired,
 )
 from tether.api.web.shown import when
@@ -77,15 +76,7 @@ async def approval_page(request: Request, token: str) -> Response:
         lookup = await engine.web.approval_request(token, session.user)
     except UnknownOrExpired:
         return unknown_or_expired(request, session)
-    view = pending_view(
-        lookup.run,
-        session.user,
-        lookup.now,
-        agent=engine.agent,
-        token=token,
-        call=lookup.call,
-        who=await who_may(engine, [lookup.run]),
-    )
+    view = await token_view(engine, lookup, session.user, token)
     if view is not None:
         context = {"item": view, "error": None}
         return page(request, "approve.html", context, session=session)
@@ -308,14 +299,6 @@ async def _changed(
     item = None
     if new_token:
         lookup = await engine.web.approval_request(new_token, session.user)
-        item = pending_view(
-            lookup.run,
-            session.user,
-            lookup.now,
-            agent=engine.agent,
-            token=new_token,
-            call=lookup.call,
-            who=await who_may(engine, [lookup.run]),
-        )
+        item = await token_view(engine, lookup, session.user, new_token)
     diff = list(exc.details.get("diff") or [])
     return {"diff": diff, "item": item, "carried": also, "wrote": carried.wrote(also)}

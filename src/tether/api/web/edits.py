@@ -25,6 +25,7 @@ from tether.api.web.pages import (
     pending_view,
     run_target,
     sign_in_first,
+    token_view,
     tool_parameters,
     undecided_call,
     unknown_or_expired,
@@ -60,16 +61,7 @@ async def preview_from_link(request: Request, token: str) -> Response:
         lookup = await engine.web.approval_request(token, session.user)
     except UnknownOrExpired:
         return unknown_or_expired(request, session)
-    who = await who_may(engine, [lookup.run])
-    item = pending_view(
-        lookup.run,
-        session.user,
-        lookup.now,
-        agent=engine.agent,
-        token=token,
-        call=lookup.call,
-        who=who,
-    )
+    item = await token_view(engine, lookup, session.user, token)
     if item is None:
         return unknown_or_expired(request, session)
 

@@ -16,9 +16,11 @@ from fastapi.templating import Jinja2Templates
 from tether.agent import Agent
 from tether.api.headers import CONTENT_SECURITY_POLICY
 from tether.api.web import shown
-from tether.api.web.deciders import Deciders, Who, deciders_of
+from tether.api.web.deciders import Deciders, Who, deciders_of, who_may
 from tether.api.web.forms import EditField, edit_fields
 from tether.api.web.shown import time_left
+from tether.engine import Engine
+from tether.results import TokenLookup
 from tether.runs import Pending, PendingCall, Run, RunState
 
 if TYPE_CHECKING:
@@ -138,6 +140,22 @@ def _open(run: Run | None, now: float) -> bool:
     if run is None or run.state is not RunState.SUSPENDED:
         return False
     return run.expires_at is not None and run.expires_at > now
+
+
+async def token_view(
+    engine: Engine, lookup: TokenLookup, viewer: str, token: str
+) -> PendingView | None:
+    """The pending call an approval link names (``lookup``: what its token names now) as
+    ``viewer`` sees it, with who may still approve it."""
+    return pending_view(
+        lookup.run,
+        viewer,
+        lookup.now,
+        agent=engine.agent,
+        token=token,
+        call=lookup.call,
+        who=await who_may(engine, [lookup.run]),
+    )
 
 
 def pending_view(
