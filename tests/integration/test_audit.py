@@ -40,7 +40,7 @@ async def _decided_and_cancelled(api: DecidersApi) -> tuple[str, str]:
 
 
 def _kinds(page: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
-    return [(r["kind"], r["user_id"], r["by"]) for r in page["records"]]
+    return [(r["kind"], r["user_id"], r["by"]) for r in page["items"]]
 
 
 async def test_the_audit_lists_the_callers_records_page_by_page(db_url: str) -> None:
@@ -54,7 +54,7 @@ async def test_the_audit_lists_the_callers_records_page_by_page(db_url: str) -> 
             100,
             None,
         )
-        first = mine["records"][0]
+        first = mine["items"][0]
         assert first == {
             "seq": first["seq"],
             "at": first["at"],
@@ -71,14 +71,14 @@ async def test_the_audit_lists_the_callers_records_page_by_page(db_url: str) -> 
             "outcome": "recorded",
         }
         assert datetime.fromisoformat(first["at"]).tzinfo is not None
-        assert len(first["digest"]) == 64 and mine["records"][1]["outcome"] == "approved"
+        assert len(first["digest"]) == 64 and mine["items"][1]["outcome"] == "approved"
         # Those who decided see what they did; eve sees her own run; lead, nothing.
         assert _kinds(await api.get("/v1/audit", "boss")) == [("recorded", "dana", "boss")]
         assert _kinds(await api.get("/v1/audit", "ann")) == [("decided", "dana", "ann")]
         theirs = await api.get("/v1/audit", "eve")
         assert _kinds(theirs) == [("recorded", "eve", "eve"), ("cancelled", "eve", "eve")]
-        assert {r["run_id"] for r in theirs["records"]} == {other}
-        assert (await api.get("/v1/audit", "lead"))["records"] == []
+        assert {r["run_id"] for r in theirs["items"]} == {other}
+        assert (await api.get("/v1/audit", "lead"))["items"] == []
 
         page = await api.get("/v1/audit?limit=1", "dana")
         assert _kinds(page) == [("recorded", "dana", "boss")] and page["more"] is True
@@ -87,8 +87,8 @@ async def test_the_audit_lists_the_callers_records_page_by_page(db_url: str) -> 
         last = await api.get(page["next"], "dana")
         assert _kinds(last) == [("decided", "dana", "ann")]
         assert (last["more"], last["after"], last["next"]) == (False, None, None)
-        assert (await api.get(f"/v1/audit?after={last['records'][0]['seq']}", "dana")) == {
-            "records": [],
+        assert (await api.get(f"/v1/audit?after={last['items'][0]['seq']}", "dana")) == {
+            "items": [],
             "more": False,
             "after": None,
             "limit": 100,

@@ -47,7 +47,7 @@ class AuditRecordOut(BaseModel):
 class AuditPageOut(BaseModel):
     """A page of the caller's audit records, in ``seq`` order."""
 
-    records: list[AuditRecordOut]
+    items: list[AuditRecordOut] = Field(description="the records, in `seq` order")
     more: bool = Field(description="whether more records follow this page")
     after: int | None = Field(description="the next page's cursor (its last seq), or null")
     limit: int
@@ -77,7 +77,7 @@ async def list_audit(
     page = await engine.audit(user, after=after, limit=limit)
     nxt = page.after
     return {
-        "records": [record.to_json() for record in page],
+        "items": [record.to_json() for record in page],
         "more": page.more,
         "after": nxt,
         "limit": limit,

@@ -90,7 +90,7 @@ class AuditPage:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "records": [r.to_json() for r in self.records],
+            "items": [r.to_json() for r in self.records],
             "more": self.more,
             "after": self.after,
         }
