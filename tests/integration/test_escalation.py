@@ -81,3 +81,29 @@ async def test_a_member_of_the_escalation_group_decides_with_the_calls_own_token
     assert list(await eng.pending_approvals("stranger")) == []
     done = await eng.resume_after_confirmation(outcome.notice.token, "approve", "olga")
     assert done.outcome is CallVerdict.EXECUTED
+
+
+async def test_a_call_decided_in_time_is_never_escalated_and_is_forgotten(
+    engine: tuple[Engine, MemoryNotifier],
+) -> None:
+    eng, notifier = engine
+    outcome = await eng.ask(deciders.OWNER, "page them")
+    assert outcome.notice is not None
+    run = (await eng.get_run(outcome.run_id)).run
+    suspended_at = run.pending_calls[0].suspended_at
+    assert suspended_at is not None
+    done = await eng.resume_after_confirmation(outcome.notice.token, "approve", "dana")
+    assert done.outcome is CallVerdict.EXECUTED
+    due = suspended_at + deciders.ESCALATE_AFTER_MIN * 60
+    store = eng.runner.store
+    await until(lambda: _past(eng, due), what="the call's due time")
+    assert await asyncio.to_thread(store.next_escalation_in) is None  # nothing a pass escalates
+    report = await eng.operator.reap()
+    assert report.escalated == []
+    assert not [e for e in await eng.events(outcome.run_id) if e.kind == "escalated"]
+    assert not [n for n in notifier.notices if n.escalated]
+    assert await asyncio.to_thread(store.forget_escalations) == 0  # the pass forgot it
+
+
+async def _past(eng: Engine, due: float) -> bool:
+    return await eng.now() > due

@@ -100,8 +100,12 @@ _ESCALATED_OPEN = (
     .select_from(_CALLS)
     .where(pending_calls.c.escalated_at.is_not(None), _OPEN)
 )
-_NEXT = sa.select(sa.func.min(pending_calls.c.escalate_at) - db_now()).where(
-    pending_calls.c.escalate_at.is_not(None), _NOT_YET
+# The soonest call still to escalate, of a run still suspended on it inside its window,
+# of the versions served: a call a pass could escalate (so a pass never spins on others).
+_NEXT = (
+    sa.select(sa.func.min(pending_calls.c.escalate_at) - db_now())
+    .select_from(_CALLS)
+    .where(pending_calls.c.escalate_at.is_not(None), _NOT_YET, _OPEN, SERVED)
 )
 
 
@@ -149,8 +153,6 @@ class Escalations(StoreBase):
         with self.begin() as conn:
             due = self.dialect.candidates(_DUE_CALLS, of=pending_calls)
             rows = conn.execute(due, params).all()
-            if len(rows) < batch:  # the pass's last batch: forget calls that never will be
-                conn.execute(_VOID)
             records = []
             for row in rows:
                 alias = new_hashes()
@@ -204,6 +206,13 @@ class Escalations(StoreBase):
                     picked[row.token_hash] = (row.run_id, swap["b_alias"])
             return _found(conn, picked) if picked else []
 
+    def forget_escalations(self) -> int:
+        """Clear the due time of calls that will never be escalated (decided, or their
+        suspension ended, before it came): how many. The reaper's pass, so the calls still
+        to escalate stay few however many were decided in time."""
+        with self.begin() as conn:
+            return int(conn.execute(_VOID).rowcount or 0)
+
     def escalated_requests(self) -> list[tuple[str, str]]:
         """(owner, tool) of every escalated call still to decide: whom an inbox may list
         it for besides the owner's approvers."""
@@ -211,9 +220,10 @@ class Escalations(StoreBase):
             rows = conn.execute(_ESCALATED_OPEN).all()
         return sorted({(str(r.user_id), str(r.call.get("tool"))) for r in rows})
 
-    def next_escalation_in(self) -> float | None:
-        """Seconds until the soonest call still to escalate is due, by the database's clock
-        (≤ 0: due now); None when no call waits to be escalated."""
+    def next_escalation_in(self, versions: Sequence[str] | None = None) -> float | None:
+        """Seconds until the soonest call of a run of ``versions`` (None: any) still to
+        escalate is due, by the database's clock (≤ 0: due now); None when no call waits
+        to be escalated."""
         with self.engine.connect() as conn:
-            value = conn.execute(_NEXT).scalar()
+            value = conn.execute(_NEXT, served(versions)).scalar()
         return None if value is None else float(value)

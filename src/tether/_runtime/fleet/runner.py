@@ -114,7 +114,8 @@ class Runner:
         fired = await schedules.fire_due(self.services)
         await escalations.escalate_due(self.services)
         store = self.services.store
-        due = [await hop(store.next_tick_in), await hop(store.next_escalation_in)]
+        escalating = await hop(store.next_escalation_in, self.services.versions)
+        due = [await hop(store.next_tick_in), escalating]
         known = [d for d in due if d is not None]
         return fired, min(known) if known else None
 

@@ -60,7 +60,9 @@ async def expire_suspended(services: Services) -> list[str]:
 async def purge_retained(services: Services) -> int:
     """Delete runs halted or finished longer ago than the retention, in bounded batches,
     and audit records older than theirs (``TETHER_AUDIT_RETENTION_DAYS``, reference §19);
-    how many runs went. Safe twice: a deleted row is simply not found again."""
+    how many runs went; and forgets the escalations of calls decided in time (reference
+    §19). Safe twice: a deleted row is simply not found again."""
+    await hop(services.store.forget_escalations)
     while True:
         count = await hop(
             services.store.purge_audit,
