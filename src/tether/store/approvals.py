@@ -63,7 +63,7 @@ _CLEAR_ROUND = approvals.delete().where(approvals.c.token_hash == _TOKEN)
 _NEW_ARTEFACT = (
     pending_calls.update()
     .where(pending_calls.c.token_hash == _TOKEN)
-    .values(call=sa.bindparam("b_call", type_=sa.JSON))
+    .values(call=sa.bindparam("b_call", type_=sa.JSON), digest=sa.bindparam("b_call_digest"))
 )
 # The run's first pending call is also its ``pending`` (reference §6): kept the same.
 _NEW_FIRST = (
@@ -134,6 +134,7 @@ def start_round(
     if row is None or (params["b_digest"] or "") != round_of(row.call):
         return None
     fresh = {**params, "b_call": call, "b_round": round_of(call)}
+    fresh["b_call_digest"] = call.get("digest")
     conn.execute(_CLEAR_ROUND, fresh)
     conn.execute(_NEW_ARTEFACT, fresh)
     conn.execute(_NEW_FIRST, fresh)

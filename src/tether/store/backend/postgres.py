@@ -272,7 +272,7 @@ def _suspension_statement(claim: sa.Update) -> sa.Select[Any]:
                 _text("b_decision"),
                 _text("b_approver"),
                 db_now(),
-                sa.func.coalesce(_text("b_digest"), call.c.call["digest"].as_string()),
+                sa.func.coalesce(_text("b_digest"), call.c.digest),
                 _text("b_reason"),
                 sa.bindparam("b_arguments", type_=sa.JSON),
             ).select_from(r.join(call, of_token)),

@@ -53,6 +53,10 @@ pending_calls = sa.Table(
     sa.Column("escalated_at", sa.Float, nullable=True),
     sa.Column("alias_hash", sa.String(64), nullable=True),
     sa.Column("escalation_notified_at", sa.Float, nullable=True),
+    # The call's tool and its preview's digest, in the clear (migration 0017): ``call`` may
+    # be sealed (reference §20), and SQL still reads these two.
+    sa.Column("tool", sa.String(128), nullable=True),
+    sa.Column("digest", sa.String(64), nullable=True),
 )
 sa.Index("pending_calls_run", *(pending_calls.c[c] for c in ("run_id", "epoch", "position")))
 _partial(pending_calls, "pending_calls_alias", "alias_hash", where=ALIASED, unique=True)

@@ -270,6 +270,19 @@ users = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("removed_at", sa.Float, nullable=True),
     sa.Column("max_priority", sa.Integer, nullable=True),
+    # Days this user's halted and terminal runs are kept (migration 0017); NULL:
+    # TETHER_RETENTION_DAYS.
+    sa.Column("retention_days", sa.Float, nullable=True),
+)
+
+# The id of every key that sealed a value still stored (reference §20, migration 0017): a
+# process whose keys lack one refuses to start, and ``tether keys rotate`` removes the
+# ids no value is sealed with any more.
+sealing_keys = sa.Table(
+    "sealing_keys",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("since", sa.Float, nullable=False),
 )
 
 # The SHA-256 of every key revoked (rotated or its user removed), and nothing of whose it
