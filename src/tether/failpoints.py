@@ -35,6 +35,7 @@ POINTS: tuple[str, ...] = (
     "after_decision_recorded",  # a decision is recorded; others of its turn are undecided
     "after_approval_recorded",  # one of a quorum's approvals is recorded (§19); not the N-th
     "after_escalated",  # a call's escalation is durable (§19); its notice is not sent
+    "after_rotation_batch",  # a batch of values is re-sealed under the first key (§20)
     "after_claim",  # a resumption claimed the run; nothing else done
     "after_resume_execute",  # an approved call's result is durable; the run not handed back
     "after_outcome_found",  # reconciling learnt a write's outcome; nothing of it is stored

@@ -15,6 +15,7 @@ import typer
 
 from tether.cli.approvals import approvals_app
 from tether.cli.audit import audit_app
+from tether.cli.keys import keys_app
 from tether.cli.runs import runs_app
 from tether.cli.schedules import schedules_app
 from tether.cli.shared import (
@@ -59,6 +60,7 @@ app = typer.Typer(
 sandbox_app = typer.Typer(help="The demo business system.", no_args_is_help=True)
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(audit_app, name="audit")
+app.add_typer(keys_app, name="keys")
 app.add_typer(runs_app, name="runs")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(schedules_app, name="schedules")

@@ -6,6 +6,7 @@ call these; an application rarely does."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tether import inputs
@@ -13,11 +14,12 @@ from tether._runtime.fleet import versions
 from tether._runtime.hop import hop, hop_once
 from tether.approvals import inbox
 from tether.engine.opening import Side, opens
-from tether.errors import InvalidInput, NotFound, NotReady
+from tether.errors import ConfigError, InvalidInput, NotFound, NotReady
 from tether.results import Inbox, ReapReport
 from tether.runs import Run
 from tether.store import upgrade
 from tether.store.audit import AuditPage, audit_cursor
+from tether.store.sealing import Rotation, rotate
 from tether.store.users import Removal, UserSettings, new_key
 
 if TYPE_CHECKING:
@@ -197,6 +199,26 @@ class Operator(Side):
         cap = self._services.settings.max_active_per_user
         counts = await hop(self._services.store.count_waiting, cap)
         return {**counts, "rate_limit": self._services.limiter.waiting}
+
+    # -- the keys stored content is sealed with ----------------------------------------------
+
+    @opens
+    async def rotate_keys(
+        self, *, batch: int = 500, progress: Callable[[str, int], None] | None = None
+    ) -> Rotation:
+        """Re-seal every stored value under the first key of ``TETHER_ENCRYPTION_KEYS``
+        (reference §20), a batch per transaction, while workers run; the ids no value is
+        sealed with any more leave the database's list. Safe to run again after a crash.
+        ``invalid_config`` without keys, or naming a key a stored value needs."""
+        keyring = self._services.settings.keyring
+        if keyring is None:
+            raise ConfigError("TETHER_ENCRYPTION_KEYS is not set: there is no key to rotate to")
+        if not 1 <= batch <= 10_000:
+            raise InvalidInput(f"batch must be from 1 to 10000, got {batch}")
+        store = self._services.store
+        done = await hop(rotate, store.engine, keyring, batch=batch, progress=progress)
+        log.info("keys rotated", extra={"action": "rotate_keys", **done.to_json()})
+        return done
 
 
 def _settings(max_priority: int | None) -> UserSettings:

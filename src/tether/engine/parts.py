@@ -71,6 +71,7 @@ class Parts:
             listen_url=listen_database_url,
             heartbeat_refresh_s=settings.heartbeat_timeout_s / 3,
             retry_s=settings.db_retry_s,
+            keyring=settings.keyring,
         )
         self.events = Feed(self.store, poll_s=settings.watch_poll_s)
         base = ((settings.public_url if public_url is None else public_url) or "").rstrip("/")

@@ -36,8 +36,10 @@ from tether.errors import (
 from tether.failpoints import fail
 from tether.messages import ToolCall
 from tether.models.base import ModelResponse
+from tether.reasons import FailReason
 from tether.results import Outcome, StopKind
 from tether.runs import Run
+from tether.sealing import MissingKey
 from tether.store import CallStatus
 from tether.telemetry import tracing
 from tether.telemetry.metrics import MODEL_SECONDS, STEP_SECONDS
@@ -240,6 +242,17 @@ async def carry(services: Services, run: Run, *, stopping: asyncio.Event | None 
         return Outcome(run_id=run.id, kind=StopKind.ABANDONED)
     except (FailpointError, asyncio.CancelledError):
         raise
+    except MissingKey as exc:
+        # A stored value this process cannot open (reference §20): trying again will not
+        # help, so the run fails with the error naming the key.
+        await hop(
+            services.store.fail,
+            run.lease(),
+            reason=FailReason.ERROR,
+            elapsed_ms=0,
+            event={"error": exc.message, "code": exc.code},
+        )
+        return Outcome(run_id=run.id, kind=StopKind.FAILED, reason=FailReason.ERROR.value)
     except Exception as exc:
         log.exception("start failed", extra={"run_id": run.id, "action": "start_failed"})
         delay = services.settings.start_retry_s
