@@ -17,7 +17,7 @@ from tether.errors import ConfigError
 from tether.models.base import Message, Model, ModelResponse, ToolSpec
 from tether.notify import LogNotifier, Notifier
 from tether.telemetry import tracing
-from tether.telemetry.logs import leave_out
+from tether.telemetry.logs import leave_out, show_content
 
 T = TypeVar("T")
 
@@ -53,7 +53,7 @@ def pick_notifier(settings: Settings) -> Notifier:
         from tether.webhook import WebhookNotifier
 
         return WebhookNotifier(settings.webhook_url)
-    return LogNotifier(links=settings.log_approval_links)
+    return LogNotifier(links=settings.log_approval_links, content=settings.log_content)
 
 
 @asynccontextmanager
@@ -79,6 +79,7 @@ async def engine_for(
     with tracing.exporting():
         base = check_public_url(public_url, "--public-url")
         settings = _settings(interactive=interactive)
+        show_content(settings.log_content)  # the process's log handlers (``logs.py``)
         async with _engine(
             agent_spec,
             settings,

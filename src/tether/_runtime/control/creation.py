@@ -66,7 +66,8 @@ async def start_run(
     agent = services.agent
     scope = await agent.resolve_scope(user)
     run_id = uuid.uuid4().hex
-    with tracing.run_created(run_id, user, agent.name) as span:
+    allowed = services.settings.otel_content
+    with tracing.run_created(run_id, user, agent.name, content=allowed) as span:
         fields: dict[str, Any] = {
             "run_id": run_id,
             "user_id": user,

@@ -38,6 +38,7 @@ from tether.store import (
     idempotency_key,
 )
 from tether.telemetry import tracing
+from tether.telemetry.content import failure
 from tether.tokens import hash_token, new_token
 from tether.tools.tool import ToolContext
 
@@ -304,7 +305,7 @@ class RunSession:
         self.messages.append(message)
         if counted:
             self.budget = self.budget.after_tool_call()
-        tracing.tool_outcome(status.value, counted=counted, code=result.summary)
+        tracing.tool_outcome(status.value, counted=counted, code=result.summary, result=content)
 
     async def refuse(self, call: ToolCall, code: str, message: str) -> None:
         """Store a refusal of ``call`` as its result: it did not run and is not counted."""
@@ -381,7 +382,8 @@ class RunSession:
     async def fail_on_error(self, exc: Exception) -> Outcome:
         """Fail the run on an unexpected error (invariant 6: never ownerless in running)."""
         message = exc.message if isinstance(exc, TetherError) else f"{type(exc).__name__}: {exc}"
-        log.exception("run failed", extra={"run_id": self.run.id, "action": "failed"})
+        allowed = self.services.settings.log_content
+        log.error("run failed", **failure(exc, allowed, run_id=self.run.id, action="failed"))
         try:
             return await self.fail(FailReason.ERROR, {"error": message[:2000]})
         except LeaseLost:
