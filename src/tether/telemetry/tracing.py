@@ -1,10 +1,10 @@
-"""OpenTelemetry spans for a run (reference §11): every OpenTelemetry touch of tether is here.
+"""OpenTelemetry spans for a run (reference §11): every span of tether is made here.
 
 The rest of the code calls the small functions and context managers below. They cost
 nothing but a check when the ``otel`` extra is not installed or no tracer provider is
 configured: no span object is made. Nor is OpenTelemetry imported unless tracing is in use:
 ``use_provider`` was given a provider, the application imported ``opentelemetry.trace``
-(which setting a global provider takes), or ``exporting`` configured an exporter. The
+(which setting a global provider takes), or ``export.exporting`` configured an exporter. The
 library uses the global tracer provider the application configured; ``use_provider``
 hands it another one (tests, or an application that keeps its own).
 
@@ -46,10 +46,8 @@ An exporter never fails or slows a run: spans go through the provider's span pro
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import logging
-import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -446,46 +444,3 @@ def tool_note(key: str, value: Attr) -> None:
     traced = _tool.get()
     if traced is not None:
         traced.set(key, value)
-
-
-# -- tether's own processes ------------------------------------------------------------------
-
-ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-FLUSH_MS = 5000
-
-
-@contextmanager
-def exporting() -> Iterator[None]:
-    """For a ``tether`` command: with the extra installed and an OTLP endpoint in the
-    environment (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``,
-    read by the exporter with the other ``OTEL_*`` variables), export spans over OTLP/HTTP
-    through a ``BatchSpanProcessor``, and flush them on the way out (for at most
-    ``FLUSH_MS``). A hard crash loses the spans not yet exported. Otherwise nothing."""
-    if not any(os.environ.get(var) for var in ENDPOINT_VARS) or _load() is None:
-        yield
-        return
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider as SdkProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError:
-        log.warning("OTLP endpoint set but the otel extra is incomplete", extra={"action": "otel"})
-        yield
-        return
-    trace = _otel()
-    assert trace is not None
-    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        yield  # the agent's module configured tracing itself: its provider is used
-        return
-    name = os.environ.get("OTEL_SERVICE_NAME") or "tether"
-    provider = SdkProvider(resource=Resource.create({"service.name": name}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    # The global provider, so that spans of the agent's own libraries join the same trace.
-    trace.set_tracer_provider(provider)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(Exception):  # an exporter that fails never fails the command
-            provider.force_flush(FLUSH_MS)
-            provider.shutdown()

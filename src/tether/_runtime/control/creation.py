@@ -63,10 +63,9 @@ async def start_run(
             # Named only when given, so a digest from before priority and start_at still matches.
             body.update({name: value for name, value in order.items() if value})
         request = (inputs.idempotency_key(idempotency_key), json_digest(body))
-    agent = services.agent
+    agent, allowed = services.agent, services.settings.otel_content
     scope = await agent.resolve_scope(user)
     run_id = uuid.uuid4().hex
-    allowed = services.settings.otel_content
     with tracing.run_created(run_id, user, agent.name, content=allowed) as span:
         fields: dict[str, Any] = {
             "run_id": run_id,

@@ -37,8 +37,7 @@ from tether.store import (
     StepRefused,
     idempotency_key,
 )
-from tether.telemetry import tracing
-from tether.telemetry.content import failure
+from tether.telemetry import content, tracing
 from tether.tokens import hash_token, new_token
 from tether.tools.tool import ToolContext
 
@@ -382,8 +381,8 @@ class RunSession:
     async def fail_on_error(self, exc: Exception) -> Outcome:
         """Fail the run on an unexpected error (invariant 6: never ownerless in running)."""
         message = exc.message if isinstance(exc, TetherError) else f"{type(exc).__name__}: {exc}"
-        allowed = self.services.settings.log_content
-        log.error("run failed", **failure(exc, allowed, run_id=self.run.id, action="failed"))
+        allowed, run_id = self.services.settings.log_content, self.run.id
+        log.error("run failed", **content.failure(exc, allowed, run_id=run_id, action="failed"))
         try:
             return await self.fail(FailReason.ERROR, {"error": message[:2000]})
         except LeaseLost:
@@ -404,9 +403,8 @@ class RunSession:
 
     async def release(self, why: str) -> Outcome:
         """Hand the run back to the workers (still running, no owner)."""
-        await hop(
-            self.services.store.release, self.lease, elapsed_ms=self.elapsed(), event={"why": why}
-        )
+        event = {"why": why}
+        await hop(self.services.store.release, self.lease, elapsed_ms=self.elapsed(), event=event)
         return Outcome(run_id=self.run.id, kind=StopKind.RELEASED, reason=why)
 
     async def retry_model(self, delay_s: float, event: dict[str, Any]) -> tuple[int, float]:
