@@ -65,6 +65,7 @@ ENDPOINTS = [
         {"decisions": [{"tool_call_id": "c", "decision": "approve"}]},
     ),
     ("GET", "/v1/audit", None),
+    ("DELETE", "/v1/users/me/data", None),
 ]
 
 
