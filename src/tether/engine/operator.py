@@ -5,8 +5,11 @@ call these; an application rarely does."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from tether import failpoints, inputs
 from tether._runtime.fleet import versions
@@ -18,10 +21,12 @@ from tether.results import Inbox, ReapReport
 from tether.runs import Run
 from tether.store import upgrade
 from tether.store.audit import AuditPage, audit_cursor
+from tether.store.backend.dialect import Dialect
 from tether.store.erasure import Erased
 from tether.store.users import Removal, UserSettings, new_key
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Operator(Side):
@@ -112,13 +117,11 @@ class Operator(Side):
         store, batch = self._services.store, self._services.settings.purge_batch
         removal = await hop(store.begin_erasure, user)
         runs = 0
-        while count := await hop(store.erase_runs, user, batch):
+        while count := await _batch(store.erase_runs, user, batch, store.dialect, int):
             runs += count
-            failpoints.fail("after_erasure_batch")
         threads = 0
-        while (gone := await hop(store.erase_threads, user, batch))[0]:
+        while (gone := await _batch(store.erase_threads, user, batch, store.dialect, _rows))[0]:
             threads += gone[1]
-            failpoints.fail("after_erasure_batch")
         await hop(store.finish_erasure, user, by=by)
         erased = Erased(runs=runs, threads=threads, schedules=removal.schedules_deleted)
         log.info("user erased", extra={"action": "erase_user", "user": user, **erased.to_json()})
@@ -234,6 +237,25 @@ class Operator(Side):
         cap = self._services.settings.max_active_per_user
         counts = await hop(self._services.store.count_waiting, cap)
         return {**counts, "rate_limit": self._services.limiter.waiting}
+
+
+async def _batch(
+    erase: Callable[[str, int], T], user: str, batch: int, rest: Dialect, size: Callable[[T], int]
+) -> T:
+    """One batch of an erasure (``erase``; ``size``: how many rows it deleted), then, if it
+    deleted any, its failpoint after its commit and a rest of the backend's share of its
+    time (``Dialect.rest_after_batch``), so other processes' writers are not starved by
+    the next batch."""
+    start = time.monotonic()
+    done = await hop(erase, user, batch)
+    if size(done):
+        failpoints.fail("after_erasure_batch")
+        await asyncio.sleep((time.monotonic() - start) * rest.rest_after_batch)
+    return done
+
+
+def _rows(gone: tuple[int, int]) -> int:
+    return gone[0]
 
 
 def _settings(max_priority: int | None, retention_days: float | None) -> UserSettings:
