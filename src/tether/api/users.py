@@ -21,7 +21,10 @@ router = json_router()
         "authenticates. The caller's audit records keep their seq, time, kind and outcome, "
         "with a digest of the name. Counts what went; zeros when nothing was stored."
     ),
-    responses=responses((401, AUTH)),
+    responses=responses(
+        (401, AUTH),
+        (429, "`too_many_attempts`: this key failed too often lately (an erased key, sent again)"),
+    ),
 )
 async def erase_my_data(user: Caller, engine: EngineDep) -> dict[str, Any]:
     erased = await engine.operator.erase_user(user, by=user)
