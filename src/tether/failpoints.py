@@ -42,6 +42,7 @@ POINTS: tuple[str, ...] = (
     "after_reconcile",  # the reaper appended a reconciled result; the run not handed back
     "after_tick_claim",  # a schedule's tick claimed, its run not inserted (one transaction)
     "after_run_end",  # a run stopped; its thread's next queued run is not started yet
+    "after_erasure_batch",  # a batch of an erasure's runs or threads is deleted (§20); not the rest
 )
 ACTIONS = ("crash", "error")
 

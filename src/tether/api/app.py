@@ -161,7 +161,7 @@ def _set_up(app: FastAPI, engine: Engine, public_url: str) -> None:
 
 def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
     """The app for ``engine``. ``public_url`` prefixes approval links in notices."""
-    from tether.api import approvals, audit, metrics, schedules, threads, trees, v1, web
+    from tether.api import approvals, audit, metrics, schedules, threads, trees, users, v1, web
 
     app = _fastapi()
     _set_up(app, engine, public_url)
@@ -221,5 +221,6 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
     app.include_router(threads.router, prefix="/v1")
     app.include_router(schedules.router, prefix="/v1")
     app.include_router(trees.router, prefix="/v1")
+    app.include_router(users.router, prefix="/v1")
     app.include_router(web.router)
     return app

@@ -31,7 +31,7 @@ from tether.cli.shared import (
     unreachable,
 )
 from tether.cli.threads import ask, threads_app
-from tether.cli.users import MaxPriorityOpt, users_app
+from tether.cli.users import MaxPriorityOpt, RetentionDaysOpt, users_app
 from tether.errors import (
     DatabaseMisconfigured,
     DatabaseUnavailable,
@@ -300,6 +300,7 @@ def migrate(agent: AgentOpt = DEFAULT_AGENT) -> None:
 def users_add(
     name: Annotated[str, typer.Argument(help="the user's id")],
     max_priority: MaxPriorityOpt = None,
+    retention_days: RetentionDaysOpt = None,
     agent: IgnoredAgentOpt = None,
 ) -> None:
     """Create a user (if new) and print a new API key for it; the key is shown once. A
@@ -309,7 +310,10 @@ def users_add(
 
     typer.echo(
         on_engine(
-            NO_AGENT, lambda engine: engine.operator.add_user(name, max_priority=max_priority)
+            NO_AGENT,
+            lambda engine: engine.operator.add_user(
+                name, max_priority=max_priority, retention_days=retention_days
+            ),
         )
     )
 

@@ -106,6 +106,9 @@ class SqliteDialect(Dialect):
     """SQLite: the portable claims, no notifications, the step writes on the cursor."""
 
     name: ClassVar[str] = "sqlite"
+    # One writer at a time, and another process's writer waits in SQLite's busy handler
+    # (sleeping up to 100 ms between tries): back-to-back batches would starve it.
+    rest_after_batch: ClassVar[float] = 1.0
     # A read opens a deferred transaction (``connect.READ``), never the writers' lock.
     read_options: ClassVar[dict[str, Any]] = {READ: True}
 
