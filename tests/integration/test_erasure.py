@@ -15,6 +15,7 @@ import agents
 import httpx
 import inprocess
 import pytest
+import sealed
 import sqlalchemy as sa
 from erased_data import marker, mentions
 from store_runs import new_run
@@ -75,12 +76,14 @@ def _turns(mark: str) -> list[dict[str, object]]:
 
 
 @pytest.fixture
-async def people(db_url: str) -> AsyncIterator[People]:
+async def people(db_url: str, request: pytest.FixtureRequest) -> AsyncIterator[People]:
+    """The story; its content sealed at rest (reference §20) when the test asks ``sealed``."""
     mark, erin = marker(), "erin-" + marker()
     notifier = MemoryNotifier()
-    engine = inprocess.engine_for(db_url, _agent(), _turns(mark), notifier=notifier)
+    keys = sealed.ring(sealed.entry("k1")) if getattr(request, "param", None) == "sealed" else None
+    engine = inprocess.engine_for(db_url, _agent(), _turns(mark), notifier=notifier, keyring=keys)
     others = inprocess.engine_for(
-        db_url, _agent(), _turns("plain"), notifier=notifier, purge_batch=2
+        db_url, _agent(), _turns("plain"), notifier=notifier, purge_batch=2, keyring=keys
     )
     for user in (erin, "olga"):
         await engine.operator.add_user(user)
@@ -115,11 +118,15 @@ async def people(db_url: str) -> AsyncIterator[People]:
     others.close()
 
 
+@pytest.mark.parametrize("people", ["clear", "sealed"], indirect=True)
 async def test_an_erasure_leaves_nothing_of_the_user_in_any_table(
     people: People, db_url: str
 ) -> None:
     engine, erin = people.engine, people.erin
-    assert mentions(db_url, [people.mark]) != []  # the markers are there to be found
+    if people.engine.settings.keyring is None:
+        assert mentions(db_url, [people.mark]) != []  # the markers are there to be found
+    else:  # sealed: no content anywhere, the name only where it is an id
+        assert mentions(db_url, [people.mark]) == []
     olga_before = [e.kind for e in await engine.events(people.olgas_run)]
     erased = await engine.operator.erase_user(erin)
     # Four runs in three threads (the first and its follow-up share one), those still
