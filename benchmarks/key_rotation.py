@@ -30,11 +30,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from compare_common import fresh_database  # noqa: E402
+from step_overhead import StampedModel, script  # noqa: E402
 
-from tether import Agent, Engine, MemoryNotifier, ScriptedModel, StopKind, tool  # noqa: E402
+from tether import Agent, Engine, MemoryNotifier, StopKind, tool  # noqa: E402
 from tether.budget import Limits  # noqa: E402
 from tether.config import Settings  # noqa: E402
-from tether.models.base import Message, ModelResponse, ToolSpec  # noqa: E402
 from tether.sealing import Keyring, new_key, parse_keys  # noqa: E402
 
 PAD = "lorem ipsum dolor sit amet " * 80  # ~2 KB per result
@@ -46,25 +46,8 @@ def fetch(n: int) -> dict[str, Any]:
     return {"n": n, "text": PAD}
 
 
-class StampedModel(ScriptedModel):
-    """Plays ``turns`` for every run, stamping when each request starts."""
-
-    def __init__(self, turns: list[dict[str, Any]]) -> None:
-        super().__init__(turns)
-        self.starts: list[float] = []
-
-    async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
-        self.starts.append(time.perf_counter())
-        return await super().request(messages, tools)
-
-
-def turns(steps: int) -> list[dict[str, Any]]:
-    calls = [{"tool_calls": [{"name": "fetch", "arguments": {"n": i}}]} for i in range(steps)]
-    return [*calls, {"content": "done"}]
-
-
 def engine(url: str, keyring: Keyring, steps: int) -> tuple[Engine, StampedModel]:
-    model = StampedModel(turns(steps))
+    model = StampedModel(script(steps))
     agent = Agent(name="bench", system_prompt="You fetch pages.", tools=(fetch,))
     limits = Limits(max_steps=steps + 10, max_tool_calls=steps + 10)
     made = Engine(
