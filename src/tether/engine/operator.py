@@ -255,7 +255,8 @@ class Operator(Side):
         if not 1 <= batch <= 10_000:
             raise InvalidInput(f"batch must be from 1 to 10000, got {batch}")
         store = self._services.store
-        done = await hop(rotate, store.engine, keyring, batch=batch, progress=progress)
+        rest = store.dialect.rest_after_batch
+        done = await hop(rotate, store.engine, keyring, batch=batch, rest=rest, progress=progress)
         log.info("keys rotated", extra={"action": "rotate_keys", **done.to_json()})
         return done
 

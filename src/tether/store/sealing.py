@@ -13,6 +13,7 @@ pass); once no value is sealed with another key, their ids leave the list.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,21 +116,28 @@ def rotate(
     keyring: Keyring,
     *,
     batch: int = 500,
+    rest: float = 0.0,
     progress: Callable[[str, int], None] | None = None,
 ) -> Rotation:
     """Re-seal every stored value (clear ones included) under ``keyring.current``. Safe to
     run twice, or again after a crash: a value already under the current key is never
     selected, and each UPDATE applies only if the row still holds what was read. A value
-    under a key the ring lacks raises ``MissingKey`` naming it."""
+    under a key the ring lacks raises ``MissingKey`` naming it. After each batch it rests
+    ``rest`` times as long as the batch took."""
     done = Rotation(key=keyring.current)
     for _ in range(_PASSES):
         moved = 0
         for target in sealed_columns():
+            started = time.monotonic()
             for count in _rotate_column(engine, keyring, target, batch):
                 done.rotated[target.label] = done.rotated.get(target.label, 0) + count
                 moved += count
                 if count:
                     fail("after_rotation_batch")
+                    # Let other processes' writers in before the next batch (SQLite's
+                    # share of the batch's time: ``Dialect.rest_after_batch``).
+                    time.sleep((time.monotonic() - started) * rest)
+                started = time.monotonic()
                 if progress is not None:
                     progress(target.label, count)
         if moved == 0:
