@@ -35,7 +35,11 @@ Figures are printed, never asserted. Timings are sensitive to other load on the 
 the load average is printed with each table. Run it from the repository root::
 
     .venv/bin/python benchmarks/step_overhead.py [--backend sqlite|postgresql|both]
-        [--steps 200] [--repeat 3]
+        [--steps 200] [--repeat 3] [--sealed]
+
+``--sealed`` compares, per backend, trials whose content is sealed at rest
+(``TETHER_ENCRYPTION_KEYS``, reference §20) with trials in the clear: ms per step and
+stored bytes per step, and their ratios.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from tether import Agent, Engine, MemoryNotifier, ScriptedModel, Settings, StopK
 from tether.budget import Limits
 from tether.messages import canonical_json
 from tether.models.base import Message, ModelResponse, ToolSpec
+from tether.sealing import Keyring, new_key, parse_keys
 from tether.store.backend.connect import create_db_engine
 from tether.store.sql.schema import metadata as tether_metadata
 
@@ -176,12 +181,12 @@ def limits(steps: int) -> dict[str, Any]:
 CAP = Limits(max_steps=100_000, max_spend_usd=1e6, max_tool_calls=1_000_000, max_elapsed_ms=10**9)
 
 
-def bench_engine(url: str, model: StampedModel) -> Engine:
+def bench_engine(url: str, model: StampedModel, keyring: Keyring | None = None) -> Engine:
     agent = Agent(name="bench", system_prompt="You fetch records.", tools=(fetch,))
     return Engine(
         agent=agent,
         model=model,
-        settings=Settings(database_url=url, max_limits=CAP),
+        settings=Settings(database_url=url, max_limits=CAP, keyring=keyring),
         notifier=MemoryNotifier(),
         migrate=True,
     )
@@ -357,11 +362,12 @@ async def run_tether(
     return per_step, store
 
 
-def trial(url: str, steps: int) -> Trial:
+def trial(url: str, steps: int, keyring: Keyring | None = None) -> Trial:
     """A tether run bracketed by the floors (half of each before it, half after, so load
-    that varies over time weighs on both alike), on the fresh database at ``url``."""
+    that varies over time weighs on both alike), on the fresh database at ``url``; its
+    content sealed with ``keyring`` when given."""
     model = StampedModel(script(steps))
-    engine = bench_engine(url, model)
+    engine = bench_engine(url, model, keyring)
     asyncio.run(engine.open())  # the schema is built when the engine opens, not by its constructor
     db = create_db_engine(url)
     halves = (steps // 2, steps - steps // 2)
@@ -577,9 +583,41 @@ def measure(backend: str, steps: int, repeat: int) -> None:
     print(report(backend, steps, trials, load), flush=True)
 
 
+def measure_sealed(backend: str, steps: int, repeat: int) -> None:
+    """Trials with content sealed (a fresh AES-256 key, reference §20) and in the clear,
+    alternating so load that varies over time weighs on both; their step times and stored
+    bytes per step, and sealed / clear (targets: <= 1.1 and <= 1.05)."""
+    keyring = parse_keys(f"bench:{new_key()}")
+    load = os.getloadavg()[0]
+    runs: dict[str, list[Figures]] = {"clear": [], "sealed": []}
+    for i in range(repeat):
+        for name, ring in (("clear", None), ("sealed", keyring)):
+            with DATABASES[backend]() as url:
+                runs[name].append(Figures.of(trial(url, steps, ring)))
+            print(f"  repeat {i + 1} {name}: step {runs[name][-1].step_ms:.3f} ms", flush=True)
+    print(
+        f"{backend}: sealed against clear, {steps} steps, medians of {repeat} repeat(s), "
+        f"load average {load:.2f} at start"
+    )
+    for label, get, target in (
+        ("ms per step", lambda f: f.step_ms, 1.1),
+        ("  in the store's transaction", lambda f: f.store_ms, None),
+        ("stored bytes per step", lambda f: f.tether_pages, 1.05),
+        ("  live row bytes per step", lambda f: f.tether_rows, None),
+    ):
+        clear = _median_of(runs["clear"], get)
+        sealed = _median_of(runs["sealed"], get)
+        ratio = sealed / clear
+        verdict = "" if target is None else f" (target <= {target}: {_verdict(ratio, target)})"
+        print(f"  {label}: clear {clear:,.3f}, sealed {sealed:,.3f}, {ratio:.3f}x{verdict}")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="tether's per-step overhead against a floor.")
     parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
+    parser.add_argument(
+        "--sealed", action="store_true", help="compare content sealed at rest with clear"
+    )
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
@@ -592,7 +630,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
     for backend in backends:
-        measure(backend, args.steps, args.repeat)
+        if args.sealed:
+            measure_sealed(backend, args.steps, args.repeat)
+        else:
+            measure(backend, args.steps, args.repeat)
         print()
 
 

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from tether.budget import DEFAULT_MAX_LIMITS, Limits, LimitsInput
 from tether.errors import ConfigError
 from tether.models.pricing import Price, parse_prices
+from tether.sealing import Keyring, parse_keys
 
 DEFAULT_DATABASE_URL = "sqlite:///./tether.db"
 
@@ -115,6 +116,13 @@ class Settings:
     # Open event streams (the API's and the inbox's) one user may hold in one process
     # (TETHER_MAX_STREAMS_PER_USER); the next is ``429 too_many_streams``.
     max_streams_per_user: int = 100
+    # The keys stored content is sealed with (TETHER_ENCRYPTION_KEYS, reference §20): the
+    # first seals, all open; None: nothing is sealed. Kept out of repr.
+    keyring: Keyring | None = field(default=None, repr=False)
+    # Whether logs (TETHER_LOG_CONTENT) and spans (TETHER_OTEL_CONTENT) may carry content:
+    # questions, messages, tool arguments and results, previews (reference §20). Off by default.
+    log_content: bool = False
+    otel_content: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "default_limits", self.default_limits.at_most(self.max_limits))
@@ -199,6 +207,9 @@ class Settings:
             max_streams_per_user=int(
                 _positive(env, "TETHER_MAX_STREAMS_PER_USER", 100, whole=True)
             ),
+            keyring=parse_keys(env.get("TETHER_ENCRYPTION_KEYS")),
+            log_content=_flag(env, "TETHER_LOG_CONTENT"),
+            otel_content=_flag(env, "TETHER_OTEL_CONTENT"),
         )
 
 

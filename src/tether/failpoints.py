@@ -35,12 +35,14 @@ POINTS: tuple[str, ...] = (
     "after_decision_recorded",  # a decision is recorded; others of its turn are undecided
     "after_approval_recorded",  # one of a quorum's approvals is recorded (§19); not the N-th
     "after_escalated",  # a call's escalation is durable (§19); its notice is not sent
+    "after_rotation_batch",  # a batch of values is re-sealed under the first key (§20)
     "after_claim",  # a resumption claimed the run; nothing else done
     "after_resume_execute",  # an approved call's result is durable; the run not handed back
     "after_outcome_found",  # reconciling learnt a write's outcome; nothing of it is stored
     "after_reconcile",  # the reaper appended a reconciled result; the run not handed back
     "after_tick_claim",  # a schedule's tick claimed, its run not inserted (one transaction)
     "after_run_end",  # a run stopped; its thread's next queued run is not started yet
+    "after_erasure_batch",  # a batch of an erasure's runs or threads is deleted (§20); not the rest
 )
 ACTIONS = ("crash", "error")
 

@@ -92,6 +92,21 @@ def max_priority(value: Any) -> int:
     return int(value)
 
 
+MAX_RETENTION_DAYS = 1_000_000.0
+
+
+def retention_days(value: Any) -> float:
+    """A user's own retention (``--retention-days``, reference §20): days, decimals
+    allowed, more than 0 and at most ``MAX_RETENTION_DAYS``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput("retention days must be a number of days")
+    if not 0 < value <= MAX_RETENTION_DAYS:  # NaN fails both comparisons
+        raise InvalidInput(
+            f"retention days must be more than 0 and at most {MAX_RETENTION_DAYS:,.0f}"
+        )
+    return float(value)
+
+
 def start_at(value: Any) -> float | None:
     """When a run may start, as epoch seconds: an ISO-8601 time with a UTC offset (a
     string, or an aware ``datetime``) that exists in UTC (years 1 to 9999 there); None: at

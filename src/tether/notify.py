@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tether._runtime.hop import hop
+from tether.telemetry.content import failure, fields
 from tether.tokens import hash_token
 
 if TYPE_CHECKING:
@@ -79,12 +80,14 @@ class LogNotifier:
     """Writes notices to the log (the default when no webhook is configured). A log is read
     by more people than may decide, so it names the run and the tool, not the token: the
     request is found with ``tether approvals list`` or ``GET /v1/approvals``. With
-    ``links`` (``TETHER_LOG_APPROVAL_LINKS=1``) it writes the approval link too."""
+    ``links`` (``TETHER_LOG_APPROVAL_LINKS=1``) it writes the approval link too; with
+    ``content`` (``TETHER_LOG_CONTENT=1``) the call's arguments and preview."""
 
     immediate = True
 
-    def __init__(self, *, links: bool = False) -> None:
+    def __init__(self, *, links: bool = False, content: bool = False) -> None:
         self.links = links
+        self.content = content
 
     async def send(self, notice: Notice) -> None:
         extra: dict[str, Any] = {
@@ -98,6 +101,7 @@ class LogNotifier:
         }
         if self.links:
             extra["approve_url"] = notice.approve_url
+        extra |= fields(self.content, arguments=notice.arguments, preview=notice.preview)
         log.info(
             "approval requested: find it with `tether approvals list` or GET /v1/approvals",
             extra=extra,
@@ -130,7 +134,8 @@ class Outbox:
     it cannot race the re-issue that replaces it). A delivered notice is
     recorded; one that was not (refused, timed out, dropped from a full queue, or lost
     with the process) stays unrecorded, and the reaper re-issues it with a fresh token.
-    An ``immediate`` notifier is called inline instead.
+    An ``immediate`` notifier is called inline instead. ``content``: a notifier's error
+    is logged with its message (``TETHER_LOG_CONTENT``).
     """
 
     def __init__(
@@ -141,8 +146,10 @@ class Outbox:
         size: int = 1000,
         senders: int = 4,
         timeout_s: float = 60.0,
+        content: bool = False,
     ) -> None:
         self.notifier = notifier
+        self.content = content  # errors' messages in its log lines (TETHER_LOG_CONTENT)
         self.store = store
         self.size = size
         self.senders = senders
@@ -188,15 +195,16 @@ class Outbox:
             return
         try:
             delivered = await asyncio.wait_for(self.notifier.send(notice), left)
-        except Exception:
-            log.exception("notice failed", extra={"run_id": notice.run_id, "action": "notify"})
+        except Exception as exc:
+            told = failure(exc, self.content, run_id=notice.run_id, action="notify")
+            log.error("notice failed", **told)
             return
         if delivered is False:
             return
         try:
             await hop(self._record, notice.run_id, hash_token(notice.token))
-        except Exception:
-            log.exception("notice not recorded", extra={"run_id": notice.run_id})
+        except Exception as exc:
+            log.error("notice not recorded", **failure(exc, self.content, run_id=notice.run_id))
 
     def _record(self, run_id: str, token_hash: str) -> None:
         """Record a delivery, in a thread (nothing once the outbox was stopped)."""

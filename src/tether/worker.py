@@ -42,8 +42,8 @@ from typing import Any
 from tether._runtime.fleet.recovery import OrphanClaim
 from tether._runtime.fleet.versions import Registration
 from tether.engine import Engine
-from tether.errors import DatabaseUnavailable
 from tether.runs import Run
+from tether.telemetry.content import failure
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ class Worker:
         self._freed = asyncio.Event()  # a slot freed (the reaper waits on it)
         self._reaped = asyncio.Event()  # the first reaper pass was attempted
         self._ticked = asyncio.Event()  # the first pass over the schedules was attempted
+        # Whether its log lines may carry content: messages of errors (TETHER_LOG_CONTENT).
+        self._content = engine.runner.settings.log_content
 
     def stop(self) -> None:
         """Stop claiming; runs in hand are handed back at their next step boundary."""
@@ -154,12 +156,7 @@ class Worker:
                 self.counts["claim_error"] += 1
                 log.error(
                     "claiming failed; retrying",
-                    exc_info=not isinstance(exc, DatabaseUnavailable),
-                    extra={
-                        "action": "claim",
-                        "error": f"{type(exc).__name__}: {exc}"[:500],
-                        "retry_in_s": delay,
-                    },
+                    **failure(exc, self._content, action="claim", retry_in_s=delay),
                 )
                 await self._pause(delay)
                 delay = min(delay * 2, RESTART_MAX_S)
@@ -238,9 +235,10 @@ class Worker:
     async def _carry(self, run: Run) -> None:
         try:
             outcome = await self._runner.carry(run, stopping=self.stopping)
-        except Exception:
+        except Exception as exc:
             self.counts["error"] += 1
-            log.exception("carrying a run failed", extra={"run_id": run.id, "action": "carry"})
+            told = failure(exc, self._content, run_id=run.id, action="carry")
+            log.error("carrying a run failed", **told)
             return
         self.counts[outcome.kind.value] += 1
         if outcome.retry_in_s is not None:
@@ -259,9 +257,10 @@ class Worker:
     async def _recover(self, run: Run) -> None:
         try:
             outcome = await self._runner.recover(run)
-        except Exception:
+        except Exception as exc:
             self.counts["error"] += 1
-            log.exception("recovery failed", extra={"run_id": run.id, "action": "recover"})
+            told = failure(exc, self._content, run_id=run.id, action="recover")
+            log.error("recovery failed", **told)
             return
         finally:
             self._recovering -= 1
@@ -290,15 +289,16 @@ class Worker:
             except Exception as exc:
                 if time.monotonic() - started > RESTART_MAX_S:
                     delay = RESTART_FIRST_S  # it had been healthy: a fresh failure
-                log.exception(
+                log.error(
                     "side task failed; restarting",
-                    extra={
-                        "action": "side_task_restart",
-                        "task": name,
-                        "error": f"{type(exc).__name__}: {exc}"[:500],
-                        "retry_in_s": delay,
-                        "restarts": self.restarts[name] + 1,
-                    },
+                    **failure(
+                        exc,
+                        self._content,
+                        action="side_task_restart",
+                        task=name,
+                        retry_in_s=delay,
+                        restarts=self.restarts[name] + 1,
+                    ),
                 )
             self.restarts[name] += 1
             await self._pause(delay)

@@ -65,6 +65,7 @@ ENDPOINTS = [
         {"decisions": [{"tool_call_id": "c", "decision": "approve"}]},
     ),
     ("GET", "/v1/audit", None),
+    ("DELETE", "/v1/users/me/data", None),
 ]
 
 
@@ -723,7 +724,8 @@ async def test_the_openapi_document_describes_auth_and_every_refusal(db_url: str
         if path.startswith("/v1/")
         for method, op in item.items()
     ]
-    assert len(operations) == 20  # with the schedules (§13), a run's tree (§18), the audit (§19)
+    # With the schedules (§13), a run's tree (§18), the audit (§19), erasure (§20).
+    assert len(operations) == 21
     for path, method, op in operations:
         assert op["security"] == [{"HTTPBearer": []}], (path, method)
         assert "401" in op["responses"], (path, method)

@@ -276,7 +276,7 @@ WITHOUT_OTEL = """
 import asyncio, os, sys
 sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
 from tether import Agent, Engine, ScriptedModel
-from tether.telemetry import tracing
+from tether.telemetry import export, tracing
 
 os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"  # ignored without the extra
 
@@ -284,7 +284,7 @@ os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"  # ignored with
 async def main() -> None:
     agent = Agent(name="plain", system_prompt="p")
     model = ScriptedModel([{"content": "done"}])
-    with tracing.exporting():
+    with export.exporting():
         async with Engine(agent=agent, model=model, database_url=sys.argv[1], migrate=True) as e:
             outcome = await e.ask("dana", "hi")
             run = (await e.get_run(outcome.run_id)).run

@@ -5,7 +5,8 @@ reaches (Debian has only client libraries; PyPI and npm none), so the receiver i
 an HTTP server that takes ``POST /v1/traces`` as the SDK's OTLP/HTTP exporter sends it
 (protobuf, gzip or not), decodes it with ``opentelemetry-proto`` and answers an
 ``ExportTraceServiceResponse``. ``GET /spans`` lists what it received as JSON, so a test
-subprocess can wait for its own spans to have arrived.
+subprocess can wait for its own spans to have arrived; ``raw()`` is every request's body as
+it came (decompressed), for a test that scans all of it (events and statuses included).
 
 ``agent`` (``--agent otlp:agent``) is the test agent with one more read,
 ``await_export``, that returns once this process's first spans reached the receiver:
@@ -92,6 +93,7 @@ class Receiver:
 
     def __init__(self) -> None:
         self.spans: list[ReceivedSpan] = []
+        self.bodies: list[bytes] = []
         self._lock = threading.Lock()
         receiver = self
 
@@ -106,6 +108,7 @@ class Receiver:
                 spans = decode(body)
                 with receiver._lock:
                     receiver.spans.extend(spans)
+                    receiver.bodies.append(body)
                 answer = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
@@ -131,6 +134,11 @@ class Receiver:
     def received(self) -> list[ReceivedSpan]:
         with self._lock:
             return list(self.spans)
+
+    def raw(self) -> bytes:
+        """Every export request's body received so far, one after another."""
+        with self._lock:
+            return b"".join(self.bodies)
 
     def of_process(self, process: str) -> list[ReceivedSpan]:
         return [s for s in self.received() if s.resource.get(PROCESS_ATTR) == process]

@@ -14,6 +14,7 @@ from typing import ParamSpec, TypeVar
 
 from tether.errors import DatabaseUnavailable
 from tether.store.backend import faults
+from tether.telemetry.content import db_error
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -48,7 +49,7 @@ async def hop(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
                 raise _unavailable(fn, exc) from exc.__cause__
             log.warning(
                 "database error; retrying",
-                extra={"action": "db_retry", "call": _name(fn), "error": str(exc)[:300]},
+                extra={"action": "db_retry", "call": _name(fn), "error": db_error(exc)},
             )
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, RETRY_MAX_S)
@@ -78,6 +79,6 @@ def _unavailable(fn: Callable[..., object], exc: faults.Transient) -> DatabaseUn
     what = "its outcome is unknown" if exc.ambiguous else "nothing was changed"
     log.error(
         "database unavailable",
-        extra={"action": "db_unavailable", "call": _name(fn), "error": str(exc)[:300]},
+        extra={"action": "db_unavailable", "call": _name(fn), "error": db_error(exc)},
     )
     return DatabaseUnavailable(f"the database is unavailable ({what}); try again shortly")

@@ -18,6 +18,7 @@ from tether.api.statuses import error_body, status_for
 from tether.api.stream_slots import StreamSlots
 from tether.engine import Engine
 from tether.errors import NotReady, TetherError, TooManyAttempts
+from tether.telemetry.content import failure
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ def _set_up(app: FastAPI, engine: Engine, public_url: str) -> None:
 
 def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
     """The app for ``engine``. ``public_url`` prefixes approval links in notices."""
-    from tether.api import approvals, audit, metrics, schedules, threads, trees, v1, web
+    from tether.api import approvals, audit, metrics, schedules, threads, trees, users, v1, web
 
     app = _fastapi()
     _set_up(app, engine, public_url)
@@ -175,7 +176,8 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("request failed", extra={"action": "http", "path": request.url.path})
+        told = failure(exc, engine.settings.log_content, action="http", path=request.url.path)
+        log.error("request failed", **told)
         body = error_body("internal_error", "an internal error occurred")
         return JSONResponse(body, status_for("internal_error"))
 
@@ -219,5 +221,6 @@ def create_app(engine: Engine, *, public_url: str = "") -> FastAPI:
     app.include_router(threads.router, prefix="/v1")
     app.include_router(schedules.router, prefix="/v1")
     app.include_router(trees.router, prefix="/v1")
+    app.include_router(users.router, prefix="/v1")
     app.include_router(web.router)
     return app

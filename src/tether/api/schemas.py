@@ -345,6 +345,18 @@ class EventListOut(BaseModel):
     items: list[EventOut]
 
 
+class ErasedCountsOut(BaseModel):
+    runs: int = Field(description="the caller's runs deleted (children of trees included)")
+    threads: int = Field(description="the caller's conversations deleted")
+    schedules: int = Field(description="the caller's schedules deleted")
+
+
+class ErasedOut(BaseModel):
+    """What erasing the caller's data deleted (reference §20)."""
+
+    erased: ErasedCountsOut
+
+
 class ErrorOut(BaseModel):
     """Every refusal: a stable code and a message for people; some codes add fields."""
 

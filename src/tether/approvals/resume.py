@@ -79,7 +79,7 @@ async def by_token(services: Services, owner: str, token: str, ask: Asked) -> Ap
     run, call, used = found.run, found.call, found.decision
     if run is None or call is None:
         seen = await visible_run(services, used.run_id, ask.approver) if used is not None else None
-        with approval_span(seen, None, ask):
+        with approval_span(services, seen, None, ask):
             if used is not None and seen is not None:
                 raise _already(used)
             APPROVALS.labels(outcome=UnknownOrExpired.code).inc()
@@ -114,7 +114,7 @@ async def by_run(
             services.store.decision_for_call, run_id, str(tool_call_id)
         )
         seen = await visible_run(services, run_id, ask.approver) if used is not None else None
-        with approval_span(seen, None, ask):
+        with approval_span(services, seen, None, ask):
             if used is not None and seen is not None:
                 raise _already(used)
             raise unknown_or_expired()
@@ -199,10 +199,11 @@ async def _claim(
 
 
 def approval_span(
-    run: Run | None, call: PendingCall | None, ask: Asked
+    services: Services, run: Run | None, call: PendingCall | None, ask: Asked
 ) -> AbstractContextManager[tracing.Traced]:
     """The decision's ``approval`` span, in the run's trace when the approver may see the
-    run (``tracing.py``); its outcome is the verdict or the refusal's code."""
+    run (``tracing.py``); its outcome is the verdict or the refusal's code; the reason's
+    text only with ``TETHER_OTEL_CONTENT``."""
     pending = call.pending if call is not None else run.pending if run is not None else None
     tool = pending.tool if pending is not None else None
     return tracing.action(
@@ -217,6 +218,8 @@ def approval_span(
             "tether.approval.reason": ask.reason is not None,
         },
         outcome_key="tether.approval.outcome",
+        content=services.settings.otel_content,
+        private={"tether.approval.reason.text": ask.reason},
     )
 
 
@@ -224,7 +227,7 @@ async def _claim_and_carry_out(
     services: Services, owner: str, run: Run, call: PendingCall, ask: Asked
 ) -> ApprovalResult:
     services = services.serving(run)  # a child run's call is its sub-agent's (§18)
-    with approval_span(run, call, ask) as span:
+    with approval_span(services, run, call, ask) as span:
         try:
             result = await _claim_then_decide(services, owner, run, call, ask)
         except TetherError as exc:

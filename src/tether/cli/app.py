@@ -15,6 +15,7 @@ import typer
 
 from tether.cli.approvals import approvals_app
 from tether.cli.audit import audit_app
+from tether.cli.keys import keys_app
 from tether.cli.runs import runs_app
 from tether.cli.schedules import schedules_app
 from tether.cli.shared import (
@@ -30,7 +31,7 @@ from tether.cli.shared import (
     unreachable,
 )
 from tether.cli.threads import ask, threads_app
-from tether.cli.users import MaxPriorityOpt, users_app
+from tether.cli.users import MaxPriorityOpt, RetentionDaysOpt, users_app
 from tether.errors import (
     DatabaseMisconfigured,
     DatabaseUnavailable,
@@ -59,6 +60,7 @@ app = typer.Typer(
 sandbox_app = typer.Typer(help="The demo business system.", no_args_is_help=True)
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(audit_app, name="audit")
+app.add_typer(keys_app, name="keys")
 app.add_typer(runs_app, name="runs")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(schedules_app, name="schedules")
@@ -298,6 +300,7 @@ def migrate(agent: AgentOpt = DEFAULT_AGENT) -> None:
 def users_add(
     name: Annotated[str, typer.Argument(help="the user's id")],
     max_priority: MaxPriorityOpt = None,
+    retention_days: RetentionDaysOpt = None,
     agent: IgnoredAgentOpt = None,
 ) -> None:
     """Create a user (if new) and print a new API key for it; the key is shown once. A
@@ -307,7 +310,10 @@ def users_add(
 
     typer.echo(
         on_engine(
-            NO_AGENT, lambda engine: engine.operator.add_user(name, max_priority=max_priority)
+            NO_AGENT,
+            lambda engine: engine.operator.add_user(
+                name, max_priority=max_priority, retention_days=retention_days
+            ),
         )
     )
 

@@ -14,6 +14,7 @@ import typer
 
 from tether.cli.wiring import engine_for
 from tether.engine import Engine
+from tether.telemetry.content import failure
 from tether.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -122,11 +123,11 @@ async def _serve(
             reason = f"{type(error).__name__}: {error}" if error else "it returned"
             died.append(reason)
             app.state.unready = f"the worker stopped ({reason})"
-            log.critical(
-                "the worker stopped; shutting down",
-                exc_info=error,
-                extra={"action": "serve", "error": reason[:500]},
-            )
+            if error is None:
+                log.critical("the worker stopped; shutting down", extra={"action": "serve"})
+            else:
+                told = failure(error, engine.settings.log_content, action="serve")
+                log.critical("the worker stopped; shutting down", **told)
             server.should_exit = True
 
         if task is not None:

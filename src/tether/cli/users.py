@@ -1,8 +1,9 @@
 """``tether users``: the operator's user management (reference §6). ``add`` lives in
-``tether.cli.app``; ``list``, ``set``, ``remove`` and ``rotate-key`` are here. Removing a
-user or rotating its key revokes the old keys and ends the inbox sessions they opened at
-once. They need no agent: the engine serves a bare one (``wiring.NO_AGENT``), and
-``--agent`` is ignored."""
+``tether.cli.app``; ``list``, ``set``, ``remove``, ``erase`` and ``rotate-key`` are here.
+Removing a user or rotating its key revokes the old keys and ends the inbox sessions they
+opened at once; erasing deletes every run, thread and schedule of theirs, and the account.
+They need no agent: the engine serves a bare one (``wiring.NO_AGENT``), and ``--agent`` is
+ignored."""
 
 from __future__ import annotations
 
@@ -21,6 +22,14 @@ MaxPriorityOpt = Annotated[
     typer.Option(
         "--max-priority",
         help="-10 to 10: the highest priority the user may ask (default TETHER_MAX_PRIORITY)",
+    ),
+]
+RetentionDaysOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--retention-days",
+        help="days (decimals allowed, more than 0) the user's halted and finished runs are "
+        "kept (default TETHER_RETENTION_DAYS)",
     ),
 ]
 
@@ -59,15 +68,39 @@ def users_remove(
 def users_set(
     name: Annotated[str, typer.Argument(help="the user's id")],
     max_priority: MaxPriorityOpt = None,
+    retention_days: RetentionDaysOpt = None,
     agent: IgnoredAgentOpt = None,
 ) -> None:
-    """Change a user's settings (--max-priority). Exit 1 with invalid_input for a bad one
-    or none, not_found if there is no such user."""
+    """Change a user's settings (--max-priority, --retention-days). Exit 1 with
+    invalid_input for a bad one or none, not_found if there is no such user."""
     configure("WARNING")
     from tether.cli.wiring import NO_AGENT, on_engine
 
-    on_engine(NO_AGENT, lambda engine: engine.operator.set_user(name, max_priority=max_priority))
-    out.print(f"set {name}: max priority {max_priority}", markup=False, soft_wrap=True)
+    on_engine(
+        NO_AGENT,
+        lambda engine: engine.operator.set_user(
+            name, max_priority=max_priority, retention_days=retention_days
+        ),
+    )
+    given = {"max priority": max_priority, "retention days": retention_days}
+    said = ", ".join(f"{what} {value}" for what, value in given.items() if value is not None)
+    out.print(f"set {name}: {said}", markup=False, soft_wrap=True)
+
+
+@users_app.command("erase")
+def users_erase(
+    name: Annotated[str, typer.Argument(help="the user's id")], agent: IgnoredAgentOpt = None
+) -> None:
+    """Erase a user's data: cancel their runs in flight, then delete every run, thread,
+    schedule, key and session of theirs and the account (the name is free again); their
+    audit records keep only seq, at, kind, outcome and a digest of the name. Prints
+    {"erased": {"runs", "threads", "schedules"}}; zeros for a name with nothing stored.
+    Interrupted, run it again: it finishes what is left."""
+    configure("WARNING")
+    from tether.cli.wiring import NO_AGENT, on_engine
+
+    done = on_engine(NO_AGENT, lambda engine: engine.operator.erase_user(name))
+    emit({"erased": done.to_json()})
 
 
 @users_app.command("rotate-key")

@@ -16,8 +16,8 @@ from tether.engine import Engine
 from tether.errors import ConfigError
 from tether.models.base import Message, Model, ModelResponse, ToolSpec
 from tether.notify import LogNotifier, Notifier
-from tether.telemetry import tracing
-from tether.telemetry.logs import leave_out
+from tether.telemetry import export
+from tether.telemetry.logs import leave_out, show_content
 
 T = TypeVar("T")
 
@@ -53,7 +53,7 @@ def pick_notifier(settings: Settings) -> Notifier:
         from tether.webhook import WebhookNotifier
 
         return WebhookNotifier(settings.webhook_url)
-    return LogNotifier(links=settings.log_approval_links)
+    return LogNotifier(links=settings.log_approval_links, content=settings.log_content)
 
 
 @asynccontextmanager
@@ -71,14 +71,15 @@ async def engine_for(
     """The process's one engine for ``agent_spec``, configured from the environment and
     opened. ``serve_agent`` enters the agent's lifespan first (what it needs running
     beside it, e.g. the demo's sandbox), for commands that call its tools or scope. Spans
-    are exported over OTLP when the environment names an endpoint (``tracing.exporting``).
+    are exported over OTLP when the environment names an endpoint (``export.exporting``).
     Links in notices start with ``public_url`` (``--public-url``), else TETHER_PUBLIC_URL,
     else ``own_url`` (``serve``'s own address; none for other commands). A ``brief``
     process runs one command and exits (``Agent.running``); an ``interactive`` one, a
     command a person runs and waits for, does not wait for its database (``on_engine``)."""
-    with tracing.exporting():
+    with export.exporting():
         base = check_public_url(public_url, "--public-url")
         settings = _settings(interactive=interactive)
+        show_content(settings.log_content)  # the process's log handlers (``logs.py``)
         async with _engine(
             agent_spec,
             settings,

@@ -5,25 +5,29 @@ call these; an application rarely does."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from tether import inputs
+from tether import failpoints, inputs
 from tether._runtime.fleet import versions
 from tether._runtime.hop import hop, hop_once
 from tether.approvals import inbox
 from tether.engine.opening import Side, opens
-from tether.errors import InvalidInput, NotFound, NotReady
+from tether.errors import ConfigError, InvalidInput, NotFound, NotReady
 from tether.results import Inbox, ReapReport
 from tether.runs import Run
 from tether.store import upgrade
 from tether.store.audit import AuditPage, audit_cursor
+from tether.store.backend.dialect import Dialect
+from tether.store.erasure import Erased
+from tether.store.sealing import Rotation, rotate
 from tether.store.users import Removal, UserSettings, new_key
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Operator(Side):
@@ -58,8 +62,9 @@ class Operator(Side):
     @opens
     async def list_users(self) -> list[dict[str, Any]]:
         """Every user by name, removed ones included (their name stays taken until their
-        data is erased): when created, how many keys, ``removed_at`` (null unless removed)
-        and ``max_priority`` (null: TETHER_MAX_PRIORITY)."""
+        data is erased): when created, how many keys, ``removed_at`` (null unless removed),
+        ``max_priority`` (null: TETHER_MAX_PRIORITY) and ``retention_days`` (null:
+        TETHER_RETENTION_DAYS)."""
         return await hop(self._services.store.list_users)
 
     @opens
@@ -81,16 +86,47 @@ class Operator(Side):
         return removed
 
     @opens
-    async def set_user(self, user: str, *, max_priority: int | None = None) -> None:
+    async def set_user(
+        self, user: str, *, max_priority: int | None = None, retention_days: float | None = None
+    ) -> None:
         """Change settings of ``user``: ``max_priority``, the highest priority they may ask
-        (-10 to 10; reference §13). ``invalid_input`` without a setting or for a bad one,
-        ``not_found`` if there is no such user (or they were removed)."""
+        (-10 to 10; reference §13), ``retention_days``, how long their halted and finished
+        runs are kept (reference §20). ``invalid_input`` without a setting or for a bad
+        one, ``not_found`` if there is no such user (or they were removed)."""
         inputs.user_id(user, "a user name")
-        settings = _settings(max_priority)
+        settings = _settings(max_priority, retention_days)
         if not settings.changes():
-            raise InvalidInput("name a setting to change: max_priority (--max-priority N)")
+            raise InvalidInput(
+                "name a setting to change: max_priority (--max-priority N) or retention_days "
+                "(--retention-days N)"
+            )
         if not await hop(self._services.store.set_user, user, settings):
             raise NotFound(f"no user named {user!r}")
+
+    @opens
+    async def erase_user(self, user: str, *, by: str | None = None) -> Erased:
+        """Erase ``user``'s data (reference §20): withdraw them as ``remove_user`` does
+        (their runs in flight cancelled, so no worker writes a step after), then delete
+        every run of theirs, one transaction per batch of ``purge_batch`` runs, then their
+        threads, then their account, their name made a digest where others' data keeps
+        it. ``by``: who asks (the user themselves: recorded as their digest; None: an
+        operator). Zeros for a name with nothing stored. Safe to run again after a crash
+        midway: each transaction finds what is left (never half a run) and finishes it."""
+        inputs.user_id(user, "a user name")
+        if by is not None:
+            inputs.user_id(by, "by")
+        store, batch = self._services.store, self._services.settings.purge_batch
+        removal = await hop(store.begin_erasure, user)
+        runs = 0
+        while count := await _batch(store.erase_runs, user, batch, store.dialect, int):
+            runs += count
+        threads = 0
+        while (gone := await _batch(store.erase_threads, user, batch, store.dialect, _rows))[0]:
+            threads += gone[1]
+        await hop(store.finish_erasure, user, by=by)
+        erased = Erased(runs=runs, threads=threads, schedules=removal.schedules_deleted)
+        log.info("user erased", extra={"action": "erase_user", "user": user, **erased.to_json()})
+        return erased
 
     @opens
     async def rotate_key(self, user: str) -> str:
@@ -105,14 +141,19 @@ class Operator(Side):
 
     @opens
     async def add_user(
-        self, user: str, key: str | None = None, *, max_priority: int | None = None
+        self,
+        user: str,
+        key: str | None = None,
+        *,
+        max_priority: int | None = None,
+        retention_days: float | None = None,
     ) -> str:
-        """Create ``user`` if missing and give it a key (``key`` or a new one) and
-        ``max_priority`` if given; returns the key, which is stored only hashed. Safe twice:
-        an existing user keeps its keys. ``invalid_input`` for a removed user's name (until
-        their data is erased), a revoked key or one of another user."""
+        """Create ``user`` if missing and give it a key (``key`` or a new one) and the
+        settings given (as ``set_user``); returns the key, which is stored only hashed.
+        Safe twice: an existing user keeps its keys. ``invalid_input`` for a removed user's
+        name (until their data is erased), a revoked key or one of another user."""
         inputs.user_id(user, "a user name")
-        settings = _settings(max_priority)
+        settings = _settings(max_priority, retention_days)
         key = key or new_key()
         await hop(self._services.store.add_user, user, key, settings)
         return key
@@ -198,8 +239,49 @@ class Operator(Side):
         counts = await hop(self._services.store.count_waiting, cap)
         return {**counts, "rate_limit": self._services.limiter.waiting}
 
+    # -- the keys stored content is sealed with ----------------------------------------------
 
-def _settings(max_priority: int | None) -> UserSettings:
+    @opens
+    async def rotate_keys(
+        self, *, batch: int = 500, progress: Callable[[str, int], None] | None = None
+    ) -> Rotation:
+        """Re-seal every stored value under the first key of ``TETHER_ENCRYPTION_KEYS``
+        (reference §20), a batch per transaction, while workers run; the ids no value is
+        sealed with any more leave the database's list. Safe to run again after a crash.
+        ``invalid_config`` without keys, or naming a key a stored value needs."""
+        keyring = self._services.settings.keyring
+        if keyring is None:
+            raise ConfigError("TETHER_ENCRYPTION_KEYS is not set: there is no key to rotate to")
+        if not 1 <= batch <= 10_000:
+            raise InvalidInput(f"batch must be from 1 to 10000, got {batch}")
+        store = self._services.store
+        rest = store.dialect.rest_after_batch
+        done = await hop(rotate, store.engine, keyring, batch=batch, rest=rest, progress=progress)
+        log.info("keys rotated", extra={"action": "rotate_keys", **done.to_json()})
+        return done
+
+
+async def _batch(
+    erase: Callable[[str, int], T], user: str, batch: int, rest: Dialect, size: Callable[[T], int]
+) -> T:
+    """One batch of an erasure (``erase``; ``size``: how many rows it deleted), then, if it
+    deleted any, its failpoint after its commit and a rest of the backend's share of its
+    time (``Dialect.rest_after_batch``), so other processes' writers are not starved by
+    the next batch."""
+    start = time.monotonic()
+    done = await hop(erase, user, batch)
+    if size(done):
+        failpoints.fail("after_erasure_batch")
+        await asyncio.sleep((time.monotonic() - start) * rest.rest_after_batch)
+    return done
+
+
+def _rows(gone: tuple[int, int]) -> int:
+    return gone[0]
+
+
+def _settings(max_priority: int | None, retention_days: float | None) -> UserSettings:
     """The settings given, validated (``invalid_input`` for a bad one)."""
     bound = None if max_priority is None else inputs.max_priority(max_priority)
-    return UserSettings(max_priority=bound)
+    days = None if retention_days is None else inputs.retention_days(retention_days)
+    return UserSettings(max_priority=bound, retention_days=days)

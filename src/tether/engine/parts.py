@@ -71,11 +71,14 @@ class Parts:
             listen_url=listen_database_url,
             heartbeat_refresh_s=settings.heartbeat_timeout_s / 3,
             retry_s=settings.db_retry_s,
+            keyring=settings.keyring,
         )
         self.events = Feed(self.store, poll_s=settings.watch_poll_s)
         base = ((settings.public_url if public_url is None else public_url) or "").rstrip("/")
         self.public_url = base
-        notifier = notifier or LogNotifier(links=settings.log_approval_links)
+        notifier = notifier or LogNotifier(
+            links=settings.log_approval_links, content=settings.log_content
+        )
         self.services = Services(
             store=self.store,
             agent=agent,
@@ -83,7 +86,12 @@ class Parts:
             settings=settings,
             notifier=notifier,
             heartbeat=Heartbeat(self.store, settings.heartbeat_timeout_s / 3),
-            outbox=Outbox(notifier, self.store, timeout_s=settings.notice_timeout_s),
+            outbox=Outbox(
+                notifier,
+                self.store,
+                timeout_s=settings.notice_timeout_s,
+                content=settings.log_content,
+            ),
             approve_url=lambda token: f"{base}/approve/{token}",
             feed=self.events,
             deltas=deltas.hub_for(self.store),

@@ -18,6 +18,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from tether.errors import ConfigError
+from tether.telemetry.content import kind
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -102,7 +103,8 @@ class Link:
                     extra={
                         "action": "mcp_reconnect",
                         "server": self.server.label(),
-                        "error": f"{type(exc).__name__}: {exc}"[:300],
+                        # Its message may quote a call's arguments: the type alone.
+                        "error_type": kind(exc),
                     },
                 )
             finally:

@@ -25,6 +25,7 @@ import httpx
 
 from tether.errors import ConfigError, ModelError
 from tether.models.base import Message, Model, ModelResponse, TextSink, ToolSpec
+from tether.telemetry.content import kind
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +282,10 @@ class SDKModel(Model, Generic[ClientT]):
             return await self._call(messages, tools, on_text)
         except (self.errors.base, httpx.TransportError, IncompleteStream) as exc:
             error = model_error(exc, self.name, self.timeout_s, self.errors)
-            log.warning(error.message, extra={"action": "model_error", "model": self.name})
+            # The provider's message may quote what it was sent: the run's log line
+            # carries it, with TETHER_LOG_CONTENT (``model_failures.py``).
+            told = {"action": "model_error", "model": self.name, "status": error.status}
+            log.warning("model call failed", extra={**told, "error_type": kind(exc)})
             raise error from exc
 
     @abstractmethod

@@ -24,6 +24,7 @@ from tether.store.backend.clock import db_now
 from tether.store.backend.dialect import Dialect
 from tether.store.base import StoreBase
 from tether.store.sql.schema import approvals, decisions, pending_calls, runs
+from tether.store.sql.sealed import SealedJSON
 from tether.store.sql.steps import add_event
 from tether.store.sql.transitions import state_in
 
@@ -63,13 +64,13 @@ _CLEAR_ROUND = approvals.delete().where(approvals.c.token_hash == _TOKEN)
 _NEW_ARTEFACT = (
     pending_calls.update()
     .where(pending_calls.c.token_hash == _TOKEN)
-    .values(call=sa.bindparam("b_call", type_=sa.JSON))
+    .values(call=sa.bindparam("b_call", type_=SealedJSON), digest=sa.bindparam("b_call_digest"))
 )
 # The run's first pending call is also its ``pending`` (reference §6): kept the same.
 _NEW_FIRST = (
     runs.update()
     .where(runs.c.id == sa.bindparam("b_id"), runs.c.pending_token_hash == _TOKEN)
-    .values(pending=sa.bindparam("b_call", type_=sa.JSON))
+    .values(pending=sa.bindparam("b_call", type_=SealedJSON))
 )
 _OF_CALLS = (
     sa.select(
@@ -134,6 +135,7 @@ def start_round(
     if row is None or (params["b_digest"] or "") != round_of(row.call):
         return None
     fresh = {**params, "b_call": call, "b_round": round_of(call)}
+    fresh["b_call_digest"] = call.get("digest")
     conn.execute(_CLEAR_ROUND, fresh)
     conn.execute(_NEW_ARTEFACT, fresh)
     conn.execute(_NEW_FIRST, fresh)

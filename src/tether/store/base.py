@@ -10,12 +10,15 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from tether.sealing import Keyring
 from tether.store.backend import faults, pooling
 from tether.store.backend.announce import Announcer, take
 from tether.store.backend.connect import create_db_engine, normalize_url
 from tether.store.backend.dialect import Dialect, dialect_for
 from tether.store.backend.pooling import PoolMode, pool_mode
 from tether.store.migrate import ensure_schema
+from tether.store.sealing import check_keys
+from tether.store.sql.sealed import attach
 
 T = TypeVar("T")
 
@@ -33,12 +36,16 @@ class StoreBase:
         listen_url: str | None = None,
         heartbeat_refresh_s: float = 0.0,
         retry_s: float = 0.0,
+        keyring: Keyring | None = None,
     ) -> None:
         self.url = url
         # How long ``tether._runtime.hop.hop`` retries a call that met a transient database
         # error and committed nothing (``tether.store.backend.faults``).
         self.retry_s = retry_s
         self.engine: Engine = create_db_engine(url)
+        # Content is sealed and opened with ``keyring`` (reference §20; None: in the clear).
+        self.keyring = keyring
+        attach(self.engine, keyring)
         self.dialect: Dialect = dialect_for(self.engine.dialect.name)
         given = sa.engine.make_url(normalize_url(url))
         self.pool_mode = pool_mode(given)
@@ -127,10 +134,11 @@ class StoreBase:
             conn.execute(sa.select(1)).scalar_one()
 
     def ensure_schema(self, *, migrate_empty: bool) -> None:
-        """Check commits are durable and the schema is current (build it in an empty
-        database if asked)."""
+        """Check commits are durable, the schema is current (build it in an empty database
+        if asked) and this process holds every key stored content is sealed with."""
         self.check_commits()
         ensure_schema(self.engine, migrate_empty=migrate_empty)
+        check_keys(self.engine, self.dialect, self.keyring)
 
     def check_commits(self) -> None:
         """Behind a transaction pooler, refuse to run unless commits are synchronous

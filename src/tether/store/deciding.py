@@ -52,7 +52,7 @@ def _audit_insert(kind: AuditKind, which: Any, outcome: Any) -> Any:
             sa.func.coalesce(runs.c.root_run_id, runs.c.id),
             runs.c.user_id,
             decisions.c.decided_by,
-            pending_calls.c.call["tool"].as_string(),
+            pending_calls.c.tool,
             decisions.c.tool_call_id,
             decisions.c.digest,
             decisions.c.decision,

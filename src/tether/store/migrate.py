@@ -41,6 +41,7 @@ REVISIONS = (
     "0014",
     "0015",
     "0016",
+    "0017",
 )
 _VERSION = sa.text("SELECT version_num FROM alembic_version")
 

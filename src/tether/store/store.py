@@ -8,6 +8,7 @@ from tether.store.audit import Audit
 from tether.store.claims import Claims
 from tether.store.compaction import Compaction
 from tether.store.creation import Creation
+from tether.store.erasure import Erasure
 from tether.store.escalations import Escalations
 from tether.store.forks import Forks
 from tether.store.model_rate import ModelRate
@@ -44,6 +45,7 @@ class Store(
     Rounds,
     Audit,
     Escalations,
+    Erasure,
 ):
     """The synchronous store for a database URL: SQLite or PostgreSQL, whose differences
     are the hooks of its ``dialect`` (``backend.dialect.Dialect``, picked by
@@ -61,7 +63,8 @@ class Store(
     ticks, each claimed with the run it creates; ``model_rate``: leases of the fleet's
     model capacity; ``approvals``: a quorum call's new round on an edit (reference §19);
     ``audit``: reading, exporting and purging the audit of decisions; ``escalations``:
-    escalating calls nobody decided in time.
+    escalating calls nobody decided in time; ``erasure``: erasing a user's data, batch
+    by batch.
     Each method is one transaction; the engine's async API reaches each through one
     thread hop. Every state change is a ``sql.transitions.Transition``, checked against
     ``tether.runs.TRANSITIONS``. The statements live in ``sql``, what differs between

@@ -238,6 +238,8 @@ def write_calls(
                 "position": position,
                 "epoch": lease.epoch,
                 "call": pending.to_json(),
+                "tool": pending.tool,
+                "digest": pending.digest,
                 "notified_at": None,
                 "b_after": pending.escalate_after_s,
             }

@@ -25,8 +25,10 @@ from tether.store.backend.dialect import Dialect
 from tether.store.base import StoreBase
 from tether.store.sql.schema import (
     RETAINED,
+    approvals,
     compactions,
     decisions,
+    pending_calls,
     run_events,
     run_messages,
     runs,
@@ -253,10 +255,14 @@ def still_idle(
 
 
 def delete_runs(conn: Connection, ids: Sequence[str]) -> int:
-    """Delete the runs ``ids`` with everything of theirs; how many runs went."""
+    """Delete the runs ``ids`` with everything of theirs (the approvals of their calls
+    too, explicitly: no deletion depends on SQLite's foreign_keys pragma); how many runs
+    went."""
     if not ids:
         return 0
-    children = (run_messages, run_events, tool_calls, decisions, compactions)
+    calls = sa.select(pending_calls.c.token_hash).where(pending_calls.c.run_id.in_(ids))
+    conn.execute(approvals.delete().where(approvals.c.token_hash.in_(calls)))
+    children = (run_messages, run_events, tool_calls, decisions, pending_calls, compactions)
     for table in children:
         conn.execute(table.delete().where(table.c.run_id.in_(ids)))
     return int(conn.execute(runs.delete().where(runs.c.id.in_(ids))).rowcount)

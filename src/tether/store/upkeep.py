@@ -1,6 +1,7 @@
 """The reaper's housekeeping: expiring suspensions, re-issuing lost notices, purging runs
-past retention. Each is a batch, judged by the database's clock (invariant 11), and served
-by a partial index so its cost does not grow with the number of finished runs.
+past retention (``TETHER_RETENTION_DAYS``, or a user's own, reference §20). Each is a
+batch, judged by the database's clock (invariant 11), and served by a partial index so its
+cost does not grow with the number of finished runs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from tether.runs import PendingCall, Run, RunState
 from tether.store.backend.clock import db_now
 from tether.store.base import StoreBase
 from tether.store.escalations import MARK_ESCALATION_NOTIFIED
-from tether.store.sql.schema import RETAINED, decisions, pending_calls, runs
+from tether.store.sql.schema import RETAINED, decisions, pending_calls, runs, users
 from tether.store.sql.served import SERVED, served
 from tether.store.sql.steps import add_event
 from tether.store.sql.transitions import Transition, state_in
@@ -105,16 +106,28 @@ _REISSUED = (
 # candidates come from the retention index (runs past it); a thread with a run that is
 # still going, or changed since, is left whole. A child run's thread is never a candidate
 # of its own: a tree is purged with its root's thread (reference §18).
+_PAST = sa.select(runs.c.thread_id).where(
+    state_in(RETAINED),
+    runs.c.parent_run_id.is_(None),
+    runs.c.updated_at < db_now() - sa.bindparam("b_retention", type_=sa.Float),
+    ~kept(runs.c.thread_id),
+)
+# Users with a retention of their own (reference §20): their runs go by it, and the pass
+# by TETHER_RETENTION_DAYS leaves them out, so its cost is that of the retention index
+# whatever the number of users without one.
+_OWN_RETENTION = users.c.retention_days.is_not(None)
 _PAST_RETENTION = (
-    sa.select(runs.c.thread_id)
-    .where(
-        state_in(RETAINED),
-        runs.c.parent_run_id.is_(None),
-        runs.c.updated_at < db_now() - sa.bindparam("b_retention", type_=sa.Float),
-        ~kept(runs.c.thread_id),
-    )
+    _PAST.where(runs.c.user_id.not_in(sa.select(users.c.id).where(_OWN_RETENTION)))
     .order_by(runs.c.updated_at)
     .limit(sa.bindparam("b_batch", type_=sa.Integer))
+)
+_PAST_USERS_RETENTION = (
+    _PAST.where(runs.c.user_id == sa.bindparam("b_user"))
+    .order_by(runs.c.updated_at)
+    .limit(sa.bindparam("b_batch", type_=sa.Integer))
+)
+_OWN_RETENTIONS = (
+    sa.select(users.c.id, users.c.retention_days).where(_OWN_RETENTION).order_by(users.c.id)
 )
 
 
@@ -189,13 +202,21 @@ class Upkeep(StoreBase):
                     out.extend((fresh, call) for call in swapped)
         return out
 
-    def purge_retained(self, retention_s: float, batch: int) -> int:
+    def own_retentions(self) -> list[tuple[str, float]]:
+        """Each user with a retention of their own and its seconds (reference §20)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(_OWN_RETENTIONS).all()
+        return [(str(user), float(days) * 86_400.0) for user, days in rows]
+
+    def purge_retained(self, retention_s: float, batch: int, *, user: str | None = None) -> int:
         """Delete up to ``batch`` threads whose runs were all halted or finished more than
         ``retention_s`` ago, with every run of theirs (messages, events, ledger, decisions,
-        idempotency keys, compactions); how many runs went. Safe twice: a purged thread is
-        gone, so a second pass finds the next ones, or none."""
+        idempotency keys, compactions); how many runs went. Of ``user`` (their own
+        retention), or of every user without a retention of their own (None). Safe twice:
+        a purged thread is gone, so a second pass finds the next ones, or none."""
         with self.begin() as conn:
-            params = {"b_retention": retention_s, "b_batch": batch}
-            found = dict.fromkeys(t for t in conn.execute(_PAST_RETENTION, params).scalars() if t)
+            params = {"b_retention": retention_s, "b_batch": batch, "b_user": user}
+            past = _PAST_RETENTION if user is None else _PAST_USERS_RETENTION
+            found = dict.fromkeys(t for t in conn.execute(past, params).scalars() if t)
             # Locked, then judged again: a follow-up added meanwhile keeps its thread.
             return delete_threads(conn, still_idle(conn, self.dialect, list(found), params))

@@ -45,16 +45,11 @@ _REVOKED = sa.select(revoked_keys.c.key_hash).where(
     revoked_keys.c.key_hash == sa.bindparam("b_hash")
 )
 _ACCOUNT = sa.select(users.c.removed_at, users.c.max_priority).where(_USER)
+_SHOWN = (users.c.id, users.c.created_at, users.c.removed_at, users.c.max_priority)
 _LIST_USERS = (
-    sa.select(
-        users.c.id,
-        users.c.created_at,
-        sa.func.count(api_keys.c.key_hash),
-        users.c.removed_at,
-        users.c.max_priority,
-    )
+    sa.select(*_SHOWN, users.c.retention_days, sa.func.count(api_keys.c.key_hash))
     .select_from(users.outerjoin(api_keys, api_keys.c.user_id == users.c.id))
-    .group_by(users.c.id, users.c.created_at, users.c.removed_at, users.c.max_priority)
+    .group_by(*_SHOWN, users.c.retention_days)
     .order_by(users.c.id)
 )
 _MARK_REMOVED = users.update().where(_USER, _LIVE).values(removed_at=db_now()).returning(users.c.id)
@@ -104,6 +99,9 @@ class UserSettings:
 
     # The highest priority the user may ask (-10 to 10; reference §13).
     max_priority: int | None = None
+    # Days their halted and terminal runs are kept (> 0, decimals; reference §20), in
+    # place of TETHER_RETENTION_DAYS.
+    retention_days: float | None = None
 
     def changes(self) -> dict[str, Any]:
         """The columns to set: the settings given."""
@@ -242,7 +240,8 @@ class Users(StoreBase):
 
     def list_users(self) -> list[dict[str, Any]]:
         """Every user by name, removed ones included: name, created_at, how many keys,
-        removed_at (None: not removed) and max_priority (None: the setting's)."""
+        removed_at (None: not removed), max_priority and retention_days (None: the
+        setting's)."""
         with self.engine.connect() as conn:
             rows = conn.execute(_LIST_USERS).all()
         return [
@@ -252,8 +251,9 @@ class Users(StoreBase):
                 "keys": int(keys),
                 "removed_at": removed,
                 "max_priority": bound,
+                "retention_days": days,
             }
-            for name, created, keys, removed, bound in rows
+            for name, created, removed, bound, days, keys in rows
         ]
 
     def remove_user(self, user_id: str) -> Removal | None:
@@ -262,31 +262,13 @@ class Users(StoreBase):
         a ``cancelled`` event, ``reason: user_removed``; a worker carrying one is fenced at
         its next write), and mark the row removed. Their halted and finished runs stay.
         None (nothing written) if there is no such user or they were removed already."""
-        params = _of(user_id)
         with self.begin() as conn:
             # The user's row first, as every writer of a run or a schedule of theirs takes
             # it (``admit``): this waits for those in flight, and what they wrote is seen
             # by the statements after it.
-            if conn.execute(_MARK_REMOVED, params).first() is None:
+            if conn.execute(_MARK_REMOVED, _of(user_id)).first() is None:
                 return None
-            deleted = conn.execute(_DELETE_USER_SCHEDULES, params).rowcount
-            _revoke_keys(conn, self.dialect, params)
-            revoked = conn.execute(_DELETE_USER_KEYS, params).rowcount
-            rows = _CANCEL_ACTIVE.many(conn, params)
-            cancelled = [str(row.id) for row in rows]
-            _record_cancelled(conn, cancelled)
-            records = [
-                {"run_id": r.id, "root_run_id": r.root_run_id or r.id, "user_id": user_id}
-                for r in rows
-            ]
-            why = {"reason": "its user was removed", "outcome": "cancelled"}
-            audit.append(conn, AuditKind.CANCELLED, [{**r, **why} for r in records])
-            return Removal(
-                user=user_id,
-                keys_revoked=revoked,
-                schedules_deleted=deleted,
-                runs_cancelled=cancelled,
-            )
+            return withdraw(conn, self.dialect, user_id)
 
     def rotate_key(self, user_id: str, key: str) -> bool:
         """Replace every key of ``user_id`` with ``key`` (the old ones revoked for good) and
@@ -303,6 +285,28 @@ class Users(StoreBase):
                 api_keys.insert().values(key_hash=key_hash, user_id=user_id, created_at=db_now())
             )
         return True
+
+
+def withdraw(conn: Connection, dialect: Dialect, user_id: str) -> Removal:
+    """In the caller's transaction, once the user's row is marked removed (the lock every
+    writer of theirs takes, ``admit``): delete their schedules, revoke their keys and end
+    their sessions, cancel their queued, running, suspended and waiting runs (each with
+    its event and audit record). Safe twice: the second finds nothing left to do."""
+    params = _of(user_id)
+    deleted = conn.execute(_DELETE_USER_SCHEDULES, params).rowcount
+    _revoke_keys(conn, dialect, params)
+    revoked = conn.execute(_DELETE_USER_KEYS, params).rowcount
+    rows = _CANCEL_ACTIVE.many(conn, params)
+    cancelled = [str(row.id) for row in rows]
+    _record_cancelled(conn, cancelled)
+    records = [
+        {"run_id": r.id, "root_run_id": r.root_run_id or r.id, "user_id": user_id} for r in rows
+    ]
+    why = {"reason": "its user was removed", "outcome": "cancelled"}
+    audit.append(conn, AuditKind.CANCELLED, [{**r, **why} for r in records])
+    return Removal(
+        user=user_id, keys_revoked=revoked, schedules_deleted=deleted, runs_cancelled=cancelled
+    )
 
 
 def _of(user_id: str) -> dict[str, Any]:

@@ -1,4 +1,9 @@
-"""Structured logs: one JSON object a line, with ``run_id``, ``action`` and ``state``."""
+"""Structured logs: one JSON object a line, with ``run_id``, ``action`` and ``state``.
+
+The handlers ``configure`` sets up write an exception's traceback without its message
+(``content.frames``) unless ``show_content`` allowed content (``TETHER_LOG_CONTENT=1``):
+a backstop for what other libraries log (uvicorn's errors, an exporter's), beside tether's
+own lines, which leave content out themselves (``content.failure``)."""
 
 from __future__ import annotations
 
@@ -7,10 +12,27 @@ import logging
 import sys
 from typing import Any
 
+from tether.telemetry import content
+
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
 
-class JsonFormatter(logging.Formatter):
+class Redacting(logging.Formatter):
+    """A formatter whose tracebacks carry the exceptions' messages only with ``content``."""
+
+    content = False
+
+    def formatException(self, ei: Any) -> str:
+        if self.content or ei[1] is None:
+            return super().formatException(ei)
+        return content.frames(ei[1])
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.exc_text = None  # another handler's text may hold what this one leaves out
+        return super().format(record)
+
+
+class JsonFormatter(Redacting):
     """Formats a record and its ``extra`` fields as one JSON line."""
 
     def format(self, record: logging.LogRecord) -> str:
@@ -45,10 +67,18 @@ def leave_out(*actions: str) -> None:
         handler.addFilter(Without(frozenset(actions)))
 
 
+def show_content(allowed: bool) -> None:
+    """From now on, the handlers ``configure`` set up write exceptions' messages in their
+    tracebacks only if ``allowed`` (``Settings.log_content``)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler.formatter, Redacting):
+            handler.formatter.content = allowed
+
+
 def configure(level: str = "INFO", *, json_lines: bool = True) -> None:
     """Send tether's logs to stderr, as JSON lines unless ``json_lines`` is False."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter("%(message)s"))
+    handler.setFormatter(JsonFormatter() if json_lines else Redacting("%(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -1,10 +1,10 @@
-"""OpenTelemetry spans for a run (reference §11): every OpenTelemetry touch of tether is here.
+"""OpenTelemetry spans for a run (reference §11): every span of tether is made here.
 
 The rest of the code calls the small functions and context managers below. They cost
 nothing but a check when the ``otel`` extra is not installed or no tracer provider is
 configured: no span object is made. Nor is OpenTelemetry imported unless tracing is in use:
 ``use_provider`` was given a provider, the application imported ``opentelemetry.trace``
-(which setting a global provider takes), or ``exporting`` configured an exporter. The
+(which setting a global provider takes), or ``export.exporting`` configured an exporter. The
 library uses the global tracer provider the application configured; ``use_provider``
 hands it another one (tests, or an application that keeps its own).
 
@@ -32,16 +32,22 @@ The spans of one run, all in one trace whatever the process:
   ``execute_tool`` span is its child;
 - ``continue_run``: an owner's grant to a halted run.
 
+Content (reference §20) is on spans only with ``content`` (``TETHER_OTEL_CONTENT=1``, the
+engine's ``Settings.otel_content``, which its callers pass): then ``chat`` carries
+``gen_ai.input.messages`` and ``gen_ai.output.messages``, ``execute_tool``
+``gen_ai.tool.call.arguments`` and ``gen_ai.tool.call.result``, ``approval``
+``tether.approval.reason.text``, and a recorded exception its message. Without it an error
+is recorded by its type and frames (``content.frames``), never its message; every other
+attribute above is an id, a name, a count or a code, never content.
+
 An exporter never fails or slows a run: spans go through the provider's span processor
 (tether's own processes use a ``BatchSpanProcessor``, which exports off the run's path).
 """
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import logging
-import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -49,6 +55,7 @@ from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from tether.errors import TetherError
+from tether.telemetry import content as _content
 
 if TYPE_CHECKING:
     from contextvars import Token
@@ -124,15 +131,21 @@ def on() -> bool:
 class Traced:
     """A span of ours, or nothing when tracing is off: ``set`` is then a no-op."""
 
-    __slots__ = ("outcome", "span")
+    __slots__ = ("content", "outcome", "span")
 
-    def __init__(self, span: Span | None = None) -> None:
+    def __init__(self, span: Span | None = None, *, content: bool = False) -> None:
         self.span = span
+        self.content = content  # content may be on this span (``TETHER_OTEL_CONTENT``)
         self.outcome: str | None = None
 
     def set(self, key: str, value: Attr) -> None:
         if self.span is not None and value is not None:
             self.span.set_attribute(key, value)
+
+    def set_content(self, key: str, value: Any) -> None:
+        """An attribute that is content: set only when this span may carry content."""
+        if self.span is not None:
+            self.set(key, _content.shown(value, self.content))
 
     def set_outcome(self, key: str, value: str | None) -> None:
         """The span's outcome, once: the first that is told wins."""
@@ -147,6 +160,7 @@ class Traced:
 
     def answered(self, response: ModelResponse) -> None:
         """What a model call answered (GenAI conventions)."""
+        self.set_content("gen_ai.output.messages", [response.message])
         self.set("gen_ai.response.model", response.model)
         self.set("gen_ai.usage.input_tokens", response.usage.input_tokens)
         self.set("gen_ai.usage.output_tokens", response.usage.output_tokens)
@@ -188,16 +202,19 @@ def _span(
     parent: Mapping[str, Any] | None = None,
     client: bool = False,
     refusal_key: str | None = None,
+    content: bool = False,
+    private: Mapping[str, Any] | None = None,
 ) -> Iterator[Traced]:
     """A span, current inside; parented on the stored ``parent`` trace context if given
     (with a link to the span that was current, if any), else on the current span. An
     error is recorded on it; a ``TetherError`` is the answer (its code under
-    ``refusal_key``), not a failure, where the span names one."""
+    ``refusal_key``), not a failure, where the span names one. ``private``: attributes
+    that are content, set only with ``content``."""
     tracer = _tracer()
     if tracer is None:
         yield _OFF
         return
-    from opentelemetry.trace import Link, SpanKind, Status, StatusCode, get_current_span
+    from opentelemetry.trace import Link, SpanKind, get_current_span
 
     links = []
     context = _parent(parent)
@@ -213,31 +230,48 @@ def _span(
         record_exception=False,
         set_status_on_exception=False,
     ) as span:
-        traced = Traced(span)
+        traced = Traced(span, content=content)
+        for key, value in (private or {}).items():
+            traced.set_content(key, value)
         try:
             yield traced
         except TetherError as exc:
             if refusal_key is None:
-                _failed(span, exc, Status, StatusCode)
+                _failed(span, exc, content)
             else:
                 traced.set_outcome(refusal_key, exc.code)
             raise
         except Exception as exc:
-            _failed(span, exc, Status, StatusCode)
+            _failed(span, exc, content)
             raise
 
 
-def _failed(span: Span, exc: Exception, status: Any, code: Any) -> None:
-    span.record_exception(exc)
+def _recorded(span: Span, exc: BaseException, content: bool) -> None:
+    """``exc`` as the span's ``exception`` event: its message only with ``content``."""
+    if content:
+        span.record_exception(exc)
+        return
+    span.add_event(
+        "exception",
+        {"exception.type": _content.kind(exc), "exception.stacktrace": _content.frames(exc)},
+    )
+
+
+def _failed(span: Span, exc: Exception, content: bool) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    _recorded(span, exc, content)
     span.set_attribute("error.type", _error_type(exc))
-    span.set_status(status(code.ERROR, f"{type(exc).__name__}: {exc}"[:300]))
+    span.set_status(Status(StatusCode.ERROR, _content.described(exc, content, 300)))
 
 
 # -- the spans of a run ------------------------------------------------------------------------
 
 
 @contextmanager
-def run_created(run_id: str, user_id: str, agent: str) -> Iterator[Traced]:
+def run_created(
+    run_id: str, user_id: str, agent: str, *, content: bool = False
+) -> Iterator[Traced]:
     """The run's first span, around its creation; its ``carrier()`` is what to store."""
     attrs = {
         "tether.run.id": run_id,
@@ -245,13 +279,18 @@ def run_created(run_id: str, user_id: str, agent: str) -> Iterator[Traced]:
         "gen_ai.agent.name": agent,
         "gen_ai.conversation.id": run_id,
     }
-    with _span(f"create_run {agent}", attrs) as traced:
+    with _span(f"create_run {agent}", attrs, content=content) as traced:
         yield traced
 
 
 @contextmanager
 def stretch(
-    run_id: str, trace_context: Mapping[str, Any] | None, agent: str, kind: str
+    run_id: str,
+    trace_context: Mapping[str, Any] | None,
+    agent: str,
+    kind: str,
+    *,
+    content: bool = False,
 ) -> Iterator[Traced]:
     """The run's stretch in this process (``kind``: carry, recover), in the run's trace."""
     attrs = {
@@ -261,7 +300,7 @@ def stretch(
         "tether.run.id": run_id,
         "tether.run.stretch": kind,
     }
-    with _span(f"invoke_agent {agent}", attrs, parent=trace_context) as traced:
+    with _span(f"invoke_agent {agent}", attrs, parent=trace_context, content=content) as traced:
         yield traced
 
 
@@ -273,11 +312,21 @@ def action(
     attrs: Mapping[str, Attr],
     *,
     outcome_key: str = "tether.results",
+    content: bool = False,
+    private: Mapping[str, Any] | None = None,
 ) -> Iterator[Traced]:
     """A decision about the run made outside its stretches (an approval, a continuation),
-    in the run's trace; a refusal (``TetherError``) is its outcome (``outcome_key``)."""
+    in the run's trace; a refusal (``TetherError``) is its outcome (``outcome_key``).
+    ``private``: its attributes that are content, set only with ``content``."""
     attrs = {"tether.run.id": run_id, **attrs}
-    with _span(name, attrs, parent=trace_context, refusal_key=outcome_key) as traced:
+    with _span(
+        name,
+        attrs,
+        parent=trace_context,
+        refusal_key=outcome_key,
+        content=content,
+        private=private,
+    ) as traced:
         yield traced
 
 
@@ -286,7 +335,8 @@ class Steps:
     one opens before each model call (or for the rest of a step begun elsewhere) and
     closes when the next opens or the stretch ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, content: bool = False) -> None:
+        self.content = content
         self._span: Span | None = None
         self._token: Token[Context] | None = None
 
@@ -320,13 +370,16 @@ class Steps:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if self._span is not None and isinstance(exc, Exception):
-            self._span.record_exception(exc)
+            _recorded(self._span, exc, self.content)
         self.close()
 
 
 @contextmanager
-def model_call(model_name: str, step: int) -> Iterator[Traced]:
-    """One model call, ``chat MODEL``; ``model_name`` is ``PROVIDER:MODEL``."""
+def model_call(
+    model_name: str, step: int, *, content: bool = False, messages: Any = None
+) -> Iterator[Traced]:
+    """One model call, ``chat MODEL``; ``model_name`` is ``PROVIDER:MODEL``; ``messages``
+    (what it is sent) are on it only with ``content``."""
     provider, colon, model = model_name.partition(":")
     if not colon:
         provider, model = model_name, model_name
@@ -336,14 +389,24 @@ def model_call(model_name: str, step: int) -> Iterator[Traced]:
         "gen_ai.request.model": model,
         "tether.step": step,
     }
-    with _span(f"chat {model}", attrs, client=True) as traced:
+    private = {"gen_ai.input.messages": messages}
+    with _span(f"chat {model}", attrs, client=True, content=content, private=private) as traced:
         yield traced
 
 
 @contextmanager
-def tool_call(name: str, call_id: str, *, key: str, effect: str | None) -> Iterator[Traced]:
+def tool_call(
+    name: str,
+    call_id: str,
+    *,
+    key: str,
+    effect: str | None,
+    content: bool = False,
+    arguments: Any = None,
+) -> Iterator[Traced]:
     """One tool call, from the moment it is processed until its result is stored or the
-    run stops on it; the store writes in between tell its outcome (``tool_result``)."""
+    run stops on it; the store writes in between tell its outcome (``tool_result``).
+    Its ``arguments`` are on it only with ``content``."""
     attrs = {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": name,
@@ -352,7 +415,8 @@ def tool_call(name: str, call_id: str, *, key: str, effect: str | None) -> Itera
         "tether.tool.effect": effect,
         "tether.idempotency_key": key,
     }
-    with _span(f"execute_tool {name}", attrs) as traced:
+    private = {"gen_ai.tool.call.arguments": arguments}
+    with _span(f"execute_tool {name}", attrs, content=content, private=private) as traced:
         if traced.span is None:
             yield traced
             return
@@ -363,11 +427,13 @@ def tool_call(name: str, call_id: str, *, key: str, effect: str | None) -> Itera
             _tool.reset(token)
 
 
-def tool_outcome(status: str, *, counted: bool, code: Any = None) -> None:
+def tool_outcome(status: str, *, counted: bool, code: Any = None, result: Any = None) -> None:
     """The stored result of the tool call in hand: ok, error (the tool ran and failed) or
-    refused (it did not run: ``code`` says why)."""
+    refused (it did not run: ``code`` says why); the ``result`` itself only where the
+    span may carry content."""
     traced = _tool.get()
     if traced is not None:
+        traced.set_content("gen_ai.tool.call.result", result)
         outcome = "ok" if status == "ok" else "error" if counted else "refused"
         traced.set_outcome("tether.tool.outcome", outcome)
         traced.set("tether.tool.error", code if isinstance(code, str) else None)
@@ -378,46 +444,3 @@ def tool_note(key: str, value: Attr) -> None:
     traced = _tool.get()
     if traced is not None:
         traced.set(key, value)
-
-
-# -- tether's own processes ------------------------------------------------------------------
-
-ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-FLUSH_MS = 5000
-
-
-@contextmanager
-def exporting() -> Iterator[None]:
-    """For a ``tether`` command: with the extra installed and an OTLP endpoint in the
-    environment (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``,
-    read by the exporter with the other ``OTEL_*`` variables), export spans over OTLP/HTTP
-    through a ``BatchSpanProcessor``, and flush them on the way out (for at most
-    ``FLUSH_MS``). A hard crash loses the spans not yet exported. Otherwise nothing."""
-    if not any(os.environ.get(var) for var in ENDPOINT_VARS) or _load() is None:
-        yield
-        return
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider as SdkProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError:
-        log.warning("OTLP endpoint set but the otel extra is incomplete", extra={"action": "otel"})
-        yield
-        return
-    trace = _otel()
-    assert trace is not None
-    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        yield  # the agent's module configured tracing itself: its provider is used
-        return
-    name = os.environ.get("OTEL_SERVICE_NAME") or "tether"
-    provider = SdkProvider(resource=Resource.create({"service.name": name}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    # The global provider, so that spans of the agent's own libraries join the same trace.
-    trace.set_tracer_provider(provider)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(Exception):  # an exporter that fails never fails the command
-            provider.force_flush(FLUSH_MS)
-            provider.shutdown()

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from tether.errors import ConfigError, TetherError
 from tether.models.base import ToolSpec
 from tether.scope import Scope
+from tether.telemetry.content import failure
 from tether.tools import deciders, declaration
 from tether.tools._timeouts import still_running, within
 from tether.tools.declaration import CALLED_WITH, InvalidTool, arguments_of, check_signature
@@ -230,8 +231,9 @@ class Tool:
             return rule
         try:
             return bool(await self._checked("conditional confirmation", rule, args, scope))
-        except Exception:
-            log.exception("confirmation check failed", extra={"tool": self.name})
+        except Exception as exc:
+            # A tool knows no settings: its rule's error by its type and frames only.
+            log.error("confirmation check failed", **failure(exc, False, tool=self.name))
             return True
 
     async def quorum_for(self, args: BaseModel, scope: Scope) -> int:
@@ -246,7 +248,7 @@ class Tool:
         except ToolFailed:
             raise
         except Exception as exc:  # a raising rule says nobody knows how many: refuse
-            log.exception("quorum check failed", extra={"tool": self.name})
+            log.error("quorum check failed", **failure(exc, False, tool=self.name))
             raise ToolFailed(
                 f"the quorum of {self.name} raised {type(exc).__name__}: {exc}"[:500]
             ) from exc

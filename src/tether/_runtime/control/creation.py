@@ -63,10 +63,10 @@ async def start_run(
             # Named only when given, so a digest from before priority and start_at still matches.
             body.update({name: value for name, value in order.items() if value})
         request = (inputs.idempotency_key(idempotency_key), json_digest(body))
-    agent = services.agent
+    agent, allowed = services.agent, services.settings.otel_content
     scope = await agent.resolve_scope(user)
     run_id = uuid.uuid4().hex
-    with tracing.run_created(run_id, user, agent.name) as span:
+    with tracing.run_created(run_id, user, agent.name, content=allowed) as span:
         fields: dict[str, Any] = {
             "run_id": run_id,
             "user_id": user,

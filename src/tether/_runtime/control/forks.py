@@ -40,7 +40,8 @@ async def fork_run(
         raise InvalidInput("dry_run must be true or false")
     new_id = uuid.uuid4().hex
     # The fork is a run of its own: its own trace, as a run that was asked.
-    with tracing.run_created(new_id, user, services.agent.name) as span:
+    allowed = services.settings.otel_content
+    with tracing.run_created(new_id, user, services.agent.name, content=allowed) as span:
         fork = await hop(
             services.store.fork_run,
             run_id=inputs.run_id(run_id),

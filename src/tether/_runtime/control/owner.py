@@ -56,7 +56,11 @@ async def continue_run(
     granted = run.limits.extended() if limits is None else parse_limits(limits, run.limits)
     within_cap(granted, services.settings.max_limits, "the granted limits")
     grant = {"tether.continue.by": user, "tether.continue.halt_reason": run.halt_reason}
-    with tracing.action("continue_run", run.id, run.trace_context, grant):
+    allowed = services.settings.otel_content
+    why_text = {"tether.continue.why": why}
+    with tracing.action(
+        "continue_run", run.id, run.trace_context, grant, content=allowed, private=why_text
+    ):
         continued = await hop(
             services.store.continue_halted,
             run_id=run_id,

@@ -21,6 +21,7 @@ from tether.reasons import FailReason
 from tether.results import Outcome, StopKind
 from tether.runs import Run
 from tether.telemetry import tracing
+from tether.telemetry.content import failure
 from tether.telemetry.metrics import RECOVERIES
 
 log = logging.getLogger(__name__)
@@ -87,11 +88,12 @@ async def recover(services: Services, run: Run) -> Outcome:
         outcome = Outcome(run_id=run.id, kind=StopKind.LEASE_LOST)
     except (FailpointError, asyncio.CancelledError):
         raise
-    except Exception:
+    except Exception as exc:
         # The run's scope resolver or downstream is down. It keeps this reaper's lease and
         # goes stale again; it is not released, since a worker would then drive it
         # without reconciling first.
-        log.exception("recovery deferred", extra={"run_id": run.id, "action": "recover"})
+        allowed = services.settings.log_content
+        log.error("recovery deferred", **failure(exc, allowed, run_id=run.id, action="recover"))
         outcome = Outcome(run_id=run.id, kind=StopKind.LEASE_LOST, reason="deferred")
     label = outcome.reason if outcome.kind is StopKind.FAILED else outcome.kind.value
     RECOVERIES.labels(outcome=label or "failed").inc()
@@ -100,7 +102,9 @@ async def recover(services: Services, run: Run) -> Outcome:
 
 async def _recover(services: Services, run: Run) -> Outcome:
     """The recovery, traced as the run's stretch in this process (``tracing.py``)."""
-    with tracing.stretch(run.id, run.trace_context, services.agent.name, "recover") as span:
+    allowed = services.settings.otel_content
+    agent = services.agent.name
+    with tracing.stretch(run.id, run.trace_context, agent, "recover", content=allowed) as span:
         outcome = await _recovering(services, run)
         span.stopped(outcome)
         return outcome

@@ -58,10 +58,11 @@ async def expire_suspended(services: Services) -> list[str]:
 
 
 async def purge_retained(services: Services) -> int:
-    """Delete runs halted or finished longer ago than the retention, in bounded batches,
-    and audit records older than theirs (``TETHER_AUDIT_RETENTION_DAYS``, reference §19);
-    how many runs went; and forgets the escalations of calls decided in time (reference
-    §19). Safe twice: a deleted row is simply not found again."""
+    """Delete runs halted or finished longer ago than the retention (a user's own, else
+    TETHER_RETENTION_DAYS; reference §20), in bounded batches, and audit records older
+    than theirs (``TETHER_AUDIT_RETENTION_DAYS``, reference §19); how many runs went; and
+    forgets the escalations of calls decided in time (reference §19). Safe twice: a
+    deleted row is simply not found again."""
     await hop(services.store.forget_escalations)
     while True:
         count = await hop(
@@ -71,13 +72,20 @@ async def purge_retained(services: Services) -> int:
         )
         if count < services.settings.purge_batch:
             break
+    own = await hop(services.store.own_retentions)
+    total = await _purge(services, services.settings.retention_s, None)
+    for user, retention_s in own:
+        total += await _purge(services, retention_s, user)
+    return total
+
+
+async def _purge(services: Services, retention_s: float, user: str | None) -> int:
+    """Purge in batches the runs of ``user`` (None: of every user without a retention of
+    their own) past ``retention_s``; how many went."""
     total = 0
+    batch = services.settings.purge_batch
     while True:
-        count = await hop(
-            services.store.purge_retained,
-            services.settings.retention_s,
-            services.settings.purge_batch,
-        )
+        count = await hop(services.store.purge_retained, retention_s, batch, user=user)
         total += count
-        if count < services.settings.purge_batch:
+        if count < batch:
             return total

@@ -32,6 +32,7 @@ from tether.results import Delta, LiveEvent
 from tether.runs import RunState
 from tether.store import Event, Store
 from tether.store.backend.listen import CONNECTED, EVENTS_CHANNEL, listen
+from tether.telemetry.content import db_error
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,8 @@ class Feed:
             try:
                 await listen(dsn, self._noticed, EVENTS_CHANNEL)
             except Exception as exc:  # the feed polls meanwhile; listen again shortly
-                log.warning("event listener lost: %s", exc, extra={"action": "listen_lost"})
+                told = {"action": "listen_lost", "error": db_error(exc)}
+                log.warning("event listener lost", extra=told)
             self._listening = False
             await asyncio.sleep(RELISTEN_S)
 

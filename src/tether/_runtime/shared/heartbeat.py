@@ -23,6 +23,7 @@ from tether._runtime.hop import hop
 from tether.errors import LeaseLost
 from tether.runs import Lease
 from tether.store import Store
+from tether.telemetry.content import db_error
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +97,10 @@ class Heartbeat:
                 return
             try:
                 alive = await hop(self._refresh, [h.lease for h in beating])
-            except Exception:
+            except Exception as exc:
                 # The database is away: nothing to do but try again next time. Runs whose
                 # heartbeat goes stale meanwhile are recovered by a reaper.
-                log.warning("heartbeat failed", exc_info=True, extra={"action": "beat"})
+                log.warning("heartbeat failed", extra={"action": "beat", "error": db_error(exc)})
                 continue
             for held, ok in zip(beating, alive, strict=True):
                 if not ok and held in self._held:

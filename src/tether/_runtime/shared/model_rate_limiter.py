@@ -45,6 +45,7 @@ from tether._runtime.hop import hop
 from tether._runtime.single_flight import InFlight
 from tether.config import Settings
 from tether.store import Grant, Store
+from tether.telemetry.content import db_error
 from tether.telemetry.metrics import (
     RATE_LIMITED_RUNS,
     RATE_LIMITED_WAIT_SECONDS,
@@ -205,8 +206,8 @@ class RateLimiter:
         if self.store is not None and self._leased:
             try:
                 self.store.forget_waits(self.waiter)
-            except Exception:  # they lapse by themselves (``store/model_rate.py``)
-                log.warning("waiting users not struck", exc_info=True)
+            except Exception as exc:  # they lapse by themselves (``store/model_rate.py``)
+                log.warning("waiting users not struck", extra={"error": db_error(exc)})
 
     # -- inside ----------------------------------------------------------------------------
 
@@ -345,7 +346,8 @@ class RateLimiter:
                 tokens=tokens,
                 give_back=returns,
             )
-        except Exception:
-            log.warning("model usage not recorded", exc_info=True, extra={"action": "rate_flush"})
+        except Exception as exc:
+            told = {"action": "rate_flush", "error": db_error(exc)}
+            log.warning("model usage not recorded", extra=told)
             return False
         return True

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import AbstractContextManager
 
 from tether import output
 from tether._runtime.hop import hop
@@ -36,10 +37,13 @@ from tether.errors import (
 from tether.failpoints import fail
 from tether.messages import ToolCall
 from tether.models.base import ModelResponse
+from tether.reasons import FailReason
 from tether.results import Outcome, StopKind
 from tether.runs import Run
+from tether.sealing import MissingKey
 from tether.store import CallStatus
 from tether.telemetry import tracing
+from tether.telemetry.content import failure, fields
 from tether.telemetry.metrics import MODEL_SECONDS, STEP_SECONDS
 
 log = logging.getLogger(__name__)
@@ -49,10 +53,11 @@ async def drive(session: RunSession) -> Outcome:
     """Process the last turn's unanswered calls, then ask the model, until a stop. Every
     way out is a returned outcome; an unexpected error fails the run (invariant 6). Traced
     as the run's stretch in this process, in the run's trace (``tracing.py``)."""
-    run = session.run
+    run, agent = session.run, session.services.agent.name
+    spans_content = session.services.settings.otel_content
     with (
-        tracing.stretch(run.id, run.trace_context, session.services.agent.name, "carry") as span,
-        tracing.Steps() as steps,
+        tracing.stretch(run.id, run.trace_context, agent, "carry", content=spans_content) as span,
+        tracing.Steps(content=spans_content) as steps,
     ):
         outcome = await _guarded(session, steps)
         span.stopped(outcome)
@@ -139,10 +144,7 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
             step_started = time.monotonic()
             steps.open(session.step + 1)
             try:
-                with (
-                    MODEL_SECONDS.time(),
-                    tracing.model_call(session.services.model.name, session.step + 1) as chat,
-                ):
+                with MODEL_SECONDS.time(), _chat_span(session) as chat:
                     response = await _streamed(session)
                     chat.answered(response)
                 model_ended(session, response.usage)
@@ -161,7 +163,8 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
             if verdict.errors:  # sent back with its errors, one step spent (reference §11)
                 step_started = None
                 continue
-            log.info("answered", extra={"run_id": session.run.id, "action": "answered"})
+            shown = fields(session.services.settings.log_content, answer=answer)
+            log.info("answered", extra={"run_id": session.run.id, "action": "answered", **shown})
             return Outcome(
                 run_id=session.run.id,
                 kind=StopKind.ANSWERED,
@@ -178,6 +181,15 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
         if results is None:
             for call in turn.calls:  # `after_intent:TOOL` fires for a turn that calls TOOL
                 fail("after_intent", call.name)
+
+
+def _chat_span(session: RunSession) -> AbstractContextManager[tracing.Traced]:
+    """The model call's ``chat`` span; what it is sent is on it only with
+    ``TETHER_OTEL_CONTENT`` (``tracing.py``)."""
+    allowed = session.services.settings.otel_content
+    sent = compaction.view(session.conversation(), session.compaction) if allowed else None
+    model, step = session.services.model.name, session.step + 1
+    return tracing.model_call(model, step, content=allowed, messages=sent)
 
 
 async def _streamed(session: RunSession) -> ModelResponse:
@@ -240,8 +252,20 @@ async def carry(services: Services, run: Run, *, stopping: asyncio.Event | None 
         return Outcome(run_id=run.id, kind=StopKind.ABANDONED)
     except (FailpointError, asyncio.CancelledError):
         raise
+    except MissingKey as exc:
+        # A stored value this process cannot open (reference §20): trying again will not
+        # help, so the run fails with the error naming the key.
+        await hop(
+            services.store.fail,
+            run.lease(),
+            reason=FailReason.ERROR,
+            elapsed_ms=0,
+            event={"error": exc.message, "code": exc.code},
+        )
+        return Outcome(run_id=run.id, kind=StopKind.FAILED, reason=FailReason.ERROR.value)
     except Exception as exc:
-        log.exception("start failed", extra={"run_id": run.id, "action": "start_failed"})
+        allowed = services.settings.log_content
+        log.error("start failed", **failure(exc, allowed, run_id=run.id, action="start_failed"))
         delay = services.settings.start_retry_s
         await hop(
             services.store.release,

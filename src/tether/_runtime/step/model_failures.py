@@ -20,6 +20,7 @@ from tether.errors import ModelError
 from tether.reasons import FailReason
 from tether.results import Outcome, StopKind
 from tether.runs import iso
+from tether.telemetry.content import fields
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,13 @@ async def model_failed(session: RunSession, error: ModelError, failures: int) ->
     event: dict[str, object] = {"error": error.message[:MAX_MESSAGE_CHARS]}
     if error.status is not None:
         event["status"] = error.status
-    extra = {"run_id": session.run.id, "action": "model_failed", "attempt": attempt}
+    extra = {
+        "run_id": session.run.id,
+        "action": "model_failed",
+        "attempt": attempt,
+        "status": error.status,
+        **fields(settings.log_content, error=error.message),
+    }
     if not error.transient:
         log.warning("model error", extra={**extra, "state": FailReason.MODEL_ERROR.value})
         return await session.fail(FailReason.MODEL_ERROR, event)

@@ -37,7 +37,7 @@ from tether.store import (
     StepRefused,
     idempotency_key,
 )
-from tether.telemetry import tracing
+from tether.telemetry import content, tracing
 from tether.tokens import hash_token, new_token
 from tether.tools.tool import ToolContext
 
@@ -304,7 +304,7 @@ class RunSession:
         self.messages.append(message)
         if counted:
             self.budget = self.budget.after_tool_call()
-        tracing.tool_outcome(status.value, counted=counted, code=result.summary)
+        tracing.tool_outcome(status.value, counted=counted, code=result.summary, result=content)
 
     async def refuse(self, call: ToolCall, code: str, message: str) -> None:
         """Store a refusal of ``call`` as its result: it did not run and is not counted."""
@@ -381,7 +381,8 @@ class RunSession:
     async def fail_on_error(self, exc: Exception) -> Outcome:
         """Fail the run on an unexpected error (invariant 6: never ownerless in running)."""
         message = exc.message if isinstance(exc, TetherError) else f"{type(exc).__name__}: {exc}"
-        log.exception("run failed", extra={"run_id": self.run.id, "action": "failed"})
+        allowed, run_id = self.services.settings.log_content, self.run.id
+        log.error("run failed", **content.failure(exc, allowed, run_id=run_id, action="failed"))
         try:
             return await self.fail(FailReason.ERROR, {"error": message[:2000]})
         except LeaseLost:
@@ -402,9 +403,8 @@ class RunSession:
 
     async def release(self, why: str) -> Outcome:
         """Hand the run back to the workers (still running, no owner)."""
-        await hop(
-            self.services.store.release, self.lease, elapsed_ms=self.elapsed(), event={"why": why}
-        )
+        event = {"why": why}
+        await hop(self.services.store.release, self.lease, elapsed_ms=self.elapsed(), event=event)
         return Outcome(run_id=self.run.id, kind=StopKind.RELEASED, reason=why)
 
     async def retry_model(self, delay_s: float, event: dict[str, Any]) -> tuple[int, float]:

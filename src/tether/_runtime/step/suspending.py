@@ -24,6 +24,7 @@ from tether.notify import Notice
 from tether.previews import digest
 from tether.results import Outcome, StopKind
 from tether.runs import Pending, iso
+from tether.telemetry.content import fields
 from tether.tools.tool import ToolFailed
 
 log = logging.getLogger(__name__)
@@ -112,8 +113,9 @@ async def _asked(session: RunSession, call: ToolCall) -> Pending | None:
                 quorum = await r.tool.quorum_for(r.args, session.scope)
                 return pending(session, call, r.args, preview, quorum=quorum)
         except ToolFailed as exc:  # asked in its turn, where its refusal is stored
+            told = fields(session.services.settings.log_content, error=exc.message)
             log.info(
                 "later call not asked now",
-                extra={"run_id": session.run.id, "action": "suspend", "error": exc.message},
+                extra={"run_id": session.run.id, "action": "suspend", "code": exc.code, **told},
             )
     return None

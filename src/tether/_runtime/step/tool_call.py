@@ -30,6 +30,7 @@ from tether.reasons import FailReason
 from tether.results import Outcome
 from tether.store import CallStatus, idempotency_key
 from tether.telemetry import tracing
+from tether.telemetry.content import failure, fields
 from tether.telemetry.metrics import TOOL_SECONDS
 from tether.tools.tool import (
     Effect,
@@ -121,10 +122,17 @@ def traced(
         tool = session.services.agent.tool(call.name)
         key = idempotency_key(session.run.id, call.id)
         effect = tool.effect.value if tool is not None else None
-        with tracing.tool_call(call.name, call.id, key=key, effect=effect) as span:
+        allowed = session.services.settings.otel_content
+        arguments = call.arguments if allowed else None
+        with tracing.tool_call(
+            call.name, call.id, key=key, effect=effect, content=allowed, arguments=arguments
+        ) as span:
             done = await fn(session, call, *args, **kw)
             if isinstance(done, Result):
-                tracing.tool_outcome(done.status.value, counted=done.counted, code=done.summary)
+                code, result = done.summary, done.content
+                tracing.tool_outcome(
+                    done.status.value, counted=done.counted, code=code, result=result
+                )
             # A call's processing returns how the run stopped, bare or in a decision's
             # ``Resolution``.
             stop = done if isinstance(done, Outcome) else getattr(done, "outcome", None)
@@ -265,18 +273,13 @@ def _failed(session: RunSession, r: Resolved, exc: Exception, *, maybe_ran: bool
     (ambiguous, or an exception no tool declares: it may have taken effect), else the
     error the model sees."""
     known = isinstance(exc, TimeoutError | OutcomeUnknown | ToolFailed)
+    allowed = session.services.settings.log_content
+    ids = {"run_id": session.run.id, "tool": r.call.name, "tool_call_id": r.call.id}
     if not known:
-        log.error(
-            "tool raised",
-            exc_info=exc,
-            extra={"run_id": session.run.id, "action": "tool_raised", "tool": r.call.name},
-        )
+        log.error("tool raised", **failure(exc, allowed, action="tool_raised", **ids))
     ambiguous = not isinstance(exc, ToolFailed) or (maybe_ran and isinstance(exc, ToolUnavailable))
     if ambiguous and r.tool.effect is Effect.WRITE:
-        log.warning(
-            "outcome unknown",
-            extra={"run_id": session.run.id, "action": "unknown", "error": str(exc)[:300]},
-        )
+        log.warning("outcome unknown", **failure(exc, allowed, action="unknown", **ids))
         return None
     if known:
         content = failure_content(r.tool, cast(TimeoutError | OutcomeUnknown | ToolFailed, exc))
@@ -392,8 +395,8 @@ async def find_outcome(session: RunSession, r: Resolved, *, confirmed: bool) -> 
             extra={
                 "run_id": session.run.id,
                 "action": "reconcile",
-                "error": str(found.result)[:300],
                 "retry_in_s": delay,
+                **fields(session.services.settings.log_content, error=found.result),
             },
         )
         await asyncio.sleep(delay)

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from tether._runtime.step.session import RunSession
 from tether._runtime.step.writes import error_content
+from tether.telemetry.content import described, fields, kind
 from tether.tools.tool import Effect, OutcomeUnknown, Tool, ToolContext, ToolFailed, ToolUnavailable
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ async def attempts(session: RunSession, tool: Tool, args: BaseModel, ctx: ToolCo
                     "action": "tool_retry",
                     "tool": tool.name,
                     "attempt": attempt,
-                    "error": f"{type(exc).__name__}: {exc}"[:300],
+                    "error_type": kind(exc),
+                    **fields(session.services.settings.log_content, error=described(exc, True)),
                 },
             )
         await asyncio.sleep(delay * random.uniform(0.5, 1.0))

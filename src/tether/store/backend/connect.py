@@ -41,7 +41,9 @@ def normalize_url(url: str) -> str:
 
 
 def create_db_engine(url: str) -> Engine:
-    """An engine for ``url`` with its backend's connection and transaction set-up."""
+    """An engine for ``url`` with its backend's connection and transaction set-up. Its
+    errors never quote a statement's parameters (``hide_parameters``): they hold the content
+    being written, and an error may reach a log (reference §20)."""
     url = normalize_url(url)
     try:
         parsed = sa.engine.make_url(url)
@@ -67,6 +69,7 @@ def create_db_engine(url: str) -> Engine:
             max_overflow=10,
             pool_timeout=10,
             connect_args={**connect_args(mode), "connect_timeout": 5},
+            hide_parameters=True,
         )
     track_commits(engine)  # a store call is retried only if nothing of it was committed
     name_refusals(engine)  # a missing database or a wrong password is not retried
@@ -96,7 +99,10 @@ def check_folder(engine: Engine) -> None:
 
 def _sqlite_engine(url: str) -> Engine:
     engine = sa.create_engine(
-        url, connect_args={"timeout": 30.0, "check_same_thread": False}, pool_size=10
+        url,
+        connect_args={"timeout": 30.0, "check_same_thread": False},
+        pool_size=10,
+        hide_parameters=True,
     )
 
     @sa.event.listens_for(engine, "connect")

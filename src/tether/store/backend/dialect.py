@@ -69,6 +69,10 @@ class Dialect:
     # ones: ``fair_pick.pick_sizes``); here claims are serialised.
     skips_locked: ClassVar[bool] = False
 
+    # How long a bulk job (an erasure) rests after each batch, as a share of the batch's
+    # time, so that other processes' writers get in (0: row locks already let them).
+    rest_after_batch: ClassVar[float] = 0.0
+
     # Whether rows are locked one by one (``lock``); when not, every write transaction holds
     # the database's one write lock from its start (SQLite's ``BEGIN IMMEDIATE``).
     locks_rows: ClassVar[bool] = False

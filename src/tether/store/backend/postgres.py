@@ -58,6 +58,13 @@ from tether.store.sql.schema import (
     runs,
     tool_calls,
 )
+from tether.store.sql.sealed import (
+    keyring_of,
+    sealed_result,
+    sealed_turn,
+    stored_json,
+    stored_text,
+)
 from tether.store.sql.snapshots import Loaded, read_in_one
 from tether.store.sql.steps import RESULT, TURN, TURN_FINAL
 from tether.store.sql.transitions import Transition
@@ -272,7 +279,7 @@ def _suspension_statement(claim: sa.Update) -> sa.Select[Any]:
                 _text("b_decision"),
                 _text("b_approver"),
                 db_now(),
-                sa.func.coalesce(_text("b_digest"), call.c.call["digest"].as_string()),
+                sa.func.coalesce(_text("b_digest"), call.c.digest),
                 _text("b_reason"),
                 sa.bindparam("b_arguments", type_=sa.JSON),
             ).select_from(r.join(call, of_token)),
@@ -368,6 +375,8 @@ class PostgresDialect(Dialect):
         intents: list[dict[str, Any]],
         events: list[tuple[str, dict[str, Any]]],
     ) -> None:
+        keyring = keyring_of(conn.dialect)
+        params, messages, intents, events = sealed_turn(keyring, params, messages, intents, events)
         values = {
             **params,
             "b_messages": messages,
@@ -384,11 +393,22 @@ class PostgresDialect(Dialect):
         message: dict[str, Any],
         event: dict[str, Any],
     ) -> None:
+        params, message, event = sealed_result(keyring_of(conn.dialect), params, message, event)
         _fenced(conn, _RESULT, {**params, "b_message": message, "b_event": event})
 
     def claim_suspension(
         self, conn: Connection, params: dict[str, Any]
     ) -> tuple[Run, Decision] | None:
+        keyring = keyring_of(conn.dialect)
+        if keyring is not None:
+            # The one statement merges the event's data in SQL, which sealed data is not:
+            # the portable UPDATE and INSERTs seal through the columns' types.
+            return super().claim_suspension(conn, params)
+        params = {
+            **params,
+            "b_reason": stored_text(None, params["b_reason"]),
+            "b_arguments": stored_json(None, params["b_arguments"]),
+        }
         won = conn.execute(_CLAIM_SUSPENSION, params).first()
         if won is None:
             return None

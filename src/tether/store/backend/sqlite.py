@@ -27,6 +27,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from tether.errors import LeaseLost
 from tether.store.backend.connect import READ
 from tether.store.backend.dialect import Dialect
+from tether.store.sql.sealed import keyring_of, sealed_result, sealed_turn
 from tether.store.sql.snapshots import EARLIER, OWN, Loaded, read_portable
 from tether.store.sql.steps import (
     INSERT_DONE,
@@ -105,6 +106,9 @@ class SqliteDialect(Dialect):
     """SQLite: the portable claims, no notifications, the step writes on the cursor."""
 
     name: ClassVar[str] = "sqlite"
+    # One writer at a time, and another process's writer waits in SQLite's busy handler
+    # (sleeping up to 100 ms between tries): back-to-back batches would starve it.
+    rest_after_batch: ClassVar[float] = 1.0
     # A read opens a deferred transaction (``connect.READ``), never the writers' lock.
     read_options: ClassVar[dict[str, Any]] = {READ: True}
 
@@ -126,6 +130,8 @@ class SqliteDialect(Dialect):
     ) -> None:
         """The fenced counters, the turn's messages from ``b_seq``, its ledger entries (an
         intent, or an outcome when ``done``), its events."""
+        keyring = keyring_of(conn.dialect)
+        params, messages, intents, events = sealed_turn(keyring, params, messages, intents, events)
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         run_id, seq = params["b_id"], params["b_seq"]
         _fenced(cursor, _TURN[final], params)
@@ -147,6 +153,7 @@ class SqliteDialect(Dialect):
     ) -> None:
         """The fenced counters, the result message at ``b_seq``, its ledger outcome, and its
         event."""
+        params, message, event = sealed_result(keyring_of(conn.dialect), params, message, event)
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         run_id = params["b_id"]
         _fenced(cursor, _RESULT, params)

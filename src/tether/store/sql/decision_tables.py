@@ -10,6 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from tether.store.sql.meta import BigId, metadata
+from tether.store.sql.sealed import SealedJSON, SealedText
 
 ALIASED = "alias_hash IS NOT NULL"
 TO_ESCALATE = "escalate_at IS NOT NULL AND escalated_at IS NULL"
@@ -41,7 +42,7 @@ pending_calls = sa.Table(
     sa.Column("position", sa.Integer, nullable=False),
     sa.Column("epoch", sa.Integer, nullable=False),
     # The call as the human is asked to decide it (``runs.Pending``'s JSON).
-    sa.Column("call", sa.JSON, nullable=False),
+    sa.Column("call", SealedJSON, nullable=False),
     # When this call's notice was delivered; NULL until then (the reaper re-issues it).
     sa.Column("notified_at", sa.Float, nullable=True),
     # Who decides (reference §19, migration 0016): when the call was suspended, when it is
@@ -53,6 +54,10 @@ pending_calls = sa.Table(
     sa.Column("escalated_at", sa.Float, nullable=True),
     sa.Column("alias_hash", sa.String(64), nullable=True),
     sa.Column("escalation_notified_at", sa.Float, nullable=True),
+    # The call's tool and its preview's digest, in the clear (migration 0017): ``call`` may
+    # be sealed (reference §20), and SQL still reads these two.
+    sa.Column("tool", sa.String(128), nullable=True),
+    sa.Column("digest", sa.String(64), nullable=True),
 )
 sa.Index("pending_calls_run", *(pending_calls.c[c] for c in ("run_id", "epoch", "position")))
 _partial(pending_calls, "pending_calls_alias", "alias_hash", where=ALIASED, unique=True)
@@ -76,8 +81,8 @@ decisions = sa.Table(
     sa.Column("decided_at", sa.Float, nullable=False),
     sa.Column("digest", sa.String(64), nullable=True),
     # The approver's reason and edited arguments (reference §9, migration 0004).
-    sa.Column("reason", sa.Text, nullable=True),
-    sa.Column("arguments", sa.JSON, nullable=True),
+    sa.Column("reason", SealedText, nullable=True),
+    sa.Column("arguments", SealedJSON, nullable=True),
 )
 sa.Index("decisions_run", decisions.c.run_id, decisions.c.tool_call_id)
 
@@ -97,7 +102,7 @@ approvals = sa.Table(
     sa.Column("approver", sa.String(128), primary_key=True),
     sa.Column("digest", sa.String(64), primary_key=True),
     sa.Column("approved_at", sa.Float, nullable=False),
-    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("reason", SealedText, nullable=True),
 )
 
 # The audit of decisions (reference §19, migration 0016): every decision, recorded
@@ -118,7 +123,7 @@ audit = sa.Table(
     sa.Column("tool_call_id", sa.String(128), nullable=True),
     sa.Column("digest", sa.String(64), nullable=True),
     sa.Column("decision", sa.String(16), nullable=True),
-    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("reason", SealedText, nullable=True),
     sa.Column("outcome", sa.String(32), nullable=True),
 )
 sa.Index("audit_user", audit.c.user_id, audit.c.seq)

@@ -21,6 +21,7 @@ from tether.store.sql.decision_tables import decisions as decisions
 from tether.store.sql.decision_tables import pending_calls as pending_calls
 from tether.store.sql.meta import BigId as BigId
 from tether.store.sql.meta import metadata as metadata
+from tether.store.sql.sealed import SealedJSON, SealedText
 
 # The states retention purges (halted and the terminal ones), in enum order. The index
 # predicates are written from RunState's values, exactly as the queries render them.
@@ -45,7 +46,7 @@ runs = sa.Table(
     metadata,
     sa.Column("id", sa.String(64), primary_key=True),
     sa.Column("user_id", sa.String(128), nullable=False),
-    sa.Column("question", sa.Text, nullable=False),
+    sa.Column("question", SealedText, nullable=False),
     sa.Column("route", sa.JSON, nullable=False),
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("step", sa.Integer, nullable=False, server_default="0"),
@@ -63,7 +64,7 @@ runs = sa.Table(
     sa.Column("scope_snapshot", sa.JSON, nullable=False),
     sa.Column("scope_resolved_at", sa.Float, nullable=False),
     # Suspension: the pending call with its preview and digest; the token's hash only.
-    sa.Column("pending", sa.JSON, nullable=True),
+    sa.Column("pending", SealedJSON, nullable=True),
     sa.Column("pending_token_hash", sa.String(64), nullable=True),
     sa.Column("suspended_at", sa.Float, nullable=True),
     sa.Column("expires_at", sa.Float, nullable=True),
@@ -88,7 +89,7 @@ runs = sa.Table(
     # Consecutive failed model calls; a successful call resets it (reference §10, migration 0004).
     sa.Column("model_failures", sa.Integer, nullable=False, server_default="0"),
     # The validated typed output of an answered run (reference §11, migration 0005), or NULL.
-    sa.Column("output", sa.JSON, nullable=True),
+    sa.Column("output", SealedJSON, nullable=True),
     # The W3C trace context of the run's root span, so a resumed run continues its trace.
     sa.Column("trace_context", sa.JSON, nullable=True),
     # The agent version the run is written for (reference §12, migration 0006): only workers
@@ -206,7 +207,7 @@ compactions = sa.Table(
         "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
     ),
     sa.Column("through_seq", sa.Integer, nullable=False),
-    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("summary", SealedText, nullable=False),
     sa.Column("summary_tokens", sa.Integer, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
 )
@@ -220,7 +221,7 @@ run_messages = sa.Table(
         "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
     ),
     sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("message", sa.JSON, nullable=False),
+    sa.Column("message", SealedJSON, nullable=False),
 )
 
 run_events = sa.Table(
@@ -232,7 +233,7 @@ run_events = sa.Table(
     ),
     sa.Column("at", sa.Float, nullable=False),
     sa.Column("kind", sa.String(64), nullable=False),
-    sa.Column("data", sa.JSON, nullable=False),
+    sa.Column("data", SealedJSON, nullable=False),
 )
 sa.Index("run_events_run", run_events.c.run_id, run_events.c.id)
 
@@ -249,14 +250,14 @@ tool_calls = sa.Table(
     sa.Column("tool_call_id", sa.String(128), nullable=False),
     sa.Column("seq", sa.Integer, nullable=False),
     sa.Column("tool", sa.String(128), nullable=False),
-    sa.Column("arguments", sa.JSON, nullable=False),
+    sa.Column("arguments", SealedJSON, nullable=False),
     sa.Column("effect", sa.String(8), nullable=False),
     sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("result", sa.JSON, nullable=True),
+    sa.Column("result", SealedJSON, nullable=True),
     sa.Column("intent_at", sa.Float, nullable=False),
     sa.Column("outcome_at", sa.Float, nullable=True),
     # The arguments the call ran with when a human edited them (reference §9, migration 0004).
-    sa.Column("edited_arguments", sa.JSON, nullable=True),
+    sa.Column("edited_arguments", SealedJSON, nullable=True),
 )
 sa.Index("tool_calls_run", tool_calls.c.run_id, tool_calls.c.seq)
 
@@ -270,6 +271,19 @@ users = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("removed_at", sa.Float, nullable=True),
     sa.Column("max_priority", sa.Integer, nullable=True),
+    # Days this user's halted and terminal runs are kept (migration 0017); NULL:
+    # TETHER_RETENTION_DAYS.
+    sa.Column("retention_days", sa.Float, nullable=True),
+)
+
+# The id of every key that sealed a value still stored (reference §20, migration 0017): a
+# process whose keys lack one refuses to start, and ``tether keys rotate`` removes the
+# ids no value is sealed with any more.
+sealing_keys = sa.Table(
+    "sealing_keys",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("since", sa.Float, nullable=False),
 )
 
 # The SHA-256 of every key revoked (rotated or its user removed), and nothing of whose it
@@ -396,7 +410,7 @@ schedules = sa.Table(
     sa.Column("user_id", sa.String(128), nullable=False),
     sa.Column("cron", sa.String(255), nullable=False),
     sa.Column("timezone", sa.String(64), nullable=False),
-    sa.Column("question", sa.Text, nullable=False),
+    sa.Column("question", SealedText, nullable=False),
     sa.Column("limits", sa.JSON, nullable=True),
     sa.Column("next_at", sa.Float, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),

@@ -24,7 +24,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tether.models.base import Message
+from tether.sealing import Keyring, open_json, open_text
 from tether.store.sql.schema import decisions, pending_calls, run_messages, runs
+from tether.store.sql.sealed import SealedJSON, SealedText, keyring_of
 
 _DECISION_COLUMNS = [c.label(f"d_{c.name}") for c in decisions.c]
 # A call's columns beside a run's (``p_*``), for a read of the run with its calls.
@@ -67,6 +69,22 @@ EARLIER = (
     )
     .order_by(runs.c.thread_pos, run_messages.c.seq)
 )
+
+
+# The fields of those rows that hold stored content (``sealed``), and whether as JSON: a
+# row read as JSON (PostgreSQL's one statement) opens them itself.
+_SEALED_FIELDS = {
+    column.name: isinstance(column.type, SealedJSON)
+    for column in RUN_AND_DECISIONS.selected_columns
+    if isinstance(column.type, (SealedJSON, SealedText))
+}
+
+
+def _opened(keyring: Keyring | None, row: dict[str, Any]) -> dict[str, Any]:
+    for name, is_json in _SEALED_FIELDS.items():
+        value = row.get(name)
+        row[name] = open_json(keyring, value) if is_json else open_text(keyring, value)
+    return row
 
 
 class JsonRow:
@@ -114,13 +132,14 @@ def read_portable(
     ``texts`` reads the message texts of ``OWN`` or ``EARLIER`` (their last column), by
     default through SQLAlchemy."""
     read = texts or _texts
+    keyring = keyring_of(conn.dialect)
     rows = conn.execute(RUN_AND_DECISIONS, {"b_id": run_id}).all()
     if not rows:
         return None
-    own = [json.loads(text) for text in read(conn, OWN, run_id)]
+    own = [open_json(keyring, json.loads(text)) for text in read(conn, OWN, run_id)]
     earlier: list[Message] = []
     if history and rows[0].thread_pos > 1:
-        earlier = [json.loads(text) for text in read(conn, EARLIER, run_id)]
+        earlier = [open_json(keyring, json.loads(t)) for t in read(conn, EARLIER, run_id)]
     return Loaded(rows=list(rows), messages=own, earlier=earlier)
 
 
@@ -152,16 +171,17 @@ def _in_one(history: bool) -> sa.CompoundSelect[Any]:
 
 def read_in_one(conn: Connection, run_id: str, *, history: bool) -> Loaded | None:
     """The run's state in one statement (PostgreSQL, one round trip)."""
+    keyring = keyring_of(conn.dialect)
     rows: list[Any] = []
     own: list[Message] = []
     earlier: list[Message] = []
     for kind, _place, _seq, text in conn.execute(_in_one(history), {"b_id": run_id}).tuples():
         if kind == 0:
-            rows.append(JsonRow(json.loads(text)))
+            rows.append(JsonRow(_opened(keyring, json.loads(text))))
         elif kind == 1:
-            own.append(json.loads(text))
+            own.append(open_json(keyring, json.loads(text)))
         else:
-            earlier.append(json.loads(text))
+            earlier.append(open_json(keyring, json.loads(text)))
     if not rows:
         return None
     return Loaded(rows=rows, messages=own, earlier=earlier)

@@ -18,6 +18,7 @@ from tether.store.backend.announce import mark
 from tether.store.backend.clock import db_now
 from tether.store.records import CallStatus
 from tether.store.sql.schema import run_events, run_messages, runs, tool_calls
+from tether.store.sql.sealed import SealedJSON
 from tether.store.sql.transitions import Transition, state_in
 
 RUNNING = RunState.RUNNING
@@ -78,7 +79,7 @@ TURN_FINAL = Transition(
     **_TURN_VALUES,
     owner=None,
     updated_at=db_now(),
-    output=sa.bindparam("b_output", type_=sa.JSON(none_as_null=True)),
+    output=sa.bindparam("b_output", type_=SealedJSON(none_as_null=True)),
 )
 
 RESULT = (
@@ -177,7 +178,7 @@ SUSPEND = Transition(
     OWNS,
     returning=(runs.c.expires_at,),
     **_LEAVE,
-    pending=sa.bindparam("b_pending", type_=sa.JSON),
+    pending=sa.bindparam("b_pending", type_=SealedJSON),
     pending_token_hash=sa.bindparam("b_token_hash"),
     undecided=sa.bindparam("b_undecided", type_=sa.Integer),
     suspended_at=db_now(),
@@ -228,7 +229,7 @@ _OPEN: list[sa.ColumnElement[str]] = [
 RECORD_EDIT = (
     tool_calls.update()
     .where(tool_calls.c.idempotency_key == sa.bindparam("b_key"))
-    .values(edited_arguments=sa.bindparam("b_args", type_=sa.JSON))
+    .values(edited_arguments=sa.bindparam("b_args", type_=SealedJSON))
 )
 
 RECORD_OUTCOME = (
@@ -239,7 +240,7 @@ RECORD_OUTCOME = (
     )
     .values(
         status=sa.bindparam("b_status"),
-        result=sa.bindparam("b_result", type_=sa.JSON),
+        result=sa.bindparam("b_result", type_=SealedJSON),
         outcome_at=db_now(),
     )
 )
