@@ -20,6 +20,7 @@ from tether.runs import Lease, Pending, RunState, iso
 from tether.store.backend import faults
 from tether.store.base import StoreBase
 from tether.store.records import CallStatus
+from tether.store.sql.sealed import sealed_result, sealed_turn
 from tether.store.sql.steps import (
     FAIL,
     HALT,
@@ -147,10 +148,12 @@ class Steps(StoreBase):
         answered = [("answered", {"step": event.get("step")})] if final else []
         traced = [("model_turn", event), *answered]
         traced += [*(("tool_result", e) for e in result_events), *events]
+        # Sealed (reference §20) before the transaction, so the work never holds its locks.
+        params, stored, keyed, traced = sealed_turn(self.keyring, params, messages, keyed, traced)
         try:
             with self.begin() as conn:
                 self.dialect.write_turn(
-                    conn, params, final=final, messages=messages, intents=keyed, events=traced
+                    conn, params, final=final, messages=stored, intents=keyed, events=traced
                 )
                 return self._in_tree(conn, lease.run_id, tree_root, tree_chain, final=final)
         except LeaseLost:
@@ -186,9 +189,10 @@ class Steps(StoreBase):
             "b_status": status.value,
             "b_result": None,
         }
+        params, stored, sealed_event = sealed_result(self.keyring, params, message, event)
         try:
             with self.begin() as conn:
-                self.dialect.write_result(conn, params, message=message, event=event)
+                self.dialect.write_result(conn, params, message=stored, event=sealed_event)
         except LeaseLost:
             if not self._landed(lease, seq, message):
                 raise

@@ -60,8 +60,6 @@ from tether.store.sql.schema import (
 )
 from tether.store.sql.sealed import (
     keyring_of,
-    sealed_result,
-    sealed_turn,
     stored_json,
     stored_text,
 )
@@ -375,8 +373,6 @@ class PostgresDialect(Dialect):
         intents: list[dict[str, Any]],
         events: list[tuple[str, dict[str, Any]]],
     ) -> None:
-        keyring = keyring_of(conn.dialect)
-        params, messages, intents, events = sealed_turn(keyring, params, messages, intents, events)
         values = {
             **params,
             "b_messages": messages,
@@ -393,7 +389,6 @@ class PostgresDialect(Dialect):
         message: dict[str, Any],
         event: dict[str, Any],
     ) -> None:
-        params, message, event = sealed_result(keyring_of(conn.dialect), params, message, event)
         _fenced(conn, _RESULT, {**params, "b_message": message, "b_event": event})
 
     def claim_suspension(

@@ -27,7 +27,6 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from tether.errors import LeaseLost
 from tether.store.backend.connect import READ
 from tether.store.backend.dialect import Dialect
-from tether.store.sql.sealed import keyring_of, sealed_result, sealed_turn
 from tether.store.sql.snapshots import EARLIER, OWN, Loaded, read_portable
 from tether.store.sql.steps import (
     INSERT_DONE,
@@ -130,8 +129,6 @@ class SqliteDialect(Dialect):
     ) -> None:
         """The fenced counters, the turn's messages from ``b_seq``, its ledger entries (an
         intent, or an outcome when ``done``), its events."""
-        keyring = keyring_of(conn.dialect)
-        params, messages, intents, events = sealed_turn(keyring, params, messages, intents, events)
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         run_id, seq = params["b_id"], params["b_seq"]
         _fenced(cursor, _TURN[final], params)
@@ -153,7 +150,6 @@ class SqliteDialect(Dialect):
     ) -> None:
         """The fenced counters, the result message at ``b_seq``, its ledger outcome, and its
         event."""
-        params, message, event = sealed_result(keyring_of(conn.dialect), params, message, event)
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         run_id = params["b_id"]
         _fenced(cursor, _RESULT, params)
