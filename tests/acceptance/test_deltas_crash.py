@@ -42,9 +42,13 @@ async def test_a_worker_killed_mid_stream_restarts_the_step_at_offset_0(
     try:
 
         def mid_stream() -> bool:
+            turned = any(isinstance(i, LiveEvent) and i.kind == "model_turn" for i in seen)
             if cross:  # some of the answer's text came from the worker's process
-                return any(isinstance(i, Delta) and i.step == 2 for i in seen)
-            return any(isinstance(i, LiveEvent) and i.kind == "model_turn" for i in seen)
+                # The first turn's stored event and the answer's live text reach the
+                # watcher by two ways (the event feed, the deltas' notices), in either
+                # order: wait for both.
+                return turned and any(isinstance(i, Delta) and i.step == 2 for i in seen)
+            return turned
 
         await until(mid_stream, timeout=DEADLINE_S, what="the answer to be streaming")
         worker.send_signal(signal.SIGKILL)
