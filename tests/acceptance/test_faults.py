@@ -480,25 +480,26 @@ def approval_storm(pg_url: str, tmp_path: Path, *, tool: str, runs: int, approve
 
             requests = [(run_id, tokens[run_id]) for run_id in ids for _ in range(approvers)]
             start = threading.Barrier(len(requests))
-            limits = httpx.Limits(max_connections=len(requests) + 10)
-            with httpx.Client(
-                base_url=base,
-                headers={"Authorization": f"Bearer {key}"},
-                timeout=120,
-                limits=limits,
-            ) as storm:
 
-                def approve(token: str) -> tuple[int, dict[str, Any]]:
+            # Each approver is its own client on its own connection, as separate people
+            # are. One shared client's pool handed a thread that the barrier released
+            # late a connection another had left idle, just as the server closed it for
+            # idleness (uvicorn's keep-alive timeout): a race of HTTP/1.1 clients, not
+            # of tether, seen as "connection reset" under load.
+            def approve(token: str) -> tuple[int, dict[str, Any]]:
+                with httpx.Client(
+                    base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=120
+                ) as approver:
                     start.wait(timeout=60)
-                    response = storm.post(f"/v1/approvals/{token}", json={"decision": "approve"})
-                    try:
-                        body = response.json()
-                    except ValueError:
-                        body = {"text": response.text[:300]}
-                    return response.status_code, body
+                    response = approver.post(f"/v1/approvals/{token}", json={"decision": "approve"})
+                try:
+                    body = response.json()
+                except ValueError:
+                    body = {"text": response.text[:300]}
+                return response.status_code, body
 
-                with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-                    answers = list(pool.map(lambda r: approve(r[1]), requests))
+            with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+                answers = list(pool.map(lambda r: approve(r[1]), requests))
 
             by_run: dict[str, list[tuple[int, dict[str, Any]]]] = collections.defaultdict(list)
             for (run_id, _), answer in zip(requests, answers, strict=True):
