@@ -59,10 +59,15 @@ def parse_prices(raw: str) -> dict[str, Price]:
     return table
 
 
-def price_for(model: str, prices: Mapping[str, Price] | None = None) -> Price:
+def price_for(
+    model: str, prices: Mapping[str, Price] | None = None, *, entry: str | None = None
+) -> Price:
     """The (input, output) USD per million tokens for ``model``: ``prices`` (the configured
-    overrides) first, then the built-in table, then the default (logged once)."""
-    found = (prices or {}).get(model) or PRICES.get(model)
+    overrides) first, by the model's ``entry`` in ``TETHER_MODEL`` (``openai:gpt-4.1``,
+    reference §21) and then by its name, then the built-in table, then the default (logged
+    once)."""
+    overrides = prices or {}
+    found = (overrides.get(entry) if entry else None) or overrides.get(model) or PRICES.get(model)
     if found is not None:
         return found
     with _warned_lock:
@@ -75,8 +80,15 @@ def price_for(model: str, prices: Mapping[str, Price] | None = None) -> Price:
     return DEFAULT_PRICE
 
 
-def spend_usd(model: str, usage: Usage, prices: Mapping[str, Price] | None = None) -> float:
-    """USD spent by one call of ``model`` with ``usage``, at ``prices`` (the configured
-    overrides, ``Settings.prices``) over the built-in table."""
-    price_in, price_out = price_for(model, prices)
+def spend_usd(
+    model: str,
+    usage: Usage,
+    prices: Mapping[str, Price] | None = None,
+    *,
+    entry: str | None = None,
+) -> float:
+    """USD spent by one call of ``model`` (the ``entry`` of ``TETHER_MODEL`` that named
+    it, if known) with ``usage``, at ``prices`` (the configured overrides,
+    ``Settings.prices``) over the built-in table."""
+    price_in, price_out = price_for(model, prices, entry=entry)
     return (usage.input_tokens * price_in + usage.output_tokens * price_out) / 1_000_000
