@@ -10,7 +10,6 @@ and every wait polls with a deadline.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any
@@ -24,10 +23,9 @@ from fakellm import (
     OPENAI_PATH,
     FakeLLMServer,
     Reply,
-    anthropic_message,
-    openai_completion,
     running,
 )
+from provider_replies import answer, lookup
 from waiting import until
 
 from tether import Engine, MemoryNotifier, StopKind
@@ -62,25 +60,6 @@ def provider_env(servers: dict[str, FakeLLMServer], monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("ANTHROPIC_BASE_URL", servers["anthropic"].url)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
-
-
-def answer(provider: str, text: str) -> Reply:
-    if provider == "openai":
-        return Reply(body=openai_completion(content=text))
-    return Reply(body=anthropic_message([{"type": "text", "text": text}]))
-
-
-def lookup(provider: str, call_id: str) -> Reply:
-    """A turn that calls the test agent's ``lookup`` read."""
-    if provider == "openai":
-        call = {
-            "id": call_id,
-            "type": "function",
-            "function": {"name": "lookup", "arguments": json.dumps({"query": call_id})},
-        }
-        return Reply(body=openai_completion(tool_calls=[call]))
-    block = {"type": "tool_use", "id": call_id, "name": "lookup", "input": {"query": call_id}}
-    return Reply(body=anthropic_message([block]))
 
 
 def engine_for(url: str, model: Model, **settings: Any) -> Engine:

@@ -100,7 +100,9 @@ async def test_a_permanent_error_passes_to_the_next_model_while_one_remains() ->
     assert (await models.request([], [])).message["content"] == "from b"
 
 
-async def test_every_model_failing_is_one_error_naming_each_transient_unless_all_permanent() -> None:
+async def test_every_model_failing_is_one_error_naming_each_transient_unless_all_permanent() -> (
+    None
+):
     mixed = listed(Scripted("a", errors=(WRONG,)), Scripted("b", errors=(DOWN,)))
     with pytest.raises(ModelError) as raised:
         await mixed.request([], [])
