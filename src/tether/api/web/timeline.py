@@ -84,8 +84,10 @@ def _model_turn(data: Data) -> Said:
         f"{_count(data.get('output_tokens'), 'token')} out",
         _usd(data.get("spend_usd")),
     )
+    # Which model of TETHER_MODEL wrote it (reference §21); turns stored before have none.
+    by = f" by {data['model']}" if isinstance(data.get("model"), str) else ""
     return Said(
-        what=f"Model turn {data.get('step', '?')}: {asked}",
+        what=f"Model turn {data.get('step', '?')}{by}: {asked}",
         figures=figures,
         text=_reason_text(data, "text"),
     )
