@@ -21,13 +21,13 @@ __all__ = [
 
 
 # What a model spec may be; said by every refusal of one.
-_SPECS = "scripted:PATH.json, openai:MODEL or anthropic:MODEL"
+_SPECS = "scripted:PATH.json, openai:MODEL, anthropic:MODEL or gemini:MODEL"
 
 
 def from_spec(spec: str) -> Model:
-    """A model from ``scripted:PATH.json``, ``openai:MODEL`` or ``anthropic:MODEL``, or a
-    list of them to fall back on joined by ``|`` (a ``ModelList``, reference §21): the one
-    parser of ``TETHER_MODEL``, for Python as for the CLI
+    """A model from ``scripted:PATH.json``, ``openai:MODEL``, ``anthropic:MODEL`` or
+    ``gemini:MODEL``, or a list of them to fall back on joined by ``|`` (a ``ModelList``,
+    reference §21): the one parser of ``TETHER_MODEL``, for Python as for the CLI
     (``Engine(agent=..., model=from_spec("openai:gpt-4.1"))``). The SDK adapters find their
     credentials and base URL (``OPENAI_BASE_URL``, ...) themselves, in
     ``models.sdk.sdk_credentials``. A malformed spec is a ``ConfigError`` that says the
@@ -52,4 +52,8 @@ def _one(spec: str) -> Model:
         from tether.models.anthropic import AnthropicModel
 
         return AnthropicModel(rest)
+    if kind == "gemini":
+        from tether.models.gemini import GeminiModel
+
+        return GeminiModel(rest)
     raise ConfigError(f"unknown model kind {kind!r} in {spec!r}: a model spec must be {_SPECS}")

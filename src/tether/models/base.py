@@ -20,6 +20,21 @@ Message = dict[str, Any]
 TextSink = Callable[[str], None]
 
 
+def text_of(content: Any) -> str:
+    """The text of a message's ``content``: a string, None, or a list of ``text`` parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "")
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return str(content)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Usage:
     """Token usage the provider reported for one call."""

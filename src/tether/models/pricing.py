@@ -32,6 +32,11 @@ PRICES: dict[str, Price] = {
     "claude-sonnet-4-5": (3.00, 15.00),
     "claude-opus-4-1": (15.00, 75.00),
     "claude-haiku-4-5": (1.00, 5.00),
+    # Gemini's prices for prompts up to 200k tokens (longer ones cost more: spend errs low).
+    "gemini-2.5-pro": (1.25, 10.00),
+    "gemini-2.5-flash": (0.30, 2.50),
+    "gemini-2.5-flash-lite": (0.10, 0.40),
+    "gemini-3-pro-preview": (2.00, 12.00),
     # The scripted test model has a price so that spend budgets are exercised.
     "scripted": (1.00, 4.00),
 }
