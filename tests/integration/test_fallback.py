@@ -1,11 +1,13 @@
 """Falling back across a list of models (reference §21), on both backends, through the real
-``openai:`` and ``anthropic:`` adapters talking HTTP to local fake servers.
+``openai:``, ``anthropic:`` and ``gemini:`` adapters talking HTTP to local fake servers.
 
 Each step tries the list from its first model and goes to the next at once when one fails;
 the stored turn names the model that answered and is priced at its price; a step that no
 model answered is one failure for ``TETHER_MAX_MODEL_ATTEMPTS`` (reference §10), and only
 a step that every model refused for good fails the run ``model_error``. A model that broke
 off mid-stream has its text replaced, from offset 0, by the next one's (reference §16).
+A run whose steps go to each provider in turn keeps one conversation that every provider
+accepts (``provider_rules.py``).
 """
 
 from __future__ import annotations
@@ -16,8 +18,17 @@ from typing import Any
 
 import agents
 import pytest
-from fakellm import ANTHROPIC_PATH, OPENAI_PATH, FakeLLMServer, Reply, anthropic_message, running
+from fakellm import (
+    ANTHROPIC_PATH,
+    GEMINI_PATH,
+    OPENAI_PATH,
+    FakeLLMServer,
+    Reply,
+    anthropic_message,
+    running,
+)
 from provider_replies import answer, lookup
+from provider_rules import check_anthropic, check_gemini, check_openai
 from waiting import until
 
 from tether import Engine, MemoryNotifier, StopKind
@@ -33,13 +44,18 @@ DEADLINE_S = 30.0
 FAST = {"model_retry_first_s": 0.01, "model_retry_max_s": 0.05}
 OPENAI = "openai:gpt-4o-mini"
 ANTHROPIC = "anthropic:claude-haiku-4-5"
+GEMINI = "gemini:gemini-2.5-flash"
 BOTH = f"{OPENAI}|{ANTHROPIC}"
 
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[dict[str, FakeLLMServer]]:
-    with running(OPENAI_PATH) as openai, running(ANTHROPIC_PATH) as anthropic:
-        yield {"openai": openai, "anthropic": anthropic}
+    with (
+        running(OPENAI_PATH) as openai,
+        running(ANTHROPIC_PATH) as anthropic,
+        running(GEMINI_PATH) as gemini,
+    ):
+        yield {"openai": openai, "anthropic": anthropic, "gemini": gemini}
 
 
 @pytest.fixture(autouse=True)
@@ -51,6 +67,9 @@ def provider_env(servers: dict[str, FakeLLMServer], monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("ANTHROPIC_BASE_URL", servers["anthropic"].url)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+    monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+    monkeypatch.setenv("GEMINI_BASE_URL", servers["gemini"].url)
+    monkeypatch.setenv("GEMINI_API_KEY", "gm-test")
 
 
 @pytest.fixture
@@ -142,6 +161,43 @@ async def test_each_step_starts_again_at_the_first_model(
     sent = servers["openai"].requests[-1].body["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool"]
     assert sent[2]["tool_calls"][0]["id"] == sent[3]["tool_call_id"]
+
+
+async def test_steps_that_go_to_each_provider_in_turn_keep_one_conversation_each_accepts(
+    db_url: str, servers: dict[str, FakeLLMServer], opened: list[Engine]
+) -> None:
+    # OpenAI fails every other call; once Claude fails too, Gemini takes the step.
+    gpt, claude, gemini = servers["openai"], servers["anthropic"], servers["gemini"]
+    gpt.script(lookup("openai", "call_a"), down(), lookup("openai", "call_c"), down())
+    gpt.script(answer("openai", "all looked up"))
+    claude.script(lookup("anthropic", "toolu_b"), down(529))
+    gemini.script(lookup("gemini", "d"))
+    engine, run_id = await start(opened, db_url, f"{OPENAI}|{ANTHROPIC}|{GEMINI}")
+    outcome = await engine.run_until_stop(run_id)
+    assert outcome.kind is StopKind.ANSWERED and outcome.answer == "all looked up"
+    turns = await of_kind(engine, run_id, "model_turn")
+    assert [t.data["model"] for t in turns] == [OPENAI, ANTHROPIC, OPENAI, GEMINI, OPENAI]
+    # Every request each provider got was valid for it, the last one with the whole run.
+    for server, check in ((gpt, check_openai), (claude, check_anthropic), (gemini, check_gemini)):
+        assert server.requests
+        for request in server.requests:
+            check(request.body)
+    last = gpt.requests[-1].body["messages"]
+    queries = [m for m in last if m["role"] == "tool"]
+    assert len(queries) == 4 and [q["content"] for q in queries] == [
+        m["content"] for m in engine.runner.store.messages(run_id) if m["role"] == "tool"
+    ]
+    asked = [c["id"] for m in last if m["role"] == "assistant" for c in m.get("tool_calls") or ()]
+    assert len(set(asked)) == 4 and asked[:3] == ["call_a", "toolu_b", "call_c"]
+    # Gemini was handed the calls OpenAI and Claude wrote, each answered by name.
+    sent = gemini.requests[-1].body["contents"]
+    answered = [
+        p.get("functionResponse") or p.get("function_response")
+        for c in sent
+        for p in c["parts"]
+        if "functionResponse" in p or "function_response" in p
+    ]
+    assert [r["name"] for r in answered] == ["lookup"] * 3
 
 
 async def test_a_step_no_model_answers_is_one_failure_and_backs_off_before_the_list_again(

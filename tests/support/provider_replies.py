@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from fakellm import Reply, anthropic_message, openai_completion
+from fakellm import Reply, anthropic_message, gemini_response, openai_completion
 
 
 def answer(provider: str, text: str, *, input_tokens: int = 10, output_tokens: int = 5) -> Reply:
@@ -17,6 +17,11 @@ def answer(provider: str, text: str, *, input_tokens: int = 10, output_tokens: i
             content=text, prompt_tokens=input_tokens, completion_tokens=output_tokens
         )
         return Reply(body=body)
+    if provider == "gemini":
+        body = gemini_response(
+            [{"text": text}], prompt_tokens=input_tokens, output_tokens=output_tokens
+        )
+        return Reply(body=body)
     block = {"type": "text", "text": text}
     return Reply(
         body=anthropic_message([block], input_tokens=input_tokens, output_tokens=output_tokens)
@@ -24,7 +29,8 @@ def answer(provider: str, text: str, *, input_tokens: int = 10, output_tokens: i
 
 
 def lookup(provider: str, call_id: str) -> Reply:
-    """A turn of ``provider`` that calls the test agent's ``lookup`` read."""
+    """A turn of ``provider`` that calls the test agent's ``lookup`` read (Gemini's call
+    has no id, as the Gemini API's calls mostly have none: ``call_id`` is its query)."""
     if provider == "openai":
         call = {
             "id": call_id,
@@ -32,5 +38,8 @@ def lookup(provider: str, call_id: str) -> Reply:
             "function": {"name": "lookup", "arguments": json.dumps({"query": call_id})},
         }
         return Reply(body=openai_completion(tool_calls=[call]))
+    if provider == "gemini":
+        asked = {"functionCall": {"name": "lookup", "args": {"query": call_id}}}
+        return Reply(body=gemini_response([asked]))
     block = {"type": "tool_use", "id": call_id, "name": "lookup", "input": {"query": call_id}}
     return Reply(body=anthropic_message([block]))
