@@ -11,6 +11,7 @@ from tether.errors import ConfigError, ModelError
 from tether.models import ModelList, ScriptedModel, from_spec
 from tether.models.base import Message, Model, ModelResponse, ToolSpec, Usage
 from tether.models.fallback import Entry, combined
+from tether.models.pricing import spend_usd
 
 
 class Scripted(Model):
@@ -131,3 +132,12 @@ async def test_a_model_is_a_list_of_itself_and_closing_a_list_closes_each() -> N
     a, b = Scripted("a"), Scripted("b")
     await listed(a, b).aclose()
     assert a.closed and b.closed
+
+
+def test_a_price_may_name_a_model_by_its_entry_before_its_name() -> None:
+    usage = Usage(input_tokens=1_000_000, output_tokens=1_000_000)
+    prices = {"gpt-4.1": (1.0, 1.0), "openai:gpt-4.1": (2.0, 2.0)}
+    assert spend_usd("gpt-4.1", usage, prices, entry="openai:gpt-4.1") == 4.0
+    # Another server's entry for the same name falls back to the name's price.
+    assert spend_usd("gpt-4.1", usage, prices, entry="openai:other") == 2.0
+    assert spend_usd("gpt-4.1", usage, {}, entry="openai:gpt-4.1") == 10.0  # the table's
