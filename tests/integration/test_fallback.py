@@ -27,6 +27,7 @@ from fakellm import (
     anthropic_message,
     running,
 )
+from model_runs import of_kind, stored, until_stopped
 from provider_replies import answer, lookup
 from provider_rules import check_anthropic, check_gemini, check_openai
 from waiting import until
@@ -36,8 +37,7 @@ from tether.config import Settings
 from tether.models import from_spec
 from tether.models.base import Usage
 from tether.models.pricing import spend_usd
-from tether.results import Delta, LiveEvent, Outcome
-from tether.runs import Run
+from tether.results import Delta, LiveEvent
 from tether.telemetry.metrics import REGISTRY
 
 DEADLINE_S = 30.0
@@ -92,24 +92,6 @@ async def start(
     engines.append(engine)
     run = await engine.start_run("dana", "look it up")
     return engine, run.id
-
-
-async def until_stopped(engine: Engine, run_id: str) -> Outcome:
-    async def stopped() -> Outcome | None:
-        outcome = await engine.run_until_stop(run_id)
-        return None if outcome.kind is StopKind.RELEASED else outcome
-
-    return await until(stopped, timeout=DEADLINE_S, interval=0.01, what=f"run {run_id} to stop")
-
-
-def stored(engine: Engine, run_id: str) -> Run:
-    run = engine.runner.store.get_run(run_id)
-    assert run is not None
-    return run
-
-
-async def of_kind(engine: Engine, run_id: str, kind: str) -> list[LiveEvent]:
-    return [e for e in await engine.events(run_id) if e.kind == kind]
 
 
 def calls(model: str, outcome: str) -> float:

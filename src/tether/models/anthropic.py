@@ -17,7 +17,15 @@ from typing import Any, Unpack
 import anthropic
 
 from tether.errors import ModelError
-from tether.models.base import Message, ModelResponse, TextSink, ToolSpec, Usage, text_of
+from tether.models.base import (
+    Message,
+    ModelResponse,
+    TextSink,
+    ToolSpec,
+    Usage,
+    arguments_of,
+    text_of,
+)
 from tether.models.sdk import IncompleteStream, SDKErrors, SDKModel, SDKOptions
 
 Block = dict[str, Any]
@@ -74,17 +82,8 @@ def _blocks_of(message: Message) -> tuple[str, list[Block]]:
 
 
 def _tool_use_block(call: dict[str, Any]) -> Block:
+    arguments = arguments_of(call)  # Messages needs an object
     function = call["function"]
-    raw = function.get("arguments") or "{}"
-    try:
-        arguments = json.loads(raw)
-    except ValueError:
-        arguments = None
-    if not isinstance(arguments, dict):
-        # Messages needs an object; a history that holds anything else cannot be replayed.
-        raise ModelError(
-            f"tool call {call.get('id')!r} has arguments that are not a JSON object: {raw!r}"
-        )
     return {"type": "tool_use", "id": call["id"], "name": function["name"], "input": arguments}
 
 

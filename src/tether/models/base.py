@@ -8,10 +8,13 @@ results as ``{"role": "tool", "tool_call_id", "content"}``. Adapters translate a
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from tether.errors import ModelError
 
 Message = dict[str, Any]
 
@@ -33,6 +36,22 @@ def text_of(content: Any) -> str:
             if isinstance(part, dict) and part.get("type") == "text"
         )
     return str(content)
+
+
+def arguments_of(call: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of a stored tool call (``function.arguments``, a JSON string) as the
+    object a provider that takes them decoded needs (Anthropic's ``input``, Gemini's
+    ``args``); a history that holds anything else cannot be sent there: ``ModelError``."""
+    raw = call["function"].get("arguments") or "{}"
+    try:
+        arguments = json.loads(raw)
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise ModelError(
+            f"tool call {call.get('id')!r} has arguments that are not a JSON object: {raw!r}"
+        )
+    return arguments
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,7 +31,15 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from tether.errors import ModelError
-from tether.models.base import Message, ModelResponse, TextSink, ToolSpec, Usage, text_of
+from tether.models.base import (
+    Message,
+    ModelResponse,
+    TextSink,
+    ToolSpec,
+    Usage,
+    arguments_of,
+    text_of,
+)
 from tether.models.sdk import (
     IncompleteStream,
     ProviderModel,
@@ -103,17 +111,8 @@ def _parts_of(message: Message, names: dict[str, str]) -> tuple[str, list[Part]]
 
 
 def _function_call_part(call: dict[str, Any]) -> Part:
+    arguments = arguments_of(call)  # Gemini needs an object
     function = call["function"]
-    raw = function.get("arguments") or "{}"
-    try:
-        arguments = json.loads(raw)
-    except ValueError:
-        arguments = None
-    if not isinstance(arguments, dict):
-        # Gemini needs an object; a history that holds anything else cannot be replayed.
-        raise ModelError(
-            f"tool call {call.get('id')!r} has arguments that are not a JSON object: {raw!r}"
-        )
     asked: dict[str, Any] = {"name": function["name"], "args": arguments}
     if call.get("id"):
         asked["id"] = call["id"]
