@@ -22,6 +22,7 @@ POINTS: tuple[str, ...] = (
     "after_compaction",  # a compaction is durable; the next model call is not made
     "before_model_call",  # the loop is about to call the model; nothing new is durable
     "after_rate_lease",  # the fleet's model capacity is leased (§13); the model is not called
+    "before_next_model",  # a model of the list failed, the next is not asked (§21)
     "after_model_call",  # the model answered; its turn is not persisted
     "after_reads",  # a read-only step's reads returned; nothing of the turn is durable
     "after_intent",  # the assistant turn and its ledger intents are durable; no tool ran

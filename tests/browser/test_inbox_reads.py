@@ -77,6 +77,9 @@ def test_the_timeline_says_what_happened_and_folds_its_raw_data(
     for said in ("Asked by dana", "Waiting for a decision on pay", "Approved by boss", "Answered"):
         expect(timeline).to_contain_text(said, use_inner_text=True)
     expect(timeline.locator("tr", has_text="Model turn 1")).to_contain_text("1,000 tokens in")
+    # Which model wrote each turn (reference §21): the engine's one model here.
+    model = payments.engine.runner.services.model.name
+    expect(timeline.locator("tr", has_text="Model turn 1")).to_contain_text(f"by {model}")
     assert '{"' not in timeline.inner_text()  # no raw JSON is what a person reads
     row = timeline.locator("tbody tr", has_text="Approved by boss")
     raw = row.locator("details pre")

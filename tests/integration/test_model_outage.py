@@ -10,7 +10,6 @@ and every wait polls with a deadline.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any
@@ -24,11 +23,10 @@ from fakellm import (
     OPENAI_PATH,
     FakeLLMServer,
     Reply,
-    anthropic_message,
-    openai_completion,
     running,
 )
-from waiting import until
+from model_runs import of_kind, stored, until_stopped
+from provider_replies import answer, lookup
 
 from tether import Engine, MemoryNotifier, StopKind
 from tether.api.app import create_app
@@ -37,8 +35,6 @@ from tether.models import from_spec
 from tether.models.anthropic import AnthropicModel
 from tether.models.base import Model
 from tether.models.openai import OpenAIChatModel
-from tether.results import LiveEvent, Outcome
-from tether.runs import Run
 from tether.store.sql.schema import runs
 
 DEADLINE_S = 30.0
@@ -62,25 +58,6 @@ def provider_env(servers: dict[str, FakeLLMServer], monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("ANTHROPIC_BASE_URL", servers["anthropic"].url)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
-
-
-def answer(provider: str, text: str) -> Reply:
-    if provider == "openai":
-        return Reply(body=openai_completion(content=text))
-    return Reply(body=anthropic_message([{"type": "text", "text": text}]))
-
-
-def lookup(provider: str, call_id: str) -> Reply:
-    """A turn that calls the test agent's ``lookup`` read."""
-    if provider == "openai":
-        call = {
-            "id": call_id,
-            "type": "function",
-            "function": {"name": "lookup", "arguments": json.dumps({"query": call_id})},
-        }
-        return Reply(body=openai_completion(tool_calls=[call]))
-    block = {"type": "tool_use", "id": call_id, "name": "lookup", "input": {"query": call_id}}
-    return Reply(body=anthropic_message([block]))
 
 
 def engine_for(url: str, model: Model, **settings: Any) -> Engine:
@@ -109,31 +86,10 @@ async def start(engines: list[Engine], url: str, spec: str, **settings: Any) -> 
     return engine, run.id
 
 
-async def until_stopped(engine: Engine, run_id: str) -> Outcome:
-    """Claim and carry the run each time it is claimable again, until it stops for good
-    (not handed back); fails after the deadline."""
-
-    async def stopped() -> Outcome | None:
-        outcome = await engine.run_until_stop(run_id)  # claimable again after its backoff
-        return None if outcome.kind is StopKind.RELEASED else outcome
-
-    return await until(stopped, timeout=DEADLINE_S, interval=0.01, what=f"run {run_id} to stop")
-
-
-def stored(engine: Engine, run_id: str) -> Run:
-    run = engine.runner.store.get_run(run_id)
-    assert run is not None
-    return run
-
-
 def ready_at(engine: Engine, run_id: str) -> float | None:
     with engine.runner.store.engine.connect() as conn:
         value = conn.execute(sa.select(runs.c.ready_at).where(runs.c.id == run_id)).scalar()
     return None if value is None else float(value)
-
-
-async def of_kind(engine: Engine, run_id: str, kind: str) -> list[LiveEvent]:
-    return [e for e in await engine.events(run_id) if e.kind == kind]
 
 
 def sent_messages(server: FakeLLMServer) -> list[list[Any]]:

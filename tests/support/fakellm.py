@@ -1,17 +1,19 @@
-"""Local servers that speak the OpenAI Chat Completions and Anthropic Messages APIs, for
-tests that drive the real SDK adapters over real HTTP.
+"""Local servers that speak the OpenAI Chat Completions, Anthropic Messages and Gemini
+APIs, for tests that drive the real SDK adapters over real HTTP.
 
-Each answers its one POST path with scripted replies, in order, and records every request
-it gets; replies scripted for a system prompt (``script_for``) answer the requests whose
-system message starts with it, so each agent of a tree of sub-agents has its own order. A
-reply may succeed, fail with any status in the provider's error shape (``Reply.failure``:
-429, 500, 529, 401, ...), wait for an event before answering, or never answer
-(``Reply.hang``: the client's timeout is what ends it). A request with no reply scripted
-gets 599, so a test that asks more than it scripted sees it at once.
+Each answers its one POST path (for Gemini, ``/{version}/models/{model}:{method}``) with
+scripted replies, in order, and records every request it gets; replies scripted for a
+system prompt (``script_for``) answer the requests whose system message (or Gemini's
+system instruction) starts with it, so each agent of a tree of sub-agents has its own
+order. A reply may succeed, fail with any status in the provider's error shape
+(``Reply.failure``: 429, 500, 529, 401, ...), wait for an event before answering, or never
+answer (``Reply.hang``: the client's timeout is what ends it). A request with no reply
+scripted gets 599, so a test that asks more than it scripted sees it at once.
 
-A successful reply to a request with ``"stream": true`` is sent as each provider streams it
-(server-sent events, its text and tool arguments in several pieces, usage in the last
-chunk or event), from the same scripted body. Such a reply may break off after its first
+A successful reply to a request with ``"stream": true`` (for Gemini, to
+``:streamGenerateContent``) is sent as each provider streams it (server-sent events, its
+text and tool arguments in several pieces, usage in the last chunk or event), from the
+same scripted body. Such a reply may break off after its first
 piece of text (``Reply.broken``): with an error in the stream, a dropped connection, a
 stall that keeps the connection open without sending anything, or a clean end that never
 sends the final event.
@@ -32,7 +34,7 @@ from typing import Any, Literal
 
 import httpx
 import uvicorn
-from fakestreams import ANTHROPIC_STREAM, OPENAI_STREAM, SSE, first_text
+from fakestreams import ANTHROPIC_STREAM, GEMINI_STREAM, OPENAI_STREAM, SSE, first_text
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from waiting import poll_until
@@ -41,6 +43,10 @@ READY_DEADLINE_S = 10.0
 
 OPENAI_PATH = "/v1/chat/completions"
 ANTHROPIC_PATH = "/v1/messages"
+# The SDK's API version (``v1`` by default, ``v1beta`` by ``GOOGLE_GENAI_API_VERSION``), the
+# model and the method (``streamGenerateContent?alt=sse`` for a streamed call) are in it.
+GEMINI_PATH = "/{version}/models/{call}"
+STREAMED_GEMINI = ":streamGenerateContent"
 
 # How a streamed reply breaks off after its first piece of text: an error event in the
 # provider's format, the connection closed mid-body, no more bytes on an open connection,
@@ -70,30 +76,40 @@ class Recorded:
     headers: dict[str, str]
     body: dict[str, Any]
     at: float = field(default_factory=time.monotonic)
+    # Where it was sent: for Gemini the model and method are in the path.
+    path: str = ""
+    query: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Reply:
     """A scripted answer; with ``hold`` the server waits for the event before answering;
     with ``hang`` it does not answer until the server is reset or stopped; with ``breaks``
-    a streamed answer breaks off after its first text (``Reply.broken``)."""
+    a streamed answer breaks off after its first text (``Reply.broken``); with ``pause_s``
+    a streamed answer pauses so long between its events."""
 
     status: int = 200
     body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     hold: threading.Event | None = None
     hang: bool = False
+    # Streamed replies only: a pause before each event after the first (a slow stream).
+    pause_s: float = 0.0
     # Streamed replies only: how the stream breaks off, and the error type it then sends.
     breaks: Break | None = None
     error_type: str = "api_error"
+    # A failure's message, sent in the error shape of the server's provider.
+    failure_message: str | None = None
 
     @classmethod
     def failure(cls, status: int, message: str, **headers: str) -> Reply:
-        """An error in the shape both providers use: ``{"error": {"type", "message"}}``.
-        The SDKs' own retries are told not to retry it (``x-should-retry``) unless
-        ``headers`` say otherwise, so one reply is one failed call."""
-        body = {"type": "error", "error": {"type": "api_error", "message": message}}
-        return cls(status=status, body=body, headers={"x-should-retry": "false", **headers})
+        """An error in the provider's shape: ``{"error": {"type", "message"}}`` for OpenAI
+        and Anthropic, ``{"error": {"code", "message", "status"}}`` for Gemini. The OpenAI
+        and Anthropic SDKs' own retries are told not to retry it (``x-should-retry``)
+        unless ``headers`` say otherwise, so one reply is one failed call (Gemini's SDK
+        retries only as many times as it is told to)."""
+        headers = {"x-should-retry": "false", **headers}
+        return cls(status=status, failure_message=message, headers=headers)
 
     @classmethod
     def hung(cls) -> Reply:
@@ -104,7 +120,8 @@ class Reply:
     def broken(cls, body: dict[str, Any], breaks: Break, error_type: str = "api_error") -> Reply:
         """``body`` streamed up to its first piece of text, then broken off as ``breaks``
         says; ``error_type`` is the provider's type of the error sent for ``"error"``
-        (``overloaded_error``, ``server_error``, ``invalid_request_error``, ...)."""
+        (``overloaded_error``, ``server_error``, ``invalid_request_error``, ...; Gemini's
+        status: ``INTERNAL``, ``UNAVAILABLE``, ``INVALID_ARGUMENT``, ...)."""
         return cls(body=body, breaks=breaks, error_type=error_type)
 
 
@@ -120,7 +137,8 @@ class FakeLLMServer:
         self._lock = threading.Lock()
         # Set to let every hanging request go (at a reset and at stop).
         self._unhang = threading.Event()
-        self._format = ANTHROPIC_STREAM if path == ANTHROPIC_PATH else OPENAI_STREAM
+        formats = {ANTHROPIC_PATH: ANTHROPIC_STREAM, GEMINI_PATH: GEMINI_STREAM}
+        self._format = formats.get(path, OPENAI_STREAM)
         app = FastAPI()
         app.add_api_route(path, self._handle, methods=["POST"])
         app.add_api_route("/healthz", self._healthz, methods=["GET"])
@@ -173,8 +191,10 @@ class FakeLLMServer:
 
     async def _handle(self, request: Request) -> Response:
         body = await request.json()
+        path, query = request.url.path, request.url.query
+        recorded = Recorded(headers=dict(request.headers), body=body, path=path, query=query)
         with self._lock:
-            self.requests.append(Recorded(headers=dict(request.headers), body=body))
+            self.requests.append(recorded)
             reply = self._next_reply(body)
             unhang = self._unhang
         if reply is None:
@@ -184,7 +204,10 @@ class FakeLLMServer:
             return JSONResponse({"error": {"message": "hung up"}}, status_code=599)
         if reply.hold is not None:
             await asyncio.to_thread(reply.hold.wait, READY_DEADLINE_S)
-        if body.get("stream") and reply.status == 200:
+        if reply.failure_message is not None:
+            failed = self._format.failure(reply.status, reply.failure_message)
+            return JSONResponse(failed, status_code=reply.status, headers=reply.headers)
+        if (body.get("stream") or path.endswith(STREAMED_GEMINI)) and reply.status == 200:
             events = self._format.events(reply.body, body)
             return StreamingResponse(
                 self._stream(events, reply, unhang),
@@ -207,7 +230,9 @@ class FakeLLMServer:
     ) -> AsyncIterator[str]:
         """The events of a streamed reply, broken off after the first text if scripted so."""
         cut = first_text(events) + 1 if reply.breaks else len(events)
-        for event in events[:cut]:
+        for index, event in enumerate(events[:cut]):
+            if index and reply.pause_s:
+                await asyncio.sleep(reply.pause_s)
             yield event.encode()
         if reply.breaks == "error":
             yield self._format.error(reply.error_type).encode()
@@ -239,7 +264,10 @@ class FakeLLMServer:
 
 
 def system_text(body: dict[str, Any]) -> str:
-    """The system message of a request's body, in either provider's shape ("" if none)."""
+    """The system message of a request's body, in any provider's shape ("" if none)."""
+    if "systemInstruction" in body:  # Gemini: a content of text parts
+        parts = body["systemInstruction"].get("parts") or []
+        return "".join(part.get("text", "") for part in parts)
     system = body.get("system")
     if system is None:
         messages = body.get("messages") or []
@@ -252,7 +280,8 @@ def system_text(body: dict[str, Any]) -> str:
 
 @contextmanager
 def running(path: str) -> Iterator[FakeLLMServer]:
-    """A started fake server for ``path`` (``OPENAI_PATH`` or ``ANTHROPIC_PATH``)."""
+    """A started fake server for ``path`` (``OPENAI_PATH``, ``ANTHROPIC_PATH`` or
+    ``GEMINI_PATH``)."""
     server = FakeLLMServer(path)
     server.start()
     try:
@@ -312,4 +341,38 @@ def anthropic_message(
         "stop_reason": "tool_use" if has_tool_use else "end_turn",
         "stop_sequence": None,
         "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+    }
+
+
+def gemini_response(
+    parts: list[dict[str, Any]],
+    *,
+    prompt_tokens: int = 10,
+    output_tokens: int = 5,
+    thoughts_tokens: int | None = None,
+    tool_use_prompt_tokens: int | None = None,
+    finish_reason: str = "STOP",
+    model: str = "gemini-2.5-flash-001",
+) -> dict[str, Any]:
+    """A Gemini ``GenerateContentResponse`` body of ``parts`` (``{"text": ...}``,
+    ``{"functionCall": {"name", "args"}}``, ``{"text": ..., "thought": True}``)."""
+    usage: dict[str, Any] = {
+        "promptTokenCount": prompt_tokens,
+        "candidatesTokenCount": output_tokens,
+        "totalTokenCount": prompt_tokens + output_tokens + (thoughts_tokens or 0),
+    }
+    if thoughts_tokens is not None:
+        usage["thoughtsTokenCount"] = thoughts_tokens
+    if tool_use_prompt_tokens is not None:
+        usage["toolUsePromptTokenCount"] = tool_use_prompt_tokens
+    candidate = {
+        "content": {"role": "model", "parts": parts},
+        "finishReason": finish_reason,
+        "index": 0,
+    }
+    return {
+        "candidates": [candidate],
+        "usageMetadata": usage,
+        "modelVersion": model,
+        "responseId": "resp-1",
     }

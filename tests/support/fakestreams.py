@@ -4,7 +4,11 @@ A Chat Completions body becomes ``chat.completion.chunk`` events (the text and e
 call's arguments in pieces, tool calls by ``index``, the usage chunk last when the request
 asked for it, then ``[DONE]``); a Messages body becomes ``message_start``,
 ``content_block_start`` / ``_delta`` / ``_stop`` per block, ``message_delta`` with the
-stop reason and output tokens, and ``message_stop``.
+stop reason and output tokens, and ``message_stop``; a Gemini ``GenerateContentResponse``
+becomes one response per piece (thoughts first, the text in pieces, each function call
+whole, the usage so far in each), then one with an empty text, the ``finishReason`` and
+the whole usage. Each provider's error body is here too, for a failed reply and for an
+error sent in the middle of a stream.
 """
 
 from __future__ import annotations
@@ -34,11 +38,13 @@ class SSE:
 
 @dataclass(frozen=True, kw_only=True)
 class StreamFormat:
-    """How one provider streams: a reply body as events (given the request), and the
-    event of an error in the middle of a stream, by the provider's error type."""
+    """How one provider streams: a reply body as events (given the request), the event of
+    an error in the middle of a stream, by the provider's error type, and the body of a
+    failed reply (by its HTTP status and message)."""
 
     events: Callable[[dict[str, Any], dict[str, Any]], list[SSE]]
     error: Callable[[str], SSE]
+    failure: Callable[[int, str], dict[str, Any]]
 
 
 def pieces(text: str, count: int = PIECES) -> list[str]:
@@ -126,5 +132,64 @@ def _anthropic_error(error_type: str) -> SSE:
     return _anthropic("error", error=error)
 
 
-OPENAI_STREAM = StreamFormat(events=_openai_events, error=_openai_error)
-ANTHROPIC_STREAM = StreamFormat(events=_anthropic_events, error=_anthropic_error)
+def _failure(status: int, message: str) -> dict[str, Any]:
+    """The error body OpenAI and Anthropic both send (the SDKs read ``error.message``)."""
+    return {"type": "error", "error": {"type": "api_error", "message": message}}
+
+
+# Google's canonical status of an HTTP status, as Gemini's errors carry it.
+GEMINI_STATUSES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ABORTED",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def gemini_failure(status: int, message: str) -> dict[str, Any]:
+    """Gemini's error body: ``{"error": {"code", "message", "status"}}``."""
+    name = GEMINI_STATUSES.get(status, "UNKNOWN")
+    return {"error": {"code": status, "message": message, "status": name}}
+
+
+def _gemini_events(body: dict[str, Any], request: dict[str, Any]) -> list[SSE]:
+    if not body.get("candidates"):  # a blocked prompt: its feedback, at once
+        return [SSE(data=body)]
+    candidate = body["candidates"][0]
+    usage = body.get("usageMetadata") or {}
+    so_far = {"promptTokenCount": usage.get("promptTokenCount", 0)}
+    head = {"modelVersion": body.get("modelVersion"), "responseId": body.get("responseId")}
+
+    def chunk(part: dict[str, Any], **done: Any) -> dict[str, Any]:
+        content = {"role": "model", "parts": [part]}
+        return {"candidates": [{"content": content, "index": 0, **done}], **head}
+
+    events: list[SSE] = []
+    for part in candidate["content"]["parts"]:
+        if "text" in part and not part.get("thought"):
+            for piece in pieces(part["text"]):
+                events.append(
+                    SSE(data={**chunk({"text": piece}), "usageMetadata": so_far}, text=True)
+                )
+        else:
+            events.append(SSE(data={**chunk(part), "usageMetadata": so_far}))
+    finished = chunk({"text": ""}, finishReason=candidate["finishReason"])
+    events.append(SSE(data={**finished, "usageMetadata": usage}))
+    return events
+
+
+def _gemini_error(error_type: str) -> SSE:
+    codes = {name: code for code, name in GEMINI_STATUSES.items()}
+    error = gemini_failure(codes.get(error_type, 500), f"the stream failed: {error_type}")
+    error["error"]["status"] = error_type
+    return SSE(data=error)
+
+
+OPENAI_STREAM = StreamFormat(events=_openai_events, error=_openai_error, failure=_failure)
+ANTHROPIC_STREAM = StreamFormat(events=_anthropic_events, error=_anthropic_error, failure=_failure)
+GEMINI_STREAM = StreamFormat(events=_gemini_events, error=_gemini_error, failure=gemini_failure)

@@ -133,8 +133,9 @@ def test_a_span_carries_content_only_with_its_setting(
     assert event.attributes["exception.type"] in ("tether.errors.ModelError", "ModelError")
 
 
-# The labels metrics may have: names, codes and states, never content.
-LABELS = {"tool", "outcome", "limit", "state", "reason"}
+# The labels metrics may have: names (a tool's, a model's entry in TETHER_MODEL, both the
+# operator's configuration), codes and states, never content.
+LABELS = {"tool", "model", "outcome", "limit", "state", "reason"}
 
 
 def test_no_metric_has_a_label_that_could_hold_content() -> None:

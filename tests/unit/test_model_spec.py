@@ -16,7 +16,8 @@ def test_a_malformed_spec_is_a_config_error_that_says_the_forms_a_spec_takes(spe
     with pytest.raises(ConfigError) as refused:
         from_spec(spec)
     assert refused.value.code == "invalid_config"
-    assert "scripted:PATH.json, openai:MODEL or anthropic:MODEL" in refused.value.message
+    forms = "scripted:PATH.json, openai:MODEL, anthropic:MODEL or gemini:MODEL"
+    assert forms in refused.value.message
     assert repr(spec) in refused.value.message
 
 

@@ -161,6 +161,10 @@ def test_the_timeline_names_who_and_how_much() -> None:
     )
     assert turn.what == "Model turn 1: asked for send" and turn.text == "hi"
     assert turn.figures == ("1,000 tokens in, 100 tokens out", "$0.0014")
+    # The model of a list that wrote the turn (reference §21).
+    named = line(_event("model_turn", {"step": 2, "model": "gemini:gemini-2.5-flash"}))
+    assert named.what == "Model turn 2: answered"
+    assert named.figures[0] == "by gemini:gemini-2.5-flash"
     assert line(_event("approved", {"by": "boss", "reason": "ok"})).what == "Approved by boss"
     counted = line(_event("approval_recorded", {"by": "ann", "approvals": 1, "quorum": 2}))
     assert counted.what == "Approval recorded by ann" and counted.figures == ("1 of 2 approvals",)

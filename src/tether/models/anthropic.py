@@ -17,7 +17,15 @@ from typing import Any, Unpack
 import anthropic
 
 from tether.errors import ModelError
-from tether.models.base import Message, ModelResponse, TextSink, ToolSpec, Usage
+from tether.models.base import (
+    Message,
+    ModelResponse,
+    TextSink,
+    ToolSpec,
+    Usage,
+    arguments_of,
+    text_of,
+)
 from tether.models.sdk import IncompleteStream, SDKErrors, SDKModel, SDKOptions
 
 Block = dict[str, Any]
@@ -37,7 +45,7 @@ def to_anthropic_messages(messages: Sequence[Message]) -> tuple[str, list[dict[s
     for message in messages:
         role = message.get("role")
         if role == "system":
-            text = _text_of(message.get("content"))
+            text = text_of(message.get("content"))
             if text:
                 system.append(text)
             continue
@@ -58,11 +66,11 @@ def _blocks_of(message: Message) -> tuple[str, list[Block]]:
         result: Block = {
             "type": "tool_result",
             "tool_use_id": message["tool_call_id"],
-            "content": _text_of(message.get("content")),
+            "content": text_of(message.get("content")),
         }
         return "user", [result]
     blocks: list[Block] = []
-    text = _text_of(message.get("content"))
+    text = text_of(message.get("content"))
     if text:
         blocks.append({"type": "text", "text": text})
     if role == "assistant":
@@ -74,33 +82,9 @@ def _blocks_of(message: Message) -> tuple[str, list[Block]]:
 
 
 def _tool_use_block(call: dict[str, Any]) -> Block:
+    arguments = arguments_of(call)  # Messages needs an object
     function = call["function"]
-    raw = function.get("arguments") or "{}"
-    try:
-        arguments = json.loads(raw)
-    except ValueError:
-        arguments = None
-    if not isinstance(arguments, dict):
-        # Messages needs an object; a history that holds anything else cannot be replayed.
-        raise ModelError(
-            f"tool call {call.get('id')!r} has arguments that are not a JSON object: {raw!r}"
-        )
     return {"type": "tool_use", "id": call["id"], "name": function["name"], "input": arguments}
-
-
-def _text_of(content: Any) -> str:
-    """Text of an OpenAI ``content``: a string, None, or a list of ``text`` parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part.get("text", "")
-            for part in content
-            if isinstance(part, dict) and part.get("type") == "text"
-        )
-    return str(content)
 
 
 def to_anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:

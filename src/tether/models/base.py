@@ -8,16 +8,50 @@ results as ``{"role": "tool", "tool_call_id", "content"}``. Adapters translate a
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from tether.errors import ModelError
 
 Message = dict[str, Any]
 
 # Where a streaming call hands the assistant's text as it is written (reference §16): each
 # piece follows the one before it, and together they are the turn's ``content``.
 TextSink = Callable[[str], None]
+
+
+def text_of(content: Any) -> str:
+    """The text of a message's ``content``: a string, None, or a list of ``text`` parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "")
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return str(content)
+
+
+def arguments_of(call: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of a stored tool call (``function.arguments``, a JSON string) as the
+    object a provider that takes them decoded needs (Anthropic's ``input``, Gemini's
+    ``args``); a history that holds anything else cannot be sent there: ``ModelError``."""
+    raw = call["function"].get("arguments") or "{}"
+    try:
+        arguments = json.loads(raw)
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise ModelError(
+            f"tool call {call.get('id')!r} has arguments that are not a JSON object: {raw!r}"
+        )
+    return arguments
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,6 +32,11 @@ PRICES: dict[str, Price] = {
     "claude-sonnet-4-5": (3.00, 15.00),
     "claude-opus-4-1": (15.00, 75.00),
     "claude-haiku-4-5": (1.00, 5.00),
+    # Gemini's prices for prompts up to 200k tokens (longer ones cost more: spend errs low).
+    "gemini-2.5-pro": (1.25, 10.00),
+    "gemini-2.5-flash": (0.30, 2.50),
+    "gemini-2.5-flash-lite": (0.10, 0.40),
+    "gemini-3-pro-preview": (2.00, 12.00),
     # The scripted test model has a price so that spend budgets are exercised.
     "scripted": (1.00, 4.00),
 }
@@ -59,10 +64,15 @@ def parse_prices(raw: str) -> dict[str, Price]:
     return table
 
 
-def price_for(model: str, prices: Mapping[str, Price] | None = None) -> Price:
+def price_for(
+    model: str, prices: Mapping[str, Price] | None = None, *, entry: str | None = None
+) -> Price:
     """The (input, output) USD per million tokens for ``model``: ``prices`` (the configured
-    overrides) first, then the built-in table, then the default (logged once)."""
-    found = (prices or {}).get(model) or PRICES.get(model)
+    overrides) first, by the model's ``entry`` in ``TETHER_MODEL`` (``openai:gpt-4.1``,
+    reference §21) and then by its name, then the built-in table, then the default (logged
+    once)."""
+    overrides = prices or {}
+    found = (overrides.get(entry) if entry else None) or overrides.get(model) or PRICES.get(model)
     if found is not None:
         return found
     with _warned_lock:
@@ -75,8 +85,15 @@ def price_for(model: str, prices: Mapping[str, Price] | None = None) -> Price:
     return DEFAULT_PRICE
 
 
-def spend_usd(model: str, usage: Usage, prices: Mapping[str, Price] | None = None) -> float:
-    """USD spent by one call of ``model`` with ``usage``, at ``prices`` (the configured
-    overrides, ``Settings.prices``) over the built-in table."""
-    price_in, price_out = price_for(model, prices)
+def spend_usd(
+    model: str,
+    usage: Usage,
+    prices: Mapping[str, Price] | None = None,
+    *,
+    entry: str | None = None,
+) -> float:
+    """USD spent by one call of ``model`` (the ``entry`` of ``TETHER_MODEL`` that named
+    it, if known) with ``usage``, at ``prices`` (the configured overrides,
+    ``Settings.prices``) over the built-in table."""
+    price_in, price_out = price_for(model, prices, entry=entry)
     return (usage.input_tokens * price_in + usage.output_tokens * price_out) / 1_000_000

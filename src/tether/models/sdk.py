@@ -1,9 +1,12 @@
-"""What the adapters over a provider's official SDK share: ``SDKModel``.
+"""What the adapters over a provider's official SDK share: ``ProviderModel``, and
+``SDKModel`` for the SDKs built alike.
 
 An adapter (``openai.py``, ``anthropic.py``) names its SDK's client class, environment
 variables and exception classes, and translates messages, tools and the streamed reply;
 ``SDKModel`` finds the credentials, builds the client (the SDK's own retries and timeout),
-turns whatever the call raises into ``ModelError`` and closes the client it built.
+turns whatever the call raises into ``ModelError`` and closes the client it built. An SDK
+built otherwise (``gemini.py``) says itself, on ``ProviderModel``, how its client is built
+and closed and how its failures read.
 
 A streamed call can also fail after its HTTP status said yes: the provider sends an error
 in the stream, the connection drops or stalls (the SDKs let the HTTP client's exceptions
@@ -135,7 +138,7 @@ def model_error(exc: Exception, name: str, timeout_s: float, errors: SDKErrors) 
             status=status,
             transient=transient_status(status),
         )
-    if _not_connected(exc):
+    if not_connected(exc):
         return ModelError(f"{name} could not be reached: {detail}", transient=True)
     # The timeout errors are connection errors too: test them first.
     if isinstance(exc, (errors.timeout, httpx.TimeoutException)):
@@ -155,7 +158,7 @@ def model_error(exc: Exception, name: str, timeout_s: float, errors: SDKErrors) 
     return ModelError(f"{name} failed: {exc}")
 
 
-def _not_connected(exc: BaseException) -> bool:
+def not_connected(exc: BaseException) -> bool:
     """Whether ``exc`` came of a connection that could not be made (refused, no route, a
     name that does not resolve). aiohttp's transport reports those as a connect timeout
     (``httpx_aiohttp`` maps every ``ClientConnectionError`` so), which they are not; its
@@ -216,24 +219,22 @@ class SDKOptions(TypedDict, total=False):
     max_retries: int
 
 
-class SDKModel(Model, Generic[ClientT]):
-    """A model reached through its provider's SDK, named ``PROVIDER:MODEL``.
+C = TypeVar("C")
 
-    Retries and timeouts are the SDK's (``max_retries``, ``timeout_s``); an injected
-    ``client`` is used as it is and left open. The key and base URL come from the
-    arguments or from ``key_vars`` and ``base_var`` (``sdk_credentials``).
+
+class ProviderModel(Model, Generic[C]):
+    """A model reached through its provider's SDK, named ``PROVIDER:MODEL``, whatever the
+    SDK: the credentials (``key_vars``, ``base_var``), the client it builds or is given
+    (an injected ``client`` is used as it is and left open), the call streamed, and
+    whatever the call raises turned into ``ModelError`` and logged. An adapter says how to
+    build and close its SDK's client, which exceptions are its provider's failures, and how
+    they read as ``ModelError``; ``SDKModel`` says so for the SDKs built alike (OpenAI's
+    and Anthropic's), and ``gemini.py`` for Google's.
     """
 
     provider: ClassVar[str]
     key_vars: ClassVar[tuple[str, ...]]
     base_var: ClassVar[str]
-    errors: ClassVar[SDKErrors]
-    client_class: ClientClass[ClientT]
-    # The SDK's HTTP client on aiohttp (its ``aiohttp`` extra), which both SDKs offer "for
-    # improved concurrency": httpx's connection pool walks every connection for each
-    # request, so a worker with 1,000 runs in flight spent more on the pool than on the
-    # requests (benchmarks/capacity.py).
-    http_client_class: ClassVar[Callable[..., httpx.AsyncClient]]
 
     def __init__(
         self,
@@ -243,7 +244,7 @@ class SDKModel(Model, Generic[ClientT]):
         api_key: str | None = None,
         timeout_s: float = 60.0,
         max_retries: int = 2,
-        client: ClientT | None = None,
+        client: C | None = None,
     ) -> None:
         self.model = model
         self.name = f"{self.provider}:{model}"
@@ -253,21 +254,33 @@ class SDKModel(Model, Generic[ClientT]):
             client if client is not None else self._new_client(base_url, api_key, max_retries)
         )
 
-    def _new_client(self, base_url: str | None, api_key: str | None, max_retries: int) -> ClientT:
-        api_key, resolved_base = sdk_credentials(
+    def _credentials(
+        self, base_url: str | None, api_key: str | None
+    ) -> tuple[str | None, str | None]:
+        """The API key and base URL for a new client (``sdk_credentials``)."""
+        return sdk_credentials(
             self.name,
             api_key=api_key,
             base_url=base_url,
             key_vars=self.key_vars,
             base_var=self.base_var,
         )
-        return self.client_class(
-            api_key=api_key,
-            base_url=resolved_base,
-            timeout=self.timeout_s,
-            max_retries=max_retries,
-            http_client=self.http_client_class(timeout=self.timeout_s, limits=CONNECTIONS),
-        )
+
+    @abstractmethod
+    def _new_client(self, base_url: str | None, api_key: str | None, max_retries: int) -> C:
+        """The SDK's client, with its own retries (``max_retries``)."""
+
+    @abstractmethod
+    async def _close_client(self) -> None:
+        """Close the client this adapter built."""
+
+    @abstractmethod
+    def _failures(self) -> tuple[type[Exception], ...]:
+        """What a call may raise that is a failure of the provider or of the way to it."""
+
+    @abstractmethod
+    def _model_error(self, exc: Exception) -> ModelError:
+        """The ``ModelError`` of a failure ``_failures`` names (reference §10)."""
 
     async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
         """One call through the SDK (streamed, its text unused)."""
@@ -280,8 +293,8 @@ class SDKModel(Model, Generic[ClientT]):
         or a stream cut short raises becomes ``ModelError``."""
         try:
             return await self._call(messages, tools, on_text)
-        except (self.errors.base, httpx.TransportError, IncompleteStream) as exc:
-            error = model_error(exc, self.name, self.timeout_s, self.errors)
+        except self._failures() as exc:
+            error = self._model_error(exc)
             # The provider's message may quote what it was sent: the run's log line
             # carries it, with TETHER_LOG_CONTENT (``model_failures.py``).
             told = {"action": "model_error", "model": self.name, "status": error.status}
@@ -296,6 +309,40 @@ class SDKModel(Model, Generic[ClientT]):
         reply's text handed to ``on_text`` as it is written."""
 
     async def aclose(self) -> None:
-        """Close the HTTP client this adapter created; an injected one is the caller's."""
+        """Close the client this adapter created; an injected one is the caller's."""
         if self._owns_client:
-            await self._client.close()
+            await self._close_client()
+
+
+class SDKModel(ProviderModel[ClientT]):
+    """A model reached through an SDK built as OpenAI's and Anthropic's are: a client class
+    that takes the key, base URL, timeout, retries and an HTTP client (on aiohttp), and
+    exceptions ``SDKErrors`` names, classified by ``model_error``.
+    """
+
+    errors: ClassVar[SDKErrors]
+    client_class: ClientClass[ClientT]
+    # The SDK's HTTP client on aiohttp (its ``aiohttp`` extra), which both SDKs offer "for
+    # improved concurrency": httpx's connection pool walks every connection for each
+    # request, so a worker with 1,000 runs in flight spent more on the pool than on the
+    # requests (benchmarks/capacity.py).
+    http_client_class: ClassVar[Callable[..., httpx.AsyncClient]]
+
+    def _new_client(self, base_url: str | None, api_key: str | None, max_retries: int) -> ClientT:
+        api_key, resolved_base = self._credentials(base_url, api_key)
+        return self.client_class(
+            api_key=api_key,
+            base_url=resolved_base,
+            timeout=self.timeout_s,
+            max_retries=max_retries,
+            http_client=self.http_client_class(timeout=self.timeout_s, limits=CONNECTIONS),
+        )
+
+    async def _close_client(self) -> None:
+        await self._client.close()
+
+    def _failures(self) -> tuple[type[Exception], ...]:
+        return (self.errors.base, httpx.TransportError, IncompleteStream)
+
+    def _model_error(self, exc: Exception) -> ModelError:
+        return model_error(exc, self.name, self.timeout_s, self.errors)

@@ -27,6 +27,13 @@ MODEL_SECONDS = Histogram(
     buckets=_BUCKETS,
     registry=REGISTRY,
 )
+MODEL_CALLS = Counter(
+    "tether_model_calls",
+    "Model calls, by model (its entry in TETHER_MODEL, as written) and outcome: answered, "
+    "or transient or permanent for a failure (reference §10, §21).",
+    ["model", "outcome"],
+    registry=REGISTRY,
+)
 TOOL_SECONDS = Histogram(
     "tether_tool_call_seconds",
     "Duration of one tool call, by tool.",

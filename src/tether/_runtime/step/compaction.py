@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tether._runtime.step import model_call
 from tether._runtime.step.budget_check import budget_stop
 from tether._runtime.step.model_failures import model_failed
 from tether._runtime.step.model_rate import model_capacity, model_ended
@@ -171,12 +172,13 @@ async def _summarise(
         if not isinstance(made, str):
             raise TypeError(f"compaction: summarize returned {type(made).__name__}, not str")
         return made, 0, 0.0
-    model = session.services.model
     with MODEL_SECONDS.time():
-        response = await model.request(summary_request(covered), [])
+        answered = await model_call.ask(session, summary_request(covered), [], streamed=False)
+    response = answered.response
     model_ended(session, response.usage)
     text = response.message.get("content")
     if not isinstance(text, str) or not text.strip():
         raise ModelError("the model gave no summary to compact the conversation with")
-    spend = spend_usd(response.model, response.usage, session.services.settings.prices)
+    prices = session.services.settings.prices
+    spend = spend_usd(response.model, response.usage, prices, entry=answered.entry.spec)
     return text, response.usage.output_tokens, spend

@@ -22,7 +22,7 @@ from contextlib import AbstractContextManager
 from tether import output
 from tether._runtime.hop import hop
 from tether._runtime.shared.services import Services
-from tether._runtime.step import children, compaction, parallel, tool_call
+from tether._runtime.step import children, compaction, model_call, parallel, tool_call
 from tether._runtime.step.budget_check import budget_stop
 from tether._runtime.step.decided_call import Resolution, decide
 from tether._runtime.step.model_failures import model_failed
@@ -36,7 +36,7 @@ from tether.errors import (
 )
 from tether.failpoints import fail
 from tether.messages import ToolCall
-from tether.models.base import ModelResponse
+from tether.models.fallback import Answered
 from tether.reasons import FailReason
 from tether.results import Outcome, StopKind
 from tether.runs import Run
@@ -145,14 +145,14 @@ async def _drive(session: RunSession, steps: tracing.Steps) -> Outcome:
             steps.open(session.step + 1)
             try:
                 with MODEL_SECONDS.time(), _chat_span(session) as chat:
-                    response = await _streamed(session)
-                    chat.answered(response)
-                model_ended(session, response.usage)
+                    answered = await _streamed(session)
+                    chat.answered(answered.response)
+                model_ended(session, answered.response.usage)
             except ModelError as exc:  # handed back with a delay, or failed (reference §10)
                 return await model_failed(session, exc, failures)
         failures = 0  # the stored turn resets the stored count too
         fail("after_model_call")
-        turn = session.turn_of(response)
+        turn = session.turn_of(answered.response, model=answered.entry.spec)
         if not turn.calls:
             answer = turn.message.get("content")
             verdict = output.check(session.services.agent.output_type, answer)
@@ -192,15 +192,13 @@ def _chat_span(session: RunSession) -> AbstractContextManager[tracing.Traced]:
     return tracing.model_call(model, step, content=allowed, messages=sent)
 
 
-async def _streamed(session: RunSession) -> ModelResponse:
-    """The model's next turn, its text handed to the run's watchers as it is written."""
-    services = session.services
+async def _streamed(session: RunSession) -> Answered:
+    """The model's next turn (from the first model of the list that gives one, reference
+    §21), its text handed to the run's watchers as it is written."""
     messages = compaction.view(session.conversation(), session.compaction)
-    tools = list(services.agent.tool_specs)
-    if services.deltas is None:
-        return await services.model.request(messages, tools)
-    async with services.deltas.stream(session.run.id, session.step + 1) as on_text:
-        return await services.model.stream(messages, tools, on_text)
+    return await model_call.ask(
+        session, messages, list(session.services.agent.tool_specs), streamed=True
+    )
 
 
 def batches(session: RunSession, pending: list[ToolCall]) -> list[list[ToolCall]]:

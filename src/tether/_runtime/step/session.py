@@ -24,7 +24,6 @@ from tether.errors import DatabaseUnavailable, LeaseLost, TetherError
 from tether.failpoints import fail
 from tether.messages import ToolCall, pending_tool_calls, tool_calls_of, tool_result
 from tether.models.base import Message, ModelResponse
-from tether.models.pricing import spend_usd
 from tether.output import Verdict
 from tether.reasons import FailReason, HaltReason
 from tether.results import Outcome, StopKind
@@ -200,14 +199,14 @@ class RunSession:
 
     # -- durable writes (one transaction each) ---------------------------------------------
 
-    def turn_of(self, response: ModelResponse) -> Turn:
-        """The assistant turn to store for ``response`` (tool call ids made unique in
-        the run), with its spend; nothing is written yet."""
-        spend = spend_usd(response.model, response.usage, self.services.settings.prices)
-        suffix = self.run.id if self.run.is_child else None
-        return turn_of(
-            response, step=self.step + 1, spend=spend, taken=self._call_ids, suffix=suffix
-        )
+    def turn_of(self, response: ModelResponse, *, model: str | None = None) -> Turn:
+        """The assistant turn to store for ``response`` (tool call ids made unique in the
+        run), with its spend priced for ``model``, the ``TETHER_MODEL`` entry that
+        answered (reference §21; default: the engine's model's name); nothing is written."""
+        prices, suffix = self.services.settings.prices, self.run.id if self.run.is_child else None
+        model = model or self.services.model.name
+        taken, step = self._call_ids, self.step + 1
+        return turn_of(response, step=step, prices=prices, taken=taken, suffix=suffix, model=model)
 
     async def append_turn(
         self, turn: Turn, results: Sequence[Result] = (), *, verdict: Verdict | None = None

@@ -3,11 +3,13 @@ of a result that reports an error to the model."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tether.messages import ToolCall, tool_calls_of
 from tether.models.base import Message, ModelResponse
+from tether.models.pricing import Price, spend_usd
 from tether.store import CallStatus, Intent
 
 if TYPE_CHECKING:
@@ -76,18 +78,22 @@ def turn_of(
     response: ModelResponse,
     *,
     step: int,
-    spend: float,
+    prices: Mapping[str, Price],
     taken: set[str],
     suffix: str | None = None,
+    model: str,
 ) -> Turn:
-    """The assistant turn ``step`` of ``response`` as it is to be stored, with its
-    ``spend``: its tool call ids made unique among those ``taken`` (added to it) and, in a
-    child run, across its tree by ``suffix`` (its run id, reference §18)."""
+    """The assistant turn ``step`` of ``response`` as it is to be stored, with the
+    ``model`` that wrote it (its ``TETHER_MODEL`` entry, reference §21) and its spend at
+    ``prices``: its tool call ids made unique among those ``taken`` (added to it) and, in
+    a child run, across its tree by ``suffix`` (its run id, reference §18)."""
+    spend = spend_usd(response.model, response.usage, prices, entry=model)
     message = _normalized(response.message, step - 1, taken, suffix)
     calls = tool_calls_of(message)
     content = message.get("content")
     event = {
         "step": step,
+        "model": model,
         "text": content if isinstance(content, str) else "",
         "tool_calls": [c.name for c in calls],
         "spend_usd": spend,

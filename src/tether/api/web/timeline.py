@@ -79,7 +79,10 @@ def _created(data: Data) -> Said:
 def _model_turn(data: Data) -> Said:
     calls = [str(name) for name in data.get("tool_calls") or ()]
     asked = "asked for " + ", ".join(calls) if calls else "answered"
+    # Which model of TETHER_MODEL wrote it (reference §21); turns stored before have none.
+    by = (f"by {data['model']}",) if isinstance(data.get("model"), str) else ()
     figures = (
+        *by,
         f"{_count(data.get('input_tokens'), 'token')} in, "
         f"{_count(data.get('output_tokens'), 'token')} out",
         _usd(data.get("spend_usd")),
