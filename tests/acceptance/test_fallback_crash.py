@@ -32,14 +32,7 @@ def agent() -> Agent:
 
 
 def _tether(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [processes.PYTHON, "-m", "tether", *args, "--agent", "test_fallback_crash:agent"],
-        env={**env, "PYTHONPATH": f"{HERE.parent / 'support'}:{HERE}"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=processes.ROOT,
-    )
+    return processes.tether(*args, env=env, timeout=120, agent="test_fallback_crash:agent")
 
 
 def _start(url: str) -> str:
@@ -69,6 +62,7 @@ def test_a_worker_killed_between_two_models_leaves_the_step_to_the_list_from_its
             OPENAI_API_KEY="sk-test",
             ANTHROPIC_BASE_URL=claude.url,
             ANTHROPIC_API_KEY="sk-ant-test",
+            PYTHONPATH=f"{HERE.parent / 'support'}:{HERE}",  # this module is the agent
         )
         gpt.script(fakellm.Reply.failure(503, "overloaded"), answer("openai", "from gpt"))
         claude.script(answer("anthropic", "from claude"))
