@@ -1,8 +1,10 @@
 """The ``tether`` CLI in processes of its own, with a test agent (``agents.py``) on a test's
-database: their environment, a long-running one started, a short one run to its end."""
+database: their environment, a long-running one started, a short one run to its end; the
+processes another one started, whether a process has ended, and its JSON log lines."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -125,3 +127,45 @@ def serve_ready(proc: subprocess.Popen[Any], base: str, log: Path) -> bool:
         return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` from the third (the state) on."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()
+
+
+def children(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid`` (read from ``/proc``: this kernel has no
+    ``/proc/PID/task/TID/children``)."""
+    found: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = _stat(int(entry))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # it ended while we looked
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(entry))
+    return found
+
+
+def ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended (gone, or a zombie its parent has not reaped)."""
+    try:
+        return _stat(pid)[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def log_lines(log: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a process's ``log`` (tether's structured log), others left out."""
+    lines: list[dict[str, Any]] = []
+    for line in log.read_text().splitlines():
+        if line.startswith("{"):
+            try:
+                lines.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short, or another program's
+    return lines
