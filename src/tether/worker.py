@@ -12,17 +12,18 @@ after a backoff, so the worker outlives a dropped connection, a restart or an ou
 its database.
 
 A reaper pass recovers orphans in bulk: it claims them in batches into the slots as they
-free, each recovery a task of its own, until no orphan that was stale when the pass began
-is left, so a thousand orphans take one pass, and none waits claimed without a slot (where
-its heartbeat would go stale again). The fair rule for the slots: while runs wait for a
-worker, recoveries hold at most ``orphan_share`` of them, all but a quarter (runs keep at
-least one slot when there are two or more), and the claim loop leaves a pass what it is
-owed of that share; when no run waits, recoveries may take every free slot. Orphans thus
-go first (with one slot, before any new run), yet a burst of them never stops the queue.
-A pass holds no slot while nothing can be claimed: it keeps freed slots back only for the
-one read that tells whether any orphan is stale, and then while orphans are known to be
-left; it ends on ``stop()``, on a batch that came back short, or when no slot freed for a
-whole interval.
+free, each recovery a task of its own that, once the orphan is reconciled, carries it on in
+its slot (its history read once, not again by a claim after a hand-back), until no orphan
+that was stale when the pass began is left, so a thousand orphans take one pass, and none
+waits claimed without a slot (where its heartbeat would go stale again). The fair rule for
+the slots: while runs wait for a worker, recoveries hold at most ``orphan_share`` of them,
+all but a quarter (runs keep at least one slot when there are two or more), and the claim
+loop leaves a pass what it is owed of that share; when no run waits, recoveries may take
+every free slot. Orphans thus go first (with one slot, before any new run), yet a burst of
+them never stops the queue. A pass holds no slot while nothing can be claimed: it keeps
+freed slots back only for the one read that tells whether any orphan is stale, and then
+while orphans are known to be left; it ends on ``stop()``, on a batch that came back short,
+or when no slot freed for a whole interval.
 
 ``stop()`` (SIGTERM) stops claiming; each run in hand is handed back at its next step
 boundary, the side tasks end, and ``run()`` returns. Memory stays bounded however long
@@ -255,15 +256,28 @@ class Worker:
         )
 
     async def _recover(self, run: Run) -> None:
+        """Reconcile an orphan claimed into a slot, then carry it on in that slot (its
+        history read once); once reconciled it counts as a run carried, no longer as a
+        recovery (the fair rule of the module docstring)."""
+        counted = True
+
+        def reconciled() -> None:
+            nonlocal counted
+            counted = False
+            self._recovering -= 1
+
         try:
-            outcome = await self._runner.recover(run)
+            outcome = await self._runner.recover(
+                run, carry_on=True, stopping=self.stopping, reconciled=reconciled
+            )
         except Exception as exc:
             self.counts["error"] += 1
             told = failure(exc, self._content, run_id=run.id, action="recover")
             log.error("recovery failed", **told)
             return
         finally:
-            self._recovering -= 1
+            if counted:
+                self._recovering -= 1
         self.counts[outcome.kind.value] += 1
         log.info(
             "orphan recovered",
