@@ -29,7 +29,8 @@ from tether._runtime.live.deltas import DeltaHub
 from tether.errors import InvalidInput
 from tether.models.base import Message, Model, ModelResponse, TextSink, ToolSpec, Usage
 from tether.results import Delta, LiveEvent
-from tether.store.backend.listen import DELTAS_CHANNEL, Subscriber
+from tether.store.backend.listen import DELTAS_CHANNEL
+from tether.store.backend.listening import Subscriber
 
 TEXTS = [turn["content"] for turn in agents.SCRIPTS["streamed"]]
 STEP_TEXTS = [turn["content"] for turn in agents.SCRIPTS["streamed_steps"]]
@@ -334,4 +335,4 @@ def test_a_listener_let_go_of_and_wanted_again_at_once_listens_on(pg_url: str) -
         conn.execute("SELECT pg_notify(%s, 'hello')", (DELTAS_CHANNEL,))
     poll_until(lambda: "hello" in heard, what="the notice")
     listener.want(frozenset())
-    poll_until(lambda: listener._thread is None, what="the listener to stop")
+    poll_until(lambda: not listener.listener.running, what="the listener to stop")
