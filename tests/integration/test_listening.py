@@ -33,6 +33,7 @@ from waiting import poll_until, until
 from conftest import PG_ADMIN_URL
 from tether import Engine, Worker
 from tether._runtime.live.deltas import DeltaHub, DeltaSubscription
+from tether.errors import DatabaseUnavailable
 from tether.results import Delta, LiveEvent
 from tether.runs import RunState
 from tether.store.backend import listening
@@ -361,8 +362,9 @@ async def test_listen_is_told_on_connecting_and_raises_when_its_connection_is_lo
     await until(lambda: heard == [CONNECTED, "run-1"], what="its channel's notice")
     [(pid, _name)] = listening_backends(pg_url)
     await asyncio.to_thread(kill, pid)
-    with pytest.raises(psycopg.OperationalError):
+    with pytest.raises(DatabaseUnavailable) as raised:
         await asyncio.wait_for(listening_task, DEADLINE_S)
+    assert isinstance(raised.value.__cause__, psycopg.OperationalError)
     listener = listener_for(pg_url)
     await until(lambda: not listener.running, what="nobody listens: the thread ends")
     assert heard == [CONNECTED, "run-1"]

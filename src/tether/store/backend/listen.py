@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from tether.errors import DatabaseUnavailable
 from tether.store.backend.listening import Subscriber
 
 # A run became ready for a worker (payload empty).
@@ -34,9 +35,10 @@ async def listen(dsn: str, on_notice: Callable[[str], None], channel: str = RUNS
     """Call ``on_notice(payload)`` (on the running event loop) on each notice of
     ``channel``, and ``on_notice(CONNECTED)`` once it is listened to, until cancelled, on
     the process's shared connection. A lost connection (or one that cannot be opened)
-    raises here, so the caller logs it and listens again."""
+    raises ``DatabaseUnavailable`` here (the driver's error as its cause), so the caller
+    logs it and listens again."""
     loop = asyncio.get_running_loop()
-    lost: asyncio.Future[BaseException] = loop.create_future()
+    lost: asyncio.Future[None] = loop.create_future()
 
     def later(call: Callable[..., None], *args: object) -> None:
         try:
@@ -45,8 +47,10 @@ async def listen(dsn: str, on_notice: Callable[[str], None], channel: str = RUNS
             sub.close()
 
     def failed(exc: BaseException) -> None:
-        if not lost.done():
-            lost.set_exception(exc)
+        if not lost.done():  # an error of its own: each listener raises it in its task
+            gone = DatabaseUnavailable("the LISTEN connection failed or could not be opened")
+            gone.__cause__ = exc
+            lost.set_exception(gone)
 
     sub = Subscriber(
         dsn,

@@ -164,8 +164,10 @@ class Listener:
             ticked = time.monotonic()
             while True:
                 wanted = self._looking()
-                if not wanted and self._idle(waker):
-                    return
+                if not wanted:
+                    if self._idle(waker):
+                        return
+                    continue  # wanted again as it was about to end
                 if wanted != listening:
                     _relisten(conn, listening, wanted)
                     listening = wanted
