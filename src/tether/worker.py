@@ -233,56 +233,42 @@ class Worker:
         self._wake.set()
         self._freed.set()
 
-    async def _carry(self, run: Run) -> None:
+    async def _carry(self, run: Run, *, orphan: bool = False) -> None:
+        """Carry a claimed run to its next stop. An ``orphan`` is reconciled first and then
+        carried on in its slot (its history read once, not again by a claim after a
+        hand-back); until it is reconciled it counts as a recovery (the fair rule)."""
+        recovering = orphan
+
+        def reconciled() -> None:
+            nonlocal recovering
+            recovering = False
+            self._recovering -= 1
+
         try:
-            outcome = await self._runner.carry(run, stopping=self.stopping)
+            if orphan:
+                outcome = await self._runner.recover(
+                    run, carry_on=True, stopping=self.stopping, reconciled=reconciled
+                )
+            else:
+                outcome = await self._runner.carry(run, stopping=self.stopping)
         except Exception as exc:
             self.counts["error"] += 1
-            told = failure(exc, self._content, run_id=run.id, action="carry")
-            log.error("carrying a run failed", **told)
+            action = "recover" if orphan else "carry"
+            told = failure(exc, self._content, run_id=run.id, action=action)
+            log.error("recovery failed" if orphan else "carrying a run failed", **told)
             return
+        finally:
+            if recovering:
+                self._recovering -= 1
         self.counts[outcome.kind.value] += 1
         if outcome.retry_in_s is not None:
             # Handed back with a delay: no NOTIFY marks the moment it is ready again.
             asyncio.get_running_loop().call_later(outcome.retry_in_s, self._wake.set)
-        log.info(
-            "run stopped",
-            extra={
-                "run_id": run.id,
-                "action": "carry",
-                "state": outcome.kind.value,
-                "reason": outcome.reason,
-            },
-        )
-
-    async def _recover(self, run: Run) -> None:
-        """Reconcile an orphan claimed into a slot, then carry it on in that slot (its
-        history read once); once reconciled it counts as a run carried, no longer as a
-        recovery (the fair rule of the module docstring)."""
-        counted = True
-
-        def reconciled() -> None:
-            nonlocal counted
-            counted = False
-            self._recovering -= 1
-
-        try:
-            outcome = await self._runner.recover(
-                run, carry_on=True, stopping=self.stopping, reconciled=reconciled
-            )
-        except Exception as exc:
-            self.counts["error"] += 1
-            told = failure(exc, self._content, run_id=run.id, action="recover")
-            log.error("recovery failed", **told)
-            return
-        finally:
-            if counted:
-                self._recovering -= 1
-        self.counts[outcome.kind.value] += 1
-        log.info(
-            "orphan recovered",
-            extra={"run_id": run.id, "action": "recover", "state": outcome.kind.value},
-        )
+        said = {"run_id": run.id, "state": outcome.kind.value}
+        if orphan:
+            log.info("orphan recovered", extra={**said, "action": "recover"})
+        else:
+            log.info("run stopped", extra={**said, "action": "carry", "reason": outcome.reason})
 
     # -- the monitor -------------------------------------------------------------------------
 
@@ -417,7 +403,7 @@ class Worker:
             self._wake.set()  # slots the orphans did not take go back to the claim loop
         for run in claim.claimed:
             self._recovering += 1
-            self._spawn(self._recover(run), run)
+            self._spawn(self._carry(run, orphan=True), run)
         for run_id in claim.exhausted:
             self.counts["failed"] += 1
             log.warning(
