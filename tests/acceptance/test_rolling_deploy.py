@@ -31,7 +31,7 @@ def _messages(engine: Engine, run_id: str) -> list[dict[str, Any]]:
     return [dict(m) for m in run_sync(engine.get_run(run_id)).messages]
 
 
-def _worker(version: str, env: dict[str, str], log: Path, *extra: str) -> subprocess.Popen[str]:
+def _worker(version: str, env: dict[str, str], log: Path, *extra: str) -> processes.Process:
     return processes.spawn_agent(
         "worker", "--no-reap", *extra, agent=f"versioned:{version}", env=env, log=log
     )
@@ -86,7 +86,7 @@ def test_a_rolling_deploy_strands_old_runs_until_they_are_migrated(
     new = versioned.engine(db_url, versioned.v2())
     env = processes.tether_env(db_url, TETHER_HEARTBEAT_TIMEOUT_S="600")
     first = _worker("v1", env, tmp_path / "old.log")
-    second: subprocess.Popen[str] | None = None
+    second: processes.Process | None = None
     try:
         ids = [run_sync(old.start_run("dana", f"job {i}")).id for i in range(2)]
 
