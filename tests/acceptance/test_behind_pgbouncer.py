@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,7 +43,7 @@ LISTENING = ("LISTEN ", "UNLISTEN ")
 
 
 @contextmanager
-def running(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+def running(proc: processes.Process) -> Iterator[processes.Process]:
     """``proc`` until the block ends; killed then if the test did not stop it."""
     try:
         yield proc
@@ -54,7 +53,7 @@ def running(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
             proc.wait(timeout=STOP_DEADLINE_S)
 
 
-def _stop(proc: subprocess.Popen[str], log: Path) -> None:
+def _stop(proc: processes.Process, log: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=STOP_DEADLINE_S) == 0, log.read_text()[-3000:]
     levels = [json.loads(line)["level"] for line in log.read_text().splitlines() if line.strip()]

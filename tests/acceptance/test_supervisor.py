@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import downstream
@@ -35,7 +34,7 @@ def _owners(engine: Engine, ids: list[str]) -> collections.Counter[int]:
     return collections.Counter(_pid(run.owner) for run in _runs(engine, ids) if run.owner)
 
 
-def _started(engine: Engine, supervisor: subprocess.Popen[str], count: int) -> set[int]:
+def _started(engine: Engine, supervisor: processes.Process, count: int) -> set[int]:
     """The pids of the supervisor's ``count`` processes, once each has registered as a
     worker (so that each claims its share of the runs created next)."""
 
