@@ -345,20 +345,35 @@ workers = sa.Table(
 )
 sa.Index("workers_version", workers.c.version, workers.c.heartbeat_at)
 
-# Per user (reference §13, migration 0012): how many runs a worker carries now (running
-# under an owner) and how many wait for one (running, no owner), kept by triggers on
-# ``runs`` (written in migration 0012) on every change of a run's state or owner,
-# whichever statement makes it, so no path can forget them. A claim under
-# ``TETHER_MAX_ACTIVE_PER_USER`` walks the users with ready runs and locks the row of the
-# one it claims for, so claims of one user's runs are serialised and each sees the count
-# the one before left.
+# Per user (reference §13, migrations 0012 and 0018): how many runs a worker carries now
+# (running under an owner), how many wait for one (running, no owner), and the first of
+# those in the claim's order (``head_*``: priority, since when it waits, id; NULL when
+# none waits), kept by triggers on ``runs`` (written in migration 0018) on every change of
+# a run's state or owner, and of a waiting run's priority or age, whichever statement
+# makes it, so no path can forget them; a step of a carried run touches none of it. A
+# claim reads the users in the order of their first waiting run (``user_load_heads``), so
+# it finds the users to take from without reading their runs; it locks the rows of the
+# users it claims for, so claims of one user's runs are serialised and each sees the
+# count the one before left.
 user_load = sa.Table(
     "user_load",
     metadata,
     sa.Column("user_id", sa.String(128), primary_key=True),
     sa.Column("carried", sa.Integer, nullable=False, server_default="0"),
     sa.Column("ready", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("head_priority", sa.Integer, nullable=True),
+    sa.Column("head_since", sa.Float, nullable=True),
+    sa.Column("head_id", sa.String(64), nullable=True),
 )
+# The claim's order of users: the priority of their first waiting run (highest first),
+# their carried runs (fewest first), since when that run waits, its id.
+HEADS_ORDER = (
+    user_load.c.head_priority.desc(),
+    user_load.c.carried,
+    user_load.c.head_since,
+    user_load.c.head_id,
+)
+_partial(user_load, "user_load_heads", *HEADS_ORDER, where="ready > 0")
 
 # The model's requests and tokens, fleet-wide (reference §13, migrations 0012 and 0014):
 # each row is a lease of ``requests`` request starts taken at ``at`` (the database's clock)
