@@ -133,7 +133,9 @@ def test_users_whose_first_runs_cannot_be_claimed_now_are_passed_over(
     )
     ana_first, ana_second, bo = _new(store, "ana", "ana", "bo")
     held = [*blocked, ana_first]
-    change = {"agent_version": "t@0"} if why == "version" else {"ready_at": store.now() + 1e3}
+    change: dict[str, Any] = {"agent_version": "t@0"}
+    if why == "delayed":
+        change = {"ready_at": store.now() + 1e3}
     with store.begin() as conn:
         conn.execute(runs.update().where(runs.c.id.in_(held)).values(**change))
     taken = store.claim_waiting("w", limit, versions=["t@1"])

@@ -2,7 +2,8 @@
 both backends: each user's carried and waiting runs, and the first of those in the claim's
 order (its head, which the fair claim reads instead of the runs). Random changes, seeded,
 through the store's own claims and cancels and through plain SQL (inserts, multi-row
-updates of state, owner, priority and age, deletes), each compared with a recount."""
+updates of state, owner, priority, age, version and delay, deletes), each compared with a
+recount."""
 
 from __future__ import annotations
 
@@ -65,12 +66,16 @@ def _insert(rng: random.Random, store: Store) -> None:
 
 
 def _update(rng: random.Random, store: Store) -> None:
-    """One UPDATE of a few runs: a new place, priority or age (or all three)."""
+    """One UPDATE of a few runs: a new place, priority, age, version or delay (or several)."""
     changes: dict[str, Any] = {}
     if rng.random() < 0.6:
         changes["state"], changes["owner"] = rng.choice(_PLACES)
     if rng.random() < 0.4:
         changes["priority"] = rng.choice([-1, 0, 1])
+    if rng.random() < 0.2:
+        changes["agent_version"] = rng.choice(["t@1", "t@0"])
+    if rng.random() < 0.2:
+        changes["ready_at"] = rng.choice([None, 5000.0])
     if rng.random() < 0.4 or not changes:
         changes["updated_at"] = rng.choice(_AGES)
     ids = _some(rng, store)
@@ -85,7 +90,8 @@ def _delete(rng: random.Random, store: Store) -> None:
 
 
 def _claim(rng: random.Random, store: Store) -> None:
-    store.claim_waiting(f"w{rng.randint(1, 3)}", rng.choice([1, 2, 5]))
+    versions = rng.choice([None, ["t@1"]])
+    store.claim_waiting(f"w{rng.randint(1, 3)}", rng.choice([1, 2, 5]), versions=versions)
 
 
 def _cancel(rng: random.Random, store: Store) -> None:

@@ -58,14 +58,18 @@ def true_load(store: Store) -> dict[str, tuple[int, int]]:
     return {user: (c[0], c[1]) for user, c in counts.items() if c != [0, 0]}
 
 
-Head = tuple[int, float, str]
+# A user's first waiting run: priority, since when it waits, id, version, delay.
+Head = tuple[int, float, str, str, float | None]
 
 
 def stored_heads(store: Store) -> dict[str, Head]:
-    """Each user's first waiting run as ``user_load`` keeps it: (priority, since, id)."""
+    """Each user's first waiting run as ``user_load`` keeps it."""
     with store.engine.connect() as conn:
         rows = conn.execute(sa.select(user_load).where(user_load.c.head_id.is_not(None))).all()
-    return {r.user_id: (r.head_priority, r.head_since, r.head_id) for r in rows}
+    return {
+        r.user_id: (r.head_priority, r.head_since, r.head_id, r.head_version, r.head_ready_at)
+        for r in rows
+    }
 
 
 def true_heads(store: Store) -> dict[str, Head]:
@@ -76,11 +80,8 @@ def true_heads(store: Store) -> dict[str, Head]:
         partition_by=runs.c.user_id,
         order_by=(runs.c.priority.desc(), runs.c.updated_at, runs.c.id),
     )
-    ranked = (
-        sa.select(runs.c.user_id, runs.c.priority, runs.c.updated_at, runs.c.id, first.label("n"))
-        .where(*waiting)
-        .subquery()
-    )
+    copied = (runs.c.priority, runs.c.updated_at, runs.c.id, runs.c.agent_version, runs.c.ready_at)
+    ranked = sa.select(runs.c.user_id, *copied, first.label("n")).where(*waiting).subquery()
     with store.engine.connect() as conn:
         rows = conn.execute(sa.select(ranked).where(ranked.c.n == 1)).all()
-    return {r.user_id: (r.priority, r.updated_at, r.id) for r in rows}
+    return {r.user_id: (r.priority, r.updated_at, r.id, r.agent_version, r.ready_at) for r in rows}

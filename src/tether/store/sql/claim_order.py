@@ -36,8 +36,8 @@ from sqlalchemy.sql.util import ClauseAdapter
 from tether.runs import RunState
 from tether.store.backend.dialect import Dialect
 from tether.store.sql.claims import _DUE, _READY, CAP, CLAIMED, RUNNING
-from tether.store.sql.fair_pick import exact, fair_pick, read_heads
-from tether.store.sql.schema import runs, user_load
+from tether.store.sql.fair_pick import PICK, exact, fair_pick, read_heads
+from tether.store.sql.schema import HAS_WAITING, runs, user_load
 from tether.store.sql.served import SERVED
 from tether.store.sql.transitions import Transition
 
@@ -64,8 +64,11 @@ def _heads(dialect: type[Dialect], read: sa.CTE) -> sa.Select[Any]:
         .order_by(runs.c.priority.desc(), runs.c.updated_at)
         .limit(1)
     )
-    under = (user_load.c.ready > 0, user_load.c.carried < CAP)
-    users = user_load.join(read, read.c.user_id == user_load.c.user_id)
+    under = (HAS_WAITING, user_load.c.carried < CAP)
+    # Past the first ``b_pick`` users whose heads may be claimed, no user has a better run.
+    users = user_load.join(
+        read, sa.and_(read.c.user_id == user_load.c.user_id, read.c.before < PICK)
+    )
     if dialect.laterals:
         head: Any = best.lateral("head")
         joined = users.join(head, sa.true())

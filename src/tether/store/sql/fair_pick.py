@@ -43,11 +43,11 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.sql.util import ClauseAdapter
+from sqlalchemy.sql import visitors
 
 from tether.store.backend.dialect import Dialect
-from tether.store.sql.claims import _DUE, _READY, CAP
-from tether.store.sql.schema import HEADS_ORDER, runs, user_load
+from tether.store.sql.claims import _DUE, _NOT_DELAYED, _READY, CAP
+from tether.store.sql.schema import HAS_WAITING, HEADS_ORDER, runs, user_load
 from tether.store.sql.served import SERVED
 
 _ORDER = (runs.c.priority.desc(), runs.c.updated_at)
@@ -73,19 +73,30 @@ def pick_sizes(limit: int, *, spare: bool = True, every: bool = False) -> dict[s
     return {"b_limit": limit, "b_pick": pick, "b_heads": EVERY if every else pick + SPARE_HEADS}
 
 
-def _claimable(table: Any) -> sa.ColumnElement[bool]:
-    """Whether the run of ``table`` (an alias of ``runs``) may be claimed now."""
-    return ClauseAdapter(table).traverse(sa.and_(_READY, SERVED))
+# Whether a user's head may be claimed now, by what ``user_load`` copies of it: not
+# delayed past the database's clock, of a version served.
+_HEAD_OF: dict[Any, Any] = {
+    runs.c.ready_at: user_load.c.head_ready_at,
+    runs.c.agent_version: user_load.c.head_version,
+}
+
+
+def _of_head(element: Any, **kw: Any) -> Any:
+    return _HEAD_OF.get(element)
+
+
+_CLAIMABLE: Any = sa.and_(_NOT_DELAYED, SERVED)
+HEAD_CLAIMABLE: sa.ColumnElement[bool] = visitors.replacement_traverse(_CLAIMABLE, {}, _of_head)
 
 
 def read_heads(*, capped: bool = False) -> sa.CTE:
     """The first ``b_heads`` users with waiting runs in the order of their heads (under
-    ``b_cap`` when ``capped``), each with ``ok``: 1 when its head may be claimed now."""
-    head = runs.alias("head")
-    waiting: list[sa.ColumnElement[bool]] = [user_load.c.ready > 0]
+    ``b_cap`` when ``capped``), each with ``ok``: 1 when its head may be claimed now, and
+    ``before``: how many users before it have heads that may."""
+    waiting: list[sa.ColumnElement[bool]] = [HAS_WAITING]
     if capped:
         waiting.append(user_load.c.carried < CAP)
-    return (
+    read = (
         sa.select(
             user_load.c.user_id,
             user_load.c.carried,
@@ -93,14 +104,16 @@ def read_heads(*, capped: bool = False) -> sa.CTE:
             user_load.c.head_priority,
             user_load.c.head_since,
             user_load.c.head_id,
-            sa.case((_claimable(head), 1), else_=0).label("ok"),
+            sa.case((HEAD_CLAIMABLE, 1), else_=0).label("ok"),
         )
-        .select_from(user_load.outerjoin(head, head.c.id == user_load.c.head_id))
         .where(*waiting)
         .order_by(*HEADS_ORDER)
         .limit(HEADS)
-        .cte("heads")
+        .subquery("read")
     )
+    order = (read.c.head_priority.desc(), read.c.carried, read.c.head_since, read.c.head_id)
+    before = sa.func.sum(read.c.ok).over(order_by=order) - read.c.ok
+    return sa.select(read, before.label("before")).cte("heads")
 
 
 def exact(read: sa.CTE, enough: Any) -> sa.ColumnElement[bool]:
@@ -122,21 +135,25 @@ def _least(*values: Any) -> sa.ColumnElement[Any]:
     return least
 
 
-def _depths(read: sa.CTE) -> sa.CTE:
+def _depths(placed: sa.CTE) -> sa.CTE:
     """The users read that may hold a run of the first ``b_pick``, each with how many of its
     runs may (``depth``: see the module's docstring)."""
-    order = (read.c.head_priority.desc(), read.c.carried, read.c.head_since, read.c.head_id)
-    before = sa.func.sum(read.c.ok).over(order_by=order) - read.c.ok
-    placed = sa.select(
-        read.c.user_id, read.c.carried, read.c.ready, read.c.head_priority, read.c.ok,
-        before.label("before"),
-    ).cte("placed")  # fmt: skip
-    bar = sa.select(placed).where(placed.c.ok == 1, placed.c.before == PICK - 1)
-    level = bar.with_only_columns(placed.c.head_priority).scalar_subquery()
-    loaded = bar.with_only_columns(placed.c.carried).scalar_subquery()
-    within = sa.case((placed.c.head_priority == level, loaded - placed.c.carried + 1), else_=PICK)
-    depth = _least(placed.c.ready, PICK - placed.c.before, within)
-    users = sa.select(placed.c.user_id, placed.c.carried, depth.label("depth")).subquery()
+    # The bar: the ``b_pick``-th user whose head may be claimed, its priority and load.
+    at_bar = sa.and_(placed.c.ok == 1, placed.c.before == PICK - 1)
+    bar_priority = sa.func.max(sa.case((at_bar, placed.c.head_priority))).over()
+    bar_carried = sa.func.max(sa.case((at_bar, placed.c.carried))).over()
+    barred = sa.select(
+        placed, bar_priority.label("bar_priority"), bar_carried.label("bar_carried")
+    ).subquery("barred")
+    within = sa.case(
+        (
+            barred.c.head_priority == barred.c.bar_priority,
+            barred.c.bar_carried - barred.c.carried + 1,
+        ),
+        else_=PICK,
+    )
+    depth = _least(barred.c.ready, PICK - barred.c.before, within)
+    users = sa.select(barred.c.user_id, barred.c.carried, depth.label("depth")).subquery()
     return sa.select(users).where(users.c.depth > 0).cte("users")
 
 

@@ -346,15 +346,16 @@ workers = sa.Table(
 sa.Index("workers_version", workers.c.version, workers.c.heartbeat_at)
 
 # Per user (reference §13, migrations 0012 and 0018): how many runs a worker carries now
-# (running under an owner), how many wait for one (running, no owner), and the first of
-# those in the claim's order (``head_*``: priority, since when it waits, id; NULL when
-# none waits), kept by triggers on ``runs`` (written in migration 0018) on every change of
-# a run's state or owner, and of a waiting run's priority or age, whichever statement
-# makes it, so no path can forget them; a step of a carried run touches none of it. A
-# claim reads the users in the order of their first waiting run (``user_load_heads``), so
-# it finds the users to take from without reading their runs; it locks the rows of the
-# users it claims for, so claims of one user's runs are serialised and each sees the
-# count the one before left.
+# (running under an owner), how many wait for one (running, no owner, a delayed one
+# included), and the first of those in the claim's order, the *head* (its priority, since
+# when it waits, id, and what tells whether a worker may take it now: its version and its
+# delay; NULL when none waits). Triggers on ``runs`` (written in migration 0018) keep them
+# on every change of a run's state or owner, and of what the head copies of a waiting
+# run, whichever statement makes it, so no path can forget them; a step of a carried run
+# fires none. A claim reads the users in the order of their heads (``user_load_heads``),
+# so it finds the users to take from without reading their runs; it locks the rows of the
+# users it claims for, so claims of one user's runs are serialised and each sees the count
+# the one before left.
 user_load = sa.Table(
     "user_load",
     metadata,
@@ -364,6 +365,8 @@ user_load = sa.Table(
     sa.Column("head_priority", sa.Integer, nullable=True),
     sa.Column("head_since", sa.Float, nullable=True),
     sa.Column("head_id", sa.String(64), nullable=True),
+    sa.Column("head_version", sa.String(128), nullable=True),
+    sa.Column("head_ready_at", sa.Float, nullable=True),
 )
 # The claim's order of users: the priority of their first waiting run (highest first),
 # their carried runs (fewest first), since when that run waits, its id.
@@ -373,6 +376,9 @@ HEADS_ORDER = (
     user_load.c.head_since,
     user_load.c.head_id,
 )
+# The users with waiting runs: the index's predicate, its 0 written out so that a plan
+# made for any parameters (a prepared statement's) can use the index.
+HAS_WAITING = user_load.c.ready > sa.literal_column("0")
 _partial(user_load, "user_load_heads", *HEADS_ORDER, where="ready > 0")
 
 # The model's requests and tokens, fleet-wide (reference §13, migrations 0012 and 0014):

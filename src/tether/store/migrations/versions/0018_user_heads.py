@@ -1,21 +1,23 @@
 """Each user's first waiting run in ``user_load`` (reference §23, fairness by default), so
 a claim finds the users to take from in one index read, however long their backlogs.
 
-``user_load`` gains ``head_priority``, ``head_since`` and ``head_id``: of the user's runs
-that wait for a worker (running, no owner: those ``ready`` counts, a delayed one
-included), the first in the claim's order (priority, highest first; ``updated_at``; id),
-NULL when none waits. ``user_load_heads`` orders the users with waiting runs by it
-(priority of that run, carried runs, its age, its id). Migration 0012's triggers are
-replaced by ones that keep the head as well, on the same changes plus those of a
-waiting run's priority or age:
+``user_load`` gains the *head*: of the user's runs that wait for a worker (running, no
+owner: those ``ready`` counts, a delayed one included), the first in the claim's order
+(priority, highest first; ``updated_at``; id), NULL when none waits; its priority, age
+and id (``head_priority``, ``head_since``, ``head_id``), and what tells whether a worker
+may take it now (``head_version``, ``head_ready_at``). ``user_load_heads`` orders the
+users with waiting runs by it (its priority, carried runs, its age, its id). Migration
+0012's triggers are replaced by ones that keep the head as well, on the same changes plus
+those of a waiting run's priority, age, version or delay:
 
 - a run that starts waiting takes the head when it comes before the one there (no read);
-- a run that stops waiting, or whose place changes, while it is the head is replaced by
-  the user's first waiting run, one probe of ``runs_ready_user``;
-- a carried run's step changes neither its state nor its owner: its UPDATE fires nothing.
+- a run that stops waiting, or changes, while it is the head is replaced by the user's
+  first waiting run: one probe of ``runs_ready_user``;
+- a step of a carried run changes neither its state nor its owner: it fires nothing.
 
-On PostgreSQL the count's upsert comes first in every firing: it locks the user's row, so
-the probe that follows reads what a concurrent change of the same user committed.
+On PostgreSQL a change of a counted run first locks the user's row and reads its head, so
+the probe that follows reads what a concurrent change of the same user committed, and
+then writes the row once.
 
 Revision ID: 0018
 Revises: 0017
@@ -23,6 +25,8 @@ Create Date: 2026-12-07
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -32,15 +36,33 @@ down_revision = "0017"
 branch_labels = None
 depends_on = None
 
-_HEAD = ("head_priority", "head_since", "head_id")
+# The head's columns and the run's columns they copy.
+_HEAD = ("head_priority", "head_since", "head_id", "head_version", "head_ready_at")
+_OF_RUN = ("priority", "updated_at", "id", "agent_version", "ready_at")
+_KINDS: list[sa.types.TypeEngine[Any]] = [
+    sa.Integer(),
+    sa.Float(),
+    sa.String(64),
+    sa.String(128),
+    sa.Float(),
+]
+# What fires the UPDATE trigger: a change of a count, or of what the head copies.
+_WATCHED = ("state", "owner", "priority", "updated_at", "agent_version", "ready_at")
 # As the store's schema (tether.store.sql.schema) orders the users; a migration never
 # imports the code it migrates for.
-_HEADS_ORDER = [sa.text("head_priority DESC"), "carried", "head_since", "head_id"]
+_HEADS_ORDER: list[str | sa.TextClause] = [
+    sa.text("head_priority DESC"),
+    "carried",
+    "head_since",
+    "head_id",
+]
 
 # A run is carried while it is running under an owner, and waits (is ready) while it is
 # running with none, as in migration 0012.
 _CARRIED = "({row}.state = 'running' AND {row}.owner IS NOT NULL)"
 _READY = "({row}.state = 'running' AND {row}.owner IS NULL)"
+_WAITS_NEW = _READY.format(row="NEW")
+_WAITED = _READY.format(row="OLD")
 
 
 def _flag(test: str, row: str) -> str:
@@ -51,46 +73,52 @@ def _delta(test: str) -> str:
     return f"({_flag(test, 'NEW')} - {_flag(test, 'OLD')})"
 
 
-def _differ(distinct: str) -> str:
-    """Whether an UPDATE changes a count, or the place of a run that waits before or after."""
-    changed = " OR ".join(
+def _changed(distinct: str) -> str:
+    """0012's condition: an UPDATE that changes a count."""
+    return " OR ".join(
         f"{test.format(row='OLD')} {distinct} {test.format(row='NEW')}"
         for test in (_CARRIED, _READY)
     )
-    moved = f"OLD.priority {distinct} NEW.priority OR OLD.updated_at {distinct} NEW.updated_at"
-    waits = f"{_READY.format(row='OLD')} OR {_READY.format(row='NEW')}"
-    return f"{changed} OR (({waits}) AND ({moved}))"
 
 
-def _before(first: tuple[str, str, str], second: tuple[str, str, str]) -> str:
+def _differ(distinct: str) -> str:
+    """Whether an UPDATE changes a count, or what the head copies of a run that waits."""
+    copied = " OR ".join(f"OLD.{column} {distinct} NEW.{column}" for column in _WATCHED[2:])
+    return f"{_changed(distinct)} OR (({_WAITED} OR {_WAITS_NEW}) AND ({copied}))"
+
+
+def _before(first: tuple[str, ...], second: tuple[str, ...]) -> str:
     """Whether the run ``first`` (its priority, since, id) comes before ``second`` in the
     claim's order."""
-    return "(-{}, {}, {}) < (-{}, {}, {})".format(*first, *second)
+    return "(-{}, {}, {}) < (-{}, {}, {})".format(*first[:3], *second[:3])
 
 
-def _head_of(prefix: str) -> tuple[str, str, str]:
-    return (f"{prefix}head_priority", f"{prefix}head_since", f"{prefix}head_id")
-
-
+_NEW = tuple(f"NEW.{column}" for column in _OF_RUN)
 _COUNT = (
     "INSERT INTO user_load (user_id, carried, ready) VALUES ({who}, {carried}, {ready}) "
     "ON CONFLICT (user_id) DO UPDATE SET carried = user_load.carried + excluded.carried, "
     "ready = user_load.ready + excluded.ready;"
 )
-# A new run: counted, and the head when it waits and comes first (one statement).
-_WAITS_NEW = _READY.format(row="NEW")
-_NEW_HEAD = ", ".join(
-    f"CASE WHEN {_WAITS_NEW} THEN NEW.{column} END" for column in ("priority", "updated_at", "id")
+_COUNT_NEW = _COUNT.format(
+    who="NEW.user_id", carried=_flag(_CARRIED, "NEW"), ready=_flag(_READY, "NEW")
 )
+_UPDATED = _COUNT.format(who="NEW.user_id", carried=_delta(_CARRIED), ready=_delta(_READY))
+_DELETED = _COUNT.format(
+    who="OLD.user_id", carried=f"-{_flag(_CARRIED, 'OLD')}", ready=f"-{_flag(_READY, 'OLD')}"
+)
+_COUNTED = f"{_CARRIED.format(row='OLD')} OR {_READY.format(row='OLD')}"
+
+# A new run: counted, and the head when it waits and comes first (one statement).
 _TAKES = (
     "excluded.head_id IS NOT NULL AND (user_load.head_id IS NULL OR "
-    + _before(_head_of("excluded."), _head_of("user_load."))
+    + _before(tuple(f"excluded.{c}" for c in _HEAD), tuple(f"user_load.{c}" for c in _HEAD))
     + ")"
 )
 _INSERTED = (
-    "INSERT INTO user_load (user_id, carried, ready, head_priority, head_since, head_id) "
-    f"VALUES (NEW.user_id, {_flag(_CARRIED, 'NEW')}, {_flag(_READY, 'NEW')}, {_NEW_HEAD}) "
-    "ON CONFLICT (user_id) DO UPDATE SET carried = user_load.carried + excluded.carried, "
+    f"INSERT INTO user_load (user_id, carried, ready, {', '.join(_HEAD)}) "
+    f"VALUES (NEW.user_id, {_flag(_CARRIED, 'NEW')}, {_flag(_READY, 'NEW')}, "
+    + ", ".join(f"CASE WHEN {_WAITS_NEW} THEN {value} END" for value in _NEW)
+    + ") ON CONFLICT (user_id) DO UPDATE SET carried = user_load.carried + excluded.carried, "
     "ready = user_load.ready + excluded.ready, "
     + ", ".join(
         f"{column} = CASE WHEN {_TAKES} THEN excluded.{column} ELSE user_load.{column} END"
@@ -98,59 +126,94 @@ _INSERTED = (
     )
     + ";"
 )
-_UPDATED = _COUNT.format(who="NEW.user_id", carried=_delta(_CARRIED), ready=_delta(_READY))
-_DELETED = _COUNT.format(
-    who="OLD.user_id", carried=f"-{_flag(_CARRIED, 'OLD')}", ready=f"-{_flag(_READY, 'OLD')}"
-)
-_COUNTED = f"{_CARRIED.format(row='OLD')} OR {_READY.format(row='OLD')}"
-# The run that was the head no longer is, or moved: the user's first waiting run now (one
-# probe of ``runs_ready_user``; NULL when none waits).
+# The user's first waiting run now (one probe of ``runs_ready_user``; none: NULL).
 _FIRST = (
-    "SELECT priority, updated_at, id FROM runs WHERE user_id = {who} "
+    f"SELECT {', '.join(_OF_RUN)} FROM runs WHERE user_id = {{who}} "
     "AND state = 'running' AND owner IS NULL ORDER BY priority DESC, updated_at, id LIMIT 1"
 )
-_REPLACED = (
+
+# PostgreSQL: one function for the three triggers (see the module's docstring).
+_FOUND = ("first_p", "first_s", "first_i", "first_v", "first_r")
+_PG_HEADS = """
+CREATE OR REPLACE FUNCTION tether_user_load() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  who varchar; more_carried integer; more_ready integer; known boolean;
+  first_p integer; first_s double precision; first_i varchar; first_v varchar;
+  first_r double precision;
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    {inserted}
+    RETURN NULL;
+  END IF;
+  IF TG_OP = 'UPDATE' THEN
+    who := NEW.user_id; more_carried := {carried}; more_ready := {ready};
+  ELSE
+    who := OLD.user_id; more_carried := -{carried_old}; more_ready := -{ready_old};
+  END IF;
+  SELECT {head} INTO {found} FROM user_load WHERE user_id = who FOR UPDATE;
+  known := FOUND;
+  IF first_i = OLD.id THEN  -- the head stopped waiting or changed
+    {first} INTO {found};
+  ELSIF TG_OP = 'UPDATE' AND {waits} AND (first_i IS NULL OR {comes_first}) THEN
+    SELECT {new} INTO {found};
+  END IF;
+  IF known THEN
+    UPDATE user_load SET carried = user_load.carried + more_carried,
+      ready = user_load.ready + more_ready, {set_head} WHERE user_id = who;
+  ELSE  -- no row yet (0012's upsert allowed for it): counted from here
+    INSERT INTO user_load (user_id, carried, ready, {head})
+      VALUES (who, more_carried, more_ready, {found})
+      ON CONFLICT (user_id) DO UPDATE SET carried = user_load.carried + excluded.carried,
+        ready = user_load.ready + excluded.ready;
+  END IF;
+  RETURN NULL;
+END $$
+""".format(
+    inserted=_INSERTED,
+    carried=_delta(_CARRIED),
+    ready=_delta(_READY),
+    carried_old=_flag(_CARRIED, "OLD"),
+    ready_old=_flag(_READY, "OLD"),
+    head=", ".join(_HEAD),
+    found=", ".join(_FOUND),
+    first=_FIRST.format(who="who"),
+    waits=_WAITS_NEW,
+    comes_first=_before(_NEW, _FOUND),
+    new=", ".join(_NEW),
+    set_head=", ".join(f"{c} = {v}" for c, v in zip(_HEAD, _FOUND, strict=True)),
+)
+# 0012's function: the counts alone.
+_PG_COUNTS = f"""
+CREATE OR REPLACE FUNCTION tether_user_load() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN {_COUNT_NEW}
+  ELSIF TG_OP = 'UPDATE' THEN {_UPDATED}
+  ELSE {_DELETED}
+  END IF;
+  RETURN NULL;
+END $$
+"""
+
+# SQLite: the statements of each trigger, in order (writers are serialised there).
+_SQLITE_REPLACED = (
     f"UPDATE user_load SET ({', '.join(_HEAD)}) = ({_FIRST.format(who='OLD.user_id')}) "
     "WHERE user_id = OLD.user_id AND head_id = OLD.id;"
 )
-# A run that waits now takes the head when it comes first.
-_OFFERED = (
-    "UPDATE user_load SET head_priority = NEW.priority, head_since = NEW.updated_at, "
-    "head_id = NEW.id WHERE user_id = NEW.user_id AND {waits}(head_id IS NULL OR "
-    + _before(("NEW.priority", "NEW.updated_at", "NEW.id"), _head_of(""))
+_SQLITE_OFFERED = (
+    "UPDATE user_load SET "
+    + ", ".join(f"{c} = {v}" for c, v in zip(_HEAD, _NEW, strict=True))
+    + f" WHERE user_id = NEW.user_id AND {_WAITS_NEW} AND (head_id IS NULL OR "
+    + _before(_NEW, _HEAD)
     + ");"
 )
 
 
 def _pg(heads: bool) -> list[str]:
     """PostgreSQL's function and triggers, keeping the heads or (0012's) only the counts."""
-    inserted = (
-        _INSERTED
-        if heads
-        else _COUNT.format(
-            who="NEW.user_id", carried=_flag(_CARRIED, "NEW"), ready=_flag(_READY, "NEW")
-        )
-    )
-    updated, deleted = _UPDATED, _DELETED
-    if heads:
-        updated += (
-            f" IF {_READY.format(row='OLD')} THEN {_REPLACED} END IF;"
-            f" IF {_WAITS_NEW} THEN {_OFFERED.format(waits='')} END IF;"
-        )
-        deleted += f" IF {_READY.format(row='OLD')} THEN {_REPLACED} END IF;"
-    changes = "state, owner, priority, updated_at" if heads else "state, owner"
+    changes = ", ".join(_WATCHED if heads else _WATCHED[:2])
     when = _differ("IS DISTINCT FROM") if heads else _changed("IS DISTINCT FROM")
     return [
-        f"""
-        CREATE OR REPLACE FUNCTION tether_user_load() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-          IF TG_OP = 'INSERT' THEN {inserted}
-          ELSIF TG_OP = 'UPDATE' THEN {updated}
-          ELSE {deleted}
-          END IF;
-          RETURN NULL;
-        END $$
-        """,
+        _PG_HEADS if heads else _PG_COUNTS,
         """
         CREATE TRIGGER runs_user_load_insert AFTER INSERT ON runs
         FOR EACH ROW EXECUTE FUNCTION tether_user_load()
@@ -166,28 +229,14 @@ def _pg(heads: bool) -> list[str]:
     ]
 
 
-def _changed(distinct: str) -> str:
-    """0012's condition: an UPDATE that changes a count."""
-    return " OR ".join(
-        f"{test.format(row='OLD')} {distinct} {test.format(row='NEW')}"
-        for test in (_CARRIED, _READY)
-    )
-
-
 def _sqlite(heads: bool) -> list[str]:
     """SQLite's triggers, keeping the heads or (0012's) only the counts."""
-    inserted = (
-        _INSERTED
-        if heads
-        else _COUNT.format(
-            who="NEW.user_id", carried=_flag(_CARRIED, "NEW"), ready=_flag(_READY, "NEW")
-        )
-    )
+    inserted = _INSERTED if heads else _COUNT_NEW
     updated, deleted = _UPDATED, _DELETED
     if heads:
-        updated += f" {_REPLACED} {_OFFERED.format(waits=_WAITS_NEW + ' AND ')}"
-        deleted += f" {_REPLACED}"
-    changes = "state, owner, priority, updated_at" if heads else "state, owner"
+        updated += f" {_SQLITE_REPLACED} {_SQLITE_OFFERED}"
+        deleted += f" {_SQLITE_REPLACED}"
+    changes = ", ".join(_WATCHED if heads else _WATCHED[:2])
     when = _differ("IS NOT") if heads else _changed("IS NOT")
     return [
         f"CREATE TRIGGER runs_user_load_insert AFTER INSERT ON runs BEGIN {inserted} END",
@@ -206,16 +255,14 @@ def _triggers(heads: bool) -> None:
     """Replace the triggers of ``user_load`` with the ones that keep the heads, or not."""
     postgres = op.get_bind().dialect.name == "postgresql"
     for trigger in ("insert", "update", "delete"):
-        op.execute(
-            f"DROP TRIGGER IF EXISTS runs_user_load_{trigger}" + (" ON runs" if postgres else "")
-        )
+        on = " ON runs" if postgres else ""
+        op.execute(f"DROP TRIGGER IF EXISTS runs_user_load_{trigger}{on}")
     for statement in _pg(heads) if postgres else _sqlite(heads):
         op.execute(statement)
 
 
 def upgrade() -> None:
-    for column in _HEAD:
-        kind = {"head_priority": sa.Integer(), "head_since": sa.Float()}.get(column, sa.String(64))
+    for column, kind in zip(_HEAD, _KINDS, strict=True):
         op.add_column("user_load", sa.Column(column, kind, nullable=True))
     op.execute(
         f"UPDATE user_load SET ({', '.join(_HEAD)}) = ({_FIRST.format(who='user_load.user_id')})"
