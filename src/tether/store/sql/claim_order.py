@@ -1,13 +1,14 @@
-"""The claim of the next runs (reference §13): one conditional UPDATE whose WHERE picks the
-runs, by priority (highest first), then, among equal priorities, the run of the user
-carrying the fewest runs, then by how long it has waited, so no candidate is read before
-it is claimed.
+"""The claim of the next runs (reference §13, §23): one conditional UPDATE whose WHERE
+picks the runs, by priority (highest first), then, among equal priorities, the run of the
+user carrying the fewest runs, then by how long it has waited, so no candidate is read
+before it is claimed.
 
 Three kinds of run wait for a worker, each read through its own index in the claim's
 order:
 
-- a ready run (running, no owner, not delayed): ``runs_ready`` in priority then age, or
-  a user's own through ``runs_ready_user``;
+- a ready run (running, no owner, not delayed): through its user, the users read in the
+  order of their first waiting runs (``user_load_heads``), then the user's own runs
+  through ``runs_ready_user``;
 - a queued run whose thread is free: ``runs_queued``, in priority then age;
 - a queued run whose start time has come: ``runs_starting``, the earliest due first (a
   delayed run's age is its start time), so the runs waiting for later are never read.
@@ -15,15 +16,18 @@ order:
 Without a cap a claim takes up to ``b_limit`` runs, ranked as ``fair_pick`` says: a batch
 spreads across users, the user carrying fewest first, counting the runs it takes itself.
 
-Under ``TETHER_MAX_ACTIVE_PER_USER`` a claim takes one run: the ready runs are read per
-user, for each user with ready runs and fewer than ``b_cap`` carried (``user_load``),
-that user's best ready run (``runs_ready_user``), so a claim reads one row per such user
-however long a user's backlog; among equal priorities the user with the fewest runs
-carried goes first. The queued kinds skip the runs of users at their cap. On PostgreSQL
-each kind's pick locks its rows with SKIP LOCKED (the user's ``user_load`` row with them),
-so concurrent claimers pick different runs and different users, and the lock re-checks
-the count on the row as last committed: two claims for one user are serialised, and the
-second sees the first's run carried.
+Under ``TETHER_MAX_ACTIVE_PER_USER`` a claim takes one run: of the first users under the
+cap in the order of their first waiting runs (``fair_pick.read_heads``, up to the
+``b_pick``-th whose first run may be claimed now: no user after it has a better run),
+each user's best ready run (``runs_ready_user``), so a claim reads a few rows however
+long a user's backlog and however many users wait; among equal priorities the user with
+the fewest runs carried goes first. The queued kinds skip the runs of users at their cap.
+When the users read cannot tell (many first runs delayed or of versions not served), the
+claim takes nothing and is asked again over every user, as ``fair_pick`` says. On
+PostgreSQL each kind's pick locks its rows with SKIP LOCKED (the user's ``user_load`` row
+with them), so concurrent claimers pick different runs and different users, and the lock
+re-checks the count on the row as last committed: two claims for one user are
+serialised, and the second sees the first's run carried.
 """
 
 from __future__ import annotations

@@ -26,9 +26,10 @@ user's backlog (bounds: ``pick_sizes``):
   its load passes the bar's user's (a run past that ranks after ``b_pick`` others);
 - the first ``b_pick`` queued runs of each queued kind, by the kind's index order.
 
-A pick that is not exact takes nothing; the claim then asks again with ``b_heads`` past
-every user (``pick_sizes(every=True)``), reading every user's first runs: many users
-whose first waiting run is delayed or of a version this worker does not serve.
+A pick that is not exact takes nothing. A claim that took nothing asks once more, in a
+transaction of its own, with ``b_heads`` past every user (``pick_sizes(every=True)``):
+that pick is exact, and reads the first runs of every user it needs, as when many users'
+first waiting runs are delayed or of versions this worker does not serve.
 
 The first ``b_pick`` of the rank are locked in rank order, skipping rows a concurrent
 claimer holds (PostgreSQL: there ``b_pick`` is more than ``b_limit``), and the first
