@@ -1,4 +1,4 @@
-"""``user_load`` (reference §13, §23) agrees with the runs after every kind of change, on
+"""``user_load`` (reference §13) agrees with the runs after every kind of change, on
 both backends: each user's carried and waiting runs, and the first of those in the claim's
 order (its head, which the fair claim reads instead of the runs). Random changes, seeded,
 through the store's own claims and cancels and through plain SQL (inserts, multi-row

@@ -1,4 +1,4 @@
-"""The claim of the next runs (reference §13, §23): one conditional UPDATE whose WHERE
+"""The claim of the next runs (reference §13): one conditional UPDATE whose WHERE
 picks the runs, by priority (highest first), then, among equal priorities, the run of the
 user carrying the fewest runs, then by how long it has waited, so no candidate is read
 before it is claimed.

@@ -1,4 +1,4 @@
-"""The fair pick of a claim without a cap (reference §13, §23): among waiting runs of equal
+"""The fair pick of a claim without a cap (reference §13): among waiting runs of equal
 priority, the run of the user who carries the fewest runs goes first, the oldest first
 among those; a batch spreads across users the same way, counting the runs it takes.
 

@@ -1,4 +1,4 @@
-"""Each user's first waiting run in ``user_load`` (reference §23, fairness by default), so
+"""Each user's first waiting run in ``user_load`` (reference §13, fairness by default), so
 a claim finds the users to take from in one index read, however long their backlogs.
 
 ``user_load`` gains the *head*: of the user's runs that wait for a worker (running, no
