@@ -137,7 +137,7 @@ _FOUND = ("first_p", "first_s", "first_i", "first_v", "first_r")
 _PG_HEADS = """
 CREATE OR REPLACE FUNCTION tether_user_load() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-  who varchar; more_carried integer; more_ready integer; known boolean;
+  who varchar; more_carried integer; more_ready integer;
   first_p integer; first_s double precision; first_i varchar; first_v varchar;
   first_r double precision;
 BEGIN
@@ -151,20 +151,18 @@ BEGIN
     who := OLD.user_id; more_carried := -{carried_old}; more_ready := -{ready_old};
   END IF;
   SELECT {head} INTO {found} FROM user_load WHERE user_id = who FOR UPDATE;
-  known := FOUND;
-  IF first_i = OLD.id THEN  -- the head stopped waiting or changed
-    {first} INTO {found};
+  IF NOT FOUND THEN  -- no row yet (0012's upsert allowed for it): counted from here
+    {missing}
+    UPDATE user_load SET ({head}) = ({first}) WHERE user_id = who;
+  ELSIF first_i = OLD.id THEN  -- the head stopped waiting or changed: the first now
+    UPDATE user_load SET carried = carried + more_carried, ready = ready + more_ready,
+      ({head}) = ({first}) WHERE user_id = who;
   ELSIF TG_OP = 'UPDATE' AND {waits} AND (first_i IS NULL OR {comes_first}) THEN
-    SELECT {new} INTO {found};
-  END IF;
-  IF known THEN
-    UPDATE user_load SET carried = user_load.carried + more_carried,
-      ready = user_load.ready + more_ready, {set_head} WHERE user_id = who;
-  ELSE  -- no row yet (0012's upsert allowed for it): counted from here
-    INSERT INTO user_load (user_id, carried, ready, {head})
-      VALUES (who, more_carried, more_ready, {found})
-      ON CONFLICT (user_id) DO UPDATE SET carried = user_load.carried + excluded.carried,
-        ready = user_load.ready + excluded.ready;
+    UPDATE user_load SET carried = carried + more_carried, ready = ready + more_ready,
+      {new_head} WHERE user_id = who;
+  ELSE
+    UPDATE user_load SET carried = carried + more_carried, ready = ready + more_ready
+      WHERE user_id = who;
   END IF;
   RETURN NULL;
 END $$
@@ -176,11 +174,11 @@ END $$
     ready_old=_flag(_READY, "OLD"),
     head=", ".join(_HEAD),
     found=", ".join(_FOUND),
+    missing=_COUNT.format(who="who", carried="more_carried", ready="more_ready"),
     first=_FIRST.format(who="who"),
     waits=_WAITS_NEW,
     comes_first=_before(_NEW, _FOUND),
-    new=", ".join(_NEW),
-    set_head=", ".join(f"{c} = {v}" for c, v in zip(_HEAD, _FOUND, strict=True)),
+    new_head=", ".join(f"{c} = {v}" for c, v in zip(_HEAD, _NEW, strict=True)),
 )
 # 0012's function: the counts alone.
 _PG_COUNTS = f"""
