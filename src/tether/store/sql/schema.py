@@ -143,11 +143,12 @@ runs = sa.Table(
 # Partial indexes: the reaper, the worker queue, expiry and retention each scan only the
 # rows in their state, so their cost does not grow with the number of finished runs.
 _partial(runs, "runs_orphan_scan", "heartbeat_at", where=f"{_RUNNING} AND owner IS NOT NULL")
-# The claim's order (reference §13): by priority, highest first, then by age. A user's
-# own ready runs in that order serve the claim past users at their cap (``user_load``).
+# The claim's order (reference §13): by priority, highest first, then by age. A claim
+# reads the users in the order of their first ready runs (``user_load``), then each user's
+# own ready runs in that order (migration 0018 dropped ``runs_ready``, all users' ready
+# runs in that order, which no claim reads any more).
 _READY = f"{_RUNNING} AND owner IS NULL"
 _CLAIM_ORDER = (runs.c.priority.desc(), runs.c.updated_at)
-_partial(runs, "runs_ready", *_CLAIM_ORDER, where=_READY)
 _partial(runs, "runs_ready_user", "user_id", *_CLAIM_ORDER, where=_READY)
 _partial(runs, "runs_suspended_expiry", "expires_at", where=_SUSPENDED)
 _partial(runs, "runs_unnotified", "suspended_at", where=f"{_SUSPENDED} AND notified_at IS NULL")

@@ -15,6 +15,10 @@ those of a waiting run's priority, age, version or delay:
   first waiting run: one probe of ``runs_ready_user``;
 - a step of a carried run changes neither its state nor its owner: it fires nothing.
 
+``runs_ready`` (every user's ready runs in the claim's order) goes: claims read the users
+first, then each user's own ready runs (``runs_ready_user``), and every run made ready
+or claimed paid for the index.
+
 On PostgreSQL a change of a counted run first locks the user's row and reads its head, so
 the probe that follows reads what a concurrent change of the same user committed, and
 then writes the row once.
@@ -249,17 +253,27 @@ def _sqlite(heads: bool) -> list[str]:
     ]
 
 
-def _triggers(heads: bool) -> None:
-    """Replace the triggers of ``user_load`` with the ones that keep the heads, or not."""
-    postgres = op.get_bind().dialect.name == "postgresql"
+def _drop_triggers() -> None:
+    on = " ON runs" if op.get_bind().dialect.name == "postgresql" else ""
     for trigger in ("insert", "update", "delete"):
-        on = " ON runs" if postgres else ""
         op.execute(f"DROP TRIGGER IF EXISTS runs_user_load_{trigger}{on}")
+
+
+def _create_triggers(heads: bool) -> None:
+    """The triggers of ``user_load`` that keep the heads, or (0012's) only the counts."""
+    postgres = op.get_bind().dialect.name == "postgresql"
     for statement in _pg(heads) if postgres else _sqlite(heads):
         op.execute(statement)
 
 
+# All users' ready runs in the claim's order: no claim reads it any more (a claim goes
+# through the users), and every run made ready or claimed paid for it.
+_RUNS_READY_ORDER: list[str | sa.TextClause] = [sa.text("priority DESC"), "updated_at"]
+_RUNS_READY = sa.text("state = 'running' AND owner IS NULL")
+
+
 def upgrade() -> None:
+    op.drop_index("runs_ready", table_name="runs")
     for column, kind in zip(_HEAD, _KINDS, strict=True):
         op.add_column("user_load", sa.Column(column, kind, nullable=True))
     op.execute(
@@ -269,12 +283,23 @@ def upgrade() -> None:
     op.create_index(
         "user_load_heads", "user_load", _HEADS_ORDER, postgresql_where=where, sqlite_where=where
     )
-    _triggers(heads=True)
+    _drop_triggers()
+    _create_triggers(heads=True)
 
 
 def downgrade() -> None:
-    _triggers(heads=False)
+    # The triggers first: SQLite's batch mode re-creates ``user_load``, which a trigger
+    # naming it would not survive.
+    _drop_triggers()
     op.drop_index("user_load_heads", table_name="user_load")
     with op.batch_alter_table("user_load") as batch:
         for column in reversed(_HEAD):
             batch.drop_column(column)
+    _create_triggers(heads=False)
+    op.create_index(
+        "runs_ready",
+        "runs",
+        _RUNS_READY_ORDER,
+        postgresql_where=_RUNS_READY,
+        sqlite_where=_RUNS_READY,
+    )
