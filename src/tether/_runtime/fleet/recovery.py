@@ -94,7 +94,7 @@ async def recover(
     """
     log.info("recovering", extra={"run_id": run.id, "action": "recover"})
     try:
-        found = await _recover(services, run, stopping=stopping if carry_on else None)
+        found = await _recover(services, run, carry_on=carry_on, stopping=stopping)
     except LeaseLost:
         found = Outcome(run_id=run.id, kind=StopKind.LEASE_LOST)
     except (FailpointError, asyncio.CancelledError):
@@ -106,14 +106,11 @@ async def recover(
         allowed = services.settings.log_content
         log.error("recovery deferred", **failure(exc, allowed, run_id=run.id, action="recover"))
         found = Outcome(run_id=run.id, kind=StopKind.LEASE_LOST, reason="deferred")
-    if isinstance(found, RunSession):  # reconciled, its history in hand
-        if not carry_on:
-            found = await _released(found)
-        else:
-            RECOVERIES.labels(outcome=CARRIED).inc()
-            if reconciled is not None:
-                reconciled()
-            return await carry_session(found)
+    if isinstance(found, RunSession):  # reconciled, its history in hand: carried on here
+        RECOVERIES.labels(outcome=CARRIED).inc()
+        if reconciled is not None:
+            reconciled()
+        return await carry_session(found)
     label = found.reason if found.kind is StopKind.FAILED else found.kind.value
     RECOVERIES.labels(outcome=label or "failed").inc()
     return found
@@ -131,14 +128,17 @@ async def _released(session: RunSession) -> Outcome:
 
 
 async def _recover(
-    services: Services, run: Run, *, stopping: asyncio.Event | None
+    services: Services, run: Run, *, carry_on: bool, stopping: asyncio.Event | None
 ) -> Outcome | RunSession:
     """The recovery, traced as the run's stretch in this process (``tracing.py``): how it
-    stopped, or the session of a run reconciled and ready to go on."""
+    stopped (handed back, unless ``carry_on``), or the session of a run reconciled and
+    ready to go on."""
     allowed = services.settings.otel_content
     agent = services.agent.name
     with tracing.stretch(run.id, run.trace_context, agent, "recover", content=allowed) as span:
-        found = await _recovering(services, run, stopping=stopping)
+        found = await _recovering(services, run, stopping=stopping if carry_on else None)
+        if isinstance(found, RunSession) and not carry_on:
+            found = await _released(found)
         if isinstance(found, RunSession):
             span.set("tether.run.outcome", "reconciled")
         else:
