@@ -58,7 +58,11 @@ pgbouncer: $(PGBOUNCER)
 # stealing, so a worker left with long tests hands the rest to the others): the tests
 # mostly wait on processes and PostgreSQL, so three workers keep the two cores busy.
 # Measured on a quiet 2-core machine: 866 s serial, 618 s with -n 2, 395 s with -n 3
-# --dist worksteal. `make test TEST_WORKERS=0` runs the suite in one process.
+# --dist worksteal. The suite grew to about 1,100 s on CI by 2026-12-07; the tests' tether
+# processes are now forked from a server that imported tether once
+# (tests/support/forkserver.py), which took the acceptance tier from 1,020 s of CPU to 360:
+# the whole suite took 840 s with -n 3 while other work loaded the machine (load 5-9).
+# `make test TEST_WORKERS=0` runs the suite in one process.
 TEST_WORKERS ?= 3
 test: lint browser pgbouncer
 	$(PY) -m compileall -q src tests/support

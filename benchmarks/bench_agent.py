@@ -178,7 +178,10 @@ class LagMonitor:
         import gc
 
         gc.callbacks.append(self._on_gc)
-        with open(self.path, "a", buffering=1) as out:
+        # Several processes (``tether worker --processes``) append to one file: each line
+        # is one write(2) to a file opened O_APPEND, so lines never interleave.
+        out = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
             while True:
                 due = loop.time() + self.PERIOD_S
                 await asyncio.sleep(self.PERIOD_S)
@@ -186,15 +189,18 @@ class LagMonitor:
                 samples.append(max(0.0, now - due) * 1000)
                 if now - flushed >= 1.0:
                     line = {"at": time.time(), "lag_ms": samples, "gc_ms": self.gc_ms}
+                    line["pid"] = os.getpid()
                     line["collected"] = self.collected
                     self.collected = 0
                     if os.environ.get("BENCH_COUNT_OBJECTS"):
                         line["objects"] = len(gc.get_objects())
                         line["by_gen"] = [len(gc.get_objects(g)) for g in range(3)]
                         line["frozen"] = gc.get_freeze_count()
-                    out.write(json.dumps(line) + "\n")
+                    os.write(out, (json.dumps(line) + "\n").encode())
                     samples, flushed = [], now
                     self.gc_ms = {0: [], 1: [], 2: []}
+        finally:
+            os.close(out)
 
 
 def capacity_agent() -> Agent:

@@ -23,12 +23,19 @@ Then, per backend, memory over many runs (``--churn``, default 10,000): one work
 ``--churn-inflight`` (1,000) carries that many 3-step runs; its RSS after each tenth of
 them has ended (flat is the goal).
 
+With ``--processes P`` (default 1) the worker under test is ``tether worker --processes P``:
+a supervisor and P worker processes, each with ``--concurrency`` N / P (rounded up), so N
+runs are still in flight in all; the worker's CPU and RSS are the supervisor's and its
+processes' summed (``/proc``), and the event loop's lag is read per process (each writes
+its lines, with its pid, to the same file): p50 / p99 / max over all of them, and the p99
+of each process after the row.
+
 Figures are printed, never asserted; the machine's load average is printed with them.
 Run from the repository root (about 6 minutes with the defaults)::
 
     .venv/bin/python benchmarks/capacity.py [--backends postgresql,sqlite]
         [--inflight 100,1000,5000] [--latency 1.0] [--window 10] [--churn 10000]
-        [--only steady|churn]
+        [--only steady|churn] [--processes 1]
 """
 
 from __future__ import annotations
@@ -86,6 +93,34 @@ def cpu_s(pid: int) -> float:
 def rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * PAGE / 2**20
+
+
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (a supervisor's worker processes)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = _stat(int(entry))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry))
+    return sorted(found)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and of its processes, those alive and those it has reaped
+    (a worker process the supervisor restarted)."""
+    fields = _stat(pid)
+    reaped = (int(fields[13]) + int(fields[14])) / TICK
+    return cpu_s(pid) + reaped + sum(cpu_s(child) for child in children(pid))
+
+
+def tree_rss_mib(pid: int) -> float:
+    """RSS of ``pid`` and of its live processes."""
+    return rss_mib(pid) + sum(rss_mib(child) for child in children(pid))
 
 
 def postgres_cpu_s() -> float:
@@ -238,8 +273,10 @@ def create_runs(url: str, count: int, max_steps: int) -> None:
 
 
 def start_worker(
-    url: str, model_url: str, concurrency: int, lag_file: str, log: str
+    url: str, model_url: str, concurrency: int, lag_file: str, log: str, processes: int = 1
 ) -> subprocess.Popen[bytes]:
+    """``tether worker`` carrying ``concurrency`` runs at once, in ``processes`` processes
+    (each carrying its share) under a supervisor when more than one."""
     env = throughput.worker_env(url)
     env.update(
         TETHER_MODEL="openai:bench",
@@ -247,9 +284,10 @@ def start_worker(
         OPENAI_API_KEY="sk-bench",
         BENCH_LAG_FILE=lag_file,
     )
+    share = -(-concurrency // processes)  # rounded up
     command = [
-        sys.executable, "-m", "tether", "worker", "--no-reap", "--concurrency", str(concurrency),
-        "--agent", "bench_agent:capacity_agent",
+        sys.executable, "-m", "tether", "worker", "--no-reap", "--concurrency", str(share),
+        "--processes", str(processes), "--agent", "bench_agent:capacity_agent",
     ]  # fmt: skip
     return subprocess.Popen(
         command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "w")
@@ -284,15 +322,17 @@ def wait_for(
     return time.monotonic() - began
 
 
-def lag_samples(path: str, since: float, until: float) -> tuple[list[float], list[float]]:
-    """The event loop's lag samples (ms) between ``since`` and ``until``, and the garbage
-    collector's full (generation 2) pauses meanwhile."""
-    lags: list[float] = []
+def lag_samples(
+    path: str, since: float, until: float
+) -> tuple[dict[int, list[float]], list[float]]:
+    """The event loop's lag samples (ms) between ``since`` and ``until`` by process (pid),
+    and the garbage collector's full (generation 2) pauses meanwhile."""
+    lags: dict[int, list[float]] = {}
     full: list[float] = []
     for line in Path(path).read_text().splitlines():
         entry = json.loads(line)
         if since <= entry["at"] <= until:
-            lags.extend(entry["lag_ms"])
+            lags.setdefault(entry.get("pid", 0), []).extend(entry["lag_ms"])
             full.extend(entry["gc_ms"]["2"])
     return lags, full
 
@@ -314,6 +354,7 @@ def profile(pid: int, args: argparse.Namespace, label: str) -> None:
     out = Path(args.profile) / f"{label}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
     spy = [str(Path(sys.executable).parent / "py-spy"), "record", "--nonblocking"]
+    spy += ["--subprocesses"] if args.processes > 1 else []
     spy += ["--gil", "-r", "250", "-p", str(pid), "-d", str(int(args.window))]
     spy += ["-f", "raw", "-o", str(out)]
     subprocess.run(spy, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -333,7 +374,7 @@ class Steady:
     postgres_ms: float
     model_ms: float
     busy: float  # share of the machine's cores the three took
-    lag: list[float]
+    lag_by_process: dict[int, list[float]]
     gc_full: list[float]  # the full collections' pauses in the window (ms)
     carried: int  # runs in flight once the ramp ended (all of them unless it gave up)
     rss_idle: float
@@ -341,6 +382,12 @@ class Steady:
     rss: float
     failed: int
     autovacuum: str | None = None  # PostgreSQL's setting during the run
+    processes: int = 1
+
+    @property
+    def lag(self) -> list[float]:
+        """Every process's lag samples."""
+        return [ms for samples in self.lag_by_process.values() for ms in samples]
 
     @property
     def kb_per_run(self) -> float:
@@ -355,12 +402,12 @@ def steady(backend: str, inflight: int, args: argparse.Namespace) -> Steady:
     try:
         with fake_model(args, steps) as (model, model_url), tempfile.TemporaryDirectory() as tmp:
             lag_file, log = f"{tmp}/lag.jsonl", f"{tmp}/worker.log"
-            worker = start_worker(db.url, model_url, inflight, lag_file, log)
+            worker = start_worker(db.url, model_url, inflight, lag_file, log, args.processes)
             try:
                 create_runs(db.url, 20, 2)  # warm-up: halted at their second step
                 wait_for("the warm-up", lambda: watch.ended() >= 20, 120, worker, log)
                 time.sleep(1.0)
-                rss_idle = rss_mib(worker.pid)
+                rss_idle = tree_rss_mib(worker.pid)
                 create_runs(db.url, inflight, steps)
                 ramp = wait_for(
                     f"{inflight} runs in flight",
@@ -373,14 +420,14 @@ def steady(backend: str, inflight: int, args: argparse.Namespace) -> Steady:
                 carried = watch.in_flight()
                 if watch.failed():
                     raise RuntimeError(f"runs failed: {watch.why_failed()}")
-                rss_ramped = rss_mib(worker.pid)  # the runs in flight, a step or two in
+                rss_ramped = tree_rss_mib(worker.pid)  # the runs in flight, a step or two in
                 time.sleep(args.warmup)
                 s0, t0 = watch.steps(), time.time()
-                cpu0 = (cpu_s(worker.pid), postgres_cpu_s(), cpu_s(model.pid))
+                cpu0 = (tree_cpu_s(worker.pid), postgres_cpu_s(), cpu_s(model.pid))
                 profile(worker.pid, args, f"{backend}-{inflight}")
                 s1, t1 = watch.steps(), time.time()
-                cpu1 = (cpu_s(worker.pid), postgres_cpu_s(), cpu_s(model.pid))
-                rss = rss_mib(worker.pid)
+                cpu1 = (tree_cpu_s(worker.pid), postgres_cpu_s(), cpu_s(model.pid))
+                rss = tree_rss_mib(worker.pid)
                 failed = watch.failed()
                 autovacuum = watch.autovacuum() if backend == "postgresql" else None
                 if worker.poll() is not None:
@@ -403,7 +450,7 @@ def steady(backend: str, inflight: int, args: argparse.Namespace) -> Steady:
             postgres_ms=used[1] * 1000 / done,
             model_ms=used[2] * 1000 / done,
             busy=sum(used) / (t1 - t0) / CORES,
-            lag=lag,
+            lag_by_process=lag,
             gc_full=gc_full,
             carried=carried,
             rss_idle=rss_idle,
@@ -411,6 +458,7 @@ def steady(backend: str, inflight: int, args: argparse.Namespace) -> Steady:
             rss=rss,
             failed=failed,
             autovacuum=autovacuum,
+            processes=args.processes,
         )
     finally:
         watch.close()
@@ -421,6 +469,7 @@ def print_steady(rows: list[Steady], args: argparse.Namespace) -> None:
     print(
         f"\nsteady state: model latency {args.latency:g} s, runs of {args.steps} steps, "
         f"{args.window:g} s window after {args.warmup:g} s; {CORES} cores; "
+        f"{args.processes} worker process(es); "
         f"load average {os.getloadavg()[0]:.2f}"
     )
     head = (
@@ -440,10 +489,18 @@ def print_steady(rows: list[Steady], args: argparse.Namespace) -> None:
             + (f"  ({r.failed} failed)" if r.failed else "")
             + (f"  (only {r.carried} in flight)" if r.carried < r.inflight else "")
             + (f"  autovacuum {r.autovacuum}" if r.autovacuum else "")
+            + (f"  lag p99 by process: {_per_process(r)}" if r.processes > 1 else "")
         )
     print(
         f"targets: share >= {TARGET_SHARE:.0%} (at 1,000: or every core busy); "
         f"lag p99 <= {TARGET_LAG_P99_MS:g} ms at 1,000; <= {TARGET_KB_PER_RUN:g} KB per run"
+    )
+
+
+def _per_process(row: Steady) -> str:
+    """Each process's lag p99 (ms), in the order of their pids."""
+    return " / ".join(
+        f"{percentile(samples, 0.99):.1f}" for _, samples in sorted(row.lag_by_process.items())
     )
 
 
@@ -459,7 +516,9 @@ def churn(backend: str, args: argparse.Namespace) -> list[tuple[int, float]]:
         create_runs(db.url, args.churn, 3)
         with fake_model(args, 3) as (_model, model_url), tempfile.TemporaryDirectory() as tmp:
             lag_file, log = f"{tmp}/lag.jsonl", f"{tmp}/worker.log"
-            worker = start_worker(db.url, model_url, args.churn_inflight, lag_file, log)
+            worker = start_worker(
+                db.url, model_url, args.churn_inflight, lag_file, log, args.processes
+            )
             try:
                 tenth = args.churn // 10
                 for k in range(1, 11):
@@ -470,7 +529,7 @@ def churn(backend: str, args: argparse.Namespace) -> list[tuple[int, float]]:
                         worker,
                         log,
                     )
-                    marks.append((watch.ended(), rss_mib(worker.pid)))
+                    marks.append((watch.ended(), tree_rss_mib(worker.pid)))
             finally:
                 worker.send_signal(signal.SIGKILL)
                 worker.wait()
@@ -504,6 +563,9 @@ def main() -> None:
     parser.add_argument("--churn-inflight", type=int, default=1000)
     parser.add_argument("--only", choices=["steady", "churn"])
     parser.add_argument("--profile", help="a folder for py-spy profiles of the worker")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="tether worker --processes P (default 1)"
+    )
     args = parser.parse_args()
     backends = args.backends.split(",")
     if args.only != "churn":

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,17 @@ def tool_calls_of(message: Message) -> list[ToolCall]:
             )
         )
     return calls
+
+
+def tool_call_ids(messages: Iterable[Message]) -> set[str]:
+    """The ids of every tool call the assistant turns of ``messages`` made (as
+    ``tool_calls_of`` names them, without building the calls)."""
+    return {
+        str(raw.get("id"))
+        for m in messages
+        if m.get("role") == "assistant"
+        for raw in m.get("tool_calls") or ()
+    }
 
 
 def pending_tool_calls(messages: list[Message]) -> list[ToolCall]:

@@ -12,17 +12,18 @@ after a backoff, so the worker outlives a dropped connection, a restart or an ou
 its database.
 
 A reaper pass recovers orphans in bulk: it claims them in batches into the slots as they
-free, each recovery a task of its own, until no orphan that was stale when the pass began
-is left, so a thousand orphans take one pass, and none waits claimed without a slot (where
-its heartbeat would go stale again). The fair rule for the slots: while runs wait for a
-worker, recoveries hold at most ``orphan_share`` of them, all but a quarter (runs keep at
-least one slot when there are two or more), and the claim loop leaves a pass what it is
-owed of that share; when no run waits, recoveries may take every free slot. Orphans thus
-go first (with one slot, before any new run), yet a burst of them never stops the queue.
-A pass holds no slot while nothing can be claimed: it keeps freed slots back only for the
-one read that tells whether any orphan is stale, and then while orphans are known to be
-left; it ends on ``stop()``, on a batch that came back short, or when no slot freed for a
-whole interval.
+free, each recovery a task of its own that, once the orphan is reconciled, carries it on in
+its slot (its history read once, not again by a claim after a hand-back), until no orphan
+that was stale when the pass began is left, so a thousand orphans take one pass, and none
+waits claimed without a slot (where its heartbeat would go stale again). The fair rule for
+the slots: while runs wait for a worker, recoveries hold at most ``orphan_share`` of them,
+all but a quarter (runs keep at least one slot when there are two or more), and the claim
+loop leaves a pass what it is owed of that share; when no run waits, recoveries may take
+every free slot. Orphans thus go first (with one slot, before any new run), yet a burst of
+them never stops the queue. A pass holds no slot while nothing can be claimed: it keeps
+freed slots back only for the one read that tells whether any orphan is stale, and then
+while orphans are known to be left; it ends on ``stop()``, on a batch that came back short,
+or when no slot freed for a whole interval.
 
 ``stop()`` (SIGTERM) stops claiming; each run in hand is handed back at its next step
 boundary, the side tasks end, and ``run()`` returns. Memory stays bounded however long
@@ -232,43 +233,42 @@ class Worker:
         self._wake.set()
         self._freed.set()
 
-    async def _carry(self, run: Run) -> None:
+    async def _carry(self, run: Run, *, orphan: bool = False) -> None:
+        """Carry a claimed run to its next stop. An ``orphan`` is reconciled first and then
+        carried on in its slot (its history read once, not again by a claim after a
+        hand-back); until it is reconciled it counts as a recovery (the fair rule)."""
+        recovering = orphan
+
+        def reconciled() -> None:
+            nonlocal recovering
+            recovering = False
+            self._recovering -= 1
+
         try:
-            outcome = await self._runner.carry(run, stopping=self.stopping)
+            if orphan:
+                outcome = await self._runner.recover(
+                    run, carry_on=True, stopping=self.stopping, reconciled=reconciled
+                )
+            else:
+                outcome = await self._runner.carry(run, stopping=self.stopping)
         except Exception as exc:
             self.counts["error"] += 1
-            told = failure(exc, self._content, run_id=run.id, action="carry")
-            log.error("carrying a run failed", **told)
+            action = "recover" if orphan else "carry"
+            told = failure(exc, self._content, run_id=run.id, action=action)
+            log.error("recovery failed" if orphan else "carrying a run failed", **told)
             return
+        finally:
+            if recovering:
+                self._recovering -= 1
         self.counts[outcome.kind.value] += 1
         if outcome.retry_in_s is not None:
             # Handed back with a delay: no NOTIFY marks the moment it is ready again.
             asyncio.get_running_loop().call_later(outcome.retry_in_s, self._wake.set)
-        log.info(
-            "run stopped",
-            extra={
-                "run_id": run.id,
-                "action": "carry",
-                "state": outcome.kind.value,
-                "reason": outcome.reason,
-            },
-        )
-
-    async def _recover(self, run: Run) -> None:
-        try:
-            outcome = await self._runner.recover(run)
-        except Exception as exc:
-            self.counts["error"] += 1
-            told = failure(exc, self._content, run_id=run.id, action="recover")
-            log.error("recovery failed", **told)
-            return
-        finally:
-            self._recovering -= 1
-        self.counts[outcome.kind.value] += 1
-        log.info(
-            "orphan recovered",
-            extra={"run_id": run.id, "action": "recover", "state": outcome.kind.value},
-        )
+        said = {"run_id": run.id, "state": outcome.kind.value}
+        if orphan:
+            log.info("orphan recovered", extra={**said, "action": "recover"})
+        else:
+            log.info("run stopped", extra={**said, "action": "carry", "reason": outcome.reason})
 
     # -- the monitor -------------------------------------------------------------------------
 
@@ -403,7 +403,7 @@ class Worker:
             self._wake.set()  # slots the orphans did not take go back to the claim loop
         for run in claim.claimed:
             self._recovering += 1
-            self._spawn(self._recover(run), run)
+            self._spawn(self._carry(run, orphan=True), run)
         for run_id in claim.exhausted:
             self.counts["failed"] += 1
             log.warning(

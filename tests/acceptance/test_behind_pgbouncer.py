@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,12 +37,13 @@ STOP_DEADLINE_S = 30
 # enough for the watcher's process to ask the worker's for it mid-step.
 SCRIPT = "streamed_send"
 TEXT = agents.SCRIPTS[SCRIPT][0]["content"]
-# The statements a LISTEN connection runs (the deltas' subscriber changes its channels).
+# The statements a process's LISTEN connection runs (its channels change as the claim loop,
+# the live streams and the deltas come and go).
 LISTENING = ("LISTEN ", "UNLISTEN ")
 
 
 @contextmanager
-def running(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+def running(proc: processes.Process) -> Iterator[processes.Process]:
     """``proc`` until the block ends; killed then if the test did not stop it."""
     try:
         yield proc
@@ -53,7 +53,7 @@ def running(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
             proc.wait(timeout=STOP_DEADLINE_S)
 
 
-def _stop(proc: subprocess.Popen[str], log: Path) -> None:
+def _stop(proc: processes.Process, log: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=STOP_DEADLINE_S) == 0, log.read_text()[-3000:]
     levels = [json.loads(line)["level"] for line in log.read_text().splitlines() if line.strip()]
@@ -70,6 +70,10 @@ def _direct_sessions(bouncer: Bouncer) -> list[str]:
         ).fetchall()
     servers = bouncer.server_pids()  # after: a server connection seen above is still listed
     return [query for pid, query in rows if pid not in servers]
+
+
+def _one_listening(sessions: list[str]) -> bool:
+    return len(sessions) == 1 and sessions[0].startswith(LISTENING)
 
 
 class Stream:
@@ -180,11 +184,12 @@ def test_serve_and_a_worker_behind_pgbouncer_carry_stream_approve_and_wake_on_ne
                 streamed = stream.text_of_step(1)
                 assert streamed and TEXT.startswith(streamed), streamed
 
-                # The worker is idle now, listening on a session of its own; a run created
-                # now is claimed by it and carried to its suspension.
+                # The worker is idle now, listening on its process's one session (the API's
+                # closed once its stream ended); a run created now is claimed by it and
+                # carried to its suspension.
                 poll_until(
-                    lambda: 'LISTEN "tether_runs"' in _direct_sessions(bouncer),
-                    what="the worker's LISTEN",
+                    lambda: _one_listening(_direct_sessions(bouncer)),
+                    what="the worker's LISTEN alone",
                 )
                 created = client.post("/v1/runs", json={"question": "send b again"})
                 assert created.status_code == 202, created.text

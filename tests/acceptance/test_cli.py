@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from typing import Any
 
 import agents
@@ -282,15 +281,7 @@ async def test_migrate_creates_the_agents_published_users_and_users_add_prints_a
     empty_url: str,
 ) -> None:
     env = processes.tether_env(empty_url)
-    demo = subprocess.run(
-        [processes.PYTHON, "-m", "tether", "migrate"],  # the default agent: the demo's
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=processes.ROOT,
-        check=False,
-    )
+    demo = processes.tether("migrate", env=env, agent=None)  # the default agent: the demo's
     assert demo.returncode == 0, demo.stderr
     added = processes.tether("users", "add", "erin", env=env)
     assert added.returncode == 0, added.stderr

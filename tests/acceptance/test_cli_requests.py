@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import demo_procs
 import httpx
+import processes
 from waiting import poll_until
 
 QUESTION = "Draft and send a quote for Henderson, 200 of SKU-4411"
@@ -20,14 +20,7 @@ QUESTION = "Draft and send a quote for Henderson, 200 of SKU-4411"
 def tether(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """A ``tether`` command with the demo agent (the default), in ``cwd``: where the demo's
     sandbox keeps its data on PostgreSQL (beside the file on SQLite)."""
-    return subprocess.run(
-        [sys.executable, "-m", "tether", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return processes.tether(*args, env=env, timeout=120, agent=None, cwd=cwd)
 
 
 def test_approvals_list_as_the_manager_finds_the_send_and_shows_what_it_would_do(

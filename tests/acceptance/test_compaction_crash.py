@@ -68,14 +68,8 @@ def _script(server: fakellm.FakeLLMServer) -> None:
 
 
 def _tether(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [processes.PYTHON, "-m", "tether", *args, "--agent", "test_compaction_crash:agent"],
-        env={**env, "PYTHONPATH": f"{HERE.parent / 'support'}:{HERE}"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=processes.ROOT,
-    )
+    env = {**env, "PYTHONPATH": f"{HERE.parent / 'support'}:{HERE}"}
+    return processes.tether(*args, env=env, timeout=120, agent="test_compaction_crash:agent")
 
 
 def _start(url: str) -> str:

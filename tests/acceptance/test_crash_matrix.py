@@ -14,7 +14,6 @@ import functools
 import json
 import os
 import signal
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -330,17 +329,7 @@ def test_two_reapers_at_once_recover_each_orphan_once(db_url: str) -> None:
 
     poll_until(stale_for_reapers, timeout=30, what="orphans stale by the reapers' 3 s")
     reap_env = processes.tether_env(db_url, TETHER_HEARTBEAT_TIMEOUT_S="3")
-    reapers = [
-        subprocess.Popen(
-            [processes.PYTHON, "-m", "tether", "reap", "--agent", "agents:agent"],
-            env=reap_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=processes.ROOT,
-        )
-        for _ in range(2)
-    ]
+    reapers = [processes.start("reap", env=reap_env) for _ in range(2)]
     outputs = [p.communicate(timeout=120) for p in reapers]
     assert all(p.returncode == 0 for p in reapers), outputs
     recovered = [json.loads(out)["recovered"] for out, _ in outputs]
@@ -361,23 +350,7 @@ def test_a_paused_worker_cannot_write_after_the_reaper_took_its_run(db_url: str)
     store = Store(db_url)
     with webhooks.receiver() as receiver:
         env = processes.tether_env(db_url, TETHER_WEBHOOK_URL=receiver.url)
-        worker = subprocess.Popen(
-            [
-                processes.PYTHON,
-                "-m",
-                "tether",
-                "worker",
-                "--exit-when-idle",
-                "--no-reap",
-                "--agent",
-                "agents:agent",
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=processes.ROOT,
-        )
+        worker = processes.start("worker", "--exit-when-idle", "--no-reap", env=env)
         try:
             working = Path(os.environ["KIT_EFFECTS_DB"] + ".working")
             poll_until(working.exists, what="the first tool at work")
@@ -409,17 +382,7 @@ def test_twenty_approvals_from_separate_processes_resume_once(pg_url: str) -> No
     token = notifier.last(outcome.run_id).token
     engine.close()
     env = processes.tether_env(pg_url)
-    procs = [
-        subprocess.Popen(
-            [processes.PYTHON, "-m", "tether", "approve", token, "--agent", "agents:agent"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=processes.ROOT,
-        )
-        for _ in range(20)
-    ]
+    procs = [processes.start("approve", token, env=env) for _ in range(20)]
     results = [(p.communicate(timeout=180), p.returncode) for p in procs]
     codes = [code for _, code in results]
     assert codes.count(0) == 1, results

@@ -70,13 +70,13 @@ class Procs:
     SIGKILL after a deadline), whatever happened."""
 
     def __init__(self) -> None:
-        self.started: list[tuple[subprocess.Popen[str], Path]] = []
+        self.started: list[tuple[processes.Process, Path]] = []
 
-    def add(self, proc: subprocess.Popen[str], log: Path) -> subprocess.Popen[str]:
+    def add(self, proc: processes.Process, log: Path) -> processes.Process:
         self.started.append((proc, log))
         return proc
 
-    def worker(self, env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[str]:
+    def worker(self, env: dict[str, str], log: Path, *args: str) -> processes.Process:
         return self.add(processes.spawn_agent("worker", *args, agent=AGENT, env=env, log=log), log)
 
     def serve(self, env: dict[str, str], log: Path, *, concurrency: int = 8) -> str:

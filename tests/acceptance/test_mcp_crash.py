@@ -31,14 +31,7 @@ from tether.store import Store, idempotency_key
 
 def tether(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """The ``tether`` CLI in a new process, serving the MCP test agent."""
-    return subprocess.run(
-        [processes.PYTHON, "-m", "tether", *args, "--agent", "mcp_agent:agent"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=processes.ROOT,
-    )
+    return processes.tether(*args, env=env, timeout=120, agent="mcp_agent:agent")
 
 
 def start_run(db_url: str, script: str = "add") -> str:

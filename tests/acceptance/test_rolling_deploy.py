@@ -31,21 +31,14 @@ def _messages(engine: Engine, run_id: str) -> list[dict[str, Any]]:
     return [dict(m) for m in run_sync(engine.get_run(run_id)).messages]
 
 
-def _worker(version: str, env: dict[str, str], log: Path, *extra: str) -> subprocess.Popen[str]:
+def _worker(version: str, env: dict[str, str], log: Path, *extra: str) -> processes.Process:
     return processes.spawn_agent(
         "worker", "--no-reap", *extra, agent=f"versioned:{version}", env=env, log=log
     )
 
 
 def _cli(version: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [processes.PYTHON, "-m", "tether", *args, "--agent", f"versioned:{version}"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=processes.ROOT,
-    )
+    return processes.tether(*args, env=env, agent=f"versioned:{version}")
 
 
 def _log(path: Path) -> str:
@@ -86,7 +79,7 @@ def test_a_rolling_deploy_strands_old_runs_until_they_are_migrated(
     new = versioned.engine(db_url, versioned.v2())
     env = processes.tether_env(db_url, TETHER_HEARTBEAT_TIMEOUT_S="600")
     first = _worker("v1", env, tmp_path / "old.log")
-    second: subprocess.Popen[str] | None = None
+    second: processes.Process | None = None
     try:
         ids = [run_sync(old.start_run("dana", f"job {i}")).id for i in range(2)]
 
@@ -132,10 +125,9 @@ def test_a_rolling_deploy_strands_old_runs_until_they_are_migrated(
         for run_id in ids:
             # No --agent: the live v2 worker registered what v2 has (the default agent,
             # the demo's, is loaded and not used).
-            moved = subprocess.run(
-                [processes.PYTHON, "-m", "tether", "runs", "migrate", run_id,
-                 "--to-version", "kit@v2", "--reason", "deploy 43", "--by", "ops"],
-                env=env, capture_output=True, text=True, timeout=60, cwd=processes.ROOT,
+            moved = processes.tether(
+                "runs", "migrate", run_id, "--to-version", "kit@v2", "--reason", "deploy 43",
+                "--by", "ops", env=env, agent=None,
             )  # fmt: skip
             assert moved.returncode == 0, moved.stderr
             assert json.loads(moved.stdout)["agent_version"] == "kit@v2"

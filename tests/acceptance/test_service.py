@@ -31,7 +31,7 @@ STOP_DEADLINE_S = 30
 
 @dataclass
 class Service:
-    proc: subprocess.Popen[bytes]
+    proc: processes.Process
     base: str
     log: Path
 
@@ -58,15 +58,8 @@ def _ready(service: Service) -> bool:
 def serving(url: str, log: Path, **env: str) -> Iterator[Service]:
     """``tether serve`` with one worker and the test agent, ready to take requests."""
     port = free_port()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [processes.PYTHON, "-m", "tether", "serve", "--port", str(port), "--workers", "1",
-             "--agent", "agents:agent"],
-            env=processes.tether_env(url, **env),
-            cwd=processes.ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    env = processes.tether_env(url, **env)
+    proc = processes.spawn("serve", "--port", str(port), "--workers", "1", env=env, log=log)
     service = Service(proc=proc, base=f"http://127.0.0.1:{port}", log=log)
     try:
         poll_until(lambda: _ready(service), timeout=30, what="serve to be ready")

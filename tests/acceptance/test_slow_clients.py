@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +20,7 @@ DEADLINE_S = 60  # far above every timeout the tests set: a bound, never a measu
 
 
 @contextmanager
-def serving(url: str, log: Path, **env: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
+def serving(url: str, log: Path, **env: str) -> Iterator[tuple[processes.Process, int]]:
     """``tether serve`` (the API alone) with the test agent, ready to take requests."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

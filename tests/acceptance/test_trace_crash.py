@@ -31,14 +31,7 @@ from tether.telemetry import tracing
 
 
 def _tether(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [processes.PYTHON, "-m", "tether", *args, "--agent", "otlp:agent"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=processes.ROOT,
-    )
+    return processes.tether(*args, env=env, timeout=120, agent="otlp:agent")
 
 
 def _env(url: str, receiver: otlp.Receiver, process: str, **extra: str) -> dict[str, str]:

@@ -22,8 +22,6 @@ from tether.runs import RunState
 from tether.sandbox import RunningSandbox
 from tether.store import Store
 
-WORKER = (processes.PYTHON, "-m", "tether", "worker")
-
 
 def test_removing_a_user_fences_the_worker_carrying_their_run(db_url: str) -> None:
     downstream.set_world("lookup_ms", "1500")
@@ -33,14 +31,7 @@ def test_removing_a_user_fences_the_worker_carrying_their_run(db_url: str) -> No
     engine.close()
     store = Store(db_url)
     env = processes.tether_env(db_url, KIT_SCRIPT="standard")
-    worker = subprocess.Popen(
-        [*WORKER, "--exit-when-idle", "--no-reap", "--agent", "agents:agent"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=processes.ROOT,
-    )
+    worker = processes.start("worker", "--exit-when-idle", "--no-reap", env=env)
     try:
         working = Path(os.environ["KIT_EFFECTS_DB"] + ".working")
         poll_until(working.exists, what="the run's first tool at work")
@@ -133,11 +124,4 @@ def _status(base: str, key: str) -> int:
 
 def _tether(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """A ``tether`` command of the demo agent (the default ``--agent``)."""
-    return subprocess.run(
-        [processes.PYTHON, "-m", "tether", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=processes.ROOT,
-    )
+    return processes.tether(*args, env=env, agent=None)

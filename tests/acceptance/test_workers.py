@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import signal
-import subprocess
 from pathlib import Path
 
 import downstream
@@ -29,7 +28,7 @@ def _events(engine: Engine, run_id: str) -> list[LiveEvent]:
     return run_sync(engine.events(run_id))
 
 
-def _stop(procs: list[subprocess.Popen[str]]) -> None:
+def _stop(procs: list[processes.Process]) -> None:
     for proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

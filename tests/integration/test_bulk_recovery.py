@@ -107,11 +107,11 @@ async def test_one_reaper_pass_recovers_every_orphan_through_the_slots(
     in_flight = {"now": 0, "most": 0}
     recover = engine.runner.recover
 
-    async def counted(run: Run) -> Any:
+    async def counted(run: Run, **options: Any) -> Any:
         in_flight["now"] += 1
         in_flight["most"] = max(in_flight["most"], in_flight["now"])
         try:
-            return await recover(run)
+            return await recover(run, **options)
         finally:
             in_flight["now"] -= 1
 
@@ -126,6 +126,12 @@ async def test_one_reaper_pass_recovers_every_orphan_through_the_slots(
         assert [recovering(engine, i) for i in ids] == [1] * 20
         assert {r.recovery_attempts for i in ids if (r := engine.runner.store.get_run(i))} == {1}
         assert 1 <= in_flight["most"] <= 2  # through the worker's two slots, never more
+        # Each was carried on in the slot that recovered it: never handed back to be
+        # claimed (and its history read) again.
+        handed_back = [
+            e for i in ids for e in engine.runner.store.events(i) if e.kind == "released"
+        ]
+        assert handed_back == []
     finally:
         await stopped(worker, running)
         engine.close()

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import agents
+import gated
 import httpx
 import inprocess
 import processes
@@ -27,9 +28,9 @@ from waiting import poll_until, until
 from tether import Engine, StopKind
 from tether._runtime.live.deltas import DeltaHub
 from tether.errors import InvalidInput
-from tether.models.base import Message, Model, ModelResponse, TextSink, ToolSpec, Usage
 from tether.results import Delta, LiveEvent
-from tether.store.backend.listen import DELTAS_CHANNEL, Subscriber
+from tether.store.backend.listen import DELTAS_CHANNEL
+from tether.store.backend.listening import Subscriber
 
 TEXTS = [turn["content"] for turn in agents.SCRIPTS["streamed"]]
 STEP_TEXTS = [turn["content"] for turn in agents.SCRIPTS["streamed_steps"]]
@@ -86,31 +87,8 @@ async def test_a_watcher_gets_each_step_s_text_as_it_is_written(db_url: str) -> 
     engine.close()
 
 
-class GatedModel(Model):
-    """Writes ``first``, waits for ``gate``, writes ``second``: a step held mid-stream."""
-
-    name = "gated"
-
-    def __init__(self) -> None:
-        self.gate = asyncio.Event()
-        self.written = asyncio.Event()
-
-    async def request(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
-        raise AssertionError("the engine streams")
-
-    async def stream(
-        self, messages: list[Message], tools: list[ToolSpec], on_text: TextSink
-    ) -> ModelResponse:
-        on_text("first half, ")
-        self.written.set()
-        await self.gate.wait()
-        on_text("second half")
-        message = {"role": "assistant", "content": "first half, second half"}
-        return ModelResponse(message=message, usage=Usage(), model="gated")
-
-
 async def test_a_watcher_that_connects_mid_step_first_gets_the_text_so_far(db_url: str) -> None:
-    model = GatedModel()
+    model = gated.GatedModel()
     engine = inprocess.engine(db_url, model=model)
     run = await engine.start_run("dana", "tell me")
     driving = asyncio.create_task(engine.run_until_stop(run.id))
@@ -133,7 +111,7 @@ async def test_a_reader_that_lags_gets_a_step_s_last_deltas_before_its_model_tur
     """The step's last piece is written, and its turn stored and read by the feed, while
     the reader is still busy with the step's first delta: the last piece still comes before
     the ``model_turn`` (it was left out once that event had gone)."""
-    model = GatedModel()
+    model = gated.GatedModel()
     engine = inprocess.engine(db_url, model=model)
     run = await engine.start_run("dana", "tell me")
     driving = asyncio.create_task(engine.run_until_stop(run.id))
@@ -334,4 +312,4 @@ def test_a_listener_let_go_of_and_wanted_again_at_once_listens_on(pg_url: str) -
         conn.execute("SELECT pg_notify(%s, 'hello')", (DELTAS_CHANNEL,))
     poll_until(lambda: "hello" in heard, what="the notice")
     listener.want(frozenset())
-    poll_until(lambda: listener._thread is None, what="the listener to stop")
+    poll_until(lambda: not listener.listener.running, what="the listener to stop")

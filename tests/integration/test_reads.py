@@ -1,5 +1,6 @@
 """Reads of the store (``StoreBase.reading``, ``snapshots``): a run's state in one round
-trip on PostgreSQL whatever its length, and reads that never wait for a writer."""
+trip on PostgreSQL whatever its length, reads that never wait for a writer, and the live
+feed's round (each run after its own cursor, outside any transaction)."""
 
 from __future__ import annotations
 
@@ -95,3 +96,30 @@ def test_a_read_does_not_wait_for_a_writer_that_holds_the_database(store: Store)
     finally:
         release.set()
         held.join(DEADLINE_S)
+
+
+def test_a_feed_round_reads_each_run_after_its_own_cursor_outside_any_transaction(
+    store: Store,
+) -> None:
+    """``events_of_runs``, the live feed's round: each run's events after its own cursor,
+    oldest first, at most ``limit``, and the runs' states (a run gone has none); on
+    PostgreSQL two statements in autocommit, whatever the number of runs."""
+    from tether.store.sql.steps import add_event
+
+    first, second = new_run(store), new_run(store)
+    with store.begin() as conn:
+        for i in range(3):
+            add_event(conn, first, "note", {"i": i})
+            add_event(conn, second, "note", {"i": i})
+    ids = {run_id: [e.id for e in store.events(run_id)] for run_id in (first, second)}
+    seen = _sent(store)
+    cursors = {first: ids[first][1], second: 0, "gone": 0}
+    states, events = store.events_of_runs(cursors, limit=100)
+    assert set(states) == {first, second}
+    assert [e.id for e in events] == sorted(ids[first][2:] + ids[second])
+    if store.dialect.name == "postgresql":
+        assert seen == ["SELECT", "SELECT"], seen
+    _, oldest = store.events_of_runs(cursors, limit=2)
+    assert [e.id for e in oldest] == sorted(ids[first][2:] + ids[second])[:2]
+    _, one = store.events_of_runs({second: ids[second][-2]}, limit=100)  # another shape
+    assert [e.id for e in one] == ids[second][-1:]

@@ -1,9 +1,11 @@
 """Agent versions (reference §12) on both backends, in one process: what a run records, that
 claims, recoveries, expiries and decisions take only the versions a process serves, the
-worker registry and stranded runs, migrations, and a decision whose tool is gone."""
+worker registry (and the gauge of live worker processes) and stranded runs, migrations, and
+a decision whose tool is gone."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -11,10 +13,12 @@ import agents
 import downstream
 import heartbeats
 import pytest
+import sqlalchemy as sa
 import versioned
 from waiting import until
 
-from tether import Agent, Engine, StopKind
+from tether import Agent, Engine, StopKind, Worker
+from tether.api.metrics import render
 from tether.errors import (
     AlreadyFinished,
     InvalidInput,
@@ -23,6 +27,7 @@ from tether.errors import (
     WrongVersion,
 )
 from tether.runs import RunState, run_to_json
+from tether.store.sql.schema import workers
 
 SEND: list[dict[str, Any]] = [{"tool_calls": [agents.call("send", item="b")]}, {"content": "sent"}]
 
@@ -126,6 +131,50 @@ async def test_stranded_runs_are_those_no_live_worker_serves(db_url: str) -> Non
             await old.operator.stranded_runs(0)
     finally:
         old.close()
+
+
+async def _worker_gauge(engine: Engine) -> dict[str, float]:
+    """The ``tether_worker_processes`` samples of a scrape, by worker id."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = (await render(engine))[0].decode()
+    return {
+        s.labels["worker"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "tether_worker_processes"
+    }
+
+
+async def test_the_gauge_of_worker_processes_lists_each_live_worker_once(db_url: str) -> None:
+    engine = versioned.engine(db_url, versioned.v1(), heartbeat_timeout_s=600)
+    store = engine.runner.store
+    try:
+        # An engine without a worker (`tether serve --workers 0`) is no worker process.
+        assert await _worker_gauge(engine) == {}
+        store.register_worker("h:1:a", ["kit@v1", "kit@v0"], ["send"])  # two rows, one line
+        store.register_worker("h:2:b", ["kit@v1"], ["send"])
+        store.register_worker("h:3:c", ["kit@v1"], ["send"])
+        store.leave("h:2:b")
+        with store.engine.begin() as conn:  # h:3:c fell silent an hour ago
+            silent = workers.c.heartbeat_at - 3600
+            conn.execute(
+                sa.update(workers).where(workers.c.worker_id == "h:3:c").values(heartbeat_at=silent)
+            )
+        assert await _worker_gauge(engine) == {"h:1:a": 1.0}
+        worker = Worker(engine, concurrency=1)
+        running = asyncio.create_task(worker.run(reap=False))
+        mine = engine.runner.worker_id
+        await until(lambda: _listed(engine, mine), what="the running worker listed")
+        worker.stop()
+        await running
+        assert await _worker_gauge(engine) == {"h:1:a": 1.0}  # it left as it stopped
+    finally:
+        engine.close()
+
+
+async def _listed(engine: Engine, worker_id: str) -> bool:
+    return await _worker_gauge(engine) == {"h:1:a": 1.0, worker_id: 1.0}
 
 
 async def _suspended(db_url: str, agent: Agent | None = None) -> Any:

@@ -1,6 +1,6 @@
 """docs/reference.md is the user's contract, and it is kept true by the code: its tables of
-error codes, failpoints, settings, states and transitions, and commands are read here and
-compared with what tether defines, in both directions, so neither can change alone."""
+error codes, failpoints, settings, states and transitions, commands and metrics are read here
+and compared with what tether defines, in both directions, so neither can change alone."""
 
 from __future__ import annotations
 
@@ -362,3 +362,19 @@ def test_each_commands_arguments_and_options_are_the_documented_ones() -> None:
         if any(problems.values()):
             wrong[" ".join(path)] = problems
     assert wrong == {}
+
+
+# -- (f) metrics ------------------------------------------------------------------------------
+
+
+def test_every_metric_of_the_metrics_endpoint_is_documented_and_every_documented_one_exists() -> (
+    None
+):
+    from tether.api.metrics import _Scrape
+
+    # One scrape's metric families: this process's and those counted at scrape time.
+    exported = {metric.name for metric in _Scrape({}, 0, {}, []).collect()}
+    row = next(line for line in section(6).splitlines() if line.startswith("| `GET /metrics`"))
+    # A counter's samples end in _total; its family's name does not.
+    listed = {name.removesuffix("_total") for name in re.findall(r"`(tether_\w+)", row)}
+    assert listed == exported

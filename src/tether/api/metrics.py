@@ -1,7 +1,8 @@
 """The ``/metrics`` exposition: tether's metrics (``tether.telemetry.metrics``, re-exported here)
-plus the runs-by-state gauge and ``tether_runs_stranded`` (runs waiting on an agent
-version no live worker serves, reference §12), counted by the engine at scrape time, so they
-are true for the whole fleet whichever process is scraped."""
+plus the runs-by-state gauge, ``tether_runs_stranded`` (runs waiting on an agent version no
+live worker serves, reference §12) and ``tether_worker_processes`` (a line per worker
+process with a fresh heartbeat), read by the engine at scrape time, so they are true for
+the whole fleet whichever process is scraped."""
 
 from __future__ import annotations
 
@@ -42,10 +43,17 @@ __all__ = [
 class _Scrape(Collector):
     """One scrape: this process's metrics plus the runs-by-state gauge counted just now."""
 
-    def __init__(self, by_state: dict[str, int], stranded: int, waiting: dict[str, int]) -> None:
+    def __init__(
+        self,
+        by_state: dict[str, int],
+        stranded: int,
+        waiting: dict[str, int],
+        workers: list[str],
+    ) -> None:
         self.by_state = by_state
         self.stranded = stranded
         self.waiting = waiting
+        self.workers = workers
 
     def collect(self) -> Iterable[Metric]:
         return self._metrics()
@@ -70,6 +78,15 @@ class _Scrape(Collector):
         for reason, count in sorted(self.waiting.items()):
             waits.add_metric([reason], count)
         yield waits
+        processes = GaugeMetricFamily(
+            "tether_worker_processes",
+            "Worker processes with a fresh heartbeat, fleet-wide: 1 for each, by its worker "
+            "id (host:pid:suffix).",
+            labels=["worker"],
+        )
+        for worker in self.workers:
+            processes.add_metric([worker], 1)
+        yield processes
 
 
 async def render(engine: Engine) -> tuple[bytes, str]:
@@ -78,5 +95,6 @@ async def render(engine: Engine) -> tuple[bytes, str]:
     by_state = {state.value: 0 for state in RunState} | await engine.operator.counts_by_state()
     scrape = CollectorRegistry(auto_describe=False)
     waiting = await engine.operator.counts_waiting()
-    scrape.register(_Scrape(by_state, await engine.operator.count_stranded(), waiting))
+    stranded = await engine.operator.count_stranded()
+    scrape.register(_Scrape(by_state, stranded, waiting, await engine.operator.live_workers()))
     return generate_latest(scrape), CONTENT_TYPE_LATEST

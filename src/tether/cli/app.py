@@ -86,6 +86,18 @@ def main() -> None:
 # -- carrying runs -------------------------------------------------------------------------
 
 
+def _processes(value: str) -> str:
+    """``--processes``, checked as it is parsed: a usage error (exit 2) names what is
+    accepted, and nothing starts."""
+    from tether.cli.supervisor import process_count
+
+    try:
+        process_count(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return value
+
+
 @app.command()
 def worker(
     agent: AgentOpt = DEFAULT_AGENT,
@@ -102,15 +114,40 @@ def worker(
             metavar="URL", help="base URL of approval links in notices (default TETHER_PUBLIC_URL)"
         ),
     ] = None,
+    processes: Annotated[
+        str,
+        typer.Option(
+            metavar="N|auto",
+            callback=_processes,
+            help="worker processes, each carrying --concurrency runs on a core of its own "
+            "(1 to 256, or auto: one per core); above 1, this process supervises them",
+        ),
+    ] = "1",
 ) -> None:
     """Claim runs that wait for a worker and carry them to their next stop, until stopped
     (SIGTERM or SIGINT: the runs in hand are handed back at their next step). With the demo
     agent and no TETHER_SANDBOX_URL it starts its own sandbox on the shared sandbox data
-    (see the log)."""
+    (see the log). With --processes N above 1 it starts N such workers, restarts one that
+    exits (after a backoff), passes SIGTERM or SIGINT on to them and exits once they have."""
     configure("INFO")
-    from tether.cli.serving import run_worker
+    from tether.cli.supervisor import process_count
 
-    run_worker(agent, concurrency, exit_when_idle=exit_when_idle, reap=reap, public_url=public_url)
+    count = process_count(processes)
+    if count == 1:
+        from tether.cli.serving import run_worker
+
+        run_worker(
+            agent, concurrency, exit_when_idle=exit_when_idle, reap=reap, public_url=public_url
+        )
+        return
+    from tether.cli.supervisor import supervise
+    from tether.cli.wiring import check_worker_start
+
+    check_worker_start(agent, public_url)  # once, before N processes would race to
+    args = ["--agent", agent, "--concurrency", str(concurrency), "--processes", "1"]
+    args += ["--reap" if reap else "--no-reap", *(["--exit-when-idle"] if exit_when_idle else [])]
+    args += ["--public-url", public_url] if public_url is not None else []
+    raise typer.Exit(supervise(args, count, exit_when_idle=exit_when_idle))
 
 
 @app.command()
@@ -120,7 +157,10 @@ def serve(
     workers: Annotated[
         int,
         typer.Option(
-            min=0, max=64, help="workers: N x --concurrency runs at once (0: the API alone)"
+            min=0,
+            max=64,
+            help="N x --concurrency runs at once, all in this process's one event loop, so "
+            "on one core (0: the API alone; for more cores: tether worker --processes N)",
         ),
     ] = 1,
     agent: AgentOpt = DEFAULT_AGENT,
@@ -136,10 +176,12 @@ def serve(
         int, typer.Option(min=1, max=MAX_CONCURRENCY, help="runs each worker carries at once")
     ] = 8,
 ) -> None:
-    """Serve the HTTP API and the approvals pages, with workers in the same process, all on
-    one engine. With the demo agent and no TETHER_SANDBOX_URL the sandbox starts
-    in-process (see the log). SIGTERM or SIGINT stops accepting requests and claiming
-    runs; once the runs in hand are finished or handed back, the process exits 0."""
+    """Serve the HTTP API and the approvals pages, with a worker in the same process, all on
+    one engine and one event loop: --workers N gives it N x --concurrency run slots, on one
+    core (run `tether worker --processes N` beside it for more). With the demo agent and no
+    TETHER_SANDBOX_URL the sandbox starts in-process (see the log). SIGTERM or SIGINT stops
+    accepting requests and claiming runs; once the runs in hand are finished or handed back,
+    the process exits 0."""
     configure("INFO")
     from tether.cli.serving import serve_api
 

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import typer
 
+from tether.cli.supervisor import follow_supervisor
 from tether.cli.wiring import engine_for
 from tether.engine import Engine
 from tether.telemetry.content import failure
@@ -23,7 +24,9 @@ log = logging.getLogger(__name__)
 def run_worker(
     agent: str, concurrency: int, *, exit_when_idle: bool, reap: bool, public_url: str | None
 ) -> None:
-    """``tether worker``: carry runs of ``agent`` until stopped (or idle)."""
+    """``tether worker``: carry runs of ``agent`` until stopped (or idle); a process of a
+    supervisor's ends with it (``follow_supervisor``)."""
+    follow_supervisor()
 
     async def go() -> None:
         async with engine_for(

@@ -162,6 +162,22 @@ def migrate_database(agent_spec: str) -> None:
     asyncio.run(go())
 
 
+def check_worker_start(agent_spec: str, public_url: str | None) -> None:
+    """What a ``tether worker`` checks as it starts, done once by a supervisor before it
+    starts its processes (``tether worker --processes N``), so that a mistake is one error
+    (exit 1) rather than N processes failing and restarted: the agent and its model load,
+    ``--public-url`` is one, and the schema is current, built in an empty database (so N
+    processes never race to build it) and refused when older or newer."""
+
+    async def go() -> None:
+        async with engine_for(
+            agent_spec, carries_runs=True, migrate_empty=True, public_url=public_url
+        ):
+            pass
+
+    asyncio.run(go())
+
+
 def _agent(agent_spec: str | None, settings: Settings) -> Agent:
     """The agent ``--agent`` names, or a bare one for ``NO_AGENT``."""
     if agent_spec is NO_AGENT:

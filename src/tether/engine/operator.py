@@ -226,6 +226,12 @@ class Operator(Side):
         return await versions.count_stranded(self._services)
 
     @opens
+    async def live_workers(self) -> list[str]:
+        """The ids (``host:pid:suffix``) of the worker processes whose heartbeat in the
+        registry is fresh, fleet-wide: one per process that carries runs."""
+        return await versions.live_workers(self._services)
+
+    @opens
     async def counts_by_state(self) -> dict[str, int]:
         """How many runs are in each state, fleet-wide (every state present)."""
         return await hop(self._services.store.count_by_state)

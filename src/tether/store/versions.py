@@ -53,6 +53,7 @@ _STRANDED_RUNS = (
 )
 _COUNT_STRANDED = sa.select(sa.func.count()).select_from(runs).where(_STRANDED)
 _LIVE_VERSIONS = sa.select(workers.c.version).where(_LIVE).distinct().order_by(workers.c.version)
+_LIVE_WORKERS = sa.select(workers.c.worker_id).where(_LIVE).distinct().order_by(workers.c.worker_id)
 _RUN = sa.select(runs).where(runs.c.id == sa.bindparam("b_id"))
 # The tools each live worker of a version registered (NULL: registered before 0007).
 _LIVE_TOOLS = sa.select(workers.c.tools).where(
@@ -114,6 +115,12 @@ class Versions(StoreBase):
         """The versions some worker with a fresh heartbeat serves."""
         with self.engine.connect() as conn:
             return list(conn.execute(_LIVE_VERSIONS, {"b_stale": stale_after_s}).scalars())
+
+    def live_workers(self, *, stale_after_s: float) -> list[str]:
+        """The ids of the workers with a fresh heartbeat (one per worker process), whatever
+        the versions each serves."""
+        with self.engine.connect() as conn:
+            return list(conn.execute(_LIVE_WORKERS, {"b_stale": stale_after_s}).scalars())
 
     def stranded_runs(self, *, stale_after_s: float, limit: int) -> list[Run]:
         """Runs that wait on an agent version no live worker serves, longest first."""

@@ -61,6 +61,26 @@ class Without(logging.Filter):
         return getattr(record, "action", None) not in self.actions
 
 
+class Stamp(logging.Filter):
+    """Adds the same fields to every record: what tells one process's lines from its
+    siblings' on a shared output (``tether worker --processes N``)."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        super().__init__()
+        self.fields = fields
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in self.fields.items():
+            setattr(record, key, value)
+        return True
+
+
+def stamp(**fields: Any) -> None:
+    """From now on, every line the handlers ``configure`` set up write carries ``fields``."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(Stamp(fields))
+
+
 def leave_out(*actions: str) -> None:
     """From now on, the log handlers ``configure`` set up drop the records of ``actions``."""
     for handler in logging.getLogger().handlers:

@@ -43,8 +43,9 @@ TOOL_SECONDS = Histogram(
 )
 RECOVERIES = Counter(
     "tether_recoveries",
-    "Orphaned runs taken over by a reaper, by what became of them "
-    "(released, suspended, halted, answered, lease_lost, or the fail reason).",
+    "Orphaned runs taken over by a reaper, by what became of them: carried (reconciled "
+    "and carried on by the worker that took it), or released, suspended, halted, "
+    "answered, lease_lost, or the fail reason.",
     ["outcome"],
     registry=REGISTRY,
 )

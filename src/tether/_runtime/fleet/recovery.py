@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tether._runtime.hop import hop
 from tether._runtime.shared.services import Services
-from tether._runtime.step.loop import batches, process_group
+from tether._runtime.step.loop import batches, carry_session, process_group
 from tether._runtime.step.session import RunSession
 from tether.errors import (
     DatabaseUnavailable,
@@ -74,18 +75,28 @@ async def claim_orphans(
     return OrphanClaim(claimed=claimed, exhausted=exhausted)
 
 
-async def recover(services: Services, run: Run) -> Outcome:
+async def recover(
+    services: Services,
+    run: Run,
+    *,
+    carry_on: bool = False,
+    stopping: asyncio.Event | None = None,
+    reconciled: Callable[[], None] | None = None,
+) -> Outcome:
     """Reconcile the call of a claimed orphan that may have run without its result being
-    stored (invariant 3), then hand the run back to the workers.
+    stored (invariant 3), then hand the run back to the workers; with ``carry_on`` (a
+    worker that claimed it into one of its slots) carry it on to its next stop instead, on
+    the session the reconciliation read, so the run's history is read once, not again by
+    a claim after a hand-back. ``reconciled`` is called once it is carried on.
 
     Safe to run twice: a reaper that loses the lease mid-way is fenced out, and
     reconciliation only reads by key or re-issues under the same key.
     """
     log.info("recovering", extra={"run_id": run.id, "action": "recover"})
     try:
-        outcome = await _recover(services, run)
+        found = await _recover(services, run, carry_on=carry_on, stopping=stopping)
     except LeaseLost:
-        outcome = Outcome(run_id=run.id, kind=StopKind.LEASE_LOST)
+        found = Outcome(run_id=run.id, kind=StopKind.LEASE_LOST)
     except (FailpointError, asyncio.CancelledError):
         raise
     except Exception as exc:
@@ -94,24 +105,52 @@ async def recover(services: Services, run: Run) -> Outcome:
         # without reconciling first.
         allowed = services.settings.log_content
         log.error("recovery deferred", **failure(exc, allowed, run_id=run.id, action="recover"))
-        outcome = Outcome(run_id=run.id, kind=StopKind.LEASE_LOST, reason="deferred")
-    label = outcome.reason if outcome.kind is StopKind.FAILED else outcome.kind.value
+        found = Outcome(run_id=run.id, kind=StopKind.LEASE_LOST, reason="deferred")
+    if isinstance(found, RunSession):  # reconciled, its history in hand: carried on here
+        RECOVERIES.labels(outcome=CARRIED).inc()
+        if reconciled is not None:
+            reconciled()
+        return await carry_session(found)
+    label = found.reason if found.kind is StopKind.FAILED else found.kind.value
     RECOVERIES.labels(outcome=label or "failed").inc()
-    return outcome
+    return found
 
 
-async def _recover(services: Services, run: Run) -> Outcome:
-    """The recovery, traced as the run's stretch in this process (``tracing.py``)."""
+# The ``tether_recoveries`` outcome of an orphan its worker reconciled and carried on.
+CARRIED = "carried"
+
+
+async def _released(session: RunSession) -> Outcome:
+    try:
+        return await session.release("recovered")
+    finally:
+        session.close()
+
+
+async def _recover(
+    services: Services, run: Run, *, carry_on: bool, stopping: asyncio.Event | None
+) -> Outcome | RunSession:
+    """The recovery, traced as the run's stretch in this process (``tracing.py``): how it
+    stopped (handed back, unless ``carry_on``), or the session of a run reconciled and
+    ready to go on."""
     allowed = services.settings.otel_content
     agent = services.agent.name
     with tracing.stretch(run.id, run.trace_context, agent, "recover", content=allowed) as span:
-        outcome = await _recovering(services, run)
-        span.stopped(outcome)
-        return outcome
+        found = await _recovering(services, run, stopping=stopping if carry_on else None)
+        if isinstance(found, RunSession) and not carry_on:
+            found = await _released(found)
+        if isinstance(found, RunSession):
+            span.set("tether.run.outcome", "reconciled")
+        else:
+            span.stopped(found)
+        return found
 
 
-async def _recovering(services: Services, run: Run) -> Outcome:
-    session = await RunSession.start(services, run, recovering=True)
+async def _recovering(
+    services: Services, run: Run, *, stopping: asyncio.Event | None
+) -> Outcome | RunSession:
+    session = await RunSession.start(services, run, recovering=True, stopping=stopping)
+    kept = False
     try:
         pending = session.pending_calls()
         if pending:
@@ -125,9 +164,11 @@ async def _recovering(services: Services, run: Run) -> Outcome:
                 return await session.fail_on_error(exc)
             if stop is not None:
                 return stop
-        return await session.release("recovered")
+        kept = True  # the caller hands it back or carries it on, and closes it
+        return session
     finally:
-        session.close()
+        if not kept:
+            session.close()
 
 
 async def recover_orphans(services: Services, owner: str) -> list[Outcome]:

@@ -134,9 +134,19 @@ class Runner:
         await self._opened()
         return await recovery.orphan_census(self.services)
 
-    async def recover(self, run: Run) -> Outcome:
-        """Reconcile one claimed orphan and hand it back to the workers."""
-        return await recovery.recover(self.services, run)
+    async def recover(
+        self,
+        run: Run,
+        *,
+        carry_on: bool = False,
+        stopping: asyncio.Event | None = None,
+        reconciled: Callable[[], None] | None = None,
+    ) -> Outcome:
+        """Reconcile one claimed orphan and hand it back to the workers, or, with
+        ``carry_on``, carry it on to its next stop (see ``recovery.recover``)."""
+        return await recovery.recover(
+            self.services, run, carry_on=carry_on, stopping=stopping, reconciled=reconciled
+        )
 
     async def recover_orphans(self) -> list[Outcome]:
         """One reaper pass over runs whose owner's heartbeat is stale."""

@@ -57,6 +57,14 @@ async def count_stranded(services: Services) -> int:
     )
 
 
+async def live_workers(services: Services) -> list[str]:
+    """The ids of the worker processes with a fresh heartbeat, fleet-wide (the
+    ``tether_worker_processes`` gauge)."""
+    return await hop(
+        services.store.live_workers, stale_after_s=services.settings.heartbeat_timeout_s
+    )
+
+
 async def move_run(
     services: Services, run_id: str, to_version: str, *, by: str, why: str | None = None
 ) -> Run:

@@ -11,9 +11,10 @@ SEQ, is a read of its own), at most one round per ``MIN_ROUND_S``. So 100 watche
 runs cost the database a few reads a second, not one per event per watcher. A run is due
 when a notice says it was given events, and every run is due after ``FALLBACK_S`` without
 one (or the poll interval, if longer). On PostgreSQL the store announces runs given events
-(``NOTIFY tether_events`` with the run's id, ``tether.store.backend.announce``) and one ``LISTEN``
-connection per engine, open while anyone watches, marks them due; on SQLite every run is
-due every ``POLL_S``. A watch ends after the events of a run in a terminal state
+(``NOTIFY tether_events`` with the run's id, ``tether.store.backend.announce``) and, while
+anyone watches, the process's one ``LISTEN`` connection (shared with the claim loop and the
+deltas, ``tether.store.backend.listening``) marks them due; on SQLite every run is due
+every ``POLL_S``. A watch ends after the events of a run in a terminal state
 (answered, failed, cancelled), or when the run is gone (purged).
 """
 

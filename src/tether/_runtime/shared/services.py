@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from tether._runtime.live.deltas import DeltaHub
 from tether._runtime.live.events import Feed
@@ -17,6 +18,7 @@ from tether._runtime.single_flight import InFlight
 from tether.agent import Agent
 from tether.config import Settings
 from tether.models.base import Model
+from tether.models.fallback import ModelList
 from tether.notify import Notifier, Outbox
 from tether.runs import Run
 from tether.store import Store
@@ -47,6 +49,12 @@ class Services:
     # The model requests in flight in this process, bounded by its event loop's lag
     # (``pacing.py``).
     pacer: Pacer = field(default_factory=Pacer)
+
+    @cached_property
+    def models(self) -> ModelList:
+        """The engine's model as a list (one model is a list of one), made once rather than
+        at every model call."""
+        return ModelList.of(self.model)
 
     @property
     def versions(self) -> tuple[str, ...]:

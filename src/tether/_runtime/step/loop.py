@@ -276,6 +276,12 @@ async def carry(services: Services, run: Run, *, stopping: asyncio.Event | None 
         return Outcome(
             run_id=run.id, kind=StopKind.RELEASED, reason="start_failed", retry_in_s=delay
         )
+    return await carry_session(session)
+
+
+async def carry_session(session: RunSession) -> Outcome:
+    """Drive a started session to its next stop (``drive``): a run just claimed, or an
+    orphan its worker just reconciled (``recovery.recover``)."""
     outcome = await drive(session)
     if outcome.kind in _ENDS:
         # Its thread's next queued run, if any, is startable now; a worker's claim starts

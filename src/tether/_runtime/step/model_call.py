@@ -59,5 +59,5 @@ async def ask(
 
 
 def models_of(session: RunSession) -> ModelList:
-    """The run's models as a list."""
-    return ModelList.of(session.services.model)
+    """The run's models as a list (made once per engine: ``Services.models``)."""
+    return session.services.models

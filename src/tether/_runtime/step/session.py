@@ -10,6 +10,7 @@ and budget equal to what it wrote. What to write, and when, is decided by the lo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -22,7 +23,12 @@ from tether._runtime.step.writes import Result, Turn, error_content, intent, tur
 from tether.budget import Budget, TreeBudget
 from tether.errors import DatabaseUnavailable, LeaseLost, TetherError
 from tether.failpoints import fail
-from tether.messages import ToolCall, pending_tool_calls, tool_calls_of, tool_result
+from tether.messages import (
+    ToolCall,
+    pending_tool_calls,
+    tool_call_ids,
+    tool_result,
+)
 from tether.models.base import Message, ModelResponse
 from tether.output import Verdict
 from tether.reasons import FailReason, HaltReason
@@ -92,12 +98,7 @@ class RunSession:
         # boundary so another worker takes it at once.
         self._stopping = stopping
         # Call ids are kept unique in the whole conversation the model sees.
-        self._call_ids = {
-            c.id
-            for m in (*self.history, *messages)
-            if m.get("role") == "assistant"
-            for c in tool_calls_of(m)
-        }
+        self._call_ids = tool_call_ids(itertools.chain(self.history, messages))
         self._mark = time.monotonic()
         parent = bool(services.agent.subagents)  # its runs may have children (§18)
         self.trees = TreeBudget.of(run.limits, run.route, child=run.is_child, parent=parent)

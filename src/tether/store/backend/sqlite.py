@@ -137,8 +137,11 @@ class SqliteDialect(Dialect):
         for intent in intents:
             insert = _DONE if intent["done"] else _INTENT
             cursor.execute(insert.sql, insert.args({**intent, "run_id": run_id, "seq": seq}))
-        for kind, data in events:
-            _event(cursor, run_id, kind, data)
+        # One statement prepared once for the step's events (its turn, its reads' results).
+        cursor.executemany(
+            _EVENT.sql,
+            [_EVENT.args({"run_id": run_id, "kind": k, "data": d}) for k, d in events],
+        )
 
     def write_result(
         self,

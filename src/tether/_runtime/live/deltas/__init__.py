@@ -9,7 +9,8 @@ durable: the stored ``model_turn`` event carries the whole text.
 
 Watchers in this process subscribe (``subscribe``); each has a bounded queue, and one that
 falls behind is dropped to a catch-up (the text so far at offset 0 once it reads again).
-On PostgreSQL, other processes' watchers get notices, on connections of their own:
+On PostgreSQL, other processes' watchers get notices (heard on the process's one ``LISTEN``
+connection, ``tether.store.backend.listening``; sent on a connection of the hub's own):
 - a watching process asks for a run on ``WATCH_CHANNEL`` (on subscribing, when its
   listener (re)connects, every ``INTEREST_S`` while it watches, and at once when a process
   that carries steps begins to listen: its roll call on ``DELTAS_CHANNEL``);

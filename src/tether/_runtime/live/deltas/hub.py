@@ -24,7 +24,8 @@ from tether._runtime.live.deltas.texts import (
 from tether.results import Delta
 from tether.store import Store
 from tether.store.backend.announce import Announcer, resolve
-from tether.store.backend.listen import DELTAS_CHANNEL, WATCH_CHANNEL, Subscriber
+from tether.store.backend.listen import DELTAS_CHANNEL, WATCH_CHANNEL
+from tether.store.backend.listening import Subscriber
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +249,8 @@ class DeltaHub:
         watchers. The channels are set under the lock, so two calls (a watcher arriving
         as the listener's tick looks) cannot leave the older set in place; asks go at once
         if the listener listens to them already (channels let go of and wanted again before
-        its thread saw it), else once it does (``_connected``)."""
+        its thread saw it, or the process's connection listens to them for another hub), else
+        once it does (``_connected``)."""
         if self._subscriber is None:
             return
         with self._lock:
