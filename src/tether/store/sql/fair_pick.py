@@ -83,12 +83,11 @@ _HEAD_OF: dict[Any, Any] = {
 
 
 def _of_head(element: Any, **kw: Any) -> Any:
-    """The column of ``user_load`` that copies ``element`` of the head (None: keep it)."""
     return _HEAD_OF.get(element)
 
 
 _CLAIMABLE: Any = sa.and_(_NOT_DELAYED, SERVED)
-_HEAD_CLAIMABLE: sa.ColumnElement[bool] = visitors.replacement_traverse(_CLAIMABLE, {}, _of_head)
+HEAD_CLAIMABLE: sa.ColumnElement[bool] = visitors.replacement_traverse(_CLAIMABLE, {}, _of_head)
 
 
 def read_heads(*, capped: bool = False) -> sa.CTE:
@@ -106,7 +105,7 @@ def read_heads(*, capped: bool = False) -> sa.CTE:
             user_load.c.head_priority,
             user_load.c.head_since,
             user_load.c.head_id,
-            sa.case((_HEAD_CLAIMABLE, 1), else_=0).label("ok"),
+            sa.case((HEAD_CLAIMABLE, 1), else_=0).label("ok"),
         )
         .where(*waiting)
         .order_by(*HEADS_ORDER)
