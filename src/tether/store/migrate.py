@@ -42,7 +42,6 @@ REVISIONS = (
     "0015",
     "0016",
     "0017",
-    "0018",
 )
 _VERSION = sa.text("SELECT version_num FROM alembic_version")
 
