@@ -45,8 +45,8 @@ from compare_common import (  # noqa: E402
     create_database,
     drop_database,
     question,
-    tool_result,
 )
+from compare_tether import fetch, limits  # noqa: E402
 
 from tether import (  # noqa: E402
     Agent,
@@ -55,7 +55,6 @@ from tether import (  # noqa: E402
     ScriptedModel,
     Settings,
     StopKind,
-    tool,
 )
 from tether.budget import Limits  # noqa: E402
 from tether.models.base import Message, ModelResponse, ToolSpec  # noqa: E402
@@ -65,12 +64,6 @@ USER = "bench"
 DEAD = "dead-host:1:00000000"  # the owner that crashed
 CAP = Limits(max_steps=100_000, max_spend_usd=1e6, max_tool_calls=1_000_000, max_elapsed_ms=10**9)
 NEVER = 10**6
-
-
-@tool
-def fetch(n: int) -> dict[str, Any]:
-    """Fetch a page of records (a read)."""
-    return tool_result(n)
 
 
 class Stamped(ScriptedModel):
@@ -94,22 +87,13 @@ def _script(turns: int) -> list[dict[str, Any]]:
     ]
 
 
-def _limits(steps: int) -> dict[str, Any]:
-    return {
-        "max_steps": steps,
-        "max_tool_calls": steps + 10,
-        "max_spend_usd": 10_000,
-        "max_elapsed_ms": 10**9,
-    }
-
-
 async def _orphan(engine: Engine, steps: int) -> str:
     """A run of ``steps`` tool steps whose owner died: carried, halted at its limit,
     continued by one step, claimed by ``DEAD`` and its heartbeat made stale."""
-    run = await engine.start_run(USER, question(NEVER), limits=_limits(steps))
+    run = await engine.start_run(USER, question(NEVER), limits=limits(steps))
     if (await engine.run_until_stop(run.id)).kind is not StopKind.HALTED:
         raise RuntimeError("the run to orphan did not halt at its step limit")
-    await engine.continue_run(run.id, USER, limits=_limits(steps + 1))
+    await engine.continue_run(run.id, USER, limits=limits(steps + 1))
     store = engine.runner.store
     if store.claim_ready(DEAD, run.id) is None:
         raise RuntimeError("the run to orphan could not be claimed")
