@@ -83,11 +83,12 @@ _HEAD_OF: dict[Any, Any] = {
 
 
 def _of_head(element: Any, **kw: Any) -> Any:
+    """The column of ``user_load`` that copies ``element`` of the head (None: keep it)."""
     return _HEAD_OF.get(element)
 
 
 _CLAIMABLE: Any = sa.and_(_NOT_DELAYED, SERVED)
-HEAD_CLAIMABLE: sa.ColumnElement[bool] = visitors.replacement_traverse(_CLAIMABLE, {}, _of_head)
+_HEAD_CLAIMABLE: sa.ColumnElement[bool] = visitors.replacement_traverse(_CLAIMABLE, {}, _of_head)
 
 
 def read_heads(*, capped: bool = False) -> sa.CTE:
@@ -105,7 +106,7 @@ def read_heads(*, capped: bool = False) -> sa.CTE:
             user_load.c.head_priority,
             user_load.c.head_since,
             user_load.c.head_id,
-            sa.case((HEAD_CLAIMABLE, 1), else_=0).label("ok"),
+            sa.case((_HEAD_CLAIMABLE, 1), else_=0).label("ok"),
         )
         .where(*waiting)
         .order_by(*HEADS_ORDER)
