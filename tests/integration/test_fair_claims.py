@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from store_runs import claim_ids, new_run, stored_load, true_load
+from store_runs import claim_ids, new_run, stored_heads, stored_load, true_heads, true_load
 
 from tether.store import Store
 from tether.store.sql.fair_pick import pick_sizes
@@ -119,15 +119,30 @@ def test_a_queued_run_whose_time_came_is_ranked_by_its_users_load(store: Store) 
     assert claim_ids(store, 3) == [later, *ana]
 
 
+@pytest.mark.parametrize("many", [False, True])
+@pytest.mark.parametrize("why", ["version", "delayed"])
 @pytest.mark.parametrize("limit", [1, 3])
-def test_past_the_cheap_look_every_users_best_run_is_compared(store: Store, limit: int) -> None:
-    _carry(store, "ana", 1)
-    _carry(store, "cy", 1)
-    scan = pick_sizes(limit)["b_scan"]
-    *backlog, bo, cy = _new(store, *["ana"] * (scan + 5), "bo", "cy")  # past what it reads
-    # bo carries none; then ana's oldest and cy's (both users at one, ana's older).
-    expected = [bo, backlog[0], cy][:limit]
-    assert _batch(store, limit) == set(expected)
+def test_users_whose_first_runs_cannot_be_claimed_now_are_passed_over(
+    store: Store, limit: int, why: str, many: bool
+) -> None:
+    # Users whose first run the claim cannot take now (of a version not served, or held
+    # back by a delay), a few or more than the claim reads first (then every user is
+    # compared), ahead of ana's, whose second run it can take, and bo's.
+    blocked = _new(
+        store, *[f"u{i:02d}" for i in range(pick_sizes(limit)["b_heads"] + 2 if many else 2)]
+    )
+    ana_first, ana_second, bo = _new(store, "ana", "ana", "bo")
+    held = [*blocked, ana_first]
+    change: dict[str, Any] = {"agent_version": "t@0"}
+    if why == "delayed":
+        change = {"ready_at": store.now() + 1e3}
+    with store.begin() as conn:
+        conn.execute(runs.update().where(runs.c.id.in_(held)).values(**change))
+    taken = store.claim_waiting("w", limit, versions=["t@1"])
+    # ana's second run and bo's: both users carry none, ana's is older.
+    assert [run.id for run in taken] == [ana_second, bo][:limit]
+    assert stored_heads(store) == true_heads(store)
+    assert stored_heads(store)["ana"][2] == ana_first  # still the first that waits
 
 
 def test_a_user_whose_ready_runs_are_of_another_version_is_passed_over(store: Store) -> None:

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from store_runs import stored_heads, stored_load, true_heads, true_load
 
 from tether.errors import SchemaNotReady
 from tether.store import SchemaStatus, Store, schema_status, upgrade
@@ -31,7 +32,7 @@ def test_migrations_build_the_models_schema_from_empty(empty_url: str) -> None:
         )
     assert diff == []
     indexes = {ix["name"] for ix in sa.inspect(store.engine).get_indexes("runs")}
-    expected = {"runs_orphan_scan", "runs_ready", "runs_suspended_expiry", "runs_retention"}
+    expected = {"runs_orphan_scan", "runs_ready_user", "runs_suspended_expiry", "runs_retention"}
     assert expected | {"runs_state"} <= indexes
     store.close()
 
@@ -226,4 +227,51 @@ def test_migration_0012_counts_the_runs_in_flight_per_user(empty_url: str) -> No
     run = store.claim_ready("w1", cap=2)
     assert run is not None and run.id == "r1" and run.priority == 0 and run.start_at is None
     assert store.claim_ready("w2", cap=2) is None  # nothing left, and dana is at the cap
+    store.close()
+
+
+@pytest.mark.parametrize("empty_url", ["sqlite", "postgresql"], indirect=True)
+def test_migration_0018_finds_each_users_first_waiting_run_and_goes_back(empty_url: str) -> None:
+    store = Store(empty_url)
+    cfg = alembic_config(store.engine)
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0017")
+    # (id, user, priority, age, state, owner): dana's first waiting run is her most urgent;
+    # eve's two tie on priority and age, the first by id; lee's only run does not wait.
+    made = [
+        ("r1", "dana", 0, 3.0, "running", None),
+        ("r2", "dana", 1, 5.0, "running", None),
+        ("r3", "dana", 0, 1.0, "running", "w0"),
+        ("r5", "eve", 0, 2.0, "running", None),
+        ("r4", "eve", 0, 2.0, "running", None),
+        ("r6", "lee", 0, 1.0, "suspended", None),
+    ]
+    with store.engine.begin() as conn:
+        for run_id, user, priority, age, state, owner in made:
+            conn.execute(sa.text(_OLD_RUN.replace("'r1', 'dana'", f"'{run_id}', '{user}'")))
+            conn.execute(
+                sa.text(
+                    "UPDATE runs SET priority = :p, updated_at = :age, state = :state, "
+                    "owner = :owner WHERE id = :id"
+                ),
+                {"p": priority, "age": age, "state": state, "owner": owner, "id": run_id},
+            )
+    upgrade(store.engine)
+    heads = {user: head[2] for user, head in stored_heads(store).items()}
+    assert heads == {"dana": "r2", "eve": "r4"}
+    assert stored_heads(store) == true_heads(store)
+    assert stored_load(store) == true_load(store) == {"dana": (1, 2), "eve": (0, 2)}
+    with store.engine.begin() as conn:  # and back: 0017's schema, counted by 0012's triggers
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0017")
+    assert store.claim_ready("w1", "r2") is not None
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT user_id, carried, ready FROM user_load")).all()
+    assert sorted(tuple(r) for r in rows) == [("dana", 2, 1), ("eve", 0, 2), ("lee", 0, 0)]
+    upgrade(store.engine)
+    assert {user: head[2] for user, head in stored_heads(store).items()} == {
+        "dana": "r1",
+        "eve": "r4",
+    }
     store.close()

@@ -44,6 +44,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from store_runs import stored_heads, stored_load, true_heads, true_load
 from waiting import poll_until
 
 from tether.budget import Budget, Limits
@@ -1164,6 +1165,10 @@ class RunMachine(RuleBasedStateMachine):
         assert used == {t: d for t, d in self.used.items() if d[0] in self.runs}
         for run in rows:
             self._check(run, messages[run.id], ledger[run.id])
+        # Each user's carried and waiting runs, and the first of those, as the claims read
+        # them (``user_load``, kept by triggers), are the runs' own.
+        assert stored_load(self.store) == true_load(self.store)
+        assert stored_heads(self.store) == true_heads(self.store)
 
     def _check(
         self, run: Run, messages: list[Message], ledger: dict[str, tuple[int, CallStatus]]

@@ -277,7 +277,13 @@ def test_a_malformed_key_resolves_to_nobody_and_cannot_be_added(store: Store, ke
 _ONE = served(["t@1"])
 _CLAIM = {"b_cap": None, **_ONE, **pick_sizes(1)}
 SCANS: dict[str, tuple[Any, dict[str, Any], str | tuple[str, ...]]] = {
-    "ready runs": (lambda d: pick_next(type(d), capped=False), _CLAIM, "runs_ready"),
+    # The users with ready runs in the order of their first ones, then a user's own runs.
+    "users with ready runs": (
+        lambda d: pick_next(type(d), capped=False),
+        _CLAIM,
+        "user_load_heads",
+    ),
+    "ready runs": (lambda d: pick_next(type(d), capped=False), _CLAIM, "runs_ready_user"),
     "queued runs": (lambda d: pick_next(type(d), capped=False), _CLAIM, "runs_queued"),
     "starting runs": (lambda d: pick_next(type(d), capped=False), _CLAIM, "runs_starting"),
     "ready runs per user": (

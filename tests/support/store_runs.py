@@ -1,6 +1,7 @@
 """Runs written straight to a store, for the tests beneath the engine: a ready run of a
 user, the runs a number of workers claim one after another, and the users' load
-(``user_load``) beside what it should be, counted from the runs themselves."""
+(``user_load``: counts and first waiting runs) beside what it should be, counted from
+the runs themselves."""
 
 from __future__ import annotations
 
@@ -55,3 +56,32 @@ def true_load(store: Store) -> dict[str, tuple[int, int]]:
         if r.state == "running":
             seen[0 if r.owner else 1] += 1
     return {user: (c[0], c[1]) for user, c in counts.items() if c != [0, 0]}
+
+
+# A user's first waiting run: priority, since when it waits, id, version, delay.
+Head = tuple[int, float, str, str, float | None]
+
+
+def stored_heads(store: Store) -> dict[str, Head]:
+    """Each user's first waiting run as ``user_load`` keeps it."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(user_load).where(user_load.c.head_id.is_not(None))).all()
+    return {
+        r.user_id: (r.head_priority, r.head_since, r.head_id, r.head_version, r.head_ready_at)
+        for r in rows
+    }
+
+
+def true_heads(store: Store) -> dict[str, Head]:
+    """What ``user_load``'s heads should say: each user's first run that waits for a worker
+    (running, no owner) by priority, then age, then id, as the database orders them."""
+    waiting = runs.c.state == "running", runs.c.owner.is_(None)
+    first = sa.func.row_number().over(
+        partition_by=runs.c.user_id,
+        order_by=(runs.c.priority.desc(), runs.c.updated_at, runs.c.id),
+    )
+    copied = (runs.c.priority, runs.c.updated_at, runs.c.id, runs.c.agent_version, runs.c.ready_at)
+    ranked = sa.select(runs.c.user_id, *copied, first.label("n")).where(*waiting).subquery()
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(ranked).where(ranked.c.n == 1)).all()
+    return {r.user_id: (r.priority, r.updated_at, r.id, r.agent_version, r.ready_at) for r in rows}

@@ -168,15 +168,25 @@ class Claims(StoreBase):
         With ``cap``, at most one, each claim re-reading its user's count. A COMMIT cut
         off is settled by asking PostgreSQL the transaction's fate."""
         params: dict[str, Any] = {"b_owner": owner, "b_cap": cap, **served(versions)}
-        params.update(pick_sizes(max(1, limit), spare=self.dialect.skips_locked))
+        limit, spare = max(1, limit), self.dialect.skips_locked
         claim = claim_next(self.dialect, capped=cap is not None)
+
         # A COMMIT cut off would leave the runs claimed by a worker that does not know
         # it, each taken back by a reaper a heartbeat timeout later at the cost of a
         # recovery attempt: it is settled at once instead (``StoreBase.settled``).
-        rows = self.settled(
-            lambda conn: claim.many(conn, params),
-            lambda found: found[0].xid if found and self.dialect.xid is not None else None,
-        )
+        def claimed(every: bool) -> Sequence[sa.Row[Any]]:
+            bounds = {**params, **pick_sizes(limit, spare=spare, every=every)}
+            return self.settled(
+                lambda conn: claim.many(conn, bounds),
+                lambda found: found[0].xid if found and self.dialect.xid is not None else None,
+            )
+
+        # The pick reads the first users in the order of their first waiting runs; when
+        # that cannot tell (many of those runs delayed, or of versions not served) it takes
+        # nothing, and the claim reads every user instead (``fair_pick``), in a transaction
+        # of its own: the first may have locked rows, and its locks taken in the order of
+        # one statement must not be held into another's.
+        rows = claimed(every=False) or claimed(every=True)
         return [Run.from_row(row._mapping) for row in rows]
 
     def claim_decision(

@@ -42,6 +42,7 @@ REVISIONS = (
     "0015",
     "0016",
     "0017",
+    "0018",
 )
 _VERSION = sa.text("SELECT version_num FROM alembic_version")
 

@@ -1,13 +1,14 @@
-"""The claim of the next runs (reference §13): one conditional UPDATE whose WHERE picks the
-runs, by priority (highest first), then, among equal priorities, the run of the user
-carrying the fewest runs, then by how long it has waited, so no candidate is read before
-it is claimed.
+"""The claim of the next runs (reference §13): one conditional UPDATE whose WHERE
+picks the runs, by priority (highest first), then, among equal priorities, the run of the
+user carrying the fewest runs, then by how long it has waited, so no candidate is read
+before it is claimed.
 
 Three kinds of run wait for a worker, each read through its own index in the claim's
 order:
 
-- a ready run (running, no owner, not delayed): ``runs_ready`` in priority then age, or
-  a user's own through ``runs_ready_user``;
+- a ready run (running, no owner, not delayed): through its user, the users read in the
+  order of their first waiting runs (``user_load_heads``), then the user's own runs
+  through ``runs_ready_user``;
 - a queued run whose thread is free: ``runs_queued``, in priority then age;
 - a queued run whose start time has come: ``runs_starting``, the earliest due first (a
   delayed run's age is its start time), so the runs waiting for later are never read.
@@ -15,15 +16,18 @@ order:
 Without a cap a claim takes up to ``b_limit`` runs, ranked as ``fair_pick`` says: a batch
 spreads across users, the user carrying fewest first, counting the runs it takes itself.
 
-Under ``TETHER_MAX_ACTIVE_PER_USER`` a claim takes one run: the ready runs are read per
-user, for each user with ready runs and fewer than ``b_cap`` carried (``user_load``),
-that user's best ready run (``runs_ready_user``), so a claim reads one row per such user
-however long a user's backlog; among equal priorities the user with the fewest runs
-carried goes first. The queued kinds skip the runs of users at their cap. On PostgreSQL
-each kind's pick locks its rows with SKIP LOCKED (the user's ``user_load`` row with them),
-so concurrent claimers pick different runs and different users, and the lock re-checks
-the count on the row as last committed: two claims for one user are serialised, and the
-second sees the first's run carried.
+Under ``TETHER_MAX_ACTIVE_PER_USER`` a claim takes one run: of the first users under the
+cap in the order of their first waiting runs (``fair_pick.read_heads``, up to the
+``b_pick``-th whose first run may be claimed now: no user after it has a better run),
+each user's best ready run (``runs_ready_user``), so a claim reads a few rows however
+long a user's backlog and however many users wait; among equal priorities the user with
+the fewest runs carried goes first. The queued kinds skip the runs of users at their cap.
+When the users read cannot tell (many first runs delayed or of versions not served), the
+claim takes nothing and is asked again over every user, as ``fair_pick`` says. On
+PostgreSQL each kind's pick locks its rows with SKIP LOCKED (the user's ``user_load`` row
+with them), so concurrent claimers pick different runs and different users, and the lock
+re-checks the count on the row as last committed: two claims for one user are
+serialised, and the second sees the first's run carried.
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ from sqlalchemy.sql.util import ClauseAdapter
 from tether.runs import RunState
 from tether.store.backend.dialect import Dialect
 from tether.store.sql.claims import _DUE, _READY, CAP, CLAIMED, RUNNING
-from tether.store.sql.fair_pick import fair_pick
-from tether.store.sql.schema import runs, user_load
+from tether.store.sql.fair_pick import PICK, exact, fair_pick, read_heads
+from tether.store.sql.schema import HAS_WAITING, runs, user_load
 from tether.store.sql.served import SERVED
 from tether.store.sql.transitions import Transition
 
@@ -52,25 +56,30 @@ def _kind(where: sa.ColumnElement[bool], since: sa.ColumnElement[Any]) -> sa.Sel
     )
 
 
-def _heads(dialect: type[Dialect]) -> sa.Select[Any]:
-    """Each user's best ready run, for the users with ready runs under their cap, fewest
-    carried first among equal priorities; locked (with the dialect's ``candidates``) by
-    the user's ``user_load`` row. With LATERAL (PostgreSQL) each user's best run is one
-    probe of ``runs_ready_user``; else it is a correlated subquery joined back by id."""
+def _heads(dialect: type[Dialect], read: sa.CTE) -> sa.Select[Any]:
+    """The best run that may be claimed now of each user ``read`` (the first users under
+    the cap in the order of their first waiting runs), fewest carried first among equal
+    priorities; locked (with the dialect's ``candidates``) by the user's ``user_load``
+    row. With LATERAL (PostgreSQL) each user's best run is one probe of
+    ``runs_ready_user``; else it is a correlated subquery joined back by id."""
     best = (
         sa.select(runs.c.id, runs.c.priority, runs.c.updated_at)
         .where(runs.c.user_id == user_load.c.user_id, _READY, SERVED)
         .order_by(runs.c.priority.desc(), runs.c.updated_at)
         .limit(1)
     )
-    under = (user_load.c.ready > 0, user_load.c.carried < CAP)
+    under = (HAS_WAITING, user_load.c.carried < CAP)
+    # Past the first ``b_pick`` users whose heads may be claimed, no user has a better run.
+    users = user_load.join(
+        read, sa.and_(read.c.user_id == user_load.c.user_id, read.c.before < PICK)
+    )
     if dialect.laterals:
         head: Any = best.lateral("head")
-        joined = user_load.join(head, sa.true())
+        joined = users.join(head, sa.true())
         where: tuple[sa.ColumnElement[bool], ...] = under
     else:
         head = runs.alias("head")
-        joined = user_load.join(
+        joined = users.join(
             head,
             head.c.id == best.with_only_columns(runs.c.id).correlate(user_load).scalar_subquery(),
         )
@@ -84,41 +93,6 @@ def _heads(dialect: type[Dialect]) -> sa.Select[Any]:
         .limit(1)
     )
     return dialect().candidates(query, of=user_load)
-
-
-# How many of the first ready runs the cheap way looks at before asking every user.
-SCAN_FIRST = 64
-
-
-def _ready_capped(dialect: type[Dialect]) -> sa.Select[Any]:
-    """The best ready run under the cap, the cheap way first: the first ready run, among
-    the first ``SCAN_FIRST`` in priority then age, of a user under the cap is the best
-    there is when its user carries none (every run before it is of a user at the cap, and
-    no user carries fewer); only otherwise are all users' best runs compared (``_heads``).
-    Either way the chosen user's row is locked (SKIP LOCKED on PostgreSQL)."""
-    first = (
-        sa.select(runs.c.id, runs.c.user_id, runs.c.priority, runs.c.updated_at)
-        .where(_READY, SERVED)
-        .order_by(runs.c.priority.desc(), runs.c.updated_at)
-        .limit(SCAN_FIRST)
-        .subquery("first")
-    )
-    uncapped = (
-        sa.select(first.c.id, user_load.c.carried)
-        .join_from(first, user_load, user_load.c.user_id == first.c.user_id)
-        .where(user_load.c.carried < CAP)
-        .order_by(first.c.priority.desc(), first.c.updated_at)
-        .limit(1)
-    )
-    found = dialect().candidates(uncapped, of=user_load).subquery("uncapped")
-    cheap = sa.select(found.c.id).where(found.c.carried == 0).scalar_subquery()
-    every = sa.select(_heads(dialect).subquery().c.id).scalar_subquery()
-    head = runs.alias("chosen")
-    return (
-        sa.select(head.c.id, head.c.priority, head.c.updated_at.label("since"), user_load.c.carried)
-        .join_from(head, user_load, user_load.c.user_id == head.c.user_id)
-        .where(head.c.id == sa.func.coalesce(cheap, every))
-    )
 
 
 def pick_next(dialect: type[Dialect], *, capped: bool) -> sa.Select[Any]:
@@ -142,10 +116,17 @@ def pick_next(dialect: type[Dialect], *, capped: bool) -> sa.Select[Any]:
         _kind(_DUE & runs.c.start_at.is_not(None), runs.c.start_at),
         runs.c.start_at,
     )
-    kinds = (_ready_capped(dialect), lock(free), lock(starting))
+    # The first users under the cap in the order of their first waiting runs: when none
+    # of their heads may be claimed now (and there are more), it takes nothing, and the
+    # claim reads every user instead (``fair_pick``).
+    read = read_heads(capped=True)
+    kinds = (_heads(dialect, read), lock(free), lock(starting))
     best = sa.union_all(*(sa.select(q.subquery()) for q in kinds)).subquery("waiting")
     return (
-        sa.select(best.c.id).order_by(best.c.priority.desc(), best.c.carried, best.c.since).limit(1)
+        sa.select(best.c.id)
+        .where(exact(read, 1))
+        .order_by(best.c.priority.desc(), best.c.carried, best.c.since)
+        .limit(1)
     )
 
 

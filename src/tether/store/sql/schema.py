@@ -143,11 +143,12 @@ runs = sa.Table(
 # Partial indexes: the reaper, the worker queue, expiry and retention each scan only the
 # rows in their state, so their cost does not grow with the number of finished runs.
 _partial(runs, "runs_orphan_scan", "heartbeat_at", where=f"{_RUNNING} AND owner IS NOT NULL")
-# The claim's order (reference §13): by priority, highest first, then by age. A user's
-# own ready runs in that order serve the claim past users at their cap (``user_load``).
+# The claim's order (reference §13): by priority, highest first, then by age. A claim
+# reads the users in the order of their first ready runs (``user_load``), then each user's
+# own ready runs in that order (migration 0018 dropped ``runs_ready``, all users' ready
+# runs in that order, which no claim reads any more).
 _READY = f"{_RUNNING} AND owner IS NULL"
 _CLAIM_ORDER = (runs.c.priority.desc(), runs.c.updated_at)
-_partial(runs, "runs_ready", *_CLAIM_ORDER, where=_READY)
 _partial(runs, "runs_ready_user", "user_id", *_CLAIM_ORDER, where=_READY)
 _partial(runs, "runs_suspended_expiry", "expires_at", where=_SUSPENDED)
 _partial(runs, "runs_unnotified", "suspended_at", where=f"{_SUSPENDED} AND notified_at IS NULL")
@@ -345,12 +346,16 @@ workers = sa.Table(
 )
 sa.Index("workers_version", workers.c.version, workers.c.heartbeat_at)
 
-# Per user (reference §13, migration 0012): how many runs a worker carries now (running
-# under an owner) and how many wait for one (running, no owner), kept by triggers on
-# ``runs`` (written in migration 0012) on every change of a run's state or owner,
-# whichever statement makes it, so no path can forget them. A claim under
-# ``TETHER_MAX_ACTIVE_PER_USER`` walks the users with ready runs and locks the row of the
-# one it claims for, so claims of one user's runs are serialised and each sees the count
+# Per user (reference §13, migrations 0012 and 0018): how many runs a worker carries now
+# (running under an owner), how many wait for one (running, no owner, a delayed one
+# included), and the first of those in the claim's order, the *head* (its priority, since
+# when it waits, id, and what tells whether a worker may take it now: its version and its
+# delay; NULL when none waits). Triggers on ``runs`` (written in migration 0018) keep them
+# on every change of a run's state or owner, and of what the head copies of a waiting
+# run, whichever statement makes it, so no path can forget them; a step of a carried run
+# fires none. A claim reads the users in the order of their heads (``user_load_heads``),
+# so it finds the users to take from without reading their runs; it locks the rows of the
+# users it claims for, so claims of one user's runs are serialised and each sees the count
 # the one before left.
 user_load = sa.Table(
     "user_load",
@@ -358,7 +363,24 @@ user_load = sa.Table(
     sa.Column("user_id", sa.String(128), primary_key=True),
     sa.Column("carried", sa.Integer, nullable=False, server_default="0"),
     sa.Column("ready", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("head_priority", sa.Integer, nullable=True),
+    sa.Column("head_since", sa.Float, nullable=True),
+    sa.Column("head_id", sa.String(64), nullable=True),
+    sa.Column("head_version", sa.String(128), nullable=True),
+    sa.Column("head_ready_at", sa.Float, nullable=True),
 )
+# The claim's order of users: the priority of their first waiting run (highest first),
+# their carried runs (fewest first), since when that run waits, its id.
+HEADS_ORDER = (
+    user_load.c.head_priority.desc(),
+    user_load.c.carried,
+    user_load.c.head_since,
+    user_load.c.head_id,
+)
+# The users with waiting runs: the index's predicate, its 0 written out so that a plan
+# made for any parameters (a prepared statement's) can use the index.
+HAS_WAITING = user_load.c.ready > sa.literal_column("0")
+_partial(user_load, "user_load_heads", *HEADS_ORDER, where="ready > 0")
 
 # The model's requests and tokens, fleet-wide (reference §13, migrations 0012 and 0014):
 # each row is a lease of ``requests`` request starts taken at ``at`` (the database's clock)
