@@ -44,8 +44,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 # What the ``tether`` command imports, whichever command it is: the CLI, the commands'
-# own imports (the worker, the API, the store's backends and drivers, uvicorn), the
-# model SDKs. Not OpenTelemetry (a process imports it only when it exports: with it
+# own imports (the worker and its loop, uvloop; the API; the store's backends and drivers;
+# uvicorn), the model SDKs. Not OpenTelemetry (a process imports it only when it exports: with it
 # loaded, tether's tracing takes its other path), not MCP (it imports OpenTelemetry), not
 # the tests' support modules (small, and a test may shadow them).
 PRELOAD = (
@@ -62,6 +62,7 @@ PRELOAD = (
     "tether.api.app",
     "tether.api.server",
     "uvicorn",
+    "uvloop",
     "tether.models.openai",
     "tether.models.anthropic",
     "tether.models.gemini",
