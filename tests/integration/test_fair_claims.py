@@ -14,7 +14,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from store_runs import claim_ids, new_run, stored_heads, stored_load, true_heads, true_load
+from store_runs import (
+    BULK_ROW,
+    claim_ids,
+    new_run,
+    stored_heads,
+    stored_load,
+    true_heads,
+    true_load,
+)
 
 from tether.store import Store
 from tether.store.sql.fair_pick import pick_sizes
@@ -52,23 +60,6 @@ def _carry(store: Store, user: str, n: int) -> None:
     """Give ``user`` ``n`` runs carried by another worker."""
     for run_id in _new(store, *[user] * n):
         assert store.claim_ready("elsewhere", run_id) is not None
-
-
-# A ready run's row, for runs inserted in bulk (the triggers count them as ``create_run``'s).
-_ROW: dict[str, Any] = {
-    "question": "q",
-    "route": {},
-    "state": "running",
-    "max_steps": 10,
-    "max_spend_usd": 1.0,
-    "max_tool_calls": 10,
-    "max_elapsed_ms": 60_000,
-    "scope_snapshot": {},
-    "scope_resolved_at": 0.0,
-    "versions": {},
-    "agent_version": "t@1",
-    "started_at": 0.0,
-}
 
 
 def _batch(store: Store, limit: int) -> set[str]:
@@ -217,7 +208,7 @@ def test_a_batch_takes_what_claims_of_one_run_each_would(store: Store, seed: int
         specs.sort(key=lambda spec: -load[spec[0]])
     now = store.now()
     rows = [
-        {**_ROW, "id": uuid.uuid4().hex, "user_id": user, "priority": priority,
+        {**BULK_ROW, "id": uuid.uuid4().hex, "user_id": user, "priority": priority,
          "updated_at": now - 5000 + i}
         for i, (user, priority) in enumerate(specs)
     ]  # fmt: skip

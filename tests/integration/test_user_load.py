@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from store_runs import new_run, stored_heads, stored_load, true_heads, true_load
+from store_runs import BULK_ROW, new_run, stored_heads, stored_load, true_heads, true_load
 
 from tether.store import Store
 from tether.store.sql.schema import runs
@@ -22,19 +22,6 @@ from tether.store.sql.schema import runs
 _USERS = ("ana", "bo", "cy", "dee")
 # Few ages, so runs tie on priority and age and the head is told apart by its id.
 _AGES = (1000.0, 1001.0, 1002.0)
-_ROW: dict[str, Any] = {
-    "question": "q",
-    "route": {},
-    "max_steps": 10,
-    "max_spend_usd": 1.0,
-    "max_tool_calls": 10,
-    "max_elapsed_ms": 60_000,
-    "scope_snapshot": {},
-    "scope_resolved_at": 0.0,
-    "versions": {},
-    "agent_version": "t@1",
-    "started_at": 0.0,
-}
 # (state, owner) a run is put in: waiting, carried, and neither.
 _PLACES = (("running", None), ("running", "w1"), ("suspended", None), ("halted", None))
 
@@ -58,7 +45,7 @@ def _insert(rng: random.Random, store: Store) -> None:
     for _ in range(rng.randint(1, 4)):
         state, owner = rng.choice(_PLACES)
         rows.append(
-            {**_ROW, "id": uuid.uuid4().hex, "user_id": rng.choice(_USERS), "state": state,
+            {**BULK_ROW, "id": uuid.uuid4().hex, "user_id": rng.choice(_USERS), "state": state,
              "owner": owner, "priority": rng.choice([-1, 0, 1]), "updated_at": rng.choice(_AGES)}
         )  # fmt: skip
     with store.begin() as conn:

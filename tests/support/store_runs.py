@@ -33,6 +33,24 @@ def new_run(store: Store, user: str = "dana", **order: Any) -> str:
     return run_id
 
 
+# A ready run's row for runs inserted in bulk (``runs.insert()``, which the triggers count
+# as ``create_run``'s): each caller adds its ``id`` and ``user_id``, and may change the rest.
+BULK_ROW: dict[str, Any] = {
+    "question": "q",
+    "route": {},
+    "state": "running",
+    "max_steps": 10,
+    "max_spend_usd": 1.0,
+    "max_tool_calls": 10,
+    "max_elapsed_ms": 60_000,
+    "scope_snapshot": {},
+    "scope_resolved_at": 0.0,
+    "versions": {},
+    "agent_version": "t@1",
+    "started_at": 0.0,
+}
+
+
 def claim_ids(store: Store, n: int, **kwargs: Any) -> list[str | None]:
     """The ids of the runs ``n`` workers claim one after another (None: nothing left)."""
     taken = [store.claim_ready(f"w{i}", **kwargs) for i in range(n)]
