@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +121,17 @@ def tree_cpu_s(pid: int) -> float:
 def tree_rss_mib(pid: int) -> float:
     """RSS of ``pid`` and of its live processes."""
     return rss_mib(pid) + sum(rss_mib(child) for child in children(pid))
+
+
+def stop_worker(worker: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the worker and, under a supervisor, each of its processes first: killed, a
+    supervisor's processes would get SIGTERM and hand their runs back, outliving the
+    measurement on the database it is about to drop."""
+    for child in children(worker.pid):
+        with suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
 
 
 def postgres_cpu_s() -> float:
@@ -434,8 +445,7 @@ def steady(backend: str, inflight: int, args: argparse.Namespace) -> Steady:
                     raise RuntimeError(f"the worker exited: {Path(log).read_text()[-2000:]}")
                 lag, gc_full = lag_samples(lag_file, t0, t1)
             finally:
-                worker.send_signal(signal.SIGKILL)
-                worker.wait()
+                stop_worker(worker)
         done = max(1, s1 - s0)
         used = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
         if backend != "postgresql":
@@ -531,8 +541,7 @@ def churn(backend: str, args: argparse.Namespace) -> list[tuple[int, float]]:
                     )
                     marks.append((watch.ended(), tree_rss_mib(worker.pid)))
             finally:
-                worker.send_signal(signal.SIGKILL)
-                worker.wait()
+                stop_worker(worker)
         return marks
     finally:
         watch.close()
