@@ -36,7 +36,10 @@ def _cpu_s() -> float:
 
 def _one(tree: str, backend: str, steps: int) -> None:
     """In a child: one timed run of ``tree`` on a fresh database; prints wall and CPU ms
-    per step."""
+    per step. The run is driven here rather than by the tree's ``compare_tether._measure``
+    (which times the same span, wall only): both trees are then measured by this one code,
+    through the two names every tree's ``compare_tether`` has, ``new_engine`` and
+    ``limits``."""
     sys.path[:0] = [f"{tree}/src", f"{tree}/benchmarks"]
     import compare_common as common  # the tree's own, as its engine expects
     import compare_tether as subject
